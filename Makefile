@@ -1,0 +1,32 @@
+# One command each, on a fresh machine (Python 3.11, no GPU): `make run`, `make test`.
+# scripts/setup.sh creates .venv with the CPU build of torch==2.13.0 (see README).
+PY := .venv/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: run test test-all demo lint bench eval
+
+run:
+	scripts/setup.sh
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+
+test:
+	scripts/setup.sh dev
+	$(PY) -m ruff check idg_core app tests
+	$(PY) -m pytest
+
+test-all:
+	scripts/setup.sh dev,bench
+	$(PY) -m pytest -m "not gpu or gpu"
+
+demo:
+	scripts/setup.sh
+	$(PY) -m idg_core.demo ../shared/data/imagenet-samples/n01580077_jay.JPEG --out out/demo
+
+bench:
+	scripts/setup.sh dev,bench
+	$(PY) -m benchmarks.run
+
+eval:
+	scripts/setup.sh bench
+	$(PY) -m idg_core.evaluation --images ../shared/data/imagenet-samples --out results/evaluation

@@ -1,0 +1,45 @@
+"""idg_core: Integrated Decision Gradients and the baselines it is compared against.
+
+Models are callables ``(B, C, H, W)`` images in [0, 1] -> ``(B, num_classes)`` logits; every method
+takes a batch of images with one target each and returns an :class:`AttributionResult`.
+"""
+
+import logging
+
+from idg_core.evaluator import EvalStats, evaluate, run_plans
+from idg_core.heatmap import heatmap_png, overlay_png, saliency
+from idg_core.methods import METHODS, Method
+from idg_core.methods.agi import agi
+from idg_core.methods.guided_ig import guided_ig
+from idg_core.methods.idg import idg
+from idg_core.methods.integrated_gradients import integrated_gradients
+from idg_core.methods.left_ig import left_ig
+from idg_core.paths import allocate_samples, ig_rule, place_samples, resolve_baseline
+from idg_core.types import Answer, AttributionResult, Model, Plan, Query
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = [
+    "METHODS",
+    "Answer",
+    "AttributionResult",
+    "EvalStats",
+    "Method",
+    "Model",
+    "Plan",
+    "Query",
+    "agi",
+    "allocate_samples",
+    "evaluate",
+    "guided_ig",
+    "heatmap_png",
+    "idg",
+    "ig_rule",
+    "integrated_gradients",
+    "left_ig",
+    "overlay_png",
+    "place_samples",
+    "resolve_baseline",
+    "run_plans",
+    "saliency",
+]

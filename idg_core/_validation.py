@@ -1,0 +1,60 @@
+"""Argument checks shared by every method; each raises ``ValueError`` naming the argument and value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from idg_core.paths import resolve_baseline
+from idg_core.types import BaselineLike, Output
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_float(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
+    options = tuple(choices)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {value!r}")
+    return str(value)
+
+
+def check_output(value: object) -> Output:
+    return check_choice("output", value, ("logit", "probability"))  # type: ignore[return-value]
+
+
+def prepare_batch(
+    x: Tensor, baseline: BaselineLike, target: int | Tensor | Iterable[int]
+) -> tuple[Tensor, Tensor, list[int]]:
+    """Check ``x (B, C, H, W)``, broadcast the baseline to it and return one target per image."""
+    if not isinstance(x, Tensor) or x.dim() != 4 or not x.is_floating_point():
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must be a float tensor of shape (B, C, H, W), got {shape}")
+    if x.shape[0] == 0:
+        raise ValueError("x must hold at least one image, got batch size 0")
+    if not torch.isfinite(x).all():
+        raise ValueError("x must be finite, got NaN or infinite values")
+    base = resolve_baseline(baseline, x)
+    targets = torch.as_tensor(target).reshape(-1).tolist() if not isinstance(target, int) else [target]
+    if len(targets) == 1 and x.shape[0] > 1:
+        targets = targets * x.shape[0]
+    if len(targets) != x.shape[0]:
+        raise ValueError(f"target must give one class per image ({x.shape[0]}), got {len(targets)}")
+    for t in targets:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"target must be a non-negative class index, got {t!r}")
+    return x, base, targets

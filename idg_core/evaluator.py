@@ -1,0 +1,132 @@
+"""The one path evaluator: every method's points go through :func:`evaluate`.
+
+Points of all queries (of all images, targets and methods) are chunked together into model calls
+of at most ``batch_size`` images; forward-only rows run under ``torch.no_grad()``, gradient rows
+take ``torch.autograd.grad`` of the selected outputs with respect to the input only (no parameter
+``.grad`` is touched, no graph or hook outlives the call).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from idg_core.types import Answer, AttributionResult, Model, Plan, Query
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalStats:
+    """Cost accounting: model calls, and images per call (forward and with gradient)."""
+
+    calls: int = 0
+    forward_images: int = 0
+    backward_images: int = 0
+    call_sizes: list[int] = field(default_factory=list)
+
+    def record(self, size: int, grad: bool) -> None:
+        self.calls += 1
+        self.forward_images += size
+        self.backward_images += size if grad else 0
+        self.call_sizes.append(size)
+
+
+def _select(logits: Tensor, targets: Tensor, is_prob: Tensor) -> Tensor:
+    """Per row: the target's logit, or its softmax probability where ``is_prob``."""
+    if targets.max() >= logits.shape[1]:
+        raise ValueError(f"target must be < {logits.shape[1]} (the model's classes), got {int(targets.max())}")
+    chosen = logits.gather(1, targets.view(-1, 1)).squeeze(1)
+    if bool(is_prob.any()):
+        probs = torch.softmax(logits, dim=1).gather(1, targets.view(-1, 1)).squeeze(1)
+        chosen = torch.where(is_prob, probs, chosen)
+    return chosen
+
+
+def _run_chunk(model: Model, inputs: Tensor, targets: Tensor, is_prob: Tensor, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    if not grad:
+        with torch.no_grad():
+            logits = model(inputs)
+            return _select(logits, targets, is_prob).detach(), None, logits.argmax(1)
+    inputs = inputs.detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(inputs)
+        chosen = _select(logits, targets, is_prob)
+        (grads,) = torch.autograd.grad(chosen.sum(), inputs)
+    return chosen.detach(), grads.detach(), logits.detach().argmax(1)
+
+
+def _segments(queries: Sequence[Query], index: list[int], batch_size: int) -> list[list[tuple[int, int, int]]]:
+    """Split the rows of ``queries[index]`` into chunks of (query, start, stop) segments."""
+    chunks: list[list[tuple[int, int, int]]] = [[]]
+    room = batch_size
+    for qi in index:
+        start, n = 0, queries[qi].n
+        while start < n:
+            if room == 0:
+                chunks.append([])
+                room = batch_size
+            stop = min(n, start + room)
+            chunks[-1].append((qi, start, stop))
+            room -= stop - start
+            start = stop
+    return [c for c in chunks if c]
+
+
+def evaluate(model: Model, queries: Sequence[Query], batch_size: int, stats: EvalStats | None = None) -> list[Answer]:
+    """Answer every query; model calls hold at most ``batch_size`` points from any queries."""
+    answers: list[Answer] = []
+    for q in queries:
+        dev = q.origin.device
+        grads = torch.empty((q.n, *q.origin.shape[-3:]), device=dev, dtype=q.origin.dtype) if q.grad else None
+        answers.append(Answer(torch.empty(q.n, device=dev), grads, torch.empty(q.n, dtype=torch.long, device=dev)))
+    for grad in (False, True):
+        index = [i for i, q in enumerate(queries) if q.grad == grad and q.n > 0]
+        for chunk in _segments(queries, index, batch_size):
+            # inputs: (rows, C, H, W) gathered from the segments of several queries
+            inputs = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])
+            dev = inputs.device
+            targets = torch.cat([torch.full((b - a,), queries[qi].target, dtype=torch.long) for qi, a, b in chunk]).to(dev)
+            is_prob = torch.cat([torch.full((b - a,), queries[qi].output == "probability") for qi, a, b in chunk]).to(dev)
+            values, grads, top1 = _run_chunk(model, inputs, targets, is_prob, grad)
+            if stats is not None:
+                stats.record(inputs.shape[0], grad)
+            row = 0
+            for qi, a, b in chunk:
+                ans = answers[qi]
+                ans.values[a:b] = values[row : row + b - a].to(ans.values.dtype)
+                ans.top1[a:b] = top1[row : row + b - a]
+                if grads is not None and ans.grads is not None:
+                    ans.grads[a:b] = grads[row : row + b - a]
+                row += b - a
+    return answers
+
+
+def run_plans(model: Model, plans: Sequence[Plan], batch_size: int, stats: EvalStats | None = None) -> list[AttributionResult]:
+    """Drive several plans in lock-step, pooling the points of all of them into shared model calls."""
+    results: list[AttributionResult | None] = [None] * len(plans)
+    pending: dict[int, list[Query]] = {}
+    for i, _plan in enumerate(plans):
+        _advance(plans, i, None, pending, results)
+    while pending:
+        owners = list(pending)
+        flat = [q for i in owners for q in pending[i]]
+        answers = evaluate(model, flat, batch_size, stats)
+        pos = 0
+        for i in owners:
+            k = len(pending[i])
+            _advance(plans, i, answers[pos : pos + k], pending, results)
+            pos += k
+    return [r for r in results if r is not None]
+
+
+def _advance(plans: Sequence[Plan], i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None]) -> None:
+    try:
+        pending[i] = plans[i].send(answers)  # type: ignore[arg-type]
+    except StopIteration as stop:
+        pending.pop(i, None)
+        results[i] = stop.value

@@ -1,0 +1,94 @@
+"""Render an attribution as PNG bytes: saliency map, robust scaling, colormap, overlay."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+# Anchor colours (0..255) of the colormaps, interpolated linearly to 256 entries.
+_ANCHORS = {
+    "inferno": [(0, 0, 4), (40, 11, 84), (101, 21, 110), (159, 42, 99), (212, 72, 66), (245, 125, 21), (250, 193, 39), (252, 255, 164)],
+    "viridis": [(68, 1, 84), (70, 50, 127), (54, 92, 141), (39, 127, 142), (31, 161, 135), (74, 194, 109), (159, 218, 58), (253, 231, 37)],
+    "gray": [(0, 0, 0), (255, 255, 255)],
+    "coolwarm": [(59, 76, 192), (141, 176, 254), (221, 221, 221), (244, 154, 123), (180, 4, 38)],
+}
+COLORMAPS = tuple(_ANCHORS)
+
+
+def _lut(name: str) -> np.ndarray:
+    if name not in _ANCHORS:
+        raise ValueError(f"colormap must be one of {', '.join(COLORMAPS)}; got {name!r}")
+    anchors = np.asarray(_ANCHORS[name], dtype=np.float64)
+    pos = np.linspace(0, 1, len(anchors))
+    t = np.linspace(0, 1, 256)
+    return np.stack([np.interp(t, pos, anchors[:, c]) for c in range(3)], axis=1).astype(np.uint8)
+
+
+def saliency(attribution: Tensor, signed: bool = False) -> Tensor:
+    """``(C, H, W)`` attribution -> ``(H, W)`` map: |Σ_c a| (or Σ_c a when ``signed``)."""
+    if attribution.dim() != 3:
+        raise ValueError(f"attribution must be (C, H, W), got shape {tuple(attribution.shape)}")
+    total = attribution.detach().float().cpu().sum(0)
+    return total if signed else total.abs()
+
+
+def scale(values: Tensor, outlier_perc: float = 2.0) -> Tensor:
+    """Divide by the value below which ``100 - outlier_perc`` % of the |mass| lies (Captum's
+    cumulative-sum threshold) and clip to [-1, 1]. An all-zero map stays zero."""
+    if not 0 <= outlier_perc < 100:
+        raise ValueError(f"outlier_perc must be in [0, 100), got {outlier_perc}")
+    mags = values.abs().flatten().double()
+    ordered = torch.sort(mags).values
+    cums = torch.cumsum(ordered, 0)
+    total = float(cums[-1]) if cums.numel() else 0.0
+    if total <= 0:
+        return torch.zeros_like(values, dtype=torch.float32)
+    idx = int(torch.searchsorted(cums, total * (100 - outlier_perc) / 100))
+    threshold = float(ordered[min(idx, ordered.numel() - 1)])
+    if threshold <= 0:
+        threshold = float(ordered[-1])
+    return (values.double() / threshold).clamp(-1, 1).float()
+
+
+def _png(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG", optimize=False)
+    return buf.getvalue()
+
+
+def colorize(attribution: Tensor, *, signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0) -> np.ndarray:
+    """``(C, H, W)`` attribution -> ``(H, W, 3)`` uint8 heatmap; signed maps use a diverging map."""
+    cmap = colormap or ("coolwarm" if signed else "inferno")
+    scaled = scale(saliency(attribution, signed), outlier_perc)
+    unit = (scaled + 1) / 2 if signed else scaled
+    idx = (unit.numpy() * 255).round().astype(np.int64)
+    return _lut(cmap)[idx]
+
+
+def heatmap_png(attribution: Tensor, *, signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0) -> bytes:
+    """The heatmap alone, as PNG bytes."""
+    return _png(colorize(attribution, signed=signed, colormap=colormap, outlier_perc=outlier_perc))
+
+
+def overlay_png(
+    image: Tensor, attribution: Tensor, *, opacity: float = 0.6, signed: bool = False,
+    colormap: str | None = None, outlier_perc: float = 2.0,
+) -> bytes:
+    """The heatmap blended over ``image (3, H, W)`` in [0, 1]; each pixel's blend weight is
+    ``opacity`` times the square root of its scaled saliency (attribution maps are sparse), so
+    unimportant pixels show the photo."""
+    if not 0 <= opacity <= 1:
+        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
+    if image.dim() != 3 or image.shape[1:] != attribution.shape[1:]:
+        raise ValueError(f"image must be (3, H, W) matching the attribution, got {tuple(image.shape)}")
+    heat = colorize(attribution, signed=signed, colormap=colormap, outlier_perc=outlier_perc).astype(np.float64)
+    weight = scale(saliency(attribution, signed), outlier_perc).abs().sqrt().numpy()[..., None] * opacity
+    photo = image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255
+    if photo.shape[2] == 1:
+        photo = np.repeat(photo, 3, axis=2)
+    blended = photo * (1 - weight) + heat * weight
+    return _png(blended.round().clip(0, 255).astype(np.uint8))

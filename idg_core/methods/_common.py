@@ -1,0 +1,31 @@
+"""What every method shares: turning a per-image plan into a batched public function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch import Tensor
+
+from idg_core._validation import check_int, prepare_batch
+from idg_core.evaluator import EvalStats, run_plans
+from idg_core.types import AttributionResult, BaselineLike, Model, Plan
+
+PlanFactory = Callable[..., Plan]
+
+
+def run_method(
+    plan: PlanFactory,
+    model: Model,
+    x: Tensor,
+    baseline: BaselineLike,
+    target: int | Tensor | Iterable[int],
+    batch_size: int,
+    stats: EvalStats | None = None,
+    **params: Any,
+) -> AttributionResult:
+    """Validate, build one plan per image and drive them all through shared model calls."""
+    check_int("batch_size", batch_size, 1)
+    x, base, targets = prepare_batch(x, baseline, target)
+    plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]
+    return AttributionResult.concat(run_plans(model, plans, batch_size, stats))

@@ -1,0 +1,32 @@
+"""Pretrained classifiers (pixel space in, logits out) and the image preprocessing they need."""
+
+from idg_core.models.preprocess import ImageDecodeError, ImageTooLargeError, decode_image, resize_crop, to_rgb, to_tensor
+from idg_core.models.zoo import (
+    LITE_SIZES,
+    TORCHVISION_ARCHS,
+    ImageClassifier,
+    Preprocessing,
+    efficientnet_lite,
+    imagenet_class_names,
+    imagenet_wnids,
+    load_model,
+    torchvision_classifier,
+)
+
+__all__ = [
+    "LITE_SIZES",
+    "TORCHVISION_ARCHS",
+    "ImageClassifier",
+    "ImageDecodeError",
+    "ImageTooLargeError",
+    "Preprocessing",
+    "decode_image",
+    "efficientnet_lite",
+    "imagenet_class_names",
+    "imagenet_wnids",
+    "load_model",
+    "resize_crop",
+    "to_rgb",
+    "to_tensor",
+    "torchvision_classifier",
+]

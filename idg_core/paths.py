@@ -1,0 +1,132 @@
+"""Path maths in one place: baselines, quadrature rules (alphas and weights), IDG's adaptive rule.
+
+Every rule returns ``(alphas, weights)`` as float64 tensors on the CPU; the path point for ``alpha``
+is ``baseline + alpha * (x - baseline)``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from idg_core.types import BaselineLike
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+"""ImageNet mean colour in pixel space: the authors' "zero after normalisation" baseline."""
+
+IG_RULES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform")
+PLACEMENTS = ("aligned", "authors")
+
+
+def resolve_baseline(baseline: BaselineLike, x: Tensor) -> Tensor:
+    """``"black"`` (zeros), ``"mean"`` (ImageNet mean colour) or a tensor broadcastable to ``x``."""
+    if isinstance(baseline, str):
+        if baseline == "black":
+            return torch.zeros_like(x)
+        if baseline == "mean":
+            if x.shape[-3] != 3:
+                raise ValueError(f"baseline 'mean' needs 3-channel images, got {x.shape[-3]} channels")
+            mean = torch.tensor(IMAGENET_MEAN, dtype=x.dtype, device=x.device).view(3, 1, 1)
+            return mean.expand_as(x).clone()
+        raise ValueError(f"baseline must be 'black', 'mean' or a tensor, got {baseline!r}")
+    if not isinstance(baseline, Tensor):
+        raise ValueError(f"baseline must be 'black', 'mean' or a tensor, got {type(baseline).__name__}")
+    try:
+        return torch.broadcast_to(baseline.to(x.device, x.dtype), x.shape).clone()
+    except RuntimeError as err:
+        raise ValueError(f"baseline of shape {tuple(baseline.shape)} does not broadcast to {tuple(x.shape)}") from err
+
+
+def ig_rule(rule: str, steps: int) -> tuple[Tensor, Tensor]:
+    """Captum's quadrature rules over [0, 1], plus ``uniform`` (the IDG authors' IG:
+    ``linspace(0, 1, steps)`` with equal weights ``1 / steps``)."""
+    n = steps
+    if rule == "gausslegendre":
+        nodes, w = np.polynomial.legendre.leggauss(n)
+        return torch.from_numpy(0.5 * (nodes + 1)), torch.from_numpy(0.5 * w)
+    if rule == "riemann_left":
+        return torch.arange(n, dtype=torch.float64) / n, torch.full((n,), 1 / n, dtype=torch.float64)
+    if rule == "riemann_right":
+        return torch.arange(1, n + 1, dtype=torch.float64) / n, torch.full((n,), 1 / n, dtype=torch.float64)
+    if rule == "riemann_middle":
+        return (torch.arange(n, dtype=torch.float64) + 0.5) / n, torch.full((n,), 1 / n, dtype=torch.float64)
+    if rule == "riemann_trapezoid":
+        w = torch.full((n,), 1 / (n - 1), dtype=torch.float64)
+        w[0] = w[-1] = 0.5 / (n - 1)
+        return torch.linspace(0, 1, n, dtype=torch.float64), w
+    if rule == "uniform":
+        return torch.linspace(0, 1, n, dtype=torch.float64), torch.full((n,), 1 / n, dtype=torch.float64)
+    raise ValueError(f"rule must be one of {', '.join(IG_RULES)}; got {rule!r}")
+
+
+def probe_alphas(probe_steps: int) -> Tensor:
+    """IDG's uniform probe: ``alpha_k = k / (N - 1)``, endpoints included."""
+    return torch.linspace(0, 1, probe_steps, dtype=torch.float64)
+
+
+def allocate_samples(probe_logits: Tensor, steps: int) -> Tensor:
+    """How many of the ``steps`` samples each probe interval gets (Algorithm 1, step 2).
+
+    ``probe_logits (N,)``; returns ``counts (N,)`` int64 with ``counts[0] == 0`` (slot k >= 1 is the
+    interval ``[alpha_{k-1}, alpha_k]``) and ``counts.sum() == steps`` always. Slopes are min-max
+    normalised, the first set to 0, shares truncated; leftovers go one each to empty intervals with
+    the largest fractional share (the authors' rule), then to any interval by fractional share. A
+    flat curve (all slopes equal) is spread uniformly, where the authors' code divides by zero.
+    """
+    logits = probe_logits.detach().to("cpu", torch.float64).reshape(-1)
+    n = logits.shape[0]
+    slopes = torch.zeros(n, dtype=torch.float64)
+    slopes[1:] = (logits[1:] - logits[:-1]) * (n - 1)
+    spread = slopes.max() - slopes.min()
+    norm = (slopes - slopes.min()) / spread if spread > 0 else torch.ones(n, dtype=torch.float64)
+    norm[0] = 0
+    if norm.sum() <= 0:
+        norm[1:] = 1
+    share = norm / norm.sum() * steps
+    counts = share.floor().long()
+    counts[0] = 0
+    left = steps - int(counts.sum())
+    frac = share - counts
+    frac[0] = -1.0
+    empty_first = torch.where(counts == 0, frac, torch.full_like(frac, -2.0))
+    for k in torch.argsort(empty_first, descending=True, stable=True)[:left].tolist():
+        if empty_first[k] < -0.5 or left == 0:
+            break
+        counts[k] += 1
+        left -= 1
+    order = torch.argsort(frac, descending=True, stable=True)[: n - 1].tolist()
+    while left > 0:
+        for k in order:
+            if left == 0:
+                break
+            counts[k] += 1
+            left -= 1
+    assert int(counts.sum()) == steps and counts[0] == 0
+    return counts
+
+
+def place_samples(counts: Tensor, probe_steps: int, placement: str = "aligned") -> tuple[Tensor, Tensor]:
+    """Sample positions and weights from the allocation (Algorithm 1, step 3).
+
+    ``aligned``: the ``n_k`` samples of interval k lie inside ``[(k-1)Δ, kΔ]`` at
+    ``start_k + jΔ/n_k``, weight ``Δ/n_k``. ``authors``: the published code, which advances the
+    interval start only past intervals that received samples, so after the first empty interval the
+    samples drift left (kept for comparison runs only).
+    """
+    delta = 1.0 / (probe_steps - 1)
+    alphas: list[float] = []
+    weights: list[float] = []
+    next_start = 0.0
+    for k, nk in enumerate(counts.tolist()):
+        if nk == 0:
+            continue
+        start = (k - 1) * delta if placement == "aligned" else next_start
+        alphas += [start + j * delta / nk for j in range(nk)]
+        weights += [delta / nk] * nk
+        next_start += delta
+    return torch.tensor(alphas, dtype=torch.float64), torch.tensor(weights, dtype=torch.float64)

@@ -1,0 +1,117 @@
+"""Shared types: the result every method returns, and the query/answer protocol of the path evaluator.
+
+Every attribution method is written as a *plan*: a generator that yields lists of :class:`Query`
+(points to push through the model) and receives the matching list of :class:`Answer`. Whoever drives
+the plans (``idg_core.evaluator.run_plans`` for the library, the service worker for HTTP requests)
+is free to put the points of many plans into the same model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Model = Callable[[Tensor], Tensor]
+"""``(B, C, H, W)`` float images in ``[0, 1]`` -> ``(B, num_classes)`` logits."""
+
+Output = Literal["logit", "probability"]
+BaselineLike = Tensor | Literal["black", "mean"] | str
+
+
+def _empty() -> Tensor:
+    return torch.empty(0)
+
+
+@dataclass
+class AttributionResult:
+    """What every method returns. Fields that do not apply to a method are empty tensors.
+
+    Shapes: ``attributions (B, C, H, W)``; ``alphas``, ``logits``, ``importance``, ``weights``
+    ``(B, M)``; ``probe_alphas (N,)``; ``probe_logits (B, N)``.
+    """
+
+    attributions: Tensor
+    alphas: Tensor = field(default_factory=_empty)
+    logits: Tensor = field(default_factory=_empty)
+    importance: Tensor = field(default_factory=_empty)
+    weights: Tensor = field(default_factory=_empty)
+    probe_alphas: Tensor = field(default_factory=_empty)
+    probe_logits: Tensor = field(default_factory=_empty)
+    forward_passes: int = 0
+    backward_passes: int = 0
+
+    @staticmethod
+    def concat(parts: list[AttributionResult]) -> AttributionResult:
+        """Join per-image results (each with batch size 1) into one batched result."""
+        if not parts:
+            raise ValueError("parts must not be empty")
+        out: dict[str, object] = {}
+        for f in fields(AttributionResult):
+            values = [getattr(p, f.name) for p in parts]
+            if f.name in ("forward_passes", "backward_passes"):
+                out[f.name] = sum(values)
+            elif f.name == "probe_alphas":
+                out[f.name] = values[0]
+            elif all(v.numel() == 0 for v in values):
+                out[f.name] = _empty()
+            else:
+                out[f.name] = torch.cat(values, dim=0)
+        return AttributionResult(**out)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Query:
+    """Points to evaluate for one image: either a straight path or explicit points.
+
+    Path form: ``origin (C, H, W)``, ``direction (C, H, W)``, points ``origin + alphas[k] * direction``.
+    Explicit form: ``origin (n, C, H, W)`` holds the points, ``direction`` is ``None``.
+    """
+
+    origin: Tensor
+    direction: Tensor | None
+    alphas: Tensor
+    target: int
+    grad: bool
+    output: Output = "logit"
+
+    @staticmethod
+    def path(
+        origin: Tensor, direction: Tensor, alphas: Tensor, target: int, *, grad: bool, output: Output
+    ) -> Query:
+        return Query(origin, direction, alphas.reshape(-1), target, grad, output)
+
+    @staticmethod
+    def at(points: Tensor, target: int, *, grad: bool, output: Output) -> Query:
+        return Query(points, None, torch.zeros(points.shape[0]), target, grad, output)
+
+    @property
+    def n(self) -> int:
+        return int(self.alphas.shape[0])
+
+    def points(self, start: int, stop: int) -> Tensor:
+        """The points ``start:stop`` as a ``(stop - start, C, H, W)`` tensor."""
+        if self.direction is None:
+            return self.origin[start:stop]
+        a = self.alphas[start:stop].to(self.origin.device, self.origin.dtype)
+        return self.origin.unsqueeze(0) + a.view(-1, 1, 1, 1) * self.direction.unsqueeze(0)
+
+
+@dataclass
+class Answer:
+    """The model's answer to one :class:`Query`.
+
+    ``values (n,)``: the target's logit or probability; ``grads (n, C, H, W)`` or ``None``;
+    ``top1 (n,)``: the arg-max class at each point.
+    """
+
+    values: Tensor
+    grads: Tensor | None
+    top1: Tensor
+
+
+Plan = Generator[list[Query], list[Answer], AttributionResult]
+"""A method's computation for one image; see the module docstring."""

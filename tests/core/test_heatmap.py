@@ -1,0 +1,53 @@
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from idg_core.heatmap import heatmap_png, overlay_png, saliency, scale
+
+
+def _decode(png: bytes) -> np.ndarray:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return np.asarray(Image.open(io.BytesIO(png)))
+
+
+def test_all_zero_attribution_renders() -> None:
+    png = heatmap_png(torch.zeros(3, 10, 12))
+    arr = _decode(png)
+    assert arr.shape == (10, 12, 3) and (arr == arr[0, 0]).all()
+    photo = torch.rand(3, 10, 12)
+    over = _decode(overlay_png(photo, torch.zeros(3, 10, 12)))
+    assert np.abs(over.astype(int) - (photo.permute(1, 2, 0).numpy() * 255).round()).max() <= 1
+
+
+def test_saliency_is_abs_of_channel_sum_and_signed_keeps_sign() -> None:
+    a = torch.zeros(3, 2, 2)
+    a[0, 0, 0], a[1, 0, 0], a[2, 1, 1] = 1.0, -3.0, 2.0
+    assert saliency(a).tolist() == [[2.0, 0.0], [0.0, 2.0]]
+    assert saliency(a, signed=True).tolist() == [[-2.0, 0.0], [0.0, 2.0]]
+
+
+def test_scale_clips_the_outlier_mass() -> None:
+    v = torch.tensor([1.0] * 98 + [1000.0, 1000.0])
+    s = scale(v, outlier_perc=2.0)
+    assert s.max() == 1.0 and s[0] == pytest.approx(1.0 / 1000.0)
+    s = scale(torch.tensor([1.0] * 99 + [1.0]), outlier_perc=2.0)
+    assert torch.allclose(s, torch.ones(100))
+
+
+def test_hottest_pixel_is_brightest_in_the_heatmap() -> None:
+    a = torch.zeros(3, 8, 8)
+    a[:, 3, 5] = 1.0
+    arr = _decode(heatmap_png(a, outlier_perc=0)).astype(int).sum(2)
+    assert np.unravel_index(arr.argmax(), arr.shape) == (3, 5)
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="colormap"):
+        heatmap_png(torch.zeros(3, 2, 2), colormap="rainbow")
+    with pytest.raises(ValueError, match="opacity"):
+        overlay_png(torch.zeros(3, 2, 2), torch.zeros(3, 2, 2), opacity=2)
+    with pytest.raises(ValueError, match="attribution"):
+        heatmap_png(torch.zeros(2, 2))

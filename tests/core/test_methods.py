@@ -1,0 +1,252 @@
+"""Axioms and closed-form answers for every method, on tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from idg_core import METHODS, EvalStats, agi, guided_ig, idg, integrated_gradients, left_ig
+from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
+
+torch.manual_seed(0)
+
+
+def _f(model: torch.nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model(x)[:, target]
+
+
+@pytest.mark.parametrize("rule", ["gausslegendre", "riemann_trapezoid", "riemann_middle"])
+@pytest.mark.parametrize("model", [SaturatingSum(), SmallCNN()], ids=["1-relu(1-x)", "cnn"])
+def test_ig_completeness(model: torch.nn.Module, rule: str) -> None:
+    x = torch.rand(2, 3, 16, 16)
+    res = integrated_gradients(model, x, "black", [0, 1], steps=300, rule=rule)
+    gap = _f(model, x, 0)[0] - _f(model, torch.zeros_like(x), 0)[0], _f(model, x, 1)[1] - _f(model, torch.zeros_like(x), 1)[1]
+    sums = res.attributions.sum(dim=(1, 2, 3))
+    assert sums.tolist() == pytest.approx([float(g) for g in gap], rel=2e-2, abs=2e-3)
+
+
+def test_ig_on_the_ig_papers_saturating_model_matches_closed_form() -> None:
+    # s = 2·mean(x) = 2 at x = ones: the output saturates at α = 0.5, IG puts 1/N on every pixel
+    x = torch.ones(1, 1, 2, 2)
+    res = integrated_gradients(SaturatingSum(), x, "black", 0, steps=64, rule="riemann_middle")
+    assert res.attributions.flatten().tolist() == pytest.approx([0.25] * 4, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ig", "left_ig", "idg", "guided_ig"])
+def test_linear_model_gives_w_times_delta(name: str) -> None:
+    model = Linear()
+    x, base = torch.rand(2, 3, 8, 8), torch.rand(2, 3, 8, 8)
+    params: dict = {"output": "logit"}
+    if name == "idg":  # uniform weights 1/M sum to 1 (an adaptive split of a straight line is noise)
+        params |= {"uniform": True, "importance": "exact"}
+    res = METHODS[name](model, x, base, [1, 3], **params)
+    expected = torch.stack([model.w[1], model.w[3]]).detach() * (x - base)
+    if name == "idg":  # IDG weighs by IF_j·w_j/M; on a line IF = F(x) - F(x') everywhere
+        gap = (expected.flatten(1).sum(1)).view(-1, 1, 1, 1)
+        expected = expected * gap / 50
+    if name == "left_ig":  # the cut-off keeps a prefix of the path: a positive multiple of w ⊙ Δ
+        ratio = res.attributions / expected
+        assert torch.allclose(ratio, ratio.flatten(1)[:, :1].view(-1, 1, 1, 1).expand_as(ratio), rtol=1e-3)
+        return
+    assert torch.allclose(res.attributions, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_left_ig_cuts_at_the_first_point_over_90_percent_of_the_max() -> None:
+    # SaturatingSum at x = ones rises linearly to 1 at α = 0.5 then stays: cut-off where F > 0.9
+    x = torch.ones(1, 1, 4, 4)
+    res = left_ig(SaturatingSum(), x, "black", 0, steps=16)
+    cut = 7  # F(α_k) = 2k/15: k = 7 is the first point above 0.9 (k = 6 gives 0.8)
+    assert res.weights[0, :cut].tolist() == pytest.approx([1 / cut] * cut)
+    assert res.weights[0, cut:].abs().sum() == 0
+    assert res.attributions.sum().item() == pytest.approx(2 * 16 / 16, rel=1e-5)  # grad 2/16 each over α < 0.5
+
+
+def test_guided_ig_with_max_dist_zero_is_left_riemann_ig() -> None:
+    model, x = SmallCNN(), torch.rand(1, 3, 16, 16)
+    gig = guided_ig(model, x, "black", 2, steps=20, max_dist=0.0, output="logit")
+    ig = integrated_gradients(model, x, "black", 2, steps=20, rule="riemann_left")
+    assert torch.allclose(gig.attributions, ig.attributions, rtol=1e-4, atol=1e-6)
+
+
+def test_guided_ig_moves_the_whole_way() -> None:
+    model, x = SmallCNN(), torch.rand(1, 3, 16, 16)
+    res = guided_ig(model, x, "black", 2, steps=15, fraction=0.25, max_dist=0.1, output="logit")
+    gap = _f(model, x, 2) - _f(model, torch.zeros_like(x), 2)
+    assert res.attributions.sum().item() == pytest.approx(gap.item(), rel=0.15, abs=0.05)
+
+
+def test_idg_exact_importance_sums_to_the_quadrature_of_the_squared_slope() -> None:
+    model, x = SmallCNN(), torch.rand(3, 3, 16, 16)
+    res = idg(model, x, "mean", [0, 4, 7], steps=20, probe_steps=15, importance="exact")
+    expected = (res.weights * res.importance**2).sum(1) / 20
+    assert res.attributions.double().sum(dim=(1, 2, 3)).tolist() == pytest.approx(expected.tolist(), rel=1e-4)
+    assert (res.attributions.sum(dim=(1, 2, 3)) >= 0).all()
+
+
+def test_idg_sensitivity_flat_samples_contribute_nothing() -> None:
+    # TwoRises is flat outside its rises: every sample whose importance is ~0 adds ~0
+    x = torch.ones(1, 1, 4, 4)
+    res = idg(TwoRises(), x, "black", 0, steps=50, probe_steps=50, importance="exact")
+    flat = (res.alphas[0] < 0.05) | ((res.alphas[0] > 0.3) & (res.alphas[0] < 0.5)) | (res.alphas[0] > 0.95)
+    assert (res.importance[0][flat].abs() < 1e-2).all()
+    # and a feature that does not differ from the baseline gets exactly zero
+    x2 = torch.ones(1, 1, 4, 4)
+    x2[0, 0, 0, 0] = 0
+    res2 = idg(TwoRises(), x2, "black", 0, steps=20, probe_steps=20)
+    assert res2.attributions[0, 0, 0, 0] == 0
+
+
+def test_idg_result_shapes_and_costs() -> None:
+    res = idg(SmallCNN(), torch.rand(2, 3, 16, 16), "black", [1, 2], steps=12, probe_steps=9)
+    assert res.attributions.shape == (2, 3, 16, 16)
+    for field in (res.alphas, res.logits, res.importance, res.weights):
+        assert field.shape == (2, 12)
+    assert res.probe_alphas.shape == (9,) and res.probe_logits.shape == (2, 9)
+    assert (res.forward_passes, res.backward_passes) == (2 * (9 + 12), 2 * 12)
+    assert (res.alphas.diff(dim=1) > 0).all()
+
+
+def _authors_idg(model: torch.nn.Module, inp: torch.Tensor, baseline: torch.Tensor, steps: int, batch_size: int, target: int) -> torch.Tensor:
+    """An independent line-by-line port of the authors' published IDG (saliencyMethods.py)."""
+    loops = steps // batch_size
+    baseline_diff = inp - baseline
+    # getSlopes
+    alphas = torch.linspace(0, 1, steps).reshape(steps, 1, 1, 1)
+    logits = torch.zeros(steps)
+    for i in range(loops):
+        s, e = i * batch_size, (i + 1) * batch_size
+        with torch.no_grad():
+            logits[s:e] = model(baseline + alphas[s:e] * baseline_diff)[:, target]
+    slopes = torch.zeros(steps)
+    x_diff = float(alphas.squeeze()[1] - alphas.squeeze()[0])
+    for i in range(steps - 1):
+        slopes[i + 1] = (logits[i + 1] - logits[i]) / x_diff
+    # getAlphaParameters
+    norm = (slopes - slopes.min()) / (slopes.max() - slopes.min())
+    norm[0] = 0
+    norm = norm / norm.sum()
+    place_f = norm * steps
+    place_i = place_f.type(torch.int)
+    remaining = steps - int(place_i.sum())
+    place_f[torch.where(place_i != 0)[0]] = -1
+    order = torch.flip(torch.sort(place_f)[1], dims=[0])
+    place_i[order[:remaining]] = 1
+    new_alphas, substep = torch.zeros(steps), torch.zeros(steps)
+    idx, start = 0, 0.0
+    for n in place_i:
+        n = int(n)
+        if n == 0:
+            continue
+        new_alphas[idx : idx + n] = torch.linspace(start, start + x_diff, n + 1)[:n]
+        substep[idx : idx + n] = x_diff / n
+        idx += n
+        start += x_diff
+    # main pass
+    a4 = new_alphas.reshape(steps, 1, 1, 1)
+    grads, lg = torch.zeros(steps, *inp.shape[1:]), torch.zeros(steps)
+    for i in range(loops):
+        s, e = i * batch_size, (i + 1) * batch_size
+        pts = (baseline + a4[s:e] * baseline_diff).requires_grad_(True)
+        out = model(pts)[:, target]
+        grads[s:e] = torch.autograd.grad(out, pts, grad_outputs=torch.ones_like(out))[0]
+        lg[s:e] = out.detach()
+    sl = torch.zeros(steps)
+    for i in range(steps - 1):
+        sl[i + 1] = (lg[i + 1] - lg[i]) / (new_alphas[i + 1] - new_alphas[i])
+    grads = grads * sl.reshape(steps, 1, 1, 1) * substep.reshape(steps, 1, 1, 1)
+    return (grads.mean(0) * baseline_diff[0]).squeeze()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_authors_placement_matches_a_port_of_the_published_code(seed: int) -> None:
+    model = SmallCNN(seed=seed)
+    torch.manual_seed(seed + 10)
+    x, base = torch.rand(1, 3, 16, 16), torch.zeros(1, 3, 16, 16)
+    expected = _authors_idg(model, x, base, steps=20, batch_size=10, target=3)
+    ours = idg(model, x, base, 3, steps=20, probe_steps=20, placement="authors", batch_size=7)
+    assert torch.allclose(ours.attributions[0], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_points_of_several_images_share_model_calls() -> None:
+    model = Counting(SmallCNN())
+    x = torch.rand(2, 3, 16, 16)
+    stats = EvalStats()
+    both = idg(model, x, "black", [1, 6], steps=10, probe_steps=10, batch_size=64, stats=stats)
+    assert model.calls == [20, 20]  # one probe call, one main call, both images in each
+    assert stats.calls == 2 and stats.backward_images == 20
+    model.calls.clear()
+    one = idg(model, x[:1], "black", 1, steps=10, probe_steps=10, batch_size=64)
+    two = idg(model, x[1:], "black", 6, steps=10, probe_steps=10, batch_size=64)
+    assert torch.allclose(both.attributions[0], one.attributions[0], atol=1e-6)
+    assert torch.allclose(both.attributions[1], two.attributions[0], atol=1e-6)
+
+
+def test_batch_size_caps_every_model_call() -> None:
+    model = Counting(SmallCNN())
+    integrated_gradients(model, torch.rand(3, 3, 16, 16), "black", 0, steps=10, batch_size=7)
+    assert max(model.calls) <= 7 and sum(model.calls) == 30 and len(model.calls) == 5
+
+
+def test_evaluator_leaves_no_parameter_gradients() -> None:
+    model = SmallCNN()
+    idg(model, torch.rand(1, 3, 16, 16), "black", 0, steps=5, probe_steps=5)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_agi_is_seeded_and_stops_when_the_attack_succeeds() -> None:
+    model, x = SmallCNN(), torch.rand(1, 3, 16, 16)
+    a = agi(model, x, None, 0, num_classes=10, max_iter=5, seed=3)  # type: ignore[arg-type]
+    b = agi(model, x, None, 0, num_classes=10, max_iter=5, seed=3)  # type: ignore[arg-type]
+    assert torch.equal(a.attributions, b.attributions) and a.attributions.abs().sum() > 0
+    # eps = 1 sign step flips a 10-class toy CNN's prediction quickly for some class
+    counts = [agi(model, x, "black", 0, adversarial_targets=[t], num_classes=10, max_iter=20, epsilon=1.0).forward_passes for t in range(1, 10)]
+    assert min(counts) < 40
+
+
+def test_agi_on_linear_softmax_follows_the_closed_form() -> None:
+    # one iteration: attribution = -∇p_y(x0) ⊙ (clamp(x0 + ε·sign(∇p_t(x0))) - x0)
+    model, x = Linear(classes=3), torch.rand(1, 3, 8, 8) * 0.5 + 0.25
+    label = int(model(x).argmax())
+    adv = (label + 1) % 3
+    res = agi(model, x, "black", label, adversarial_targets=[adv], num_classes=3, max_iter=1, epsilon=0.1)
+    xr = x.clone().requires_grad_(True)
+    p = torch.softmax(model(xr), 1)[0]
+    g_adv = torch.autograd.grad(p[adv], xr, retain_graph=True)[0]
+    g_lab = torch.autograd.grad(p[label], xr)[0]
+    expected = -g_lab * (torch.clamp(x + 0.1 * g_adv.sign(), 0, 1) - x)
+    assert torch.allclose(res.attributions, expected, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "word"),
+    [
+        ("idg", {"steps": 1}, "steps"),
+        ("idg", {"probe_steps": 2}, "probe_steps"),
+        ("idg", {"placement": "left"}, "placement"),
+        ("idg", {"importance": "magic"}, "importance"),
+        ("idg", {"batch_size": 0}, "batch_size"),
+        ("ig", {"rule": "simpson"}, "rule"),
+        ("ig", {"steps": 0}, "steps"),
+        ("guided_ig", {"fraction": 1.5}, "fraction"),
+        ("guided_ig", {"max_dist": -0.1}, "max_dist"),
+        ("agi", {"epsilon": 2.0}, "epsilon"),
+        ("agi", {"max_iter": 0}, "max_iter"),
+        ("left_ig", {"output": "softmax"}, "output"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(name: str, kwargs: dict, word: str) -> None:
+    with pytest.raises(ValueError, match=word):
+        METHODS[name](SmallCNN(), torch.rand(1, 3, 16, 16), "black", 0, **kwargs)
+
+
+@pytest.mark.parametrize("x", [torch.rand(3, 16, 16), torch.full((1, 3, 16, 16), float("nan")), torch.zeros(0, 3, 16, 16)])
+def test_bad_images_raise(x: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="x must"):
+        idg(SmallCNN(), x, "black", 0)
+
+
+@pytest.mark.parametrize("target", [-1, 10, [0, 1, 2]])
+def test_bad_targets_raise(target: object) -> None:
+    with pytest.raises(ValueError, match="target"):
+        idg(SmallCNN(), torch.rand(2, 3, 16, 16), "black", target, steps=4, probe_steps=4)  # type: ignore[arg-type]

@@ -1,0 +1,72 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from idg_core.paths import allocate_samples, ig_rule, place_samples, probe_alphas, resolve_baseline
+from tests.models import TwoRises
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    logits=st.lists(st.floats(-50, 50, allow_nan=False), min_size=3, max_size=60),
+    steps=st.integers(2, 120),
+)
+def test_allocation_always_sums_to_m_and_never_uses_slot_zero(logits: list[float], steps: int) -> None:
+    counts = allocate_samples(torch.tensor(logits, dtype=torch.float64), steps)
+    assert int(counts.sum()) == steps
+    assert counts[0] == 0 and (counts >= 0).all()
+
+
+def test_flat_curve_spreads_samples_uniformly() -> None:
+    counts = allocate_samples(torch.zeros(11), 50)
+    assert counts.tolist() == [0] + [5] * 10
+
+
+def _two_rise_curve(n: int = 50) -> torch.Tensor:
+    alphas = probe_alphas(n).float()
+    x = alphas.view(-1, 1, 1, 1).expand(n, 1, 4, 4)
+    return TwoRises()(x)[:, 0]
+
+
+def test_aligned_placement_puts_samples_in_both_rises_only() -> None:
+    counts = allocate_samples(_two_rise_curve(), 50)
+    alphas, weights = place_samples(counts, 50, "aligned")
+    in_first = ((alphas >= 0.08) & (alphas <= 0.22)).sum().item()
+    in_second = ((alphas >= 0.58) & (alphas <= 0.82)).sum().item()
+    # every interval holds its own samples: alpha between its end points
+    delta = 1 / 49
+    slots = torch.repeat_interleave(torch.arange(50, dtype=torch.float64), counts)
+    assert torch.all(alphas >= (slots - 1) * delta - 1e-9) and torch.all(alphas < slots * delta)
+    assert in_first >= 15 and in_second >= 15
+    leftovers = 50 - in_first - in_second
+    assert leftovers <= 5, f"{leftovers} samples outside the rises"
+    assert weights.sum().item() == pytest.approx(counts[1:].gt(0).sum().item() * delta)
+
+
+def test_authors_placement_drifts_left_and_misses_the_second_rise() -> None:
+    counts = allocate_samples(_two_rise_curve(), 50)
+    aligned, _ = place_samples(counts, 50, "aligned")
+    authors, _ = place_samples(counts, 50, "authors")
+    assert authors.max() < 0.6 <= aligned.max()
+    assert torch.all(authors <= aligned + 1e-12) and (authors < aligned - 1e-9).any()
+
+
+@pytest.mark.parametrize("rule", ["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform"])
+def test_quadrature_rules_integrate_linear_functions(rule: str) -> None:
+    alphas, weights = ig_rule(rule, 20)
+    assert weights.sum().item() == pytest.approx(1.0)
+    if rule not in ("riemann_left", "riemann_right", "uniform"):
+        assert (weights * alphas).sum().item() == pytest.approx(0.5)
+    assert alphas.min() >= 0 and alphas.max() <= 1
+
+
+def test_mean_baseline_is_the_imagenet_mean_colour() -> None:
+    base = resolve_baseline("mean", torch.rand(2, 3, 4, 4))
+    assert base[1, :, 2, 3].tolist() == pytest.approx([0.485, 0.456, 0.406])
+
+
+@pytest.mark.parametrize("bad", ["grey", torch.zeros(2, 3, 3), 5])
+def test_bad_baselines_raise(bad: object) -> None:
+    with pytest.raises(ValueError, match="baseline"):
+        resolve_baseline(bad, torch.rand(1, 3, 4, 4))  # type: ignore[arg-type]
