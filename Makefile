@@ -8,12 +8,13 @@ PORT ?= 8000
 
 run:
 	scripts/setup.sh
-	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT)
+	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --timeout-graceful-shutdown 30
 
 test:
 	scripts/setup.sh dev
 	$(PY) -m ruff check idg_core app tests
 	$(PY) -m pytest
+	scripts/smoke_test.sh
 
 test-all:
 	scripts/setup.sh dev,bench

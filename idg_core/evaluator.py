@@ -48,16 +48,17 @@ def _select(logits: Tensor, targets: Tensor, is_prob: Tensor) -> Tensor:
 
 
 def _run_chunk(model: Model, inputs: Tensor, targets: Tensor, is_prob: Tensor, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """One model call: selected outputs, their input gradients (or None) and all logits."""
     if not grad:
         with torch.no_grad():
             logits = model(inputs)
-            return _select(logits, targets, is_prob).detach(), None, logits.argmax(1)
+            return _select(logits, targets, is_prob).detach(), None, logits.detach()
     inputs = inputs.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model(inputs)
         chosen = _select(logits, targets, is_prob)
         (grads,) = torch.autograd.grad(chosen.sum(), inputs)
-    return chosen.detach(), grads.detach(), logits.detach().argmax(1)
+    return chosen.detach(), grads.detach(), logits.detach()
 
 
 def _segments(queries: Sequence[Query], index: list[int], batch_size: int) -> list[list[tuple[int, int, int]]]:
@@ -92,7 +93,8 @@ def evaluate(model: Model, queries: Sequence[Query], batch_size: int, stats: Eva
             dev = inputs.device
             targets = torch.cat([torch.full((b - a,), queries[qi].target, dtype=torch.long) for qi, a, b in chunk]).to(dev)
             is_prob = torch.cat([torch.full((b - a,), queries[qi].output == "probability") for qi, a, b in chunk]).to(dev)
-            values, grads, top1 = _run_chunk(model, inputs, targets, is_prob, grad)
+            values, grads, logits = _run_chunk(model, inputs, targets, is_prob, grad)
+            top1 = logits.argmax(1)
             if stats is not None:
                 stats.record(inputs.shape[0], grad)
             row = 0
@@ -102,6 +104,9 @@ def evaluate(model: Model, queries: Sequence[Query], batch_size: int, stats: Eva
                 ans.top1[a:b] = top1[row : row + b - a]
                 if grads is not None and ans.grads is not None:
                     ans.grads[a:b] = grads[row : row + b - a]
+                if queries[qi].full:
+                    part = logits[row : row + b - a]
+                    ans.all_logits = part if ans.all_logits is None else torch.cat([ans.all_logits, part])
                 row += b - a
     return answers
 

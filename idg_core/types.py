@@ -77,6 +77,8 @@ class Query:
     target: int
     grad: bool
     output: Output = "logit"
+    full: bool = False
+    """Also return every class's logits (``Answer.all_logits``)."""
 
     @staticmethod
     def path(
@@ -85,8 +87,8 @@ class Query:
         return Query(origin, direction, alphas.reshape(-1), target, grad, output)
 
     @staticmethod
-    def at(points: Tensor, target: int, *, grad: bool, output: Output) -> Query:
-        return Query(points, None, torch.zeros(points.shape[0]), target, grad, output)
+    def at(points: Tensor, target: int, *, grad: bool, output: Output, full: bool = False) -> Query:
+        return Query(points, None, torch.zeros(points.shape[0]), target, grad, output, full)
 
     @property
     def n(self) -> int:
@@ -105,12 +107,13 @@ class Answer:
     """The model's answer to one :class:`Query`.
 
     ``values (n,)``: the target's logit or probability; ``grads (n, C, H, W)`` or ``None``;
-    ``top1 (n,)``: the arg-max class at each point.
+    ``top1 (n,)``: the arg-max class at each point; ``all_logits (n, K)`` when the query asked.
     """
 
     values: Tensor
     grads: Tensor | None
     top1: Tensor
+    all_logits: Tensor | None = None
 
 
 Plan = Generator[list[Query], list[Answer], AttributionResult]

@@ -39,8 +39,8 @@ def decode_image(data: bytes, max_pixels: int = 50_000_000, formats: tuple[str, 
         raise ImageTooLargeError(f"the image is too large to decode safely ({err})") from err
     except Image.UnidentifiedImageError as err:
         raise ImageDecodeError("the file is not an image in a supported format (JPEG, PNG, WebP, GIF, BMP, TIFF)") from err
-    except (OSError, SyntaxError, ValueError) as err:
-        raise ImageDecodeError(f"the image could not be decoded, it may be truncated or corrupt ({err})") from err
+    except Exception as err:  # noqa: BLE001 - Pillow raises many types on malformed files
+        raise ImageDecodeError(f"the image could not be decoded, it may be truncated or corrupt ({type(err).__name__}: {err})") from err
     return to_rgb(ImageOps.exif_transpose(img))
 
 

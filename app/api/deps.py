@@ -1,0 +1,32 @@
+"""Route dependencies: the service object and the optional API key."""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import Request
+
+from app.core.errors import ApiError
+from app.service import Service
+
+
+def get_service(request: Request) -> Service:
+    service = getattr(request.app.state, "service", None)
+    if service is None or not request.app.state.ready:
+        raise ApiError(503, "the service is starting: models are not loaded yet", headers={"Retry-After": "5"}, code="not_ready")
+    return service
+
+
+def require_api_key(request: Request) -> None:
+    """401 unless the configured key comes as ``X-API-Key`` or ``Authorization: Bearer``."""
+    expected = request.app.state.settings.api_key
+    if not expected:
+        return
+    given = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if given is None and auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    if given is None:
+        raise ApiError(401, "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'", code="unauthorized")
+    if not secrets.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(401, "the API key is wrong", code="unauthorized")

@@ -1,0 +1,90 @@
+"""Reading a request body: multipart form (``file`` + fields) or JSON (base64 ``image`` + fields)."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from app.core.errors import ApiError
+from app.core.images import decode_base64
+from app.schemas import ImageJSON
+
+P = TypeVar("P", bound=BaseModel)
+
+
+def first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    where = ".".join(str(p) for p in e.get("loc", ()))
+    if e.get("type") == "extra_forbidden":
+        return f"{where}: unknown field"
+    return f"{where}: {e.get('msg')}" if where else str(e.get("msg"))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing more than ``limit`` bytes with 413 (before reading, when the
+    client declares its length)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body has {int(declared)} bytes, more than the limit of {limit}", code="too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is larger than the limit of {limit} bytes", code="too_large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body  # noqa: SLF001 - lets request.form() parse the body read here
+    return body
+
+
+async def read_image_request(request: Request, params_cls: type[P], json_cls: type[ImageJSON], limit: int) -> tuple[bytes, P]:
+    """Image bytes and validated parameters, from a multipart or a JSON body."""
+    ctype = request.headers.get("content-type", "").lower()
+    body = await read_body(request, limit)
+    if ctype.startswith("application/json"):
+        try:
+            payload = json_cls.model_validate_json(body)
+        except ValidationError as err:
+            raise ApiError(422, first_error(err), code="invalid_parameter") from err
+        fields = payload.model_dump(exclude={"image"}, exclude_unset=True)
+        return decode_base64(payload.image), _validate(params_cls, fields)
+    if ctype.startswith("multipart/form-data"):
+        try:
+            form = await request.form(max_files=2, max_fields=64)
+        except Exception as err:  # noqa: BLE001 - any multipart parse failure is the client's
+            raise ApiError(400, f"the multipart body could not be parsed: {err}", code="bad_request") from err
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(422, "file: send the image as a multipart file field named 'file'", code="missing_file")
+        data = await upload.read()
+        fields = {k: v for k, v in form.multi_items() if k != "file" and not (isinstance(v, str) and v == "")}
+        return data, _validate(params_cls, fields)
+    raise ApiError(
+        415, "send multipart/form-data with the image in a 'file' field, or application/json with a base64 'image'",
+        code="unsupported_media_type",
+    )
+
+
+def _validate(cls: type[P], fields: dict[str, object]) -> P:
+    try:
+        return cls.model_validate(fields)
+    except ValidationError as err:
+        raise ApiError(422, first_error(err), code="invalid_parameter") from err
+
+
+def body_docs(params_cls: type[BaseModel], json_cls: type[BaseModel]) -> dict[str, object]:
+    """OpenAPI ``requestBody`` describing both content types (the route reads the body itself)."""
+    form = params_cls.model_json_schema()
+    form_props = {"file": {"type": "string", "format": "binary", "description": "The image file (JPEG, PNG, WebP, GIF, BMP, TIFF)"}}
+    form_props.update(form.get("properties", {}))
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": form_props}},
+                "application/json": {"schema": json_cls.model_json_schema(ref_template="#/components/schemas/{model}")},
+            },
+        }
+    }

@@ -1,0 +1,47 @@
+"""GET /models, /health/live, /health/ready and /metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.api.deps import get_service, require_api_key
+from app.schemas import ModelInfo, ModelsResponse
+from app.service import Service
+from idg_core import METHODS
+
+router = APIRouter()
+
+
+@router.get("/models", response_model=ModelsResponse, dependencies=[Depends(require_api_key)])
+async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsResponse:
+    """Loaded models (the first is the default), the methods and the device."""
+    infos = [
+        ModelInfo(name=n, classes=m.num_classes, input_size=m.preprocessing.crop_size, resize_size=m.preprocessing.resize_size,
+                  interpolation=m.preprocessing.interpolation, default=i == 0)
+        for i, (n, m) in enumerate(service.models.items())
+    ]
+    return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()}, device=str(service.device))
+
+
+@router.get("/health/live")
+async def live() -> dict[str, str]:
+    """200 while the process serves HTTP."""
+    return {"status": "alive"}
+
+
+@router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet"}})
+async def ready(request: Request) -> JSONResponse:
+    """200 once every model is loaded and warmed up, 503 before (and while shutting down)."""
+    if getattr(request.app.state, "ready", False):
+        return JSONResponse({"status": "ready", "models": list(request.app.state.service.models)})
+    return JSONResponse({"status": "starting"}, status_code=503, headers={"Retry-After": "5"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,38 @@
+"""POST /predict: top-k classes of one image."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from app.api.deps import get_service, require_api_key
+from app.api.requests import body_docs, read_image_request
+from app.core.images import decode_upload
+from app.schemas import ErrorResponse, PredictJSON, PredictParams, PredictResponse, Timings
+from app.service import Service, predict_plan
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 415, 422, 503, 504)}
+
+
+@router.post("/predict", response_model=PredictResponse, responses=ERRORS, openapi_extra=body_docs(PredictParams, PredictJSON))
+async def predict(request: Request, service: Annotated[Service, Depends(get_service)]) -> PredictResponse:
+    """Classify an image: multipart ``file`` (+ fields) or JSON with a base64 ``image``."""
+    received = time.perf_counter()
+    data, params = await read_image_request(request, PredictParams, PredictJSON, service.settings.max_upload_bytes)
+    name, model = service.model(params.model)
+    service.check_top_k(params.top_k)
+
+    def _prepare() -> object:
+        return model.prepare(decode_upload(data, service.settings.max_image_pixels)).to(service.device)
+
+    x = await asyncio.to_thread(_prepare)
+    outcome = await service.run(request, name, predict_plan(x), "predict", priority=0)
+    return PredictResponse(
+        model=name,
+        top_k=service.top_k(model, outcome.value, params.top_k),
+        timings=Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, total_ms=(time.perf_counter() - received) * 1000),
+    )

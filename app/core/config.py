@@ -1,0 +1,49 @@
+"""All service settings, read from ``IDG_*`` environment variables (or a ``.env`` file)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; the README lists them with their environment names."""
+
+    model_config = SettingsConfigDict(env_prefix="IDG_", env_file=".env", extra="ignore")
+
+    models: Annotated[list[str], NoDecode] = Field(
+        default=["efficientnet_lite0"],
+        description="Comma-separated models to load: a packaged name (efficientnet_lite0|1|2) or "
+        "ARCH=/path/to/weights.pth for torchvision ResNet-50/101/152 and ResNeXt. The first is the default.",
+    )
+    device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
+    torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
+    max_batch_images: int = Field(32, ge=1, le=4096, description="Most images (path points) in one model call")
+    batch_wait_ms: float = Field(5.0, ge=0, le=1000, description="How long an idle worker waits for more work to batch")
+    max_round_images: int = Field(64, ge=1, description="Points taken into one worker round (bounds how long /predict waits)")
+    max_queue: int = Field(64, ge=1, description="Requests admitted at once (queued or running); beyond, 503 + Retry-After")
+    request_timeout_s: float = Field(120.0, gt=0, description="Deadline of each request; past it 504 and its work is dropped")
+    shutdown_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long in-flight work may finish")
+    max_upload_bytes: int = Field(10_000_000, ge=1, description="Largest request body; beyond, 413")
+    max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height); beyond, 413")
+    max_steps: int = Field(512, ge=2, description="Upper bound for steps / probe_steps / max_iter")
+    max_top_k: int = Field(20, ge=1, description="Upper bound for top_k")
+    api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'")
+    cors_origins: Annotated[list[str], NoDecode] = Field(default=[], description="Comma-separated origins allowed by CORS")
+    warmup: bool = Field(True, description="Run a forward and backward pass per model before reporting ready")
+
+    @field_validator("models", "cors_origins", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _not_empty(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("IDG_MODELS must name at least one model")
+        return value

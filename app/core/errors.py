@@ -1,0 +1,48 @@
+"""One error type for the edge: every failure becomes a status code and one sentence."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error with its HTTP status and one user-facing sentence."""
+
+    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None, code: str = "error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+        self.code = code
+
+
+def error_body(status: int, message: str, code: str) -> dict[str, object]:
+    return {"error": {"status": status, "code": code, "message": message}}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
+        return JSONResponse(error_body(422, f"{where}: {first.get('msg')}" if where else str(first.get("msg")), "invalid_parameter"), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal"), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), "http_error"), status_code=exc.status_code, headers=exc.headers)

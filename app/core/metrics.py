@@ -1,0 +1,62 @@
+"""Prometheus metrics, one registry per app (so several apps can live in one process, as in tests)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+
+
+class Metrics:
+    """Counters and histograms of the HTTP side and of the worker."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("idg_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.latency = Histogram("idg_http_request_seconds", "HTTP latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("idg_queue_depth", "Requests admitted and not finished (queued or running)", registry=r)
+        self.batch_images = Histogram("idg_batch_images", "Images per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.batch_requests = Histogram("idg_batch_requests", "Requests sharing one worker round", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.model_calls = Counter("idg_model_calls", "Model calls by model", ["model"], registry=r)
+        self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)
+        self.job_seconds = Histogram("idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
+        self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak", ["device", "kind"], registry=r)
+        self.ready = Gauge("idg_ready", "1 when models are loaded and warm", registry=r)
+
+    def sample_device_memory(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            self.device_memory.labels(str(device), "allocated").set(torch.cuda.memory_allocated(device))
+            self.device_memory.labels(str(device), "peak").set(torch.cuda.max_memory_allocated(device))
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware (it does not wrap the body, so disconnect detection keeps working)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def _send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(name, str(status["code"])).inc()
+            self.metrics.latency.labels(name).observe(time.perf_counter() - started)

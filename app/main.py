@@ -1,0 +1,76 @@
+"""The FastAPI app: ``uvicorn app.main:app``. Models load in the lifespan; ready only when warm."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from app.api.routes import attribute, info, predict
+from app.core.config import Settings
+from app.core.errors import install_error_handlers
+from app.core.metrics import Metrics, MetricsMiddleware
+from app.core.models import load_models, pick_device, warm_up
+from app.service import Service
+from app.worker.engine import Worker
+from idg_core.models import ImageClassifier
+
+log = logging.getLogger("app")
+
+
+def create_app(settings: Settings | None = None, models: dict[str, ImageClassifier] | None = None) -> FastAPI:
+    """Build the app; ``models`` replaces loading from ``settings.models`` (tests inject tiny ones)."""
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        device = pick_device(settings.device)
+        loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device)
+        loaded = {n: m.to(device).eval() for n, m in loaded.items()}
+        if settings.warmup:
+            await asyncio.to_thread(warm_up, loaded)
+        worker = Worker(
+            loaded, device, metrics, max_batch_images=settings.max_batch_images, max_round_images=settings.max_round_images,
+            batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue,
+        )
+        worker.start()
+        app.state.service = Service(settings, loaded, worker, metrics, device)
+        app.state.ready = True
+        metrics.ready.set(1)
+        log.info("ready: %s on %s", ", ".join(loaded), device)
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            metrics.ready.set(0)
+            log.info("shutting down: finishing in-flight work (grace %.0f s)", settings.shutdown_grace_s)
+            await asyncio.to_thread(worker.stop, settings.shutdown_grace_s)
+
+    app = FastAPI(
+        title="IDG service",
+        version="0.1.0",
+        description="Explain ImageNet classifiers with Integrated Decision Gradients (adaptive sampling) and its baselines.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.ready = False
+    install_error_handlers(app)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    for module in (predict, attribute, info):
+        app.include_router(module.router)
+    return app
+
+
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+app = create_app()

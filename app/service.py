@@ -1,0 +1,181 @@
+"""The glue between routes and the worker: build plans, submit jobs, wait honestly, render."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from fastapi import Request
+from torch import Tensor
+
+from app.core.config import Settings
+from app.core.errors import ApiError
+from app.core.metrics import Metrics
+from app.schemas import AttributeParams, ClassScore
+from app.worker.engine import QueueFull, Worker
+from app.worker.jobs import Job, JobCancelled
+from idg_core import METHODS, heatmap_png, overlay_png
+from idg_core.models import ImageClassifier
+from idg_core.paths import resolve_baseline
+from idg_core.types import AttributionResult, Plan, Query
+
+log = logging.getLogger(__name__)
+
+
+def predict_plan(x: Tensor) -> Plan:
+    """All class probabilities of one image ``x (C, H, W)``."""
+    (ans,) = yield [Query.at(x.unsqueeze(0), 0, grad=False, output="logit", full=True)]
+    assert ans.all_logits is not None
+    return torch.softmax(ans.all_logits[0].float(), 0).cpu()
+
+
+def attribute_plan(x: Tensor, baseline: Tensor, target: int | None, method: str, kwargs: dict[str, Any]) -> Plan:
+    """Predict, pick the target (the predicted class by default), then run the method's plan."""
+    probs = yield from predict_plan(x)
+    chosen = int(probs.argmax()) if target is None else target
+    result = yield from METHODS[method].plan(x, baseline, chosen, **kwargs)
+    return probs, chosen, result
+
+
+@dataclass
+class Outcome:
+    value: Any
+    queued_ms: float
+    compute_ms: float
+
+
+class Service:
+    """Everything a route needs: settings, models, the worker and the metrics."""
+
+    def __init__(self, settings: Settings, models: dict[str, ImageClassifier], worker: Worker, metrics: Metrics, device: torch.device) -> None:
+        self.settings = settings
+        self.models = models
+        self.worker = worker
+        self.metrics = metrics
+        self.device = device
+
+    def model(self, name: str | None) -> tuple[str, ImageClassifier]:
+        key = name or next(iter(self.models))
+        if key not in self.models:
+            raise ApiError(404, f"unknown model {key!r}; loaded: {', '.join(self.models)}", code="unknown_model")
+        return key, self.models[key]
+
+    def check_top_k(self, k: int) -> None:
+        if k > self.settings.max_top_k:
+            raise ApiError(422, f"top_k must be <= {self.settings.max_top_k}, got {k}", code="invalid_parameter")
+
+    def top_k(self, model: ImageClassifier, probs: Tensor, k: int) -> list[ClassScore]:
+        values, idx = probs.topk(min(k, probs.numel()))
+        return [ClassScore(index=int(i), name=model.class_names[int(i)], probability=float(v)) for v, i in zip(values, idx, strict=True)]
+
+    def method_kwargs(self, params: AttributeParams, num_classes: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(kwargs for the method's plan, every parameter it runs with) after the service's bounds."""
+        defaults = METHODS[params.method].parameters
+        given = {
+            "steps": params.steps, "probe_steps": params.probe_steps, "placement": params.placement,
+            "importance": params.importance, "uniform": params.uniform, "rule": params.rule, "fraction": params.fraction,
+            "max_dist": params.max_dist, "epsilon": params.epsilon, "max_iter": params.max_iter,
+            "adversarial_classes": params.adversarial_classes, "seed": params.seed, "num_classes": num_classes,
+        }
+        kwargs = {k: v for k, v in given.items() if k in defaults and v is not None}
+        for name in ("steps", "probe_steps", "max_iter"):
+            if name in kwargs and kwargs[name] > self.settings.max_steps:
+                raise ApiError(422, f"{name} must be <= {self.settings.max_steps}, got {kwargs[name]}", code="invalid_parameter")
+        return kwargs, {**defaults, **kwargs}
+
+    def build_attribute(self, params: AttributeParams, model: ImageClassifier, x: Tensor) -> tuple[Plan, dict[str, Any]]:
+        if params.target is not None and params.target >= model.num_classes:
+            raise ApiError(422, f"target must be < {model.num_classes} (the model's classes), got {params.target}", code="invalid_parameter")
+        kwargs, used = self.method_kwargs(params, model.num_classes)
+        baseline = resolve_baseline(params.baseline, x.unsqueeze(0))[0]
+        try:
+            METHODS[params.method].plan(x, baseline, 0, **kwargs).close()  # validates the arguments now
+        except ValueError as err:
+            raise ApiError(422, str(err), code="invalid_parameter") from err
+        used = {**used, "baseline": params.baseline}
+        return attribute_plan(x, baseline, params.target, params.method, kwargs), used
+
+    async def run(
+        self, request: Request | None, model: str, plan: Plan, kind: str, *, priority: int,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Outcome:
+        """Queue a plan and wait for it within the deadline; 503 when full, 504 when late."""
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.request_timeout_s
+        job = Job(model, plan, kind, time.monotonic() + timeout, loop, loop.create_future(), priority, on_event)
+        try:
+            self.worker.submit(job)
+        except QueueFull as err:
+            plan.close()
+            self.metrics.rejections.labels("queue_full").inc()
+            raise ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy") from err
+        watcher = asyncio.create_task(self._watch(request, job)) if request is not None else None
+        try:
+            value = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, job.deadline - time.monotonic()))
+        except TimeoutError as err:
+            job.cancel("deadline")
+            raise ApiError(504, f"the request did not finish within its deadline of {timeout:g} s", code="deadline") from err
+        except JobCancelled as err:
+            if err.reason == "deadline":
+                raise ApiError(504, f"the request did not finish within its deadline of {timeout:g} s", code="deadline") from err
+            raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
+        except ValueError as err:
+            raise ApiError(422, str(err), code="invalid_parameter") from err
+        except Exception as err:  # noqa: BLE001 - the model failed on this request only
+            log.error("job %d (%s) failed: %s", job.id, kind, err)
+            raise ApiError(500, f"the model failed on this request: {err}", code="model_error") from err
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if not job.future.done():
+                job.cancel("client_disconnected")
+        started = job.started or job.enqueued
+        return Outcome(value, (started - job.enqueued) * 1000, ((job.finished or time.monotonic()) - started) * 1000)
+
+    @staticmethod
+    async def _watch(request: Request, job: Job) -> None:
+        """Drop the job when its client goes away."""
+        while not job.future.done():
+            if await request.is_disconnected():
+                log.info("client of job %d went away; dropping it", job.id)
+                job.cancel("client_disconnected")
+                return
+            await asyncio.sleep(0.2)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def render(x: Tensor, result: AttributionResult, params: AttributeParams) -> dict[str, Any]:
+    """PNGs and the optional raw array, as base64 (CPU work, run off the event loop)."""
+    attr = result.attributions[0].detach().float().cpu()
+    image = x.detach().float().cpu()
+    out: dict[str, Any] = {"heatmap_png": None, "overlay_png": None, "attribution": None}
+    if params.return_heatmap:
+        out["heatmap_png"] = b64(heatmap_png(attr, signed=params.signed, outlier_perc=params.outlier_perc))
+    if params.return_overlay:
+        out["overlay_png"] = b64(overlay_png(image, attr, opacity=params.opacity, signed=params.signed, outlier_perc=params.outlier_perc))
+    if params.return_attribution:
+        buf = io.BytesIO()
+        np.save(buf, attr.numpy().astype(np.float16))
+        out["attribution"] = {"format": "npy", "dtype": "float16", "shape": list(attr.shape), "data": b64(buf.getvalue())}
+    return out
+
+
+def curve(result: AttributionResult) -> dict[str, list[float]]:
+    def row(t: Tensor) -> list[float]:
+        return [float(v) for v in (t[0] if t.dim() == 2 else t)] if t.numel() else []
+
+    return {
+        "probe_alphas": row(result.probe_alphas), "probe_logits": row(result.probe_logits), "alphas": row(result.alphas),
+        "logits": row(result.logits), "importance": row(result.importance), "weights": row(result.weights),
+    }

@@ -1,0 +1,115 @@
+"""Every bad input gets its 4xx and one sentence; odd but valid images are converted."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from app.core.images import decode_upload
+from tests.service.conftest import AppFactory, image_bytes, serve
+
+
+def _png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "words"),
+    [
+        (b"this is a text file, not a picture", 415, "not an image"),
+        (image_bytes(fmt="JPEG")[:300], 400, "truncated"),
+        (image_bytes(fmt="ICO"), 415, "supported format"),
+        (b"", 400, "empty"),
+        (_png(Image.new("L", (9000, 9000))), 413, "pixels"),
+    ],
+    ids=["text", "truncated-jpeg", "ico", "empty", "pixel-bomb"],
+)
+async def test_bad_images(tiny_app: AppFactory, content: bytes, status: int, words: str) -> None:
+    async with serve(tiny_app(max_image_pixels=50_000_000 // 2)) as client:
+        for route in ("/predict", "/attribute"):
+            r = await client.post(route, files={"file": ("x", content, "application/octet-stream")})
+            assert r.status_code == status, r.text
+            assert words in r.json()["error"]["message"]
+
+
+async def test_body_over_the_limit_is_413(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app(max_upload_bytes=1000)) as client:
+        r = await client.post("/predict", files={"file": ("a.png", b"\x89PNG" + b"0" * 5000)})
+        assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "P", "I;16", "RGBA", "LA", "1"])
+async def test_odd_modes_are_converted(tiny_app: AppFactory, mode: str) -> None:
+    img = Image.new("RGB", (40, 30), (200, 30, 60)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, format="TIFF" if mode in ("CMYK", "I;16") else "PNG")
+    async with serve(tiny_app()) as client:
+        r = await client.post("/predict", files={"file": ("a", buf.getvalue())})
+        assert r.status_code == 200, r.text
+
+
+def test_sixteen_bit_and_alpha_convert_sensibly() -> None:
+    grey16 = Image.new("I;16", (4, 4), 65535)
+    assert decode_upload(_png(grey16), 10_000).getpixel((0, 0)) == (255, 255, 255)
+    clear = Image.new("RGBA", (4, 4), (0, 0, 0, 0))
+    assert decode_upload(_png(clear), 10_000).getpixel((0, 0)) == (255, 255, 255)  # on white
+
+
+def test_exif_orientation_is_honoured() -> None:
+    img = Image.new("RGB", (60, 20), (255, 0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to display
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", exif=exif)
+    assert decode_upload(buf.getvalue(), 10_000).size == (20, 60)
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "words"),
+    [
+        ({"target": "1000"}, 422, "target must be < 1000"),
+        ({"target": "-3"}, 422, "target"),
+        ({"model": "resnet9000"}, 404, "unknown model"),
+        ({"method": "saliency"}, 422, "method"),
+        ({"steps": "100000"}, 422, "steps must be <= 512"),
+        ({"steps": "1", "method": "idg"}, 422, "steps must be >= 2"),
+        ({"probe_steps": "2"}, 422, "probe_steps"),
+        ({"placement": "middle"}, 422, "placement"),
+        ({"top_k": "5000"}, 422, "top_k"),
+        ({"colour": "red"}, 422, "unknown field"),
+        ({"uniform": "perhaps"}, 422, "uniform"),
+    ],
+)
+async def test_bad_parameters(tiny_app: AppFactory, fields: dict, status: int, words: str) -> None:
+    async with serve(tiny_app()) as client:
+        r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data=fields)
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]["message"]
+
+
+async def test_missing_file_wrong_content_type_and_bad_json(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        r = await client.post("/attribute", data={"method": "idg"}, files={"other": ("a", b"x")})
+        assert r.status_code == 422 and "file" in r.json()["error"]["message"]
+        r = await client.post("/predict", content=b"hello", headers={"content-type": "text/plain"})
+        assert r.status_code == 415
+        r = await client.post("/predict", json={"image": "%%%not base64%%%"})
+        assert r.status_code == 400 and "base64" in r.json()["error"]["message"]
+        r = await client.post("/predict", json={"picture": "abc"})
+        assert r.status_code == 422
+
+
+async def test_api_key(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app(api_key="s3cret")) as client:
+        files = {"file": ("a.png", image_bytes())}
+        r = await client.post("/predict", files=files)
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        r = await client.post("/predict", files=files, headers={"x-api-key": "wrong"})
+        assert r.status_code == 401 and "wrong" in r.json()["error"]["message"]
+        assert (await client.post("/predict", files=files, headers={"x-api-key": "s3cret"})).status_code == 200
+        assert (await client.post("/predict", files=files, headers={"authorization": "Bearer s3cret"})).status_code == 200
+        assert (await client.get("/health/ready")).status_code == 200  # probes need no key
