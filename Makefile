@@ -12,7 +12,7 @@ run:
 
 test:
 	scripts/setup.sh dev
-	$(PY) -m ruff check idg_core app tests
+	$(PY) -m ruff check idg_core app tests benchmarks
 	$(PY) -m pytest
 	scripts/smoke_test.sh
 

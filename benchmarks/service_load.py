@@ -1,0 +1,100 @@
+"""The service under load: N concurrent clients against a real uvicorn process on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited during start-up")
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the server never became ready")
+
+
+def _histogram(text: str, name: str) -> dict[str, float]:
+    out = {}
+    for le, value in re.findall(rf'{name}_bucket{{le="([^"]+)"}} ([0-9.e+]+)', text):
+        out[le] = float(value)
+    out["count"] = float(re.search(rf"{name}_count ([0-9.e+]+)", text).group(1))  # type: ignore[union-attr]
+    out["sum"] = float(re.search(rf"{name}_sum ([0-9.e+]+)", text).group(1))  # type: ignore[union-attr]
+    return out
+
+
+async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], lat: list[float], codes: list[int]) -> None:
+    async with httpx.AsyncClient(timeout=600) as client:
+        for i in range(n):
+            img = images[i % len(images)]
+            started = time.perf_counter()
+            r = await client.post(f"{url}/attribute", files={"file": (img.name, img.read_bytes())}, data=fields)
+            codes.append(r.status_code)
+            if r.status_code == 200:
+                lat.append(time.perf_counter() - started)
+
+
+async def load_level(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str]) -> dict[str, Any]:
+    before = _histogram(httpx.get(f"{url}/metrics").text, "idg_batch_images")
+    lat: list[float] = []
+    codes: list[int] = []
+    started = time.perf_counter()
+    await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
+    wall = time.perf_counter() - started
+    after = _histogram(httpx.get(f"{url}/metrics").text, "idg_batch_images")
+    calls = after["count"] - before["count"]
+    return {
+        "clients": clients, "requests": len(codes), "ok": codes.count(200), "rejected_503": codes.count(503),
+        "other_errors": len(codes) - codes.count(200) - codes.count(503),
+        "p50_s": float(np.percentile(lat, 50)) if lat else None, "p95_s": float(np.percentile(lat, 95)) if lat else None,
+        "p99_s": float(np.percentile(lat, 99)) if lat else None, "throughput_per_s": codes.count(200) / wall,
+        "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
+        "wall_s": wall,
+    }
+
+
+def run_load(images: list[Path], levels: list[int], per_client: int, fields: dict[str, str], env: dict[str, str]) -> list[dict[str, Any]]:
+    proc, url = start_server(env)
+    try:
+        # warm the worker once
+        asyncio.run(load_level(url, images, 1, 1, fields))
+        rows = []
+        for clients in levels:
+            row = asyncio.run(load_level(url, images, clients, per_client, fields))
+            log.info("%d clients: %s", clients, row)
+            rows.append(row)
+        return rows
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

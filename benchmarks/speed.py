@@ -1,0 +1,104 @@
+"""Attribution speed: our batched IDG-50/50 against Captum's IG and the authors' way, same run.
+
+The authors' way is their computation pattern: one image at a time, path points in batches of 25
+(probe, then main pass). Captum's IntegratedGradients (n_steps=50, internal batch) is the peer
+library; it computes IG, which needs no probe pass, so IDG costs ~1.33x its passes by design.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from idg_core import idg, integrated_gradients
+
+log = logging.getLogger(__name__)
+
+
+def forward_flops(model: torch.nn.Module, size: int, device: torch.device) -> int:
+    """FLOPs of one image's forward pass (PyTorch's FLOP counter)."""
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.rand(1, 3, size, size, device=device))
+    return int(counter.get_total_flops())
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, repeats: int, warm: bool) -> float:
+    if warm:
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
+    """Peak device memory in MiB during ``fn`` (CUDA only; the CPU's RSS is not per call)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_sizes: list[int], *, device: torch.device,
+              batch_size: int = 32, repeats: int = 1, peak_tflops: float | None = None) -> list[dict[str, Any]]:
+    from captum.attr import IntegratedGradients
+
+    captum_ig = IntegratedGradients(model)
+    size = images.shape[-1]
+    fwd = forward_flops(model, size, device)
+    rows = []
+    for b in batch_sizes:
+        x, t = images[:b].to(device), targets[:b]
+        base = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1).expand_as(x).contiguous()
+        runs: dict[str, Callable[[], Any]] = {
+            "ours_idg": lambda x=x, t=t: idg(model, x, "mean", t, steps=50, probe_steps=50, batch_size=batch_size),
+            "ours_ig": lambda x=x, t=t: integrated_gradients(model, x, "mean", t, steps=50, batch_size=batch_size),
+            "captum_ig": lambda x=x, t=t, base=base: captum_ig.attribute(x, base, target=t, n_steps=50, internal_batch_size=batch_size),
+            "authors_way_idg": lambda x=x, t=t: [idg(model, x[i : i + 1], "mean", t[i], steps=50, probe_steps=50, batch_size=25) for i in range(len(t))],
+        }
+        flops = {"ours_idg": fwd * (50 + 3 * 50), "ours_ig": fwd * 3 * 50, "captum_ig": fwd * 3 * 50, "authors_way_idg": fwd * (50 + 3 * 50)}
+        row: dict[str, Any] = {"batch": b}
+        for name, fn in runs.items():
+            seconds = _timed(fn, device, repeats, warm=b == batch_sizes[0])
+            row[f"{name}_s_per_attr"] = seconds / b
+            row[f"{name}_attr_per_s"] = b / seconds
+            row[f"{name}_tflops"] = flops[name] * b / seconds / 1e12
+            row[f"{name}_peak_mib"] = _peak_memory(fn, device)
+            log.info("batch %d %s: %.3f s per attribution", b, name, seconds / b)
+        row["idg_vs_captum_ig"] = row["captum_ig_s_per_attr"] / row["ours_idg_s_per_attr"]
+        row["ig_vs_captum_ig"] = row["captum_ig_s_per_attr"] / row["ours_ig_s_per_attr"]
+        row["idg_vs_authors_way"] = row["authors_way_idg_s_per_attr"] / row["ours_idg_s_per_attr"]
+        if peak_tflops:
+            row["idg_share_of_peak"] = row["ours_idg_tflops"] / peak_tflops
+        rows.append(row)
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+                            "threads": torch.get_num_threads(), "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu"] = platform.processor()
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info

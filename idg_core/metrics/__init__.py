@@ -1,0 +1,19 @@
+"""Faithfulness metrics: RISE insertion/deletion and PIC (SIC/AIC), with one curve type."""
+
+from idg_core.metrics.curves import Curve, Skipped, auc_trapezoid
+from idg_core.metrics.pic import PIC_THRESHOLDS, blur_from_known_pixels, pic_curve, random_pixel_mask, webp_size
+from idg_core.metrics.rise import deletion, gaussian_blur, insertion
+
+__all__ = [
+    "PIC_THRESHOLDS",
+    "Curve",
+    "Skipped",
+    "auc_trapezoid",
+    "blur_from_known_pixels",
+    "deletion",
+    "gaussian_blur",
+    "insertion",
+    "pic_curve",
+    "random_pixel_mask",
+    "webp_size",
+]

@@ -1,0 +1,94 @@
+"""RISE insertion and deletion (Petsiuk et al. 2018, https://arxiv.org/abs/1806.07421).
+
+Pixels are ranked by saliency (|attribution| summed over channels) and moved ``step`` at a time
+from a start image to a finish image; the score is the softmax probability of the class the model
+predicts on the original image. Cost per image: ``ceil(H·W / step) + 1`` forward passes (225 for
+224×224 with step 224), pushed through the model in batches of ``batch_size`` images, several
+images' steps together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor
+
+from idg_core.metrics.curves import Curve, auc_trapezoid
+from idg_core.types import Model
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def gaussian_blur(x: Tensor, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                  kernel: int = 11, sigma: float = 5.0) -> Tensor:
+    """RISE's insertion start: ``(B, C, H, W)`` pixels -> Gaussian blur (``kernel``×``kernel``,
+    ``sigma``) with zero padding *in normalised space*, returned in pixel space."""
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    r = torch.arange(kernel, dtype=x.dtype, device=x.device) - kernel // 2
+    g = torch.exp(-(r**2) / (2 * sigma**2))
+    k2 = (g[:, None] * g[None, :]) / (g.sum() ** 2)
+    c = x.shape[1]
+    weight = k2.expand(c, 1, kernel, kernel).contiguous()
+    blurred = F.conv2d((x - m) / s, weight, padding=kernel // 2, groups=c)
+    return blurred * s + m
+
+
+def _rank(saliency: Tensor) -> Tensor:
+    """Pixel indices, most salient first (ties broken by index, stable)."""
+    return torch.argsort(saliency.flatten(), descending=True, stable=True)
+
+
+def _scores(model: Model, start: Tensor, finish: Tensor, order: Tensor, step: int, cls: Tensor, batch_size: int) -> Tensor:
+    """Probabilities of ``cls`` along the game for each image: ``(B, n_steps + 1)``."""
+    b, c, h, w = start.shape
+    n = math.ceil(h * w / step) + 1
+    # rank position of every pixel: pixel p moves at step ceil((pos+1)/step)
+    pos = torch.empty_like(order)
+    pos.scatter_(1, order, torch.arange(h * w, device=order.device).expand(b, -1))
+    moved_at = (pos // step + 1).view(b, 1, h, w)  # (B, 1, H, W)
+    out = torch.empty(b, n, device=start.device)
+    flat = [(i, k) for i in range(b) for k in range(n)]
+    with torch.no_grad():
+        for lo in range(0, len(flat), batch_size):
+            chunk = flat[lo : lo + batch_size]
+            idx = torch.tensor([i for i, _ in chunk], device=start.device)
+            ks = torch.tensor([k for _, k in chunk], device=start.device).view(-1, 1, 1, 1)
+            mask = (moved_at[idx] <= ks).to(start.dtype)  # (chunk, 1, H, W): 1 where moved
+            imgs = start[idx] * (1 - mask) + finish[idx] * mask
+            p = torch.softmax(model(imgs), 1).gather(1, cls[idx].view(-1, 1)).squeeze(1)
+            for (i, k), v in zip(chunk, p.tolist(), strict=True):
+                out[i, k] = v
+    return out
+
+
+def _curves(scores: Tensor) -> list[Curve]:
+    n = scores.shape[1]
+    x = np.linspace(0, 1, n)
+    return [Curve(x, s.cpu().numpy().astype(np.float64), auc_trapezoid(s.cpu().numpy())) for s in scores]
+
+
+def _predicted(model: Model, x: Tensor) -> Tensor:
+    with torch.no_grad():
+        return model(x).argmax(1)
+
+
+def deletion(model: Model, x: Tensor, saliency: Tensor, *, substrate: Sequence[float] = IMAGENET_MEAN, step: int = 224,
+             batch_size: int = 64) -> list[Curve]:
+    """Deletion: from the image, replace the most salient pixels by ``substrate`` (zeros in the
+    model's normalised space = its mean colour). ``x (B, C, H, W)``, ``saliency (B, H, W)``. Lower AUC is better."""
+    finish = torch.tensor(substrate, dtype=x.dtype, device=x.device).view(1, -1, 1, 1).expand_as(x)
+    order = torch.stack([_rank(s) for s in saliency])
+    return _curves(_scores(model, x, finish, order, step, _predicted(model, x), batch_size))
+
+
+def insertion(model: Model, x: Tensor, saliency: Tensor, *, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+              step: int = 224, batch_size: int = 64) -> list[Curve]:
+    """Insertion: from the blurred image, put back the most salient pixels first. Higher AUC is better."""
+    order = torch.stack([_rank(s) for s in saliency])
+    return _curves(_scores(model, gaussian_blur(x, mean, std), x, order, step, _predicted(model, x), batch_size))
