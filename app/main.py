@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device)
         loaded = {n: m.to(device).eval() for n, m in loaded.items()}
         if settings.warmup:
-            await asyncio.to_thread(warm_up, loaded)
+            await asyncio.to_thread(warm_up, loaded, settings.max_batch_images)
         worker = Worker(
             loaded, device, metrics, max_batch_images=settings.max_batch_images, max_round_images=settings.max_round_images,
             batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue,

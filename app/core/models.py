@@ -46,11 +46,13 @@ def load_models(specs: list[str], device: torch.device) -> dict[str, ImageClassi
     return models
 
 
-def warm_up(models: dict[str, ImageClassifier]) -> None:
-    """One small IDG run per model: a forward and a backward pass through every layer."""
+def warm_up(models: dict[str, ImageClassifier], batch_images: int) -> None:
+    """One IDG run per model at the worker's full batch size, forward and backward, so the first
+    request does not pay for the allocator's and the kernels' first use (about 3 s on a CPU)."""
     for name, model in models.items():
         started = time.perf_counter()
         size = model.preprocessing.crop_size
         x = torch.rand(1, 3, size, size, device=next(model.parameters()).device)
-        idg(model, x, "mean", 0, steps=2, probe_steps=3)
+        n = max(2, min(batch_images, 64))
+        idg(model, x, "mean", 0, steps=n, probe_steps=max(3, n), batch_size=n)
         log.info("warmed up %s in %.1f s", name, time.perf_counter() - started)
