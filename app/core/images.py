@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 
+import torch
 from PIL import Image
 from torch import Tensor
 
@@ -35,6 +36,7 @@ def decode_base64(text: str) -> bytes:
         raise ApiError(400, "image is not valid base64", code="bad_image") from err
 
 
-def prepare(img: Image.Image, model: ImageClassifier) -> Tensor:
-    """``(3, S, S)`` in [0, 1] for this model (its resize, crop and interpolation)."""
-    return model.prepare(img)
+def model_input(data: bytes, model: ImageClassifier, max_pixels: int, device: torch.device) -> Tensor:
+    """Uploaded bytes -> ``(3, S, S)`` in [0, 1] on ``device``, as this model expects (CPU work:
+    call it off the event loop)."""
+    return model.prepare(decode_upload(data, max_pixels)).to(device)

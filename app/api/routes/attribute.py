@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 
 from app.api.deps import get_service, require_api_key
 from app.api.requests import body_docs, read_image_request
-from app.core.images import decode_upload
+from app.core.images import model_input
 from app.schemas import AttributeJSON, AttributeParams, AttributeResponse, ClassScore, Cost, Curve, ErrorResponse, Timings
 from app.service import Service, curve, render
 
@@ -25,11 +25,7 @@ async def attribute(request: Request, service: Annotated[Service, Depends(get_se
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
     name, model = service.model(params.model)
-
-    def _prepare() -> object:
-        return model.prepare(decode_upload(data, service.settings.max_image_pixels)).to(service.device)
-
-    x = await asyncio.to_thread(_prepare)
+    x = await asyncio.to_thread(model_input, data, model, service.settings.max_image_pixels, service.device)
     service.check_top_k(params.top_k)
     plan, used = service.build_attribute(params, model, x)
     outcome = await service.run(request, name, plan, "attribute", priority=1)

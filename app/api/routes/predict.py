@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 
 from app.api.deps import get_service, require_api_key
 from app.api.requests import body_docs, read_image_request
-from app.core.images import decode_upload
+from app.core.images import model_input
 from app.schemas import ErrorResponse, PredictJSON, PredictParams, PredictResponse, Timings
 from app.service import Service, predict_plan
 
@@ -25,11 +25,7 @@ async def predict(request: Request, service: Annotated[Service, Depends(get_serv
     data, params = await read_image_request(request, PredictParams, PredictJSON, service.settings.max_upload_bytes)
     name, model = service.model(params.model)
     service.check_top_k(params.top_k)
-
-    def _prepare() -> object:
-        return model.prepare(decode_upload(data, service.settings.max_image_pixels)).to(service.device)
-
-    x = await asyncio.to_thread(_prepare)
+    x = await asyncio.to_thread(model_input, data, model, service.settings.max_image_pixels, service.device)
     outcome = await service.run(request, name, predict_plan(x), "predict", priority=0)
     return PredictResponse(
         model=name,
