@@ -137,3 +137,7 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 415, 422, 503, 504)}
+"""The error statuses the image routes answer, for their OpenAPI docs."""

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from idg_core import idg, integrated_gradients
+from idg_core import idg, integrated_gradients, resolve_baseline
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_
     rows = []
     for b in batch_sizes:
         x, t = images[:b].to(device), targets[:b]
-        base = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1).expand_as(x).contiguous()
+        base = resolve_baseline("mean", x)
         runs: dict[str, Callable[[], Any]] = {
             "ours_idg": lambda x=x, t=t: idg(model, x, "mean", t, steps=50, probe_steps=50, batch_size=batch_size),
             "ours_ig": lambda x=x, t=t: integrated_gradients(model, x, "mean", t, steps=50, batch_size=batch_size),

@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 """ImageNet mean colour in pixel space: the authors' "zero after normalisation" baseline."""
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 IG_RULES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform")
 PLACEMENTS = ("aligned", "authors")

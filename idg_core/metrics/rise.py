@@ -18,10 +18,8 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from idg_core.metrics.curves import Curve, auc_trapezoid
+from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Model
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def gaussian_blur(x: Tensor, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,

@@ -7,6 +7,7 @@ torchvision architectures from a local file the user gives.
 from __future__ import annotations
 
 import csv
+import functools
 import importlib
 import logging
 from dataclasses import dataclass
@@ -17,31 +18,31 @@ from PIL import Image
 from torch import Tensor, nn
 
 from idg_core.models.preprocess import resize_crop, to_tensor
+from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 TF_LITE_MEAN = (127.0 / 255,) * 3
 TF_LITE_STD = (128.0 / 255,) * 3
 TORCHVISION_ARCHS = ("resnet50", "resnet101", "resnet152", "resnext101_64x4d", "resnext101_32x8d", "resnext50_32x4d")
 LITE_SIZES = {"efficientnet_lite0": 224, "efficientnet_lite1": 240, "efficientnet_lite2": 260}
 
 
+@functools.cache
+def _class_table() -> tuple[dict[str, str], ...]:
+    """The bundled ``imagenet_classes.tsv`` rows (index, wnid, name), by index; read once."""
+    with Path(__file__).with_name("imagenet_classes.tsv").open(newline="") as f:
+        return tuple(sorted(csv.DictReader(f, delimiter="\t"), key=lambda r: int(r["index"])))
+
+
 def imagenet_class_names() -> list[str]:
     """The 1000 ImageNet class names, by index."""
-    path = Path(__file__).with_name("imagenet_classes.tsv")
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
-    return [r["name"] for r in sorted(rows, key=lambda r: int(r["index"]))]
+    return [r["name"] for r in _class_table()]
 
 
 def imagenet_wnids() -> list[str]:
     """The 1000 ImageNet WordNet ids, by index."""
-    path = Path(__file__).with_name("imagenet_classes.tsv")
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
-    return [r["wnid"] for r in sorted(rows, key=lambda r: int(r["index"]))]
+    return [r["wnid"] for r in _class_table()]
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,13 @@ from fastapi import APIRouter, Depends, Request
 from app.api.deps import get_service, require_api_key
 from app.api.requests import body_docs, read_image_request
 from app.core.images import model_input
-from app.schemas import AttributeJSON, AttributeParams, AttributeResponse, ClassScore, Cost, Curve, ErrorResponse, Timings
+from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, ClassScore, Cost, Curve, Timings
 from app.service import Service, curve, render
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 415, 422, 503, 504)}
 
 
-@router.post("/attribute", response_model=AttributeResponse, responses=ERRORS, openapi_extra=body_docs(AttributeParams, AttributeJSON))
+@router.post("/attribute", response_model=AttributeResponse, responses=ERROR_RESPONSES, openapi_extra=body_docs(AttributeParams, AttributeJSON))
 async def attribute(request: Request, service: Annotated[Service, Depends(get_service)]) -> AttributeResponse:
     """Attribution heatmaps and the logit-α curve for one image: multipart ``file`` + form fields
     (``curl -F file=@photo.jpg -F method=idg -F target=207``) or JSON with a base64 ``image``."""

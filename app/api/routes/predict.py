@@ -11,14 +11,13 @@ from fastapi import APIRouter, Depends, Request
 from app.api.deps import get_service, require_api_key
 from app.api.requests import body_docs, read_image_request
 from app.core.images import model_input
-from app.schemas import ErrorResponse, PredictJSON, PredictParams, PredictResponse, Timings
+from app.schemas import ERROR_RESPONSES, PredictJSON, PredictParams, PredictResponse, Timings
 from app.service import Service, predict_plan
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
-ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 415, 422, 503, 504)}
 
 
-@router.post("/predict", response_model=PredictResponse, responses=ERRORS, openapi_extra=body_docs(PredictParams, PredictJSON))
+@router.post("/predict", response_model=PredictResponse, responses=ERROR_RESPONSES, openapi_extra=body_docs(PredictParams, PredictJSON))
 async def predict(request: Request, service: Annotated[Service, Depends(get_service)]) -> PredictResponse:
     """Classify an image: multipart ``file`` (+ fields) or JSON with a base64 ``image``."""
     received = time.perf_counter()
