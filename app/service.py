@@ -118,14 +118,15 @@ class Service:
             self.metrics.rejections.labels("queue_full").inc()
             raise ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy") from err
         watcher = asyncio.create_task(self._watch(request, job)) if request is not None else None
+        late = f"the request did not finish within its deadline of {timeout:g} s"
         try:
             value = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, job.deadline - time.monotonic()))
         except TimeoutError as err:
             job.cancel("deadline")
-            raise ApiError(504, f"the request did not finish within its deadline of {timeout:g} s", code="deadline") from err
+            raise ApiError(504, late, code="deadline") from err
         except JobCancelled as err:
             if err.reason == "deadline":
-                raise ApiError(504, f"the request did not finish within its deadline of {timeout:g} s", code="deadline") from err
+                raise ApiError(504, late, code="deadline") from err
             raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
         except ValueError as err:
             raise ApiError(422, str(err), code="invalid_parameter") from err

@@ -127,16 +127,22 @@ class Worker:
 
     def _start(self, job: Job) -> None:
         job.started = time.monotonic()
-        try:
-            job.pending = job.plan.send(None)
-        except StopIteration as stop:
-            self._close(job, result=stop.value)
-            return
-        except Exception as err:  # noqa: BLE001
-            self._close(job, err)
-            return
-        job.emit({"event": "started", "queued_ms": round((job.started - job.enqueued) * 1000, 1)})
         self._active.append(job)
+        if self._step(job, None):
+            job.emit({"event": "started", "queued_ms": round((job.started - job.enqueued) * 1000, 1)})
+
+    def _step(self, job: Job, answers: list[Answer] | None) -> bool:
+        """Send the answers to the job's plan; close it when it returns or raises. True if it goes on."""
+        try:
+            job.pending = job.plan.send(answers)  # type: ignore[arg-type]
+            return True
+        except StopIteration as stop:
+            self._active.remove(job)
+            self._close(job, result=stop.value)
+        except Exception as err:  # noqa: BLE001 - the plan's error fails its own request only
+            self._active.remove(job)
+            self._close(job, err)
+        return False
 
     def _select_round(self) -> list[Job]:
         now = time.monotonic()
@@ -207,17 +213,8 @@ class Worker:
 
     def _advance(self, job: Job, answers: list[Answer]) -> None:
         job.rounds += 1
-        try:
-            job.pending = job.plan.send(answers)
-        except StopIteration as stop:
-            self._active.remove(job)
-            self._close(job, result=stop.value)
-            return
-        except Exception as err:  # noqa: BLE001
-            self._active.remove(job)
-            self._close(job, err)
-            return
-        job.emit({"event": "progress", "round": job.rounds, "points": job.rows})
+        if self._step(job, answers):
+            job.emit({"event": "progress", "round": job.rounds, "points": job.rows})
 
     def _close(self, job: Job, error: BaseException | None = None, result: object = None) -> None:
         job.finished = time.monotonic()
