@@ -50,19 +50,15 @@ def _scores(model: Model, start: Tensor, finish: Tensor, order: Tensor, step: in
     pos = torch.empty_like(order)
     pos.scatter_(1, order, torch.arange(h * w, device=order.device).expand(b, -1))
     moved_at = (pos // step + 1).view(b, 1, h, w)  # (B, 1, H, W)
-    out = torch.empty(b, n, device=start.device)
-    flat = [(i, k) for i in range(b) for k in range(n)]
+    out = torch.empty(b * n, device=start.device)  # row j is image j // n at step j % n
     with torch.no_grad():
-        for lo in range(0, len(flat), batch_size):
-            chunk = flat[lo : lo + batch_size]
-            idx = torch.tensor([i for i, _ in chunk], device=start.device)
-            ks = torch.tensor([k for _, k in chunk], device=start.device).view(-1, 1, 1, 1)
+        for lo in range(0, b * n, batch_size):
+            rows = torch.arange(lo, min(lo + batch_size, b * n), device=start.device)
+            idx, ks = rows // n, (rows % n).view(-1, 1, 1, 1)
             mask = (moved_at[idx] <= ks).to(start.dtype)  # (chunk, 1, H, W): 1 where moved
             imgs = start[idx] * (1 - mask) + finish[idx] * mask
-            p = torch.softmax(model(imgs), 1).gather(1, cls[idx].view(-1, 1)).squeeze(1)
-            for (i, k), v in zip(chunk, p.tolist(), strict=True):
-                out[i, k] = v
-    return out
+            out[rows] = torch.softmax(model(imgs), 1).gather(1, cls[idx].view(-1, 1)).squeeze(1)
+    return out.view(b, n)
 
 
 def _curves(scores: Tensor) -> list[Curve]:
