@@ -28,8 +28,8 @@ class AttributeParams(PredictParams):
     placement: Literal["aligned", "authors"] = Field("aligned", description="IDG: 'aligned' (samples of interval k inside it) or 'authors' (published code's drift)")
     importance: Literal["finite_difference", "exact"] = Field("finite_difference", description="IDG importance factor dF/dα: the paper's finite difference or the exact chain rule")
     uniform: bool = Field(False, description="IDG without adaptive sampling (uniform points, no probe)")
-    rule: Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform"] = Field(
-        "gausslegendre", description="IG quadrature rule (Captum's names; 'uniform' is the IDG authors' IG)")
+    rule: Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform", "adaptive"] = Field(
+        "gausslegendre", description="IG quadrature rule (Captum's names; 'uniform' is the IDG authors' IG; 'adaptive' uses IDG's sample placement)")
     fraction: float = Field(0.5, ge=0, le=1, description="Guided IG: share of features moved per sub-step")
     max_dist: float = Field(1.0, ge=0, le=1, description="Guided IG: how far features may run ahead of the straight path")
     epsilon: float = Field(0.05, ge=0, le=1, description="AGI: FGSM step in pixel units")

@@ -20,7 +20,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 """ImageNet mean colour in pixel space: the authors' "zero after normalisation" baseline."""
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-IG_RULES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform")
+IG_RULES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform", "adaptive")
 PLACEMENTS = ("aligned", "authors")
 
 
@@ -62,7 +62,7 @@ def ig_rule(rule: str, steps: int) -> tuple[Tensor, Tensor]:
         return torch.linspace(0, 1, n, dtype=torch.float64), w
     if rule == "uniform":
         return torch.linspace(0, 1, n, dtype=torch.float64), torch.full((n,), 1 / n, dtype=torch.float64)
-    raise ValueError(f"rule must be one of {', '.join(IG_RULES)}; got {rule!r}")
+    raise ValueError(f"rule must be one of {', '.join(IG_RULES[:-1])} here ('adaptive' needs the path: see integrated_gradients); got {rule!r}")
 
 
 def probe_alphas(probe_steps: int) -> Tensor:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
 from idg_core.evaluator import EvalStats, run_plans
-from idg_core.types import AttributionResult, BaselineLike, Model, Plan
+from idg_core.paths import allocate_samples, place_samples, probe_alphas
+from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 PlanFactory = Callable[..., Plan]
 
@@ -29,3 +30,15 @@ def run_method(
     x, base, targets = prepare_batch(x, baseline, target)
     plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]
     return AttributionResult.concat(run_plans(model, plans, batch_size, stats))
+
+
+def adaptive_samples(
+    baseline: Tensor, diff: Tensor, target: int, steps: int, probe_steps: int, placement: str, output: Output,
+) -> Generator[list[Query], list, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """IDG's adaptive sampling as a plan fragment (``yield from`` it): probe the path at
+    ``probe_steps`` uniform points (forward only), allocate ``steps`` samples by slope and place
+    them. Returns ``(alphas, weights, probe_alphas, probe_values)``."""
+    pa = probe_alphas(probe_steps)
+    (probe,) = yield [Query.path(baseline, diff, pa, target, grad=False, output=output)]
+    alphas, weights = place_samples(allocate_samples(probe.values, steps), probe_steps, placement)
+    return alphas, weights, pa, probe.values.detach().cpu().double()

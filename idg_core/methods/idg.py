@@ -10,8 +10,8 @@ from torch import Tensor
 
 from idg_core._validation import check_choice, check_int, check_output
 from idg_core.evaluator import EvalStats
-from idg_core.methods._common import run_method
-from idg_core.paths import PLACEMENTS, allocate_samples, place_samples, probe_alphas
+from idg_core.methods._common import adaptive_samples, run_method
+from idg_core.paths import PLACEMENTS
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 IMPORTANCE = ("finite_difference", "exact")
@@ -62,12 +62,9 @@ def _plan(
         alphas = torch.linspace(0, 1, steps, dtype=torch.float64)
         weights = torch.full((steps,), 1.0 / steps, dtype=torch.float64)
     else:
-        pa = probe_alphas(probe_steps)
-        (probe,) = yield [Query.path(baseline, diff, pa, target, grad=False, output=output)]
-        result.probe_alphas = pa
-        result.probe_logits = probe.values.detach().cpu().double().unsqueeze(0)
+        alphas, weights, result.probe_alphas, probe = yield from adaptive_samples(baseline, diff, target, steps, probe_steps, placement, output)
+        result.probe_logits = probe.unsqueeze(0)
         forward = probe_steps
-        alphas, weights = place_samples(allocate_samples(probe.values, steps), probe_steps, placement)
     (main,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output)]
     assert main.grads is not None
     factors = importance_factors(main.values, alphas, main.grads, diff, importance)

@@ -250,3 +250,13 @@ def test_bad_images_raise(x: torch.Tensor) -> None:
 def test_bad_targets_raise(target: object) -> None:
     with pytest.raises(ValueError, match="target"):
         idg(SmallCNN(), torch.rand(2, 3, 16, 16), "black", target, steps=4, probe_steps=4)  # type: ignore[arg-type]
+
+
+def test_adaptive_ig_uses_idgs_samples_and_stays_complete() -> None:
+    model, x = SmallCNN(), torch.rand(1, 3, 16, 16)
+    ig = integrated_gradients(model, x, "black", 4, steps=60, probe_steps=30, rule="adaptive")
+    ref = idg(model, x, "black", 4, steps=60, probe_steps=30)
+    assert torch.equal(ig.alphas, ref.alphas) and ig.weights.sum().item() == pytest.approx(1.0)
+    assert (ig.forward_passes, ig.backward_passes) == (90, 60)
+    gap = _f(model, x, 4) - _f(model, torch.zeros_like(x), 4)
+    assert ig.attributions.sum().item() == pytest.approx(gap.item(), rel=0.1, abs=0.05)
