@@ -1,7 +1,17 @@
 """Faithfulness metrics: RISE insertion/deletion and PIC (SIC/AIC), with one curve type."""
 
 from idg_core.metrics.curves import Curve, Skipped, auc_trapezoid
-from idg_core.metrics.pic import PIC_THRESHOLDS, blur_from_known_pixels, pic_curve, random_pixel_mask, webp_size
+from idg_core.metrics.pic import (
+    PIC_THRESHOLDS,
+    blur_from_known_pixels,
+    original_confidence,
+    pic_curve,
+    pic_rebuilds,
+    pic_scores,
+    random_pixel_mask,
+    to_uint8,
+    webp_size,
+)
 from idg_core.metrics.rise import deletion, gaussian_blur, insertion
 
 __all__ = [
@@ -13,7 +23,11 @@ __all__ = [
     "deletion",
     "gaussian_blur",
     "insertion",
+    "original_confidence",
     "pic_curve",
+    "pic_rebuilds",
+    "pic_scores",
     "random_pixel_mask",
+    "to_uint8",
     "webp_size",
 ]

@@ -57,7 +57,16 @@ def blur_from_known_pixels(image: np.ndarray, known: np.ndarray) -> np.ndarray:
     return np.round(out).clip(0, 255).astype(np.uint8)
 
 
-def _rebuilds(image: np.ndarray, saliency: np.ndarray, mask: np.ndarray, thresholds: Sequence[float]) -> tuple[list[np.ndarray], list[int]]:
+def to_uint8(image: torch.Tensor) -> np.ndarray:
+    """``(3, H, W)`` in [0, 1] -> ``(H, W, 3)`` uint8, the form PIC works in."""
+    return (image.detach().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+
+
+def pic_rebuilds(
+    image: np.ndarray, saliency: np.ndarray, mask: np.ndarray, thresholds: Sequence[float] = PIC_THRESHOLDS,
+) -> tuple[list[np.ndarray], list[int]]:
+    """The CPU-bound half of PIC (picklable, for a process pool): the fully blurred image, one
+    rebuild per threshold, the original; and the WebP size of each. SIC and AIC share them."""
     neg = -saliency
     images = [blur_from_known_pixels(image, mask)]
     for t in thresholds:
@@ -65,6 +74,47 @@ def _rebuilds(image: np.ndarray, saliency: np.ndarray, mask: np.ndarray, thresho
         images.append(blur_from_known_pixels(image, keep))
     images.append(image)
     return images, [webp_size(i) for i in images]
+
+
+def original_confidence(model: Model, image: torch.Tensor, target: int) -> float:
+    """Softmax of ``target`` on the image as PIC sees it (8-bit)."""
+    x = torch.from_numpy(to_uint8(image)).permute(2, 0, 1).float().unsqueeze(0).to(image.device) / 255
+    with torch.no_grad():
+        return float(torch.softmax(model(x), 1)[0, target])
+
+
+def pic_scores(
+    model: Model, images: list[np.ndarray], info: list[int], target: int, device: torch.device | str = "cpu",
+    *, kinds: Sequence[str] = ("sic", "aic"), points: int = 1000,
+) -> dict[str, Curve | Skipped]:
+    """The model half of PIC: one batched forward pass over the rebuilds, then a curve per kind."""
+    for kind in kinds:
+        if kind not in ("sic", "aic"):
+            raise ValueError(f"kind must be 'sic' or 'aic', got {kind!r}")
+    batch = torch.stack([torch.from_numpy(i).permute(2, 0, 1).float() / 255 for i in images]).to(device)
+    with torch.no_grad():
+        logits = model(batch)
+    probs = torch.softmax(logits, 1)[:, target]
+    info_arr = np.asarray(info, dtype=np.float64)
+    out: dict[str, Curve | Skipped] = {}
+    for kind in kinds:
+        pred = probs if kind == "sic" else (logits.argmax(1) == target).to(probs.dtype)
+        out[kind] = _curve(info_arr, pred.cpu().double().numpy(), points)
+    return out
+
+
+def _curve(info: np.ndarray, pred: np.ndarray, points: int) -> Curve | Skipped:
+    if info[0] >= info[-1]:
+        return Skipped("the fully blurred image carries as much information as the original")
+    if pred[0] >= pred[-1]:
+        return Skipped("the fully blurred image is predicted as confidently as the original")
+    x = np.clip((info - info[0]) / (info[-1] - info[0]), 0, 1)
+    y = np.maximum.accumulate(np.clip((pred - pred[0]) / (pred[-1] - pred[0]), 0, 1))
+    x, y = np.concatenate([[0.0], x, [1.0]]), np.concatenate([[0.0], y, [1.0]])
+    order = np.argsort(x, kind="stable")
+    grid = np.append(np.linspace(0, 1, points, endpoint=False), 1.0)
+    curve_y = np.interp(grid, x[order], y[order])
+    return Curve(grid, curve_y, float(np.trapezoid(curve_y, grid)))
 
 
 def pic_curve(
@@ -76,27 +126,8 @@ def pic_curve(
     where the reference library would skip the image."""
     if kind not in ("sic", "aic"):
         raise ValueError(f"kind must be 'sic' or 'aic', got {kind!r}")
-    arr = (image.detach().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-    with torch.no_grad():
-        original = float(torch.softmax(model(torch.from_numpy(arr).permute(2, 0, 1).float().unsqueeze(0).to(image.device) / 255), 1)[0, target])
+    original = original_confidence(model, image, target)
     if original < min_confidence:  # checked first: it spares the rebuilds
         return Skipped(f"the original prediction {original:.2f} is below {min_confidence}")
-    images, info = _rebuilds(arr, saliency.detach().cpu().double().numpy(), mask, thresholds)
-    batch = torch.stack([torch.from_numpy(i).permute(2, 0, 1).float() / 255 for i in images]).to(image.device)
-    with torch.no_grad():
-        logits = model(batch)
-    probs = torch.softmax(logits, 1)[:, target]
-    pred = probs if kind == "sic" else (logits.argmax(1) == target).to(probs.dtype)
-    pred = pred.cpu().double().numpy()
-    info_arr = np.asarray(info, dtype=np.float64)
-    if info_arr[0] >= info_arr[-1]:
-        return Skipped("the fully blurred image carries as much information as the original")
-    if pred[0] >= pred[-1]:
-        return Skipped("the fully blurred image is predicted as confidently as the original")
-    x = np.clip((info_arr - info_arr[0]) / (info_arr[-1] - info_arr[0]), 0, 1)
-    y = np.maximum.accumulate(np.clip((pred - pred[0]) / (pred[-1] - pred[0]), 0, 1))
-    x, y = np.concatenate([[0.0], x, [1.0]]), np.concatenate([[0.0], y, [1.0]])
-    order = np.argsort(x, kind="stable")
-    grid = np.append(np.linspace(0, 1, points, endpoint=False), 1.0)
-    curve_y = np.interp(grid, x[order], y[order])
-    return Curve(grid, curve_y, float(np.trapezoid(curve_y, grid)))
+    images, info = pic_rebuilds(to_uint8(image), saliency.detach().cpu().double().numpy(), mask, thresholds)
+    return pic_scores(model, images, info, target, image.device, kinds=(kind,), points=points)[kind]

@@ -145,3 +145,18 @@ def test_pic_skips_unconfident_and_flat_images() -> None:
     assert isinstance(res, Skipped) and "information" in res.reason
     with pytest.raises(ValueError, match="kind"):
         pic_curve(Brightness(), flat, torch.rand(16, 16), 1, mask, kind="xic")
+
+
+def test_sic_and_aic_from_shared_rebuilds_match_pic_curve() -> None:
+    from idg_core.metrics import pic_rebuilds, pic_scores, to_uint8
+
+    rng = np.random.default_rng(3)
+    img = (rng.random((24, 24, 3)) * 255).astype(np.uint8)
+    image, sal, mask = torch.from_numpy(img).permute(2, 0, 1).float() / 255, torch.from_numpy(rng.random((24, 24))), random_pixel_mask(24, 24, seed=2)
+    images, info = pic_rebuilds(to_uint8(image), sal.numpy(), mask)
+    both = pic_scores(Brightness(), images, info, 0)
+    for kind in ("sic", "aic"):
+        alone = pic_curve(Brightness(), image, sal, 0, mask, kind=kind, min_confidence=0.0)
+        assert type(both[kind]) is type(alone)
+        if isinstance(alone, Curve):
+            assert both[kind].auc == pytest.approx(alone.auc)
