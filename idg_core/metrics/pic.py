@@ -48,12 +48,13 @@ def blur_from_known_pixels(image: np.ndarray, known: np.ndarray) -> np.ndarray:
     if known.all():
         return image.copy()
     out = image.astype(np.float64) * known[..., None]
-    points = np.argwhere(known)
-    unknown = np.argwhere(~known)
+    points, unknown = np.argwhere(known), np.argwhere(~known)
+    # one Delaunay triangulation serves all channels (griddata would build one per channel)
+    interp = interpolate.LinearNDInterpolator(points, image[tuple(points.T)].astype(np.float64), fill_value=np.nan)
+    filled = interp(unknown)  # (n_unknown, C); NaN outside the convex hull
     mean = image.reshape(-1, image.shape[2]).mean(0)
-    for ch in range(image.shape[2]):
-        values = image[:, :, ch][tuple(points.T)].astype(np.float64)
-        out[:, :, ch][tuple(unknown.T)] = interpolate.griddata(points, values, unknown, method="linear", fill_value=mean[ch])
+    filled = np.where(np.isnan(filled), mean[None, :], filled)
+    out[tuple(unknown.T)] = filled
     return np.round(out).clip(0, 255).astype(np.uint8)
 
 

@@ -1,0 +1,63 @@
+"""Evaluate methods × metrics over a folder of images (resumable), then write the report.
+
+    python -m idg_core.evaluation --images ../shared/data/imagenet-samples --out results/evaluation
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from idg_core.evaluation.report import write_report
+from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, EvalConfig, evaluate_folder
+from idg_core.models import load_model
+
+
+def _machine() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{cpu} ({torch.get_num_threads()} threads{gpu}), torch {torch.__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=Path, required=True, help="folder of images named WNID_*.JPEG (labels from the WNID)")
+    p.add_argument("--out", type=Path, default=Path("results/evaluation"))
+    p.add_argument("--model", default="efficientnet_lite0")
+    p.add_argument("--weights", default=None, help="weights file for torchvision architectures")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--methods", nargs="+", default=None, help=f"subset of {', '.join([*MAIN_METHODS, *ABLATION])}")
+    p.add_argument("--no-ablation", action="store_true", help="main comparison only")
+    p.add_argument("--limit", type=int, default=None, help="first N images only")
+    p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--rise-step", type=int, default=224)
+    p.add_argument("--pic-min-confidence", type=float, default=0.8)
+    p.add_argument("--baseline", default="model_mean", choices=["model_mean", "black"])
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    catalogue = {**MAIN_METHODS, **({} if args.no_ablation else ABLATION)}
+    chosen = {n: catalogue[n] for n in (args.methods or catalogue)}
+    cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
+                     pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size)
+    model = load_model(args.model, args.weights).to(args.device).eval()
+    images = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpeg", ".jpg", ".png"))
+    total = len(images)
+    images = images[: args.limit] if args.limit else images
+    records = evaluate_folder(model, images, args.out, cfg, workers=args.workers)
+    path = write_report(records, args.out, machine=_machine(), date=time.strftime("%Y-%m-%d"), model=args.model, total_images=total)
+    logging.getLogger("idg_core.evaluation").info("wrote %s", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
