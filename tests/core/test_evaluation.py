@@ -1,0 +1,54 @@
+"""The evaluation command end to end on a tiny model: report files, and resuming from the cache."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from PIL import Image
+
+from idg_core.evaluation import EvalConfig, evaluate_folder, write_report
+from idg_core.evaluation.runner import mean_ci
+from tests.service.conftest import tiny_classifier
+
+
+def _images(folder: Path) -> list[Path]:
+    paths = []
+    for i, wnid in enumerate(("n01440764", "n01580077", "n02017213")):
+        img = Image.new("RGB", (40, 36), (60 * i, 200 - 50 * i, 90))
+        for j in range(30):
+            img.putpixel((j, (j * 7) % 36), (255, 255 - 80 * i, 0))
+        path = folder / f"{wnid}_sample{i}.png"
+        img.save(path)
+        paths.append(path)
+    return paths
+
+
+def test_evaluation_writes_the_report_and_resumes(tmp_path: Path) -> None:
+    model = tiny_classifier()
+    cfg = EvalConfig(model="tiny", methods={"IG": ("ig", {"steps": 4, "rule": "uniform"}), "IDG": ("idg", {"steps": 4, "probe_steps": 4}),
+                                            "GIG": ("guided_ig", {"steps": 3})},
+                     rise_step=128, pic_min_confidence=0.0, batch_size=16)
+    images = _images(tmp_path)
+    records = evaluate_folder(model, images, tmp_path / "out", cfg, workers=0, progress=False)
+    assert [r["image"] for r in records] == [p.name for p in images]
+    assert all(set(r["methods"]) == {"IG", "IDG", "GIG"} for r in records)
+    first = records[0]["methods"]["IDG"]
+    assert len(first["insertion_curve"]) == 32 * 32 // 128 + 1 and 0 <= first["insertion"] <= 1
+    assert records[0]["label"] == 0 and len(records[0]["idg_curve"]["alphas"]) == 4
+
+    model.net.calls.clear()
+    again = evaluate_folder(model, images, tmp_path / "out", cfg, workers=0, progress=False)
+    assert model.net.calls == [] and again == records  # everything came from the cache
+
+    summary = write_report(records, tmp_path / "report", machine="test", date="today", model="tiny", total_images=3)
+    text = summary.read_text()
+    assert "3 of 3 images" in text and "| insertion ↑ |" in text and "Rank of IDG" in text
+    with (tmp_path / "report" / "per_image.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 3 * 3
+    assert (tmp_path / "report" / "curves.png").stat().st_size > 0 and (tmp_path / "report" / "idg_curves.png").is_file()
+
+
+def test_mean_ci_of_known_values() -> None:
+    mean, half, n = mean_ci([1.0, 2.0, 3.0, None])  # type: ignore[list-item]
+    assert (mean, n) == (2.0, 3) and abs(half - 1.96 * 1.0 / 3**0.5) < 1e-12
