@@ -139,5 +139,18 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class BatchItem(BaseModel):
+    filename: str = Field(..., description="The uploaded file's name")
+    status: int = Field(..., description="HTTP status this image would have had alone")
+    result: AttributeResponse | None = Field(None, description="The /attribute answer, when status is 200")
+    error: ErrorDetail | None = Field(None, description="What was wrong, otherwise")
+
+
+class BatchResponse(BaseModel):
+    items: list[BatchItem] = Field(..., description="One entry per uploaded image, in upload order")
+    succeeded: int
+    failed: int
+
+
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 415, 422, 503, 504)}
 """The error statuses the image routes answer, for their OpenAPI docs."""

@@ -18,8 +18,9 @@ from torch import Tensor
 
 from app.core.config import Settings
 from app.core.errors import ApiError
+from app.core.images import model_input
 from app.core.metrics import Metrics
-from app.schemas import AttributeParams, ClassScore
+from app.schemas import AttributeParams, AttributeResponse, ClassScore, Cost, Curve, Timings
 from app.worker.engine import QueueFull, Worker
 from app.worker.jobs import Job, JobCancelled
 from idg_core import METHODS, heatmap_png, overlay_png
@@ -102,6 +103,33 @@ class Service:
             raise ApiError(422, str(err), code="invalid_parameter") from err
         used = {**used, "baseline": params.baseline}
         return attribute_plan(x, baseline, params.target, params.method, kwargs), used
+
+    async def attribute(
+        self, request: Request | None, data: bytes, params: AttributeParams, received: float,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> AttributeResponse:
+        """Decode, validate, queue, wait and render one attribution; raises :class:`ApiError`."""
+        name, model = self.model(params.model)
+        self.check_top_k(params.top_k)
+        x = await asyncio.to_thread(model_input, data, model, self.settings.max_image_pixels, self.device)
+        plan, used = self.build_attribute(params, model, x)
+        outcome = await self.run(request, name, plan, "attribute", priority=1, on_event=on_event)
+        probs, target, result = outcome.value
+        rendered_at = time.perf_counter()
+        images = await asyncio.to_thread(render, x, result, params)
+        render_ms = (time.perf_counter() - rendered_at) * 1000
+        return AttributeResponse(
+            model=name,
+            method=params.method,
+            prediction=self.top_k(model, probs, params.top_k),
+            target=ClassScore(index=target, name=model.class_names[target], probability=float(probs[target])),
+            parameters={**used, "target": target},
+            curve=Curve(**curve(result)),
+            cost=Cost(forward_passes=result.forward_passes + 1, backward_passes=result.backward_passes),
+            timings=Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, render_ms=render_ms,
+                            total_ms=(time.perf_counter() - received) * 1000),
+            **images,
+        )
 
     async def run(
         self, request: Request | None, model: str, plan: Plan, kind: str, *, priority: int,

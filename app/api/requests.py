@@ -6,10 +6,11 @@ from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 
 from app.core.errors import ApiError
 from app.core.images import decode_base64
-from app.schemas import ImageJSON
+from app.schemas import AttributeParams, ImageJSON
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -88,3 +89,21 @@ def body_docs(params_cls: type[BaseModel], json_cls: type[BaseModel]) -> dict[st
             },
         }
     }
+
+
+async def read_batch_request(request: Request, limit: int, max_files: int) -> tuple[list[tuple[str, bytes]], AttributeParams]:
+    """``files`` (repeated multipart field) and the shared /attribute fields."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise ApiError(415, "send multipart/form-data with the images in repeated 'files' fields", code="unsupported_media_type")
+    await read_body(request, limit)
+    try:
+        form = await request.form(max_files=max_files, max_fields=64)
+    except HTTPException as err:  # Starlette turns multipart errors into 400s with the parser's message
+        if "Too many files" in str(err.detail):
+            raise ApiError(413, f"a batch holds at most {max_files} images", code="too_large") from err
+        raise ApiError(400, f"the multipart body could not be parsed: {err.detail}", code="bad_request") from err
+    uploads = [u for u in form.getlist("files") if not isinstance(u, str)]
+    if not uploads:
+        raise ApiError(422, "files: send one or more images as multipart file fields named 'files'", code="missing_file")
+    fields = {k: v for k, v in form.multi_items() if k != "files" and not (isinstance(v, str) and v == "")}
+    return [(u.filename or f"image{i}", await u.read()) for i, u in enumerate(uploads)], _validate(AttributeParams, fields)

@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long in-flight work may finish")
     max_upload_bytes: int = Field(10_000_000, ge=1, description="Largest request body; beyond, 413")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height); beyond, 413")
+    max_batch_files: int = Field(32, ge=1, description="Most images in one /attribute/batch request")
     max_steps: int = Field(512, ge=2, description="Upper bound for steps / probe_steps / max_iter")
     max_top_k: int = Field(20, ge=1, description="Upper bound for top_k")
     api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'")

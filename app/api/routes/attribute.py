@@ -1,46 +1,88 @@
-"""POST /attribute: explain a prediction with IDG (default) or a baseline method."""
+"""POST /attribute (one image), /attribute/stream (Server-Sent Events progress) and
+/attribute/batch (several images, one status each)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from typing import Annotated
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
 
 from app.api.deps import get_service, require_api_key
-from app.api.requests import body_docs, read_image_request
-from app.core.images import model_input
-from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, ClassScore, Cost, Curve, Timings
-from app.service import Service, curve, render
+from app.api.requests import body_docs, read_batch_request, read_image_request
+from app.core.errors import ApiError
+from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, BatchItem, BatchResponse, ErrorDetail
+from app.service import Service
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
+DOCS = body_docs(AttributeParams, AttributeJSON)
 
 
-@router.post("/attribute", response_model=AttributeResponse, responses=ERROR_RESPONSES, openapi_extra=body_docs(AttributeParams, AttributeJSON))
+@router.post("/attribute", response_model=AttributeResponse, responses=ERROR_RESPONSES, openapi_extra=DOCS)
 async def attribute(request: Request, service: Annotated[Service, Depends(get_service)]) -> AttributeResponse:
     """Attribution heatmaps and the logit-α curve for one image: multipart ``file`` + form fields
     (``curl -F file=@photo.jpg -F method=idg -F target=207``) or JSON with a base64 ``image``."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
-    name, model = service.model(params.model)
-    x = await asyncio.to_thread(model_input, data, model, service.settings.max_image_pixels, service.device)
-    service.check_top_k(params.top_k)
-    plan, used = service.build_attribute(params, model, x)
-    outcome = await service.run(request, name, plan, "attribute", priority=1)
-    probs, target, result = outcome.value
-    rendered_at = time.perf_counter()
-    images = await asyncio.to_thread(render, x, result, params)
-    render_ms = (time.perf_counter() - rendered_at) * 1000
-    return AttributeResponse(
-        model=name,
-        method=params.method,
-        prediction=service.top_k(model, probs, params.top_k),
-        target=ClassScore(index=target, name=model.class_names[target], probability=float(probs[target])),
-        parameters={**used, "target": target},
-        curve=Curve(**curve(result)),
-        cost=Cost(forward_passes=result.forward_passes + 1, backward_passes=result.backward_passes),
-        timings=Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, render_ms=render_ms,
-                        total_ms=(time.perf_counter() - received) * 1000),
-        **images,
-    )
+    return await service.attribute(request, data, params, received)
+
+
+def _sse(event: str, payload: dict[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(payload)}\n\n"
+
+
+@router.post(
+    "/attribute/stream", openapi_extra=DOCS,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "events: accepted, queued, started, progress, result | error"}},
+)
+async def attribute_stream(request: Request, service: Annotated[Service, Depends(get_service)]) -> StreamingResponse:
+    """The same request as /attribute, answered as Server-Sent Events: ``accepted``, ``queued``
+    (position), ``started``, ``progress`` (worker round and the points it needs next), then
+    ``result`` (the /attribute body) or ``error`` ({status, code, message}). Closing the
+    connection cancels the work."""
+    received = time.perf_counter()
+    data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
+    events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+    async def work() -> None:
+        try:
+            result = await service.attribute(request, data, params, received, on_event=lambda e: events.put_nowait((e.pop("event"), e)))
+            events.put_nowait(("result", result.model_dump(mode="json")))
+        except ApiError as err:
+            events.put_nowait(("error", {"status": err.status, "code": err.code, "message": err.message}))
+
+    async def stream() -> AsyncIterator[str]:
+        task = asyncio.create_task(work())
+        try:
+            yield _sse("accepted", {"method": params.method})
+            while True:
+                event, payload = await events.get()
+                yield _sse(event, payload)
+                if event in ("result", "error"):
+                    return
+        finally:
+            task.cancel()  # the client went away: Service.run drops the job
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.post("/attribute/batch", response_model=BatchResponse, responses=ERROR_RESPONSES)
+async def attribute_batch(request: Request, service: Annotated[Service, Depends(get_service)]) -> BatchResponse:
+    """Several images (multipart ``files``, repeated) with one set of /attribute form fields; one
+    result per image, each with its own status, so a bad image does not fail the others. The
+    images go through the same queue and share model calls."""
+    received = time.perf_counter()
+    files, params = await read_batch_request(request, service.settings.max_upload_bytes, service.settings.max_batch_files)
+
+    async def one(name: str, data: bytes) -> BatchItem:
+        try:
+            return BatchItem(filename=name, status=200, result=await service.attribute(request, data, params, received))
+        except ApiError as err:
+            return BatchItem(filename=name, status=err.status, error=ErrorDetail(status=err.status, code=err.code, message=err.message))
+
+    items = await asyncio.gather(*[one(name, data) for name, data in files])
+    return BatchResponse(items=list(items), succeeded=sum(i.status == 200 for i in items), failed=sum(i.status != 200 for i in items))
