@@ -32,4 +32,9 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@README.md" "$URL/predict
 echo "smoke: bad input ok (415)"
 curl -sf "$URL/metrics" | grep -q 'idg_http_requests_total{route="/attribute",status="200"}' || { echo "smoke: metrics"; exit 1; }
 echo "smoke: metrics ok"
-echo "smoke: 7 passed, 0 failed"
+HEAT=$(mktemp --suffix=.png)
+$PY -m app.cli --url "$URL" attribute "$IMG" --method idg --steps 10 --probe-steps 10 --out "$HEAT" > "$LOG.cli" \
+    && grep -q "jay" "$LOG.cli" && [ "$(wc -l < "$LOG.cli")" -eq 12 ] && [ -s "$HEAT" ] || { cat "$LOG.cli"; echo "smoke: cli failed"; exit 1; }
+rm -f "$HEAT" "$LOG.cli"
+echo "smoke: cli ok"
+echo "smoke: 8 passed, 0 failed"

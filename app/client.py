@@ -1,0 +1,234 @@
+"""A small typed client for the service, sync and async, for scripts and monitoring pipelines.
+
+    from app.client import Client
+    with Client("http://127.0.0.1:8000") as c:
+        res = c.attribute("photo.jpg", method="idg", steps=50)
+        res.overlay.save("overlay.png"); print(res.target, res.curve.alphas[:5])
+        many = c.attribute_many(["a.jpg", "b.jpg"], concurrency=4)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+log = logging.getLogger(__name__)
+ImageInput = str | Path | bytes | Image.Image
+
+
+class ServiceError(Exception):
+    """The service answered an error: ``status`` and its one-sentence ``message``."""
+
+    def __init__(self, status: int, message: str, code: str = "error") -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.code = status, message, code
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    index: int
+    name: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model: str
+    top_k: list[ClassScore]
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CurveArrays:
+    """The logit-α curve as arrays (see /docs for each field)."""
+
+    probe_alphas: np.ndarray
+    probe_logits: np.ndarray
+    alphas: np.ndarray
+    logits: np.ndarray
+    importance: np.ndarray
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
+class Attribution:
+    model: str
+    method: str
+    target: ClassScore
+    prediction: list[ClassScore]
+    parameters: dict[str, Any]
+    heatmap: Image.Image | None
+    overlay: Image.Image | None
+    attribution: np.ndarray | None
+    curve: CurveArrays
+    raw: dict[str, Any]
+
+
+def _file(image: ImageInput) -> tuple[str, bytes]:
+    if isinstance(image, Image.Image):
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return "image.png", buf.getvalue()
+    if isinstance(image, bytes):
+        return "image", image
+    path = Path(image)
+    return path.name, path.read_bytes()
+
+
+def _png(b64: str | None) -> Image.Image | None:
+    return None if b64 is None else Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+def _fields(params: dict[str, Any]) -> dict[str, str]:
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in params.items() if v is not None}
+
+
+def _scores(rows: list[dict[str, Any]]) -> list[ClassScore]:
+    return [ClassScore(r["index"], r["name"], r["probability"]) for r in rows]
+
+
+def parse_prediction(body: dict[str, Any]) -> Prediction:
+    return Prediction(body["model"], _scores(body["top_k"]), body)
+
+
+def parse_attribution(body: dict[str, Any]) -> Attribution:
+    raw = body.get("attribution")
+    array = np.load(io.BytesIO(base64.b64decode(raw["data"]))) if raw else None
+    c = body["curve"]
+    curve = CurveArrays(*(np.asarray(c[k], dtype=np.float64) for k in ("probe_alphas", "probe_logits", "alphas", "logits", "importance", "weights")))
+    t = body["target"]
+    return Attribution(body["model"], body["method"], ClassScore(t["index"], t["name"], t["probability"]), _scores(body["prediction"]),
+                       body["parameters"], _png(body.get("heatmap_png")), _png(body.get("overlay_png")), array, curve, body)
+
+
+def _check(r: httpx.Response) -> dict[str, Any]:
+    if r.status_code == 200:
+        return r.json()
+    try:
+        err = r.json()["error"]
+        raise ServiceError(r.status_code, err["message"], err.get("code", "error"))
+    except (ValueError, KeyError):
+        raise ServiceError(r.status_code, r.text[:200]) from None
+
+
+def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
+    """Seconds to wait before retrying a 503 (its Retry-After, else backoff), or None."""
+    if r.status_code != 503:
+        return None
+    try:
+        wait = float(r.headers.get("retry-after", ""))
+    except ValueError:
+        wait = 0.5 * 2**attempt
+    return min(max(wait, 0.1), cap)
+
+
+class Client:
+    """Synchronous client. ``retries``: how often a 503 (busy) is retried, honouring Retry-After."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: str | None = None, timeout: float = 300.0,
+                 retries: int = 5, max_wait: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"x-api-key": api_key} if api_key else {}
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+        self.retries, self.max_wait = retries, max_wait
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, image: ImageInput, fields: dict[str, Any]) -> dict[str, Any]:
+        name, data = _file(image)
+        for attempt in range(self.retries + 1):
+            r = self._http.post(path, files={"file": (name, data)}, data=_fields(fields))
+            wait = _retry_after(r, attempt, self.max_wait)
+            if wait is None or attempt == self.retries:
+                return _check(r)
+            log.info("service busy; retrying %s in %.1f s", path, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5) -> Prediction:
+        return parse_prediction(self._post("/predict", image, {"model": model, "top_k": top_k}))
+
+    def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
+        """``params``: any /attribute field (target, steps, probe_steps, baseline, return_attribution, ...)."""
+        return parse_attribution(self._post("/attribute", image, {"method": method, **params}))
+
+    def attribute_many(self, images: Sequence[ImageInput], *, concurrency: int = 4, method: str = "idg",
+                       **params: Any) -> list[Attribution | ServiceError]:
+        """Attribute every image with at most ``concurrency`` requests in flight; a failed image
+        gives its :class:`ServiceError` in its place instead of stopping the others."""
+
+        def one(image: ImageInput) -> Attribution | ServiceError:
+            try:
+                return self.attribute(image, method=method, **params)
+            except ServiceError as err:
+                return err
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(one, images))
+
+
+class AsyncClient:
+    """The same calls, ``await``-able; ``attribute_many`` bounds concurrency with a semaphore."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: str | None = None, timeout: float = 300.0,
+                 retries: int = 5, max_wait: float = 30.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = {"x-api-key": api_key} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+        self.retries, self.max_wait = retries, max_wait
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, image: ImageInput, fields: dict[str, Any]) -> dict[str, Any]:
+        name, data = _file(image)
+        for attempt in range(self.retries + 1):
+            r = await self._http.post(path, files={"file": (name, data)}, data=_fields(fields))
+            wait = _retry_after(r, attempt, self.max_wait)
+            if wait is None or attempt == self.retries:
+                return _check(r)
+            log.info("service busy; retrying %s in %.1f s", path, wait)
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5) -> Prediction:
+        return parse_prediction(await self._post("/predict", image, {"model": model, "top_k": top_k}))
+
+    async def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
+        return parse_attribution(await self._post("/attribute", image, {"method": method, **params}))
+
+    async def attribute_many(self, images: Iterable[ImageInput], *, concurrency: int = 4, method: str = "idg",
+                             **params: Any) -> list[Attribution | ServiceError]:
+        gate = asyncio.Semaphore(max(1, concurrency))
+
+        async def one(image: ImageInput) -> Attribution | ServiceError:
+            async with gate:
+                try:
+                    return await self.attribute(image, method=method, **params)
+                except ServiceError as err:
+                    return err
+
+        return list(await asyncio.gather(*[one(i) for i in images]))
