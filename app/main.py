@@ -6,10 +6,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
 
 from app.api.routes import attribute, info, predict
 from app.core.config import Settings
@@ -21,6 +24,7 @@ from app.worker.engine import Worker
 from idg_core.models import ImageClassifier
 
 log = logging.getLogger("app")
+STATIC = Path(__file__).with_name("static")
 
 
 def create_app(settings: Settings | None = None, models: dict[str, ImageClassifier] | None = None) -> FastAPI:
@@ -69,6 +73,13 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     for module in (predict, attribute, info):
         app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        """The web page: drop an image, see the heatmap and the logit-α curve."""
+        return FileResponse(STATIC / "index.html")
+
     return app
 
 

@@ -42,6 +42,7 @@ class AttributeParams(PredictParams):
     return_heatmap: bool = Field(True, description="Return the heatmap PNG (base64)")
     return_overlay: bool = Field(True, description="Return the heatmap over the input as a PNG (base64)")
     return_attribution: bool = Field(False, description="Return the raw (C, H, W) attribution as base64 float16 .npy")
+    return_input: bool = Field(False, description="Return the model-size input image as a PNG (to layer the heatmap over it)")
 
 
 class ImageJSON(BaseModel):
@@ -108,6 +109,7 @@ class AttributeResponse(BaseModel):
     parameters: dict[str, object] = Field(..., description="Every parameter the method actually ran with")
     heatmap_png: str | None = Field(None, description="Heatmap (model input size), base64 PNG")
     overlay_png: str | None = Field(None, description="Heatmap over the resized input, base64 PNG")
+    input_png: str | None = Field(None, description="The resized, cropped input the model saw, base64 PNG, if return_input")
     attribution: Attribution | None = Field(None, description="Raw attribution, if return_attribution")
     curve: Curve
     cost: Cost

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from fastapi import Request
+from PIL import Image
 from torch import Tensor
 
 from app.core.config import Settings
@@ -188,7 +189,11 @@ def render(x: Tensor, result: AttributionResult, params: AttributeParams) -> dic
     """PNGs and the optional raw array, as base64 (CPU work, run off the event loop)."""
     attr = result.attributions[0].detach().float().cpu()
     image = x.detach().float().cpu()
-    out: dict[str, Any] = {"heatmap_png": None, "overlay_png": None, "attribution": None}
+    out: dict[str, Any] = {"heatmap_png": None, "overlay_png": None, "attribution": None, "input_png": None}
+    if params.return_input:
+        buf = io.BytesIO()
+        Image.fromarray((image.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)).save(buf, format="PNG")
+        out["input_png"] = b64(buf.getvalue())
     if params.return_heatmap:
         out["heatmap_png"] = b64(heatmap_png(attr, signed=params.signed, outlier_perc=params.outlier_perc))
     if params.return_overlay:

@@ -13,3 +13,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}" torch==2.13.0 torchvision==0.28.0
     touch "$stamp"
 fi
+# The browser test drives Debian's Chromium (Playwright's own browser download is not reachable).
+if [[ ",$extras," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+    else
+        echo "setup: chromium is missing and cannot be installed here (needs root and apt-get); the browser test will skip" >&2
+    fi
+fi

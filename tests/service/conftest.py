@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import io
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
 import torch
+import uvicorn
 from fastapi import FastAPI
 from httpx import ASGITransport, AsyncClient
 from PIL import Image
@@ -76,3 +78,20 @@ def tiny_app() -> AppFactory:
         return create_app(Settings(**(base | settings)), models={"tiny": tiny_classifier(delay_s)})
 
     return make
+
+
+def live_server(app: FastAPI) -> Iterator[str]:
+    """Serve ``app`` with a real uvicorn on a free loopback port (lifespan included); yield its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(600):
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)

@@ -2,46 +2,26 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import uvicorn
 from PIL import Image
 
 from app.cli import main as cli
 from app.client import AsyncClient, Attribution, Client, ServiceError
-from tests.service.conftest import AppFactory, image_bytes
-
-
-def _serve(app: object) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
+from tests.service.conftest import AppFactory, image_bytes, live_server
 
 
 @pytest.fixture
 def url(tiny_app: AppFactory) -> Iterator[str]:
-    yield from _serve(tiny_app())
+    yield from live_server(tiny_app())
 
 
 @pytest.fixture
 def busy_url(tiny_app: AppFactory) -> Iterator[str]:
-    yield from _serve(tiny_app(delay_s=0.05, max_queue=1, batch_wait_ms=0.0))
+    yield from live_server(tiny_app(delay_s=0.05, max_queue=1, batch_wait_ms=0.0))
 
 
 def test_sync_client_predict_and_attribute(url: str, tmp_path: Path) -> None:

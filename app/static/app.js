@@ -1,0 +1,183 @@
+// The IDG page: no build step, no external assets. Streams /attribute/stream and draws the curve.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const SAMPLES = ["n01580077_jay.jpg", "n01440764_tench.jpg", "n02391049_zebra.jpg", "n02279972_monarch.jpg"];
+let chosen = null; // {blob, name}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = !message;
+}
+
+async function loadModels() {
+  try {
+    const r = await fetch("/models");
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+    for (const m of body.models) $("model").add(new Option(`${m.name} (${m.input_size}px)`, m.name));
+    for (const [name, summary] of Object.entries(body.methods)) {
+      $("method").add(new Option(summary, name, name === "idg", name === "idg"));
+      $("compare").add(new Option(summary, name));
+    }
+  } catch (e) { showError(`Could not reach the service: ${e.message}`); }
+}
+
+function choose(blob, name) {
+  chosen = { blob, name };
+  $("preview").src = URL.createObjectURL(blob);
+  $("preview").hidden = false;
+  $("run").disabled = false;
+  showError("");
+}
+
+function setupInput() {
+  const drop = $("drop");
+  drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+  drop.addEventListener("drop", (e) => {
+    e.preventDefault(); drop.classList.remove("over");
+    if (e.dataTransfer.files.length) choose(e.dataTransfer.files[0], e.dataTransfer.files[0].name);
+  });
+  $("file").addEventListener("change", (e) => { if (e.target.files.length) choose(e.target.files[0], e.target.files[0].name); });
+  for (const name of SAMPLES) {
+    const img = new Image();
+    img.src = `/static/samples/${name}`; img.alt = name; img.title = name.replace(/^n\d+_/, "").replace(".jpg", "");
+    img.addEventListener("click", async () => {
+      document.querySelectorAll("#samples img").forEach((i) => i.classList.remove("chosen"));
+      img.classList.add("chosen");
+      choose(await (await fetch(img.src)).blob(), name);
+    });
+    $("samples").appendChild(img);
+  }
+  $("run").addEventListener("click", run);
+}
+
+function newPanel(method) {
+  const panel = $("panel-template").content.firstElementChild.cloneNode(true);
+  panel.dataset.method = method;
+  panel.querySelector(".title").textContent = $("method").querySelector(`option[value="${method}"]`).textContent;
+  $("results").appendChild(panel);
+  return panel;
+}
+
+async function* sse(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+      const fields = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(": ")), l.slice(l.indexOf(": ") + 2)]));
+      yield { event: fields.event, data: JSON.parse(fields.data) };
+    }
+  }
+}
+
+const STATUS = {
+  accepted: () => "accepted",
+  queued: (d) => `queued (position ${d.position})`,
+  started: (d) => `started after ${d.queued_ms} ms in the queue`,
+  progress: (d) => `worker round ${d.round} done; next: ${d.points} path points`,
+};
+
+async function explain(method, panel) {
+  const form = new FormData();
+  form.append("file", chosen.blob, chosen.name);
+  form.append("model", $("model").value);
+  form.append("method", method);
+  form.append("return_input", "true");
+  form.append("return_overlay", "false");
+  if ($("steps").value) form.append("steps", $("steps").value);
+  if ($("target").value) form.append("target", $("target").value);
+  const status = panel.querySelector(".status");
+  status.textContent = "sending…";
+  const r = await fetch("/attribute/stream", { method: "POST", body: form });
+  if (!r.ok) {
+    const body = await r.json().catch(() => ({}));
+    throw new Error(body.error ? body.error.message : `HTTP ${r.status}`);
+  }
+  for await (const { event, data } of sse(r)) {
+    if (event === "result") { status.textContent = "done"; render(panel, data); return; }
+    if (event === "error") throw new Error(data.message);
+    status.textContent = (STATUS[event] || (() => event))(data);
+  }
+  throw new Error("the connection closed before the result");
+}
+
+async function run() {
+  showError("");
+  $("results").innerHTML = "";
+  $("run").disabled = true;
+  const methods = [$("method").value, $("compare").value].filter((m, i, a) => m && a.indexOf(m) === i);
+  await Promise.all(methods.map(async (m) => {
+    const panel = newPanel(m);
+    try { await explain(m, panel); } catch (e) {
+      panel.querySelector(".status").textContent = "failed";
+      showError(`${m}: ${e.message}`);
+    }
+  }));
+  $("run").disabled = false;
+}
+
+function render(panel, d) {
+  panel.querySelector(".body").hidden = false;
+  const list = panel.querySelector(".prediction");
+  list.innerHTML = "";
+  for (const c of d.prediction) {
+    const li = document.createElement("li");
+    li.textContent = `${c.name} (${(100 * c.probability).toFixed(1)}%)${c.index === d.target.index ? " ← explained" : ""}`;
+    list.appendChild(li);
+  }
+  panel.querySelector(".input-img").src = `data:image/png;base64,${d.input_png}`;
+  const heat = panel.querySelector(".heat-img");
+  heat.src = panel.querySelector(".raw-img").src = `data:image/png;base64,${d.heatmap_png}`;
+  const slider = panel.querySelector(".opacity");
+  const apply = () => { heat.style.opacity = slider.value / 100; };
+  slider.addEventListener("input", apply); apply();
+  drawCurve(panel.querySelector(".chart"), d.curve);
+  panel.querySelector(".cost").textContent =
+    `${d.cost.forward_passes} forward / ${d.cost.backward_passes} backward passes; queued ${d.timings.queued_ms.toFixed(0)} ms, ` +
+    `computed ${d.timings.compute_ms.toFixed(0)} ms, total ${d.timings.total_ms.toFixed(0)} ms`;
+}
+
+function drawCurve(svg, c) {
+  const NS = "http://www.w3.org/2000/svg";
+  const W = 520, H = 260, L = 48, R = 12, T = 12, B = 34;
+  svg.innerHTML = "";
+  const xs = [...c.probe_alphas, ...c.alphas], ys = [...c.probe_logits, ...c.logits];
+  if (!ys.length) { svg.innerHTML = `<text x="20" y="40">this method has no path curve</text>`; return; }
+  let lo = Math.min(...ys), hi = Math.max(...ys);
+  if (hi - lo < 1e-9) { lo -= 1; hi += 1; }
+  const sx = (a) => L + a * (W - L - R), sy = (v) => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
+  const el = (tag, attrs, text) => {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    svg.appendChild(e); return e;
+  };
+  el("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#888" });
+  el("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#888" });
+  for (const t of [0, 0.25, 0.5, 0.75, 1]) el("text", { x: sx(t), y: H - B + 14, "font-size": 10, "text-anchor": "middle" }, t);
+  for (const v of [lo, (lo + hi) / 2, hi]) el("text", { x: L - 4, y: sy(v) + 3, "font-size": 10, "text-anchor": "end" }, v.toFixed(2));
+  el("text", { x: (W + L) / 2, y: H - 4, "font-size": 11, "text-anchor": "middle" }, "α (path position)");
+  el("text", { x: 12, y: (H - B) / 2, "font-size": 11, transform: `rotate(-90 12 ${(H - B) / 2})`, "text-anchor": "middle" }, "target logit");
+  const line = c.probe_alphas.length ? [c.probe_alphas, c.probe_logits] : [c.alphas, c.logits];
+  el("polyline", { class: "probe", fill: "none", stroke: "#9aa3b5", "stroke-width": 2,
+    points: line[0].map((a, i) => `${sx(a)},${sy(line[1][i])}`).join(" ") });
+  const imp = c.importance.length ? c.importance.map(Math.abs) : c.alphas.map(() => 1);
+  const top = Math.max(...imp, 1e-12);
+  c.alphas.forEach((a, i) => {
+    const s = imp[i] / top;
+    el("circle", { class: "sample", cx: sx(a), cy: sy(c.logits[i]), r: 2 + 4 * s,
+      fill: `hsl(${30 - 30 * s}, 90%, ${60 - 25 * s}%)`, stroke: "#333", "stroke-width": 0.4 })
+      .appendChild(document.createElementNS(NS, "title")).textContent =
+        `α=${a.toFixed(3)} logit=${c.logits[i].toFixed(3)}` + (c.importance.length ? ` dF/dα=${c.importance[i].toFixed(3)}` : "");
+  });
+}
+
+loadModels();
+setupInput();
