@@ -30,4 +30,4 @@ bench:
 
 eval:
 	scripts/setup.sh bench
-	$(PY) -m idg_core.evaluation --images ../shared/data/imagenet-samples --out results/evaluation
+	$(PY) -m idg_core.evaluation --images ../shared/data/imagenet-samples --out results/evaluation $(EVAL_ARGS)
