@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def predict_plan(x: Tensor) -> Plan:
     """All class probabilities of one image ``x (C, H, W)``."""
-    (ans,) = yield [Query.at(x.unsqueeze(0), 0, grad=False, output="logit", full=True)]
+    (ans,) = yield [Query.at(x.unsqueeze(0), 0, grad=False, output="logit", full=True, label="prediction")]
     assert ans.all_logits is not None
     return torch.softmax(ans.all_logits[0].float(), 0).cpu()
 

@@ -79,16 +79,18 @@ class Query:
     output: Output = "logit"
     full: bool = False
     """Also return every class's logits (``Answer.all_logits``)."""
+    label: str = ""
+    """What this step is ("probe", "main pass", "step 3/50"), for progress reports."""
 
     @staticmethod
     def path(
-        origin: Tensor, direction: Tensor, alphas: Tensor, target: int, *, grad: bool, output: Output
+        origin: Tensor, direction: Tensor, alphas: Tensor, target: int, *, grad: bool, output: Output, label: str = ""
     ) -> Query:
-        return Query(origin, direction, alphas.reshape(-1), target, grad, output)
+        return Query(origin, direction, alphas.reshape(-1), target, grad, output, False, label)
 
     @staticmethod
-    def at(points: Tensor, target: int, *, grad: bool, output: Output, full: bool = False) -> Query:
-        return Query(points, None, torch.zeros(points.shape[0]), target, grad, output, full)
+    def at(points: Tensor, target: int, *, grad: bool, output: Output, full: bool = False, label: str = "") -> Query:
+        return Query(points, None, torch.zeros(points.shape[0]), target, grad, output, full, label)
 
     @property
     def n(self) -> int:

@@ -81,7 +81,7 @@ const STATUS = {
   accepted: () => "accepted",
   queued: (d) => `queued (position ${d.position})`,
   started: (d) => `started after ${d.queued_ms} ms in the queue`,
-  progress: (d) => `worker round ${d.round} done; next: ${d.points} path points`,
+  progress: (d) => `${d.done || "round " + d.round} done; next: ${d.next || "more"} (${d.points} points)`,
 };
 
 async function explain(method, panel) {

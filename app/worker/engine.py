@@ -213,8 +213,10 @@ class Worker:
 
     def _advance(self, job: Job, answers: list[Answer]) -> None:
         job.rounds += 1
+        done = ", ".join(dict.fromkeys(q.label for q in job.pending or [] if q.label))
         if self._step(job, answers):
-            job.emit({"event": "progress", "round": job.rounds, "points": job.rows})
+            upcoming = ", ".join(dict.fromkeys(q.label for q in job.pending or [] if q.label))
+            job.emit({"event": "progress", "round": job.rounds, "done": done, "next": upcoming, "points": job.rows})
 
     def _close(self, job: Job, error: BaseException | None = None, result: object = None) -> None:
         job.finished = time.monotonic()

@@ -39,6 +39,6 @@ def adaptive_samples(
     ``probe_steps`` uniform points (forward only), allocate ``steps`` samples by slope and place
     them. Returns ``(alphas, weights, probe_alphas, probe_values)``."""
     pa = probe_alphas(probe_steps)
-    (probe,) = yield [Query.path(baseline, diff, pa, target, grad=False, output=output)]
+    (probe,) = yield [Query.path(baseline, diff, pa, target, grad=False, output=output, label="probe")]
     alphas, weights = place_samples(allocate_samples(probe.values, steps), probe_steps, placement)
     return alphas, weights, pa, probe.values.detach().cpu().double()

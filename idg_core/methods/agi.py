@@ -46,9 +46,9 @@ def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: 
         if adv_class == label:
             continue
         point = x0
-        for _ in range(max_iter):
+        for it in range(max_iter):
             adv, lab = yield [
-                Query.at(point.unsqueeze(0), adv_class, grad=True, output=output),
+                Query.at(point.unsqueeze(0), adv_class, grad=True, output=output, label=f"class {adv_class} iteration {it + 1}/{max_iter}"),
                 Query.at(point.unsqueeze(0), label, grad=True, output=output),
             ]
             passes += 2

@@ -48,7 +48,7 @@ def _plan(x_in: Tensor, baseline: Tensor, target: int, steps: int, fraction: flo
         return AttributionResult(attributions=attr.to(dtype).unsqueeze(0))
     x = base.clone()
     for step in range(steps):
-        (ans,) = yield [Query.at(x.to(dtype).unsqueeze(0), target, grad=True, output=output)]
+        (ans,) = yield [Query.at(x.to(dtype).unsqueeze(0), target, grad=True, output=output, label=f"step {step + 1}/{steps}")]
         assert ans.grads is not None
         grad_actual = ans.grads[0].double()
         values.append(float(ans.values[0]))

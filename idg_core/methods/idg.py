@@ -65,7 +65,7 @@ def _plan(
         alphas, weights, result.probe_alphas, probe = yield from adaptive_samples(baseline, diff, target, steps, probe_steps, placement, output)
         result.probe_logits = probe.unsqueeze(0)
         forward = probe_steps
-    (main,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output)]
+    (main,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="main pass")]
     assert main.grads is not None
     factors = importance_factors(main.values, alphas, main.grads, diff, importance)
     coef = (factors * weights / steps).to(x.device, x.dtype)

@@ -37,7 +37,7 @@ def _adaptive_plan(x: Tensor, baseline: Tensor, target: int, steps: int, probe_s
 
 def _plan(x: Tensor, baseline: Tensor, target: int, alphas: Tensor, weights: Tensor, output: Output) -> Plan:
     diff = x - baseline
-    (ans,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output)]
+    (ans,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="path gradients")]
     assert ans.grads is not None
     w = weights.to(x.device, x.dtype).view(-1, 1, 1, 1)
     # grads: (steps, C, H, W) -> weighted path average (C, H, W)

@@ -30,7 +30,7 @@ def left_ig_plan(
 def _plan(x: Tensor, baseline: Tensor, target: int, steps: int, threshold: float, output: Output) -> Plan:
     diff = x - baseline
     alphas = torch.linspace(0, 1, steps, dtype=torch.float64)
-    (ans,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output)]
+    (ans,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="path gradients")]
     assert ans.grads is not None
     cut = left_ig_cutoff(ans.values, threshold)
     weights = torch.zeros(steps, dtype=torch.float64)

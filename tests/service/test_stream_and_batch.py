@@ -23,7 +23,8 @@ async def test_stream_reports_progress_then_the_result(tiny_app: AppFactory) -> 
         names = [e for e, _ in events]
         assert names[0] == "accepted" and names[-1] == "result"
         assert names.index("queued") < names.index("started") < names.index("progress")
-        assert len([n for n in names if n == "progress"]) == 2  # predict -> probe -> main pass
+        progress = [d for e, d in events if e == "progress"]
+        assert [(d["done"], d["next"], d["points"]) for d in progress] == [("prediction", "probe", 5), ("probe", "main pass", 6)]
         assert events[-1][1]["curve"]["alphas"] and events[-1][1]["heatmap_png"]
 
 
