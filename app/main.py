@@ -21,7 +21,7 @@ from app.core.metrics import Metrics, MetricsMiddleware
 from app.core.models import load_models, pick_device, warm_up
 from app.service import Service
 from app.worker.engine import Worker
-from idg_core.models import ImageClassifier
+from idg_core.models import ImageClassifier, tune
 
 log = logging.getLogger("app")
 STATIC = Path(__file__).with_name("static")
@@ -38,7 +38,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             torch.set_num_threads(settings.torch_threads)
         device = pick_device(settings.device)
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device)
-        loaded = {n: m.to(device).eval() for n, m in loaded.items()}
+        loaded = {n: tune(m.to(device).eval(), precision=settings.precision, channels_last=settings.channels_last,
+                          compile=settings.compile) for n, m in loaded.items()}
         if settings.warmup:
             await asyncio.to_thread(warm_up, loaded, settings.max_batch_images)
         worker = Worker(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -19,6 +19,11 @@ class Settings(BaseSettings):
         "ARCH=/path/to/weights.pth for torchvision ResNet-50/101/152 and ResNeXt. The first is the default.",
     )
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        "fp32", description="Arithmetic of the models: fp32 (IEEE), tf32 (CUDA matrix units) or bf16 autocast; "
+        "see results/benchmarks for speed and how far each moves the maps")
+    channels_last: bool = Field(False, description="Run convolutions in channels-last memory format (faster on CUDA tensor cores)")
+    compile: bool = Field(False, description="torch.compile the models at start-up (slower start; see results/benchmarks)")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
     max_batch_images: int = Field(32, ge=1, le=4096, description="Most images (path points) in one model call")
     batch_wait_ms: float = Field(5.0, ge=0, le=1000, description="How long an idle worker waits for more work to batch")

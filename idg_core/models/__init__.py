@@ -1,6 +1,7 @@
 """Pretrained classifiers (pixel space in, logits out) and the image preprocessing they need."""
 
 from idg_core.models.preprocess import ImageDecodeError, ImageTooLargeError, decode_image, resize_crop, to_rgb, to_tensor
+from idg_core.models.speed import PRECISIONS, set_tf32, tune
 from idg_core.models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
@@ -15,6 +16,7 @@ from idg_core.models.zoo import (
 
 __all__ = [
     "LITE_SIZES",
+    "PRECISIONS",
     "TORCHVISION_ARCHS",
     "ImageClassifier",
     "ImageDecodeError",
@@ -26,7 +28,9 @@ __all__ = [
     "imagenet_wnids",
     "load_model",
     "resize_crop",
+    "set_tf32",
     "to_rgb",
     "to_tensor",
     "torchvision_classifier",
+    "tune",
 ]

@@ -67,13 +67,22 @@ class ImageClassifier(nn.Module):
         self.class_names = class_names
         self.register_buffer("mean", torch.tensor(preprocessing.mean).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(preprocessing.std).view(1, 3, 1, 1))
+        # Speed settings (see idg_core.models.speed.tune): autocast dtype and memory format.
+        self.autocast_dtype: torch.dtype | None = None
+        self.channels_last = False
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net((x - self.mean) / self.std)
+        z = (x - self.mean) / self.std
+        if self.channels_last:
+            z = z.contiguous(memory_format=torch.channels_last)
+        if self.autocast_dtype is None:
+            return self.net(z)
+        with torch.autocast(z.device.type, dtype=self.autocast_dtype):
+            return self.net(z).float()
 
     def prepare(self, img: Image.Image) -> Tensor:
         """RGB PIL image -> ``(3, crop, crop)`` tensor in [0, 1], as this model expects."""

@@ -1,0 +1,45 @@
+"""Speed settings of a classifier: arithmetic precision, memory format and ``torch.compile``.
+
+``fp32`` is IEEE float32 everywhere (TF32 off for convolutions too, which PyTorch otherwise allows
+by default on CUDA); ``tf32`` lets CUDA matrix units round float32 operands to TF32; ``bf16`` runs
+the network under bfloat16 autocast while inputs, logits and input gradients stay float32.
+The TF32 switches are process-wide in PyTorch, so one process has one precision.
+How far each moves the attributions (rank correlation with fp32) is measured by
+``benchmarks/gpu_variants.py``; results in ``results/benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from idg_core.models.zoo import ImageClassifier
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def set_tf32(enabled: bool) -> None:
+    """Allow (or forbid) TF32 in CUDA matrix products and cuDNN convolutions, process-wide."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> ImageClassifier:
+    """Apply speed settings to ``model`` in place (and return it). Call after moving it to its device."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    device = model.mean.device
+    if precision != "fp32" and device.type != "cuda":
+        log.warning("precision %s on %s: TF32 does nothing there and bf16 autocast is slow on most CPUs", precision, device)
+    set_tf32(precision == "tf32")
+    model.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+    model.channels_last = channels_last
+    if channels_last:
+        model.net = model.net.to(memory_format=torch.channels_last)
+    if compile:
+        model.net = torch.compile(model.net)  # type: ignore[assignment]
+    log.info("%s: precision %s, channels_last %s, compile %s", model.name, precision, channels_last, compile)
+    return model
