@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.service_load import run_load
 from benchmarks.speed import machine, run_speed
-from idg_core.models import decode_image, imagenet_wnids, load_model
+from idg_core.models import PRECISIONS, decode_image, imagenet_wnids, load_model, tune
 
 log = logging.getLogger("benchmarks")
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
@@ -24,7 +24,8 @@ SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imag
 
 def _markdown(meta: dict, speed: list[dict], load: list[dict]) -> str:
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {meta['machine']}", "",
-             f"Model {meta['model']}, device {meta['device']}, evaluator batch {meta['batch_size']}.", "",
+             f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}"
+             f"{' channels-last' if meta.get('channels_last') else ''}, evaluator batch {meta['batch_size']}.", "",
              "## Attribution speed (seconds per attribution; ratios > 1 mean ours is faster)", "",
              "| images | ours IDG-50/50 | ours IG-50 | Captum IG-50 | authors' way IDG | IDG vs Captum IG | IG vs Captum IG | IDG vs authors' way | IDG TFLOP/s | IDG share of peak | IDG peak MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -56,13 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8])
     p.add_argument("--per-client", type=int, default=1)
     p.add_argument("--load-steps", type=int, default=50)
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="see benchmarks/gpu_variants.py")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--images", type=Path, default=SAMPLES, help="folder of WNID_*.JPEG images")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     device = torch.device(args.device)
-    model = load_model(args.model, args.weights).to(device).eval()
-    files = sorted(SAMPLES.glob("*.JPEG"))[: max(args.batch_sizes)]
+    model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last)
+    files = sorted(args.images.glob("*.JPEG"))[: max(args.batch_sizes)]
     images = torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files])
     wnids = imagenet_wnids()
     targets = [wnids.index(f.name.split("_")[0]) for f in files]
@@ -71,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     fields = {"method": "idg", "steps": str(args.load_steps), "probe_steps": str(args.load_steps), "return_overlay": "false"}
     env = {"IDG_MODELS": args.model if args.weights is None else f"{args.model}={args.weights}", "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
-           "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8)}
-    load = run_load(sorted(SAMPLES.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
+           "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8), "IDG_PRECISION": args.precision,
+           "IDG_CHANNELS_LAST": str(args.channels_last).lower()}
+    load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
+            "precision": args.precision, "channels_last": args.channels_last,
             "batch_size": args.batch_size, "load_fields": fields}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))

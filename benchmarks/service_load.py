@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,10 @@ def _free_port() -> int:
 
 def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
+    log_file = tempfile.TemporaryFile()  # a pipe nobody reads would fill and stall the server
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log_file,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -39,7 +41,9 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise RuntimeError("the server exited during start-up")
+            log_file.seek(0)
+            tail = log_file.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"the server exited during start-up:\n{tail}")
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError("the server never became ready")

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
+# sample images from shared/data/ inside the checkout, results into $OUT (or results/).
+#   bash benchmarks/gpu_run.sh [tests] [variants] [resnet101] [lite0] [eval]
+# (default: all but eval; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT)
+set -uo pipefail
+OUT=${OUT:-results/gpu-run}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1
+IMAGES=${IMAGES:-shared/data/imagenet-samples}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)" | tee -a "$OUT/gpu.txt"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests variants resnet101 lite0)
+for step in "${steps[@]}"; do
+case "$step" in
+tests)
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/core/test_speed.py tests/service/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.txt"
+    ;;
+variants)
+    python3 -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --image-dir "$IMAGES" --out "$OUT" 2>&1 | tail -20
+    python3 -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 32 --image-dir "$IMAGES" --out "$OUT" \
+        --variants fp32 tf32 bf16 fp32+channels_last tf32+channels_last bf16+channels_last --batch-sizes 2>&1 | tail -12
+    ;;
+resnet101)
+    python3 -m benchmarks.run --label h100-resnet101 --model resnet101 --weights random --device cuda --images "$IMAGES" \
+        --batch-sizes 1 8 32 --batch-size 128 --repeats 3 --peak-tflops "${PEAK_FP32_TFLOPS:-67}" --load-levels 1 8 32 --per-client 2 --out "$OUT" 2>&1 | tail -20
+    ;;
+lite0)
+    python3 -m benchmarks.run --label h100-efficientnet_lite0 --model efficientnet_lite0 --device cuda --images "$IMAGES" \
+        --batch-sizes 1 8 32 --batch-size 128 --repeats 3 --peak-tflops "${PEAK_FP32_TFLOPS:-67}" --load-levels --out "$OUT" 2>&1 | tail -12
+    ;;
+eval)
+    timeout "${EVAL_TIMEOUT:-520}" python3 -m idg_core.evaluation --images "$IMAGES" --out "$OUT/evaluation-${EVAL_MODEL:-efficientnet_lite2}" --model "${EVAL_MODEL:-efficientnet_lite2}" \
+        --device cuda --workers 15 --batch-size 256 2>&1 | grep -v "img/s\]$" | tail -30
+    tar czf "$OUT/evaluation-${EVAL_MODEL:-efficientnet_lite2}.tgz" -C "$OUT" evaluation-${EVAL_MODEL:-efficientnet_lite2} && rm -rf "$OUT/evaluation-${EVAL_MODEL:-efficientnet_lite2}"
+    ;;
+esac
+done

@@ -1,0 +1,191 @@
+"""What the hardware offers, against faithfulness: IDG-50/50 under each speed setting of
+:func:`idg_core.models.tune` (precision fp32 / tf32 / bf16, channels-last, torch.compile) and
+evaluator batch sizes, timed on the same images in one run, with how far each moves the maps from
+IEEE fp32 (Spearman rank correlation of the channel-summed maps, mean and worst image; relative L2).
+Also measures the device's matrix-product ceilings, so the share of the compute limit is against
+what this card does, beside its datasheet.
+
+    python -m benchmarks.gpu_variants --model resnet101 --weights random --images 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from benchmarks.speed import _timed, forward_flops, machine
+from idg_core import idg
+from idg_core.models import decode_image, imagenet_wnids, load_model, set_tf32, tune
+
+log = logging.getLogger("benchmarks.gpu_variants")
+SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
+
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("fp32", {"precision": "fp32"}),
+    ("tf32", {"precision": "tf32"}),
+    ("bf16", {"precision": "bf16"}),
+    ("fp32+channels_last", {"precision": "fp32", "channels_last": True}),
+    ("tf32+channels_last", {"precision": "tf32", "channels_last": True}),
+    ("bf16+channels_last", {"precision": "bf16", "channels_last": True}),
+    ("bf16+channels_last+compile", {"precision": "bf16", "channels_last": True, "compile": True}),
+    ("tf32+channels_last+compile", {"precision": "tf32", "channels_last": True, "compile": True}),
+]
+
+
+def matmul_tflops(dtype: torch.dtype, tf32: bool, n: int = 8192) -> float:
+    """Measured rate of an n x n x n matrix product on random data (median of 10 after warm-up)."""
+    set_tf32(tf32)
+    a, b = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    times.sort()
+    return 2 * n**3 / times[len(times) // 2] / 1e12
+
+
+def spearman(a: Tensor, b: Tensor) -> Tensor:
+    """Per-row Spearman rank correlation of two (B, P) tensors."""
+    ra = a.argsort(1).argsort(1).double()
+    rb = b.argsort(1).argsort(1).double()
+    ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)
+    return (ra * rb).sum(1) / (ra.norm(dim=1) * rb.norm(dim=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet101")
+    p.add_argument("--weights", default="random", help="a weights file, 'random', or 'none' for packaged models")
+    p.add_argument("--images", type=int, default=32)
+    p.add_argument("--image-dir", type=Path, default=SAMPLES)
+    p.add_argument("--batch-size", type=int, default=128, help="evaluator images per model call")
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[32, 64, 128, 256, 512], help="evaluator batch sizes to sweep (best variant)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variants", nargs="*", default=[name for name, _ in VARIANTS])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu only for a dry run")
+    p.add_argument("--label", default=None)
+    p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    args = p.parse_args(argv)
+    weights = None if args.weights == "none" else args.weights
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    torch.manual_seed(0)
+    files = sorted(args.image_dir.glob("*.JPEG"))[: args.images]
+    probe = load_model(args.model, weights)
+    x = torch.stack([probe.prepare(decode_image(f.read_bytes())) for f in files]).to(device)
+    wnids = imagenet_wnids()
+    targets = [wnids.index(f.name.split("_")[0]) for f in files]
+    state = {k: v.clone() for k, v in probe.state_dict().items()}
+    fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
+    flops_per_attr = fwd * (50 + 3 * 50)  # probe forward + main pass (forward + backward ~ 3 forwards)
+    ceilings = ({"fp32": matmul_tflops(torch.float32, False), "tf32": matmul_tflops(torch.float32, True),
+                 "bf16": matmul_tflops(torch.bfloat16, False)} if cuda else {"fp32": float("nan"), "tf32": float("nan"), "bf16": float("nan")})
+    log.info("matmul ceilings (TFLOP/s): %s", ceilings)
+
+    def fresh(**speed: Any) -> torch.nn.Module:
+        m = load_model(args.model, weights)
+        m.load_state_dict(state)
+        return tune(m.to(device).eval(), **speed)
+
+    reference: list[Tensor] = []
+
+    def measure(name: str, speed: dict[str, Any]) -> dict[str, Any]:
+        model = fresh(**speed)
+        started = time.perf_counter()
+        run = lambda m=model: idg(m, x, "mean", targets, steps=50, probe_steps=50, batch_size=args.batch_size)  # noqa: E731
+        run()  # warm-up (and compilation)
+        first = time.perf_counter() - started
+        seconds = _timed(run, device, args.repeats, warm=False)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device) if cuda else 0
+        result = run()
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if cuda else float("nan")
+        maps = result.attributions.sum(1).flatten(1).double()
+        if not reference:
+            reference.append(maps)  # the first variant (fp32) is the reference
+        rho = spearman(maps, reference[0])
+        rel = ((maps - reference[0]).norm(dim=1) / reference[0].norm(dim=1)).max()
+        ceiling = ceilings[speed["precision"]]
+        tflops = flops_per_attr * len(files) / seconds / 1e12
+        del model, run, result
+        if cuda:
+            torch.cuda.empty_cache()
+        return {"variant": name, "s_per_attr": seconds / len(files), "attr_per_s": len(files) / seconds, "first_run_s": first,
+                "tflops": tflops, "share_of_measured_ceiling": tflops / ceiling, "ceiling_tflops": ceiling, "peak_mib": peak,
+                "spearman_mean": float(rho.mean()), "spearman_min": float(rho.min()), "rel_l2_max": float(rel)}
+
+    rows: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
+    for name, speed in VARIANTS:
+        if name not in args.variants:
+            continue
+        try:
+            row = measure(name, speed)
+        except Exception as err:  # noqa: BLE001 - a variant this stack cannot run is reported, not fatal
+            log.exception("%s failed", name)
+            failed.append({"variant": name, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
+            continue
+        log.info("%s: %.4f s/attr, %.1f TFLOP/s, rho mean %.4f min %.4f", name, row["s_per_attr"], row["tflops"],
+                 row["spearman_mean"], row["spearman_min"])
+        rows.append(row)
+
+    best = min((r for r in rows if r["spearman_min"] >= 0.99), key=lambda r: r["s_per_attr"], default=rows[0])
+    best_speed = dict(VARIANTS)[best["variant"]]
+    sweep: list[dict[str, Any]] = []
+    model = fresh(**best_speed)
+    for bs in args.batch_sizes:
+        run = lambda bs=bs: idg(model, x, "mean", targets, steps=50, probe_steps=50, batch_size=bs)  # noqa: E731
+        seconds = _timed(run, device, args.repeats, warm=True)
+        sweep.append({"variant": best["variant"], "batch_size": bs, "s_per_attr": seconds / len(files)})
+        log.info("%s batch %d: %.4f s/attr", best["variant"], bs, seconds / len(files))
+
+    label = args.label or f"gpu-variants-{args.model}"
+    meta = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "weights": args.weights,
+            "images": len(files), "batch_size": args.batch_size, "forward_gflops": fwd / 1e9, "flops_per_attribution": flops_per_attr,
+            "matmul_ceilings_tflops": ceilings, "kept": best["variant"]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{label}.json").write_text(json.dumps({"meta": meta, "variants": rows, "failed": failed, "batch_sweep": sweep}, indent=1))
+    (args.out / f"{label}.md").write_text(_markdown(meta, rows, failed, sweep))
+    log.info("wrote %s/%s.{json,md}", args.out, label)
+    return 0
+
+
+def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dict[str, str]], sweep: list[dict[str, Any]]) -> str:
+    c = meta["matmul_ceilings_tflops"]
+    lines = [f"# GPU speed settings, `{meta['model']}` ({meta['weights']} weights)", "",
+             f"Measured {meta['date']} on: {meta['machine'].get('gpu', '?')} ({meta['machine']['platform']}, torch {meta['machine']['torch']}).", "",
+             f"IDG-50/50 on {meta['images']} sample images, evaluator batch {meta['batch_size']}; "
+             f"{meta['forward_gflops']:.2f} GFLOP per forward pass (PyTorch's counter), {meta['flops_per_attribution'] / 1e12:.2f} TFLOP per attribution.",
+             f"Measured 8192³ matrix-product ceilings: fp32 {c['fp32']:.0f}, tf32 {c['tf32']:.0f}, bf16 {c['bf16']:.0f} TFLOP/s.", "",
+             "Faithfulness against IEEE fp32: Spearman rank correlation of the channel-summed maps (mean, worst image) and worst relative L2.", "",
+             "| variant | ms per attribution | attributions/s | speed-up vs fp32 | TFLOP/s | share of measured ceiling | peak MiB | first run s | Spearman mean | Spearman min | rel. L2 max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    base = rows[0]["s_per_attr"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['s_per_attr'] * 1e3:.1f} | {r['attr_per_s']:.1f} | {base / r['s_per_attr']:.2f}x | {r['tflops']:.1f} | "
+                     f"{r['share_of_measured_ceiling']:.1%} | {r['peak_mib']:.0f} | {r['first_run_s']:.1f} | {r['spearman_mean']:.4f} | "
+                     f"{r['spearman_min']:.4f} | {r['rel_l2_max']:.3f} |")
+    lines += [f"| {f['variant']} | failed: {f['error']} |" + " |" * 9 for f in failed]
+    lines += ["", f"Kept (fastest with worst-image Spearman >= 0.99): **{meta['kept']}**. Evaluator batch sweep with it:", "",
+              "| evaluator batch | ms per attribution |", "|---|---|"]
+    lines += [f"| {s['batch_size']} | {s['s_per_attr'] * 1e3:.1f} |" for s in sweep]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
