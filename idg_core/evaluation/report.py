@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import logging
-from collections import Counter
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,29 @@ METRICS = (("insertion", "↑"), ("deletion", "↓"), ("sic", "↑"), ("aic", "�
 def write_csv(records: list[dict[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["image", "label", "pred", "prob", "method", "insertion", "deletion", "sic", "aic", "pic_skipped"])
+        w.writerow(["image", "label", "pred", "prob", "method", "insertion", "deletion", "sic", "aic", "sic_skipped", "aic_skipped"])
         for r in records:
             for name, m in r["methods"].items():
                 w.writerow([r["image"], r["label"], r["pred"], f"{r['prob']:.4f}", name, f"{m['insertion']:.5f}", f"{m['deletion']:.5f}",
-                            "" if m["sic"] is None else f"{m['sic']:.5f}", "" if m["aic"] is None else f"{m['aic']:.5f}", m["sic_skipped"] or ""])
+                            "" if m["sic"] is None else f"{m['sic']:.5f}", "" if m["aic"] is None else f"{m['aic']:.5f}", m["sic_skipped"] or "",
+                            m.get("aic_skipped") or ""])
+
+
+def _skip_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Per metric and rule: how many images PIC skipped, which, and the values that tripped the rule."""
+    lines = []
+    for metric in ("sic", "aic"):
+        groups: dict[str, list[tuple[str, list[float]]]] = {}
+        for r in records:
+            reason = next((m.get(f"{metric}_skipped") for m in r["methods"].values() if m.get(f"{metric}_skipped")), None)
+            if reason:
+                rule = re.sub(r"\d+\.\d+", "p", reason, count=1)
+                groups.setdefault(rule, []).append((Path(r["image"]).stem.split("_", 1)[-1], [float(v) for v in re.findall(r"\d+\.\d+", reason)]))
+        for rule, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            values = [v[0] for _, v in items if v]
+            span = f" (p from {min(values):.2f} to {max(values):.2f})" if values else ""
+            lines.append(f"- {metric.upper()}, {len(items)} images: {rule}{span}: {', '.join(name for name, _ in items)}")
+    return lines or ["- none"]
 
 
 def _table(records: list[dict[str, Any]], names: list[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -63,13 +81,7 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     if len(ablation) > 2:
         lines += ["## Ablation", "", "IG = IG uniform, IDG = IDG adaptive with aligned placement and finite-difference importance.", ""]
         lines += _table(records, ablation)[0] + [""]
-    skips = Counter(m["sic_skipped"] for r in records for m in r["methods"].values() if m["sic_skipped"])
-    per_image = Counter(next((m["sic_skipped"] for m in r["methods"].values() if m["sic_skipped"]), None) for r in records)
-    per_image.pop(None, None)
-    lines += ["## Images skipped by PIC (SIC/AIC)", ""]
-    lines += [f"- {count} images: {reason}" for reason, count in per_image.most_common()] or ["- none"]
-    if skips:
-        lines += ["", f"({sum(skips.values())} image-method pairs skipped in all.)"]
+    lines += ["## Images skipped by PIC (SIC/AIC)", "", *_skip_lines(records)]
     lines += ["", "Per-image values: `per_image.csv`. Plots: `curves.png` (mean insertion/deletion curves), "
               "`idg_curves.png` (logit-α curves with IDG's sample positions).", ""]
     path = out / "summary.md"
