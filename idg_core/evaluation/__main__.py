@@ -15,7 +15,7 @@ import torch
 
 from idg_core.evaluation.report import write_report
 from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, EvalConfig, evaluate_folder
-from idg_core.models import load_model
+from idg_core.models import PRECISIONS, load_model, tune
 
 
 def _machine() -> str:
@@ -43,18 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rise-step", type=int, default=224)
     p.add_argument("--pic-min-confidence", type=float, default=0.8)
     p.add_argument("--baseline", default="model_mean", choices=["model_mean", "black"])
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32 is IEEE (no TF32) also on CUDA")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     catalogue = {**MAIN_METHODS, **({} if args.no_ablation else ABLATION)}
     chosen = {n: catalogue[n] for n in (args.methods or catalogue)}
     cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
-                     pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size)
-    model = load_model(args.model, args.weights).to(args.device).eval()
+                     pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision)
+    model = tune(load_model(args.model, args.weights).to(args.device).eval(), precision=args.precision)
     images = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpeg", ".jpg", ".png"))
     total = len(images)
     images = images[: args.limit] if args.limit else images
     records = evaluate_folder(model, images, args.out, cfg, workers=args.workers)
-    path = write_report(records, args.out, machine=_machine(), date=time.strftime("%Y-%m-%d"), model=args.model, total_images=total)
+    path = write_report(records, args.out, machine=f"{_machine()}, precision {args.precision}", date=time.strftime("%Y-%m-%d"), model=args.model, total_images=total)
     logging.getLogger("idg_core.evaluation").info("wrote %s", path)
     return 0
 

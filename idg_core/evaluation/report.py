@@ -61,6 +61,27 @@ def _table(records: list[dict[str, Any]], names: list[str]) -> tuple[list[str], 
     return lines, ranks
 
 
+def _paired(records: list[dict[str, Any]], names: list[str], ref: str = "IDG") -> list[str]:
+    """IDG minus each other method on the same images: mean paired difference and its 95% interval,
+    signed so that > 0 means IDG is better. Pairing removes the image-to-image spread that makes
+    the per-method intervals above overlap."""
+    others = [n for n in names if n != ref]
+    if ref not in names or not others:
+        return []
+    lines = ["| metric | " + " | ".join(f"IDG vs {n}" for n in others) + " |", "|---|" + "---|" * len(others)]
+    for metric, arrow in METRICS:
+        cells = []
+        for n in others:
+            diffs = [(a - b) * (1 if arrow == "↑" else -1) for r in records if ref in r["methods"] and n in r["methods"]
+                     for a, b in [(r["methods"][ref][metric], r["methods"][n][metric])] if a is not None and b is not None]
+            mean, half, count = mean_ci(diffs)
+            wins = sum(d > 0 for d in diffs)
+            mark = "**" if count > 1 and abs(mean) > half else ""
+            cells.append(f"{mark}{mean:+.3f} ± {half:.3f}{mark} (wins {wins}/{count})" if count else "n/a")
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date: str, model: str, total_images: int) -> Path:
     """``summary.md``, ``per_image.csv``, ``curves.png`` and ``idg_curves.png`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -78,6 +99,11 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     table, ranks = _table(records, main)
     lines += table + ["", "Rank of IDG per metric (1 = best): " + ", ".join(
         f"{m}: {ranks[m].index('IDG') + 1} of {len(ranks[m])}" for m, _ in METRICS if "IDG" in ranks[m]), ""]
+    paired = _paired(records, main)
+    if paired:
+        lines += ["### IDG against each method, paired by image", "",
+                  "Mean of (IDG − other) per image, signed so that > 0 favours IDG, ± half-width of its 95% interval; "
+                  "bold where the interval excludes 0. Wins: images where IDG scored better.", "", *paired, ""]
     if len(ablation) > 2:
         lines += ["## Ablation", "", "IG = IG uniform, IDG = IDG adaptive with aligned placement and finite-difference importance.", ""]
         lines += _table(records, ablation)[0] + [""]

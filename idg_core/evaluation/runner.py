@@ -62,9 +62,13 @@ class EvalConfig:
     pic_min_confidence: float = 0.8
     pic_mask_fraction: float = 0.01
     batch_size: int = 32
+    precision: str = "fp32"
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        fields = asdict(self)
+        if fields["precision"] == "fp32":  # caches made before this field existed were fp32: keep their key
+            del fields["precision"]
+        return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _baseline(model: ImageClassifier, x: torch.Tensor, kind: str) -> torch.Tensor:

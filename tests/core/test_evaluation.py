@@ -52,3 +52,19 @@ def test_evaluation_writes_the_report_and_resumes(tmp_path: Path) -> None:
 def test_mean_ci_of_known_values() -> None:
     mean, half, n = mean_ci([1.0, 2.0, 3.0, None])  # type: ignore[list-item]
     assert (mean, n) == (2.0, 3) and abs(half - 1.96 * 1.0 / 3**0.5) < 1e-12
+
+
+def test_paired_differences_favour_the_better_method_with_the_right_sign() -> None:
+    from idg_core.evaluation.report import _paired
+
+    def rec(i: int) -> dict:
+        base = {"insertion": 0.5 + 0.01 * i, "deletion": 0.2 + 0.01 * i, "sic": None, "aic": 0.3}
+        better = {**base, "insertion": base["insertion"] + 0.1, "deletion": base["deletion"] - 0.05, "aic": 0.3 + (0.1 if i % 2 else -0.1)}
+        return {"methods": {"IG": base, "IDG": better}}
+
+    lines = _paired([rec(i) for i in range(10)], ["IG", "IDG"])
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in lines[2:]}
+    assert rows["insertion"].startswith("**+0.100 ± 0.000**") and "wins 10/10" in rows["insertion"]
+    assert rows["deletion"].startswith("**+0.050 ± 0.000**") and "wins 10/10" in rows["deletion"]  # lower deletion is better
+    assert rows["sic"] == "n/a"
+    assert rows["aic"].startswith("+0.000") and "wins 5/10" in rows["aic"] and "**" not in rows["aic"]
