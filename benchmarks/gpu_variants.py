@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from benchmarks.speed import _timed, forward_flops, machine
+from benchmarks.speed import _timed, forward_flops, machine, matmul_tflops
 from idg_core import idg
 from idg_core.models import decode_image, imagenet_wnids, load_model, set_tf32, tune
 
@@ -39,22 +39,9 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def matmul_tflops(dtype: torch.dtype, tf32: bool, n: int = 8192) -> float:
-    """Measured rate of an n x n x n matrix product on random data (median of 10 after warm-up)."""
+def ceiling(dtype: torch.dtype, tf32: bool) -> float:
     set_tf32(tf32)
-    a, b = torch.randn(n, n, device="cuda", dtype=dtype), torch.randn(n, n, device="cuda", dtype=dtype)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(10):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    times.sort()
-    return 2 * n**3 / times[len(times) // 2] / 1e12
+    return matmul_tflops(torch.device("cuda"), dtype)
 
 
 def spearman(a: Tensor, b: Tensor) -> Tensor:
@@ -92,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     state = {k: v.clone() for k, v in probe.state_dict().items()}
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
     flops_per_attr = fwd * (50 + 3 * 50)  # probe forward + main pass (forward + backward ~ 3 forwards)
-    ceilings = ({"fp32": matmul_tflops(torch.float32, False), "tf32": matmul_tflops(torch.float32, True),
-                 "bf16": matmul_tflops(torch.bfloat16, False)} if cuda else {"fp32": float("nan"), "tf32": float("nan"), "bf16": float("nan")})
+    ceilings = ({"fp32": ceiling(torch.float32, False), "tf32": ceiling(torch.float32, True),
+                 "bf16": ceiling(torch.bfloat16, False)} if cuda else {"fp32": float("nan"), "tf32": float("nan"), "bf16": float("nan")})
     log.info("matmul ceilings (TFLOP/s): %s", ceilings)
 
     def fresh(**speed: Any) -> torch.nn.Module:
@@ -155,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s batch %d: %.4f s/attr", best["variant"], bs, seconds / len(files))
 
     label = args.label or f"gpu-variants-{args.model}"
-    meta = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "weights": args.weights,
+    weights_label = "packaged" if weights is None else weights
+    meta = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "weights": weights_label,
             "images": len(files), "batch_size": args.batch_size, "forward_gflops": fwd / 1e9, "flops_per_attribution": flops_per_attr,
             "matmul_ceilings_tflops": ceilings, "kept": best["variant"]}
     args.out.mkdir(parents=True, exist_ok=True)

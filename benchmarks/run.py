@@ -1,6 +1,6 @@
 """Run the benchmarks and write results/benchmarks/<label>.{json,md}.
 
-    python -m benchmarks.run [--label cpu-lite0] [--batch-sizes 1 8] [--load-levels 1 8]
+    python -m benchmarks.run [--label cpu-efficientnet_lite0] [--batch-sizes 1 8 32] [--load-levels 1 8 32]
     python -m benchmarks.run --model resnet101 --weights random --device cuda --batch-sizes 1 8 32 --load-levels 1 8 32
 """
 
@@ -15,28 +15,48 @@ from pathlib import Path
 import torch
 
 from benchmarks.service_load import run_load
-from benchmarks.speed import machine, run_speed
+from benchmarks.speed import machine, matmul_tflops, run_speed
 from idg_core.models import PRECISIONS, decode_image, imagenet_wnids, load_model, tune
 
 log = logging.getLogger("benchmarks")
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
 
 
-def _markdown(meta: dict, speed: list[dict], load: list[dict]) -> str:
-    lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {meta['machine']}", "",
+def _machine_line(m: dict) -> str:
+    where = m.get("gpu") or f"{m.get('cpu', '?')}, {m.get('threads', '?')} threads, no GPU"
+    return f"{where} ({m.get('platform', '?')}, Python {m.get('python', '?')}, torch {m.get('torch', '?')})"
+
+
+def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
+    """The Markdown report of one run (also: ``python -m benchmarks.run --render results/benchmarks/X.json``)."""
+    ceiling = meta.get("ceiling_tflops")
+    peak = meta.get("peak_tflops")
+    lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
              f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}"
-             f"{' channels-last' if meta.get('channels_last') else ''}, evaluator batch {meta['batch_size']}.", "",
-             "## Attribution speed (seconds per attribution; ratios > 1 mean ours is faster)", "",
-             "| images | ours IDG-50/50 | ours IG-50 | Captum IG-50 | authors' way IDG | IDG vs Captum IG | IG vs Captum IG | IDG vs authors' way | IDG TFLOP/s | IDG share of peak | IDG peak MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{' channels-last' if meta.get('channels_last') else ''}, evaluator batch {meta['batch_size']}. "
+             "Each figure is the best of the repeats; every column of a row was measured in the same run on the same images.", ""]
+    if peak or ceiling:
+        peak_text = f"datasheet fp32 peak {peak:.0f} TFLOP/s" if peak else "no datasheet peak given"
+        ceiling_text = f"measured fp32 matrix-product ceiling {ceiling:.2f} TFLOP/s{meta.get('ceiling_note', '')}" if ceiling else "no measured ceiling"
+        lines += [f"Compute limit: {peak_text}; {ceiling_text}. "
+                  "FLOPs from PyTorch's counter: (probe forward + 3 x main-pass forward) x points.", ""]
+    lines += ["## Attribution speed (seconds per attribution; ratios > 1 mean ours is faster)", "",
+              "| images | ours IDG-50/50 | ours IG-50 | Captum IG-50 | authors' way IDG | IDG vs Captum IG | IG vs Captum IG | IDG vs authors' way "
+              "| IDG TFLOP/s | IDG share of datasheet peak | IDG share of measured ceiling | IDG peak MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in speed:
         share = f"{r['idg_share_of_peak']:.1%}" if r.get("idg_share_of_peak") else "n/a"
-        mem = f"{r['ours_idg_peak_mib']:.0f}" if r.get("ours_idg_peak_mib") is not None else "n/a (CPU)"
+        of_ceiling = f"{r['ours_idg_tflops'] / ceiling:.1%}" if ceiling else "n/a"
+        mem = r.get("ours_idg_peak_mib")
+        mem_text = "n/a" if mem is None else f"{mem:.0f}" + (" (RSS growth)" if meta["device"] == "cpu" else "")
         lines.append(f"| {r['batch']} | {r['ours_idg_s_per_attr']:.3f} | {r['ours_ig_s_per_attr']:.3f} | {r['captum_ig_s_per_attr']:.3f} | "
                      f"{r['authors_way_idg_s_per_attr']:.3f} | {r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
-                     f"{r['idg_vs_authors_way']:.2f}x | {r['ours_idg_tflops']:.3f} | {share} | {mem} |")
+                     f"{r['idg_vs_authors_way']:.2f}x | {r['ours_idg_tflops']:.3f} | {share} | {of_ceiling} | {mem_text} |")
+    lines += ["", "IDG does a probe pass (50 forwards) before its main pass, so at equal steps it costs about 1.33x IG's passes: "
+              "IDG vs Captum IG near 0.75x is the expected price of adaptive sampling, IG vs Captum IG compares the engines."]
     if load:
-        lines += ["", f"## Service under load (`/attribute`, {meta['load_fields']})", "",
+        fields = ", ".join(f"{k}={v}" for k, v in meta["load_fields"].items())
+        lines += ["", f"## Service under load (`POST /attribute`, {fields}; real uvicorn process on loopback)", "",
                   "| clients | requests | ok | 503 | p50 s | p95 s | p99 s | attributions/s | model calls | images/call |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in load:
             lines.append(f"| {r['clients']} | {r['requests']} | {r['ok']} | {r['rejected_503']} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
@@ -50,19 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="efficientnet_lite0")
     p.add_argument("--weights", default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--batch-size", type=int, default=32, help="evaluator images per model call")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's fp32 peak, for the share of peak")
-    p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8])
+    p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8, 32])
     p.add_argument("--per-client", type=int, default=1)
     p.add_argument("--load-steps", type=int, default=50)
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="see benchmarks/gpu_variants.py")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--images", type=Path, default=SAMPLES, help="folder of WNID_*.JPEG images")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.render:
+        data = json.loads(args.render.read_text())
+        args.render.with_suffix(".md").write_text(render(data["meta"], data["speed"], data["load"]))
+        return 0
 
     device = torch.device(args.device)
     model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last)
@@ -70,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     images = torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files])
     wnids = imagenet_wnids()
     targets = [wnids.index(f.name.split("_")[0]) for f in files]
+    ceiling = matmul_tflops(device)  # under the TF32 switches that tune() set for this precision
+    log.info("measured fp32 matrix-product ceiling: %.2f TFLOP/s", ceiling)
     speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,
-                      repeats=args.repeats, peak_tflops=args.peak_tflops)
+                      repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling)
     fields = {"method": "idg", "steps": str(args.load_steps), "probe_steps": str(args.load_steps), "return_overlay": "false"}
     env = {"IDG_MODELS": args.model if args.weights is None else f"{args.model}={args.weights}", "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
@@ -80,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
             "precision": args.precision, "channels_last": args.channels_last,
-            "batch_size": args.batch_size, "load_fields": fields}
+            "batch_size": args.batch_size, "load_fields": fields, "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))
-    (args.out / f"{args.label}.md").write_text(_markdown(meta, speed, load))
+    (args.out / f"{args.label}.md").write_text(render(meta, speed, load))
     log.info("wrote %s/%s.{json,md}", args.out, args.label)
     return 0
 

@@ -8,8 +8,10 @@ library; it computes IG, which needs no probe pass, so IDG costs ~1.33x its pass
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import resource
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,18 +48,58 @@ def _timed(fn: Callable[[], Any], device: torch.device, repeats: int, warm: bool
     return best
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
-    """Peak device memory in MiB during ``fn`` (CUDA only; the CPU's RSS is not per call)."""
-    if device.type != "cuda":
+    """Peak memory in MiB that ``fn`` adds: CUDA's allocator peak over what was allocated before;
+    on the CPU, the peak growth of the process's resident set, sampled every 2 ms (None where
+    /proc is missing)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    try:
+        base = _rss_bytes()
+    except OSError:
         return None
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    fn()
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], _rss_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        sampler.join()
+    return (max(peak[0], _rss_bytes()) - base) / 2**20
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None) -> float:
+    """Measured rate of an n x n x n matrix product on random data (median of repeats after warm-up):
+    the device's practical compute ceiling for that dtype, under the current TF32 switches."""
+    n = n or (8192 if device.type == "cuda" else 2048)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(10 if device.type == "cuda" else 5):
+        times.append(_timed(lambda: a @ b, device, 1, warm=False))
+    times.sort()
+    return 2 * n**3 / times[len(times) // 2] / 1e12
 
 
 def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_sizes: list[int], *, device: torch.device,
-              batch_size: int = 32, repeats: int = 1, peak_tflops: float | None = None) -> list[dict[str, Any]]:
+              batch_size: int = 32, repeats: int = 1, peak_tflops: float | None = None,
+              ceiling_tflops: float | None = None) -> list[dict[str, Any]]:
     from captum.attr import IntegratedGradients
 
     captum_ig = IntegratedGradients(model)
@@ -87,6 +129,8 @@ def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_
         row["idg_vs_authors_way"] = row["authors_way_idg_s_per_attr"] / row["ours_idg_s_per_attr"]
         if peak_tflops:
             row["idg_share_of_peak"] = row["ours_idg_tflops"] / peak_tflops
+        if ceiling_tflops:
+            row["idg_share_of_ceiling"] = row["ours_idg_tflops"] / ceiling_tflops
         rows.append(row)
     return rows
 
