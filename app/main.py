@@ -41,9 +41,9 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         loaded = {n: tune(m.to(device).eval(), precision=settings.precision, channels_last=settings.channels_last,
                           compile=settings.compile) for n, m in loaded.items()}
         if settings.warmup:
-            await asyncio.to_thread(warm_up, loaded, settings.max_batch_images)
+            await asyncio.to_thread(warm_up, loaded, settings.batch_images(device))
         worker = Worker(
-            loaded, device, metrics, max_batch_images=settings.max_batch_images, max_round_images=settings.max_round_images,
+            loaded, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
             batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue,
         )
         worker.start()

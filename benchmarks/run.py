@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from app.core.config import Settings
 from benchmarks.service_load import run_load
 from benchmarks.speed import machine, matmul_tflops, run_speed
 from idg_core.models import PRECISIONS, decode_image, imagenet_wnids, load_model, tune
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--batch-size", type=int, default=32, help="evaluator images per model call")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="images per model call, ours and Captum's internal batch (default: the service's, 8 on CPU, 128 on CUDA)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's fp32 peak, for the share of peak")
     p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8, 32])
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     device = torch.device(args.device)
+    args.batch_size = args.batch_size or Settings(_env_file=None).batch_images(device)
     model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last)
     files = sorted(args.images.glob("*.JPEG"))[: max(args.batch_sizes)]
     images = torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import torch
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -25,9 +26,12 @@ class Settings(BaseSettings):
     channels_last: bool = Field(False, description="Run convolutions in channels-last memory format (faster on CUDA tensor cores)")
     compile: bool = Field(False, description="torch.compile the models at start-up (slower start; see results/benchmarks)")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
-    max_batch_images: int = Field(32, ge=1, le=4096, description="Most images (path points) in one model call")
+    max_batch_images: int | None = Field(
+        None, ge=1, le=4096, description="Most images (path points) in one model call; default 8 on CPU (small batches stay in "
+        "cache: 1.4x faster than 32 on a 2-core Xeon), 128 on CUDA")
     batch_wait_ms: float = Field(5.0, ge=0, le=1000, description="How long an idle worker waits for more work to batch")
-    max_round_images: int = Field(64, ge=1, description="Points taken into one worker round (bounds how long /predict waits)")
+    max_round_images: int | None = Field(
+        None, ge=1, description="Points taken into one worker round (bounds how long /predict waits); default max(64, 4 x batch)")
     max_queue: int = Field(64, ge=1, description="Requests admitted at once (queued or running); beyond, 503 + Retry-After")
     request_timeout_s: float = Field(120.0, gt=0, description="Deadline of each request; past it 504 and its work is dropped")
     shutdown_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long in-flight work may finish")
@@ -39,6 +43,13 @@ class Settings(BaseSettings):
     api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'")
     cors_origins: Annotated[list[str], NoDecode] = Field(default=[], description="Comma-separated origins allowed by CORS")
     warmup: bool = Field(True, description="Run a forward and backward pass per model before reporting ready")
+
+    def batch_images(self, device: torch.device) -> int:
+        """Images per model call on ``device``: the setting, or what measured fastest there."""
+        return self.max_batch_images or (128 if device.type == "cuda" else 8)
+
+    def round_images(self, device: torch.device) -> int:
+        return self.max_round_images or max(64, 4 * self.batch_images(device))
 
     @field_validator("models", "cors_origins", mode="before")
     @classmethod

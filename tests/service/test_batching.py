@@ -72,7 +72,8 @@ async def test_queue_full_answers_503_with_retry_after(tiny_app: AppFactory) -> 
 
 
 async def test_deadline_answers_504_and_drops_the_work(tiny_app: AppFactory) -> None:
-    app = tiny_app(delay_s=0.3, request_timeout_s=0.5, batch_wait_ms=0.0)
+    # the delay is per call, so fix the calls per round: a dropped request stops at the next round
+    app = tiny_app(delay_s=0.3, request_timeout_s=0.5, batch_wait_ms=0.0, max_batch_images=32, max_round_images=64)
     async with serve(app) as client:
         r = await _attribute(client, image_bytes(), steps="40", probe_steps="40")
         assert r.status_code == 504 and "deadline" in r.json()["error"]["message"]

@@ -1,0 +1,31 @@
+"""Settings: device-dependent batch defaults, explicit values win, bad values are refused at start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from app.core.config import Settings
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_batch_defaults_follow_the_device() -> None:
+    s = Settings()
+    assert (s.batch_images(CPU), s.round_images(CPU)) == (8, 64)
+    assert (s.batch_images(CUDA), s.round_images(CUDA)) == (128, 512)
+
+
+def test_explicit_batch_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDG_MAX_BATCH_IMAGES", "24")
+    monkeypatch.setenv("IDG_MAX_ROUND_IMAGES", "48")
+    s = Settings()
+    assert (s.batch_images(CPU), s.round_images(CUDA)) == (24, 48)
+
+
+@pytest.mark.parametrize(("name", "value"), [("IDG_PRECISION", "fp8"), ("IDG_MAX_BATCH_IMAGES", "0"), ("IDG_CHANNELS_LAST", "maybe")])
+def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=name.removeprefix("IDG_").lower()):
+        Settings()
