@@ -6,7 +6,7 @@ takes a batch of images with one target each and returns an :class:`AttributionR
 
 import logging
 
-from idg_core.evaluator import EvalStats, evaluate, run_plans
+from idg_core.evaluator import EvalStats, default_batch_size, evaluate, run_plans
 from idg_core.heatmap import heatmap_png, overlay_png, saliency
 from idg_core.methods import METHODS, Method
 from idg_core.methods.agi import agi
@@ -24,6 +24,7 @@ __all__ = [
     "Answer",
     "AttributionResult",
     "EvalStats",
+    "default_batch_size",
     "Method",
     "Model",
     "Plan",

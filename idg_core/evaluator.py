@@ -20,6 +20,13 @@ from idg_core.types import Answer, AttributionResult, Model, Plan, Query
 log = logging.getLogger(__name__)
 
 
+def default_batch_size(device: torch.device) -> int:
+    """Images per model call when the caller gives none: 8 on CPU, where small batches stay in
+    cache (IDG-50/50 on EfficientNet-Lite0, 2-core Xeon: 2.8 s at 8, 4.0 s at 32, 7.7 s at 64),
+    128 on CUDA (ResNet-101 on an H100: 118 ms at 32, 90 ms at 128, 80 ms at 512 with 4x the memory)."""
+    return 128 if device.type == "cuda" else 8
+
+
 @dataclass
 class EvalStats:
     """Cost accounting: model calls, and images per call (forward and with gradient)."""

@@ -8,6 +8,8 @@ import torch
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from idg_core.evaluator import default_batch_size
+
 
 class Settings(BaseSettings):
     """Every knob of the service; the README lists them with their environment names."""
@@ -46,7 +48,7 @@ class Settings(BaseSettings):
 
     def batch_images(self, device: torch.device) -> int:
         """Images per model call on ``device``: the setting, or what measured fastest there."""
-        return self.max_batch_images or (128 if device.type == "cuda" else 8)
+        return self.max_batch_images or default_batch_size(device)
 
     def round_images(self, device: torch.device) -> int:
         return self.max_round_images or max(64, 4 * self.batch_images(device))

@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
-from idg_core.evaluator import EvalStats, run_plans
+from idg_core.evaluator import EvalStats, default_batch_size, run_plans
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
@@ -21,13 +21,15 @@ def run_method(
     x: Tensor,
     baseline: BaselineLike,
     target: int | Tensor | Iterable[int],
-    batch_size: int,
+    batch_size: int | None,
     stats: EvalStats | None = None,
     **params: Any,
 ) -> AttributionResult:
-    """Validate, build one plan per image and drive them all through shared model calls."""
-    check_int("batch_size", batch_size, 1)
+    """Validate, build one plan per image and drive them all through shared model calls
+    (``batch_size`` None: :func:`default_batch_size` of the input's device)."""
     x, base, targets = prepare_batch(x, baseline, target)
+    batch_size = default_batch_size(x.device) if batch_size is None else batch_size
+    check_int("batch_size", batch_size, 1)
     plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]
     return AttributionResult.concat(run_plans(model, plans, batch_size, stats))
 

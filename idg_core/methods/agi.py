@@ -73,7 +73,7 @@ def agi(
     num_classes: int = 1000,
     seed: int = 0,
     output: Output = "probability",
-    batch_size: int = 32,
+    batch_size: int | None = None,
     stats: EvalStats | None = None,
 ) -> AttributionResult:
     """AGI: Σ over adversarial classes and FGSM iterations of -∇p_target ⊙ (x_next - x0).

@@ -98,7 +98,7 @@ def guided_ig(
     fraction: float = 0.5,
     max_dist: float = 1.0,
     output: Output = "probability",
-    batch_size: int = 32,
+    batch_size: int | None = None,
     stats: EvalStats | None = None,
 ) -> AttributionResult:
     """Guided IG: an adaptive path that first moves the features with the smallest |gradient|.

@@ -89,7 +89,7 @@ def idg(
     *,
     steps: int = 50,
     probe_steps: int = 50,
-    batch_size: int = 32,
+    batch_size: int | None = None,
     placement: str = "aligned",
     importance: str = "finite_difference",
     uniform: bool = False,
@@ -106,7 +106,7 @@ def idg(
         importance: ``finite_difference`` (the paper) or ``exact`` (∇F·(x - x'), no extra cost).
         uniform: True skips the probe: M points ``linspace(0, 1, M)`` with equal weights 1/M.
         output: ``logit`` (the paper) or softmax ``probability``.
-        batch_size: most images per model call, >= 1; probe and main points of all images are pooled.
+        batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); probe and main points of all images are pooled.
     """
     return run_method(
         idg_plan, model, x, baseline, target, batch_size, stats, steps=steps, probe_steps=probe_steps,

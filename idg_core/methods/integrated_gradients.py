@@ -63,7 +63,7 @@ def integrated_gradients(
     rule: str = "gausslegendre",
     probe_steps: int = 50,
     output: Output = "logit",
-    batch_size: int = 32,
+    batch_size: int | None = None,
     stats: EvalStats | None = None,
 ) -> AttributionResult:
     """IG = (x - x') ⊙ Σ_j w_j ∇F(x' + α_j (x - x')).
@@ -76,6 +76,6 @@ def integrated_gradients(
             costs ``probe_steps`` extra forward passes).
         probe_steps: with ``rule="adaptive"`` only, the uniform probe points (>= 3).
         output: differentiate the target's ``logit`` (the paper) or its softmax ``probability``.
-        batch_size: most images per model call, >= 1; points of all images are pooled.
+        batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); points of all images are pooled.
     """
     return run_method(integrated_gradients_plan, model, x, baseline, target, batch_size, stats, steps=steps, rule=rule, probe_steps=probe_steps, output=output)

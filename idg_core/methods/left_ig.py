@@ -54,7 +54,7 @@ def left_ig(
     steps: int = 50,
     threshold: float = 0.9,
     output: Output = "logit",
-    batch_size: int = 32,
+    batch_size: int | None = None,
     stats: EvalStats | None = None,
 ) -> AttributionResult:
     """IG over the left part of the path only: gradients at ``linspace(0, 1, steps)`` up to the
