@@ -54,7 +54,9 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
                      f"{r['authors_way_idg_s_per_attr']:.3f} | {r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
                      f"{r['idg_vs_authors_way']:.2f}x | {r['ours_idg_tflops']:.3f} | {share} | {of_ceiling} | {mem_text} |")
     lines += ["", "IDG does a probe pass (50 forwards) before its main pass, so at equal steps it costs about 1.33x IG's passes: "
-              "IDG vs Captum IG near 0.75x is the expected price of adaptive sampling, IG vs Captum IG compares the engines."]
+              "IDG vs Captum IG near 0.75x is the expected price of adaptive sampling, IG vs Captum IG compares the engines. "
+              "Captum's `internal_batch_size` cannot be smaller than the number of images it is given (it then uses that number), "
+              "so with more images than the batch size Captum runs larger batches than ours."]
     if load:
         fields = ", ".join(f"{k}={v}" for k, v in meta["load_fields"].items())
         lines += ["", f"## Service under load (`POST /attribute`, {fields}; real uvicorn process on loopback)", "",
