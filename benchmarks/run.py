@@ -35,7 +35,8 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
              f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}"
              f"{' channels-last' if meta.get('channels_last') else ''}, evaluator batch {meta['batch_size']}. "
-             "Each figure is the best of the repeats; every column of a row was measured in the same run on the same images.", ""]
+             "Each figure is the best of the repeats; every column of a row was measured in the same run on the same images."
+             + (f" {meta['note'][0].upper()}{meta['note'][1:]}." if meta.get("note") else ""), ""]
     if peak or ceiling:
         peak_text = f"datasheet fp32 peak {peak:.0f} TFLOP/s" if peak else "no datasheet peak given"
         ceiling_text = f"measured fp32 matrix-product ceiling {ceiling:.2f} TFLOP/s{meta.get('ceiling_note', '')}" if ceiling else "no measured ceiling"
@@ -49,7 +50,7 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
         share = f"{r['idg_share_of_peak']:.1%}" if r.get("idg_share_of_peak") else "n/a"
         of_ceiling = f"{r['ours_idg_tflops'] / ceiling:.1%}" if ceiling else "n/a"
         mem = r.get("ours_idg_peak_mib")
-        mem_text = "n/a" if mem is None else f"{mem:.0f}" + (" (RSS growth)" if meta["device"] == "cpu" else "")
+        mem_text = "n/a" if mem is None else f"{mem:.0f}" + (" (RSS growth, a lower bound)" if meta["device"] == "cpu" else "")
         lines.append(f"| {r['batch']} | {r['ours_idg_s_per_attr']:.3f} | {r['ours_ig_s_per_attr']:.3f} | {r['captum_ig_s_per_attr']:.3f} | "
                      f"{r['authors_way_idg_s_per_attr']:.3f} | {r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
                      f"{r['idg_vs_authors_way']:.2f}x | {r['ours_idg_tflops']:.3f} | {share} | {of_ceiling} | {mem_text} |")
