@@ -71,5 +71,9 @@ def test_errors_are_shown_in_words(page: object) -> None:
 
 def test_a_bundled_sample_can_be_chosen(page: object) -> None:
     page.click("#samples img[alt='n02391049_zebra.jpg']")
-    page.wait_for_function("!document.querySelector('#run').disabled")
+    # the sample is fetched asynchronously: wait for the preview to hold a decoded image
+    page.wait_for_function("(() => { const p = document.querySelector('#preview'); return !p.hidden && p.complete && p.naturalWidth > 0; })()",
+                           timeout=30_000)
     assert page.locator("#preview").is_visible()
+    assert not page.locator("#run").is_disabled()
+    assert "chosen" in (page.locator("#samples img[alt='n02391049_zebra.jpg']").get_attribute("class") or "")
