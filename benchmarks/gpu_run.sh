@@ -42,9 +42,10 @@ lite0)
         --batch-sizes 1 8 32 --batch-size 128 --repeats 3 --peak-tflops "${PEAK_FP32_TFLOPS:-67}" --load-levels --out "$OUT" 2>&1 | tail -12
     ;;
 eval)
-    timeout "${EVAL_TIMEOUT:-520}" python3 -m idg_core.evaluation --images "$IMAGES" --out "$OUT/evaluation-${EVAL_MODEL:-efficientnet_lite2}" --model "${EVAL_MODEL:-efficientnet_lite2}" \
+    model=${EVAL_MODEL:-efficientnet_lite2}
+    timeout "${EVAL_TIMEOUT:-520}" python3 -m idg_core.evaluation --images "$IMAGES" --out "$OUT/evaluation-$model" --model "$model" \
         --device cuda --workers 15 --batch-size 256 2>&1 | grep -v "img/s\]$" | tail -30
-    tar czf "$OUT/evaluation-${EVAL_MODEL:-efficientnet_lite2}.tgz" -C "$OUT" evaluation-${EVAL_MODEL:-efficientnet_lite2} && rm -rf "$OUT/evaluation-${EVAL_MODEL:-efficientnet_lite2}"
+    tar czf "$OUT/evaluation-$model.tgz" -C "$OUT" "evaluation-$model" && rm -rf "$OUT/evaluation-$model"
     ;;
 esac
 done

@@ -20,12 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from benchmarks.speed import _timed, forward_flops, machine, matmul_tflops
+from benchmarks.speed import SAMPLES, _timed, forward_flops, machine, matmul_tflops, sample_batch
 from idg_core import idg
-from idg_core.models import decode_image, imagenet_wnids, load_model, set_tf32, tune
+from idg_core.models import load_model, set_tf32, tune
 
 log = logging.getLogger("benchmarks.gpu_variants")
-SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
 
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("fp32", {"precision": "fp32"}),
@@ -71,11 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.manual_seed(0)
-    files = sorted(args.image_dir.glob("*.JPEG"))[: args.images]
     probe = load_model(args.model, weights)
-    x = torch.stack([probe.prepare(decode_image(f.read_bytes())) for f in files]).to(device)
-    wnids = imagenet_wnids()
-    targets = [wnids.index(f.name.split("_")[0]) for f in files]
+    x, targets, files = sample_batch(probe, args.image_dir, args.images)
+    x = x.to(device)
     state = {k: v.clone() for k, v in probe.state_dict().items()}
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
     flops_per_attr = fwd * (50 + 3 * 50)  # probe forward + main pass (forward + backward ~ 3 forwards)

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import torch
 
-from app.core.config import Settings
 from benchmarks.service_load import run_load
-from benchmarks.speed import machine, matmul_tflops, run_speed
-from idg_core.models import PRECISIONS, decode_image, imagenet_wnids, load_model, tune
+from benchmarks.speed import SAMPLES, machine, matmul_tflops, run_speed, sample_batch
+from idg_core import default_batch_size
+from idg_core.models import PRECISIONS, load_model, tune
 
 log = logging.getLogger("benchmarks")
-SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
 
 
 def _machine_line(m: dict) -> str:
@@ -48,7 +47,7 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in speed:
         share = f"{r['idg_share_of_peak']:.1%}" if r.get("idg_share_of_peak") else "n/a"
-        of_ceiling = f"{r['ours_idg_tflops'] / ceiling:.1%}" if ceiling else "n/a"
+        of_ceiling = f"{r['idg_share_of_ceiling']:.1%}" if r.get("idg_share_of_ceiling") else "n/a"
         mem = r.get("ours_idg_peak_mib")
         mem_text = "n/a" if mem is None else f"{mem:.0f}" + (" (RSS growth, a lower bound)" if meta["device"] == "cpu" else "")
         lines.append(f"| {r['batch']} | {r['ours_idg_s_per_attr']:.3f} | {r['ours_ig_s_per_attr']:.3f} | {r['captum_ig_s_per_attr']:.3f} | "
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--batch-size", type=int, default=None,
-                   help="images per model call, ours and Captum's internal batch (default: the service's, 8 on CPU, 128 on CUDA)")
+                   help="images per model call, ours and Captum's internal batch (default: idg_core.default_batch_size, 8 on CPU, 128 on CUDA)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's fp32 peak, for the share of peak")
     p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8, 32])
@@ -95,12 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     device = torch.device(args.device)
-    args.batch_size = args.batch_size or Settings(_env_file=None).batch_images(device)
+    args.batch_size = args.batch_size or default_batch_size(device)
     model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last)
-    files = sorted(args.images.glob("*.JPEG"))[: max(args.batch_sizes)]
-    images = torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files])
-    wnids = imagenet_wnids()
-    targets = [wnids.index(f.name.split("_")[0]) for f in files]
+    images, targets, _ = sample_batch(model, args.images, max(args.batch_sizes))
     ceiling = matmul_tflops(device)  # under the TF32 switches that tune() set for this precision
     log.info("measured fp32 matrix-product ceiling: %.2f TFLOP/s", ceiling)
     speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,

@@ -14,6 +14,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,8 +22,19 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from idg_core import idg, integrated_gradients, resolve_baseline
+from idg_core.models import ImageClassifier, decode_image, imagenet_wnids
 
 log = logging.getLogger(__name__)
+SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
+
+
+def sample_batch(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, list[int], list[Path]]:
+    """The first ``n`` ``WNID_*.JPEG`` images of ``folder`` as the model's input, their labels
+    (class index from the WNID) and their paths."""
+    files = sorted(folder.glob("*.JPEG"))[:n]
+    images = torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files])
+    wnids = imagenet_wnids()
+    return images, [wnids.index(f.name.split("_")[0]) for f in files], files
 
 
 def forward_flops(model: torch.nn.Module, size: int, device: torch.device) -> int:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import torch
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from idg_core.evaluator import default_batch_size
+from idg_core.models.speed import Precision
 
 
 class Settings(BaseSettings):
@@ -22,7 +23,7 @@ class Settings(BaseSettings):
         "ARCH=/path/to/weights.pth for torchvision ResNet-50/101/152 and ResNeXt. The first is the default.",
     )
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
-    precision: Literal["fp32", "tf32", "bf16"] = Field(
+    precision: Precision = Field(
         "fp32", description="Arithmetic of the models: fp32 (IEEE), tf32 (CUDA matrix units) or bf16 autocast; "
         "see results/benchmarks for speed and how far each moves the maps")
     channels_last: bool = Field(False, description="Run convolutions in channels-last memory format (faster on CUDA tensor cores)")

@@ -11,6 +11,7 @@ How far each moves the attributions (rank correlation with fp32) is measured by
 from __future__ import annotations
 
 import logging
+from typing import Literal, get_args
 
 import torch
 
@@ -18,7 +19,8 @@ from idg_core.models.zoo import ImageClassifier
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+Precision = Literal["fp32", "tf32", "bf16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 def set_tf32(enabled: bool) -> None:

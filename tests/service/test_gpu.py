@@ -9,6 +9,7 @@ import torch
 
 from app.core.config import Settings
 from app.main import create_app
+from idg_core.models import set_tf32
 from tests.service.conftest import image_bytes, serve, tiny_classifier
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -36,4 +37,4 @@ async def test_concurrent_attributions_on_cuda(precision: str) -> None:
         metrics = (await client.get("/metrics")).text
         line = next(ln for ln in metrics.splitlines() if ln.startswith("idg_device_memory_bytes") and 'kind="peak"' in ln)
         assert float(line.split()[-1]) > 0
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    set_tf32(False)  # the switches are process-wide: leave them as fp32 for the next test
