@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
+from idg_core.evaluation.cost import COST_GRID, write_cost_report
 from idg_core.evaluation.report import write_report
-from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, EvalConfig, evaluate_folder
+from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, EvalConfig, evaluate_folder
 from idg_core.models import PRECISIONS, load_model, tune
 
 
@@ -35,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="efficientnet_lite0")
     p.add_argument("--weights", default=None, help="weights file for torchvision architectures")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--methods", nargs="+", default=None, help=f"subset of {', '.join([*MAIN_METHODS, *ABLATION])}")
+    p.add_argument("--suite", default="paper", choices=["paper", "cost"],
+                   help="paper: the paper's methods and ablation with all four metrics; cost: IDG and IG over a grid of "
+                        "step counts, insertion and deletion only (the table the presets come from)")
+    p.add_argument("--methods", nargs="+", default=None, help=f"subset of {', '.join([*MAIN_METHODS, *ABLATION])} (paper suite)")
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
     p.add_argument("--limit", type=int, default=None, help="first N images only")
     p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
@@ -46,16 +50,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32 is IEEE (no TF32) also on CUDA")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    catalogue = {**MAIN_METHODS, **({} if args.no_ablation else ABLATION)}
-    chosen = {n: catalogue[n] for n in (args.methods or catalogue)}
+    if args.suite == "cost":
+        chosen, metrics = COST_GRID, ("insertion", "deletion")
+    else:
+        catalogue = {**MAIN_METHODS, **({} if args.no_ablation else ABLATION)}
+        chosen, metrics = {n: catalogue[n] for n in (args.methods or catalogue)}, ALL_METRICS
     cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
-                     pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision)
+                     pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision,
+                     metrics=metrics)
     model = tune(load_model(args.model, args.weights).to(args.device).eval(), precision=args.precision)
     images = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpeg", ".jpg", ".png"))
     total = len(images)
     images = images[: args.limit] if args.limit else images
     records = evaluate_folder(model, images, args.out, cfg, workers=args.workers)
-    path = write_report(records, args.out, machine=f"{_machine()}, precision {args.precision}", date=time.strftime("%Y-%m-%d"), model=args.model, total_images=total)
+    machine, date = f"{_machine()}, precision {args.precision}", time.strftime("%Y-%m-%d")
+    if args.suite == "cost":
+        path = write_cost_report(records, args.out, machine=machine, date=date, model=args.model)
+    else:
+        path = write_report(records, args.out, machine=machine, date=date, model=args.model, total_images=total)
     logging.getLogger("idg_core.evaluation").info("wrote %s", path)
     return 0
 

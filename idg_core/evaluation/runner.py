@@ -51,6 +51,9 @@ ABLATION: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+ALL_METRICS = ("insertion", "deletion", "sic", "aic")
+
+
 @dataclass
 class EvalConfig:
     """Everything that changes a result; its hash names the cache folder."""
@@ -63,11 +66,15 @@ class EvalConfig:
     pic_mask_fraction: float = 0.01
     batch_size: int = 32
     precision: str = "fp32"
+    metrics: tuple[str, ...] = ALL_METRICS
 
     def key(self) -> str:
         fields = asdict(self)
-        if fields["precision"] == "fp32":  # caches made before this field existed were fp32: keep their key
+        # caches made before these fields existed were fp32 with every metric: keep their key
+        if fields["precision"] == "fp32":
             del fields["precision"]
+        if tuple(fields["metrics"]) == ALL_METRICS:
+            del fields["metrics"]
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -100,7 +107,10 @@ def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: E
     record: dict[str, Any] = {"image": path.name, "label": label, "pred": pred, "prob": float(probs[pred]),
                               "correct": label == pred if label is not None else None, "methods": {}}
     confidence = original_confidence(model, x, pred)
-    if confidence < cfg.pic_min_confidence:
+    if not {"sic", "aic"} & set(cfg.metrics):
+        skipped = Skipped("PIC was not requested")
+        pic = {n: {"sic": skipped, "aic": skipped} for n in names}
+    elif confidence < cfg.pic_min_confidence:
         pic = {n: {"sic": Skipped(f"the original prediction {confidence:.2f} is below {cfg.pic_min_confidence}")} for n in names}
         for n in names:
             pic[n]["aic"] = pic[n]["sic"]
@@ -112,7 +122,8 @@ def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: E
         pic = {n: pic_scores(model, imgs, info, pred, device) for n, (imgs, info) in zip(names, rebuilt, strict=True)}
     for i, n in enumerate(names):
         entry: dict[str, Any] = {"insertion": ins[i].auc, "deletion": dele[i].auc,
-                                 "insertion_curve": ins[i].y.tolist(), "deletion_curve": dele[i].y.tolist()}
+                                 "insertion_curve": ins[i].y.tolist(), "deletion_curve": dele[i].y.tolist(),
+                                 "forward_passes": results[n].forward_passes, "backward_passes": results[n].backward_passes}
         for kind in ("sic", "aic"):
             res = pic[n][kind]
             entry[kind] = None if isinstance(res, Skipped) else res.auc
