@@ -1,11 +1,16 @@
 """What the hardware offers, against faithfulness: IDG-50/50 under each speed setting of
 :func:`idg_core.models.tune` (precision fp32 / tf32 / bf16, channels-last, torch.compile) and
-evaluator batch sizes, timed on the same images in one run, with how far each moves the maps from
-IEEE fp32 (Spearman rank correlation of the channel-summed maps, mean and worst image; relative L2).
-Also measures the device's matrix-product ceilings, so the share of the compute limit is against
-what this card does, beside its datasheet.
+evaluator batch sizes, timed on the same images in one run.
 
-    python -m benchmarks.gpu_variants --model resnet101 --weights random --images 32
+Faithfulness is the criterion: on a trained model, each setting's insertion and deletion (RISE,
+scored in that setting's own precision) are paired per image against IEEE fp32, with 95%
+intervals; a setting is kept only when both intervals include 0 or favour it. Pixel-level
+Spearman correlation with the fp32 maps stays as a secondary column (it says little on
+random-weight networks, whose input gradients are chaotic). Also measures the device's
+matrix-product ceilings, so the share of the compute limit is against what this card does.
+
+    python -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65   # faithfulness + speed
+    python -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --no-faithfulness  # speed only
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from torch import Tensor
 
 from benchmarks.speed import SAMPLES, _timed, forward_flops, machine, matmul_tflops, sample_batch
 from idg_core import idg
+from idg_core.evaluation.runner import mean_ci
+from idg_core.heatmap import saliency
+from idg_core.metrics import deletion, insertion
 from idg_core.models import load_model, set_tf32, tune
 
 log = logging.getLogger("benchmarks.gpu_variants")
@@ -63,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="*", default=[name for name, _ in VARIANTS])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu only for a dry run")
     p.add_argument("--label", default=None)
+    p.add_argument("--no-faithfulness", action="store_true", help="skip insertion/deletion (random-weight models: speed only)")
+    p.add_argument("--rise-step", type=int, default=224, help="pixels moved per insertion/deletion step")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     args = p.parse_args(argv)
     weights = None if args.weights == "none" else args.weights
@@ -74,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     x, targets, files = sample_batch(probe, args.image_dir, args.images)
     x = x.to(device)
     state = {k: v.clone() for k, v in probe.state_dict().items()}
+    if not args.no_faithfulness:  # explain (and score) what the model predicts, as the evaluation does
+        with torch.no_grad():
+            targets = probe.to(device).eval()(x).argmax(1).tolist()
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
     flops_per_attr = fwd * (50 + 3 * 50)  # probe forward + main pass (forward + backward ~ 3 forwards)
     ceilings = ({"fp32": ceiling(torch.float32, False), "tf32": ceiling(torch.float32, True),
@@ -86,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         return tune(m.to(device).eval(), **speed)
 
     reference: list[Tensor] = []
+    ref_scores: list[dict[str, list[float]] | None] = []
+
+    def faithfulness(model: torch.nn.Module, attributions: Tensor) -> dict[str, list[float]]:
+        """Insertion and deletion AUC per image of these maps, scored by ``model`` (its own precision)."""
+        p = model.preprocessing
+        sal = torch.stack([saliency(a) for a in attributions]).to(device)
+        ins = insertion(model, x, sal, mean=p.mean, std=p.std, step=args.rise_step, batch_size=args.batch_size)
+        dele = deletion(model, x, sal, substrate=p.mean, step=args.rise_step, batch_size=args.batch_size)
+        return {"insertion": [c.auc for c in ins], "deletion": [c.auc for c in dele]}
 
     def measure(name: str, speed: dict[str, Any]) -> dict[str, Any]:
         model = fresh(**speed)
@@ -100,10 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         result = run()
         peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if cuda else float("nan")
         maps = result.attributions.sum(1).flatten(1).double()
+        scores = None if args.no_faithfulness else faithfulness(model, result.attributions)
         if not reference:
             reference.append(maps)  # the first variant (fp32) is the reference
+            ref_scores.append(scores)
         rho = spearman(maps, reference[0])
         rel = ((maps - reference[0]).norm(dim=1) / reference[0].norm(dim=1)).max()
+        paired = {} if scores is None else {
+            f"{metric}_vs_fp32": mean_ci([(1.0 if metric == "insertion" else -1.0) * (a - b)
+                                          for a, b in zip(scores[metric], ref_scores[0][metric], strict=True)])
+            for metric in ("insertion", "deletion")}
         ceiling = ceilings[speed["precision"]]
         tflops = flops_per_attr * len(files) / seconds / 1e12
         del model, run, result
@@ -111,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         return {"variant": name, "s_per_attr": seconds / len(files), "attr_per_s": len(files) / seconds, "first_run_s": first,
                 "tflops": tflops, "share_of_measured_ceiling": tflops / ceiling, "ceiling_tflops": ceiling, "peak_mib": peak,
-                "spearman_mean": float(rho.mean()), "spearman_min": float(rho.min()), "rel_l2_max": float(rel)}
+                "spearman_mean": float(rho.mean()), "spearman_min": float(rho.min()), "rel_l2_max": float(rel), **paired}
 
     rows: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
@@ -128,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                  row["spearman_mean"], row["spearman_min"])
         rows.append(row)
 
-    best = min((r for r in rows if r["spearman_min"] >= 0.99), key=lambda r: r["s_per_attr"], default=rows[0])
+    best = min((r for r in rows if keeps_faithfulness(r, args.no_faithfulness)), key=lambda r: r["s_per_attr"], default=rows[0])
     best_speed = dict(VARIANTS)[best["variant"]]
     sweep: list[dict[str, Any]] = []
     model = fresh(**best_speed)
@@ -141,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     label = args.label or f"gpu-variants-{args.model}"
     weights_label = "packaged" if weights is None else weights
     meta = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "weights": weights_label,
+            "faithfulness": not args.no_faithfulness, "rise_step": args.rise_step,
             "images": len(files), "batch_size": args.batch_size, "forward_gflops": fwd / 1e9, "flops_per_attribution": flops_per_attr,
             "matmul_ceilings_tflops": ceilings, "kept": best["variant"]}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -150,6 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def keeps_faithfulness(row: dict[str, Any], speed_only: bool) -> bool:
+    """Faithfulness kept: both paired intervals against fp32 include 0 or favour the setting. Without
+    faithfulness scores (random weights), the old pixel criterion: worst-image Spearman >= 0.99."""
+    if speed_only or "insertion_vs_fp32" not in row:
+        return bool(row["spearman_min"] >= 0.99)
+    return all(row[f"{m}_vs_fp32"][0] + row[f"{m}_vs_fp32"][1] >= 0 for m in ("insertion", "deletion"))
+
+
+def _paired_cell(v: list[float] | tuple[float, float, int] | None) -> str:
+    if not v:
+        return "n/a"
+    mean, half = v[0], v[1]
+    mark = "**" if abs(mean) > half else ""
+    return f"{mark}{mean:+.3f} ± {half:.3f}{mark}"
+
+
 def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dict[str, str]], sweep: list[dict[str, Any]]) -> str:
     c = meta["matmul_ceilings_tflops"]
     lines = [f"# GPU speed settings, `{meta['model']}` ({meta['weights']} weights)", "",
@@ -157,16 +202,23 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dic
              f"IDG-50/50 on {meta['images']} sample images, evaluator batch {meta['batch_size']}; "
              f"{meta['forward_gflops']:.2f} GFLOP per forward pass (PyTorch's counter), {meta['flops_per_attribution'] / 1e12:.2f} TFLOP per attribution.",
              f"Measured 8192³ matrix-product ceilings: fp32 {c['fp32']:.0f}, tf32 {c['tf32']:.0f}, bf16 {c['bf16']:.0f} TFLOP/s.", "",
-             "Faithfulness against IEEE fp32: Spearman rank correlation of the channel-summed maps (mean, worst image) and worst relative L2.", "",
-             "| variant | ms per attribution | attributions/s | speed-up vs fp32 | TFLOP/s | share of measured ceiling | peak MiB | first run s | Spearman mean | Spearman min | rel. L2 max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Faithfulness against IEEE fp32, paired per image: mean of (setting − fp32) in insertion and deletion (RISE step "
+             f"{meta.get('rise_step', 224)}, scored in the setting's own precision) ± half-width of the 95% interval, signed so that "
+             "> 0 favours the setting (lower deletion is better); bold where the interval excludes 0. Secondary, pixel-level: "
+             "Spearman rank correlation of the channel-summed maps (mean, worst image) and worst relative L2.", "",
+             "| variant | ms per attribution | attributions/s | speed-up vs fp32 | insertion vs fp32 | deletion vs fp32 | TFLOP/s "
+             "| share of measured ceiling | peak MiB | first run s | Spearman mean (secondary) | Spearman min | rel. L2 max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = rows[0]["s_per_attr"]
     for r in rows:
-        lines.append(f"| {r['variant']} | {r['s_per_attr'] * 1e3:.1f} | {r['attr_per_s']:.1f} | {base / r['s_per_attr']:.2f}x | {r['tflops']:.1f} | "
+        lines.append(f"| {r['variant']} | {r['s_per_attr'] * 1e3:.1f} | {r['attr_per_s']:.1f} | {base / r['s_per_attr']:.2f}x | "
+                     f"{_paired_cell(r.get('insertion_vs_fp32'))} | {_paired_cell(r.get('deletion_vs_fp32'))} | {r['tflops']:.1f} | "
                      f"{r['share_of_measured_ceiling']:.1%} | {r['peak_mib']:.0f} | {r['first_run_s']:.1f} | {r['spearman_mean']:.4f} | "
                      f"{r['spearman_min']:.4f} | {r['rel_l2_max']:.3f} |")
-    lines += [f"| {f['variant']} | failed: {f['error']} |" + " |" * 9 for f in failed]
-    lines += ["", f"Kept (fastest with worst-image Spearman >= 0.99): **{meta['kept']}**. Evaluator batch sweep with it:", "",
+    lines += [f"| {f['variant']} | failed: {f['error']} |" + " |" * 11 for f in failed]
+    rule = ("both paired intervals include 0 or favour it" if meta.get("faithfulness", False)
+            else "worst-image Spearman >= 0.99 (no faithfulness scores: random weights)")
+    lines += ["", f"Kept (fastest whose {rule}): **{meta['kept']}**. Evaluator batch sweep with it:", "",
               "| evaluator batch | ms per attribution |", "|---|---|"]
     lines += [f"| {s['batch_size']} | {s['s_per_attr'] * 1e3:.1f} |" for s in sweep]
     return "\n".join(lines) + "\n"
