@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
+
 from app.client import Client, ServiceError
 
 log = logging.getLogger("idg")
@@ -19,7 +21,7 @@ log = logging.getLogger("idg")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="idg-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=os.environ.get("IDG_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--url", default=os.environ.get("IDG_URL", "http://127.0.0.1:8000"), help="the service (default: $IDG_URL or http://127.0.0.1:8000)")
     p.add_argument("--api-key", default=os.environ.get("IDG_API_KEY"))
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="top-k classes")
@@ -51,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceError as err:
         sys.stderr.write(f"error {err.status}: {err.message}\n")
         return 1
+    except httpx.TransportError as err:  # refused, unreachable, timed out: one line, no traceback
+        sys.stderr.write(f"error: could not reach the service at {args.url} ({type(err).__name__}); "
+                         "start it (make run) or point --url / IDG_URL at it\n")
+        return 2
+    except OSError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     assert a.heatmap is not None
     a.heatmap.save(args.out)
     if args.overlay and a.overlay is not None:

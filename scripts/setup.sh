@@ -9,6 +9,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "setup: installing torch==2.13.0 (CPU), torchvision==0.28.0 and the project${extras:+ with [$extras]} into .venv" >&2
     .venv/bin/python -m pip install -q torch==2.13.0 torchvision==0.28.0
     .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}" torch==2.13.0 torchvision==0.28.0
     touch "$stamp"
@@ -17,7 +18,10 @@ fi
 if [[ ",$extras," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+        echo "setup: installing Debian's chromium for the browser test (waits for another apt/dpkg run to finish)" >&2
+        lock=(-o DPkg::Lock::Timeout=600)  # wait for the package manager's lock instead of failing
+        apt-get "${lock[@]}" install -y -q chromium >/dev/null 2>&1 \
+            || { apt-get "${lock[@]}" update -q >/dev/null && apt-get "${lock[@]}" install -y -q chromium >/dev/null; }
     else
         echo "setup: chromium is missing and cannot be installed here (needs root and apt-get); the browser test will skip" >&2
     fi

@@ -71,3 +71,17 @@ def test_cli_writes_the_heatmap_and_prints_the_curve(url: str, tmp_path: Path, c
     bad.write_bytes(b"nope")
     assert cli(["--url", url, "attribute", str(bad)]) == 1
     assert "error 415" in capsys.readouterr().err
+
+
+def test_cli_says_in_one_line_that_the_service_is_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    img = tmp_path / "a.png"
+    img.write_bytes(b"\x89PNG")
+    assert cli(["--url", f"http://127.0.0.1:{port}", "predict", str(img)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"could not reach the service at http://127.0.0.1:{port}" in err and "IDG_URL" in err
+    assert "Traceback" not in err
