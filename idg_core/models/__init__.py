@@ -1,7 +1,7 @@
 """Pretrained classifiers (pixel space in, logits out) and the image preprocessing they need."""
 
 from idg_core.models.preprocess import ImageDecodeError, ImageTooLargeError, decode_image, resize_crop, to_rgb, to_tensor
-from idg_core.models.speed import PRECISIONS, Precision, set_tf32, tune
+from idg_core.models.speed import PRECISIONS, Precision, default_precision, set_tf32, tune
 from idg_core.models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
@@ -22,6 +22,7 @@ __all__ = [
     "ImageDecodeError",
     "ImageTooLargeError",
     "Precision",
+    "default_precision",
     "Preprocessing",
     "decode_image",
     "efficientnet_lite",

@@ -63,3 +63,10 @@ def test_cuda_reduced_precision_stays_close(precision: str) -> None:
     set_tf32(False)  # restore the process-wide TF32 switches
     cos = torch.nn.functional.cosine_similarity(low.attributions.flatten(1), ref.attributions.flatten(1))
     assert bool((cos > 0.9).all()), cos
+
+
+def test_default_precision_is_bf16_on_cuda_and_ieee_fp32_elsewhere() -> None:
+    from idg_core.models import default_precision
+
+    assert default_precision(torch.device("cpu")) == "fp32"
+    assert default_precision(torch.device("cuda", 0)) == "bf16"  # a device object only: no GPU needed
