@@ -19,14 +19,16 @@ from torch import Tensor
 
 from app.core.config import Settings
 from app.core.errors import ApiError
-from app.core.images import model_input
+from app.core.images import load_input
 from app.core.metrics import Metrics
 from app.schemas import AttributeParams, AttributeResponse, ClassScore, Cost, Curve, Timings
-from app.worker.engine import QueueFull, Worker
+from app.worker.engine import QueueFull, Worker, work_units
 from app.worker.jobs import Job, JobCancelled
 from idg_core import METHODS, heatmap_png, overlay_png
+from idg_core.methods import WorkBound
 from idg_core.models import ImageClassifier
 from idg_core.paths import resolve_baseline
+from idg_core.presets import preset_params
 from idg_core.types import AttributionResult, Plan, Query
 
 log = logging.getLogger(__name__)
@@ -87,13 +89,24 @@ class Service:
             "max_dist": params.max_dist, "epsilon": params.epsilon, "max_iter": params.max_iter,
             "adversarial_classes": params.adversarial_classes, "seed": params.seed, "num_classes": num_classes,
         }
+        given |= preset_params(params.method, params.preset, **{k: given[k] for k in ("steps", "probe_steps", "max_iter")})
         kwargs = {k: v for k, v in given.items() if k in defaults and v is not None}
         for name in ("steps", "probe_steps", "max_iter"):
             if name in kwargs and kwargs[name] > self.settings.max_steps:
                 raise ApiError(422, f"{name} must be <= {self.settings.max_steps}, got {kwargs[name]}", code="invalid_parameter")
         return kwargs, {**defaults, **kwargs}
 
-    def build_attribute(self, params: AttributeParams, model: ImageClassifier, x: Tensor) -> tuple[Plan, dict[str, Any]]:
+    def work_bound(self, method: str, used: dict[str, Any]) -> WorkBound:
+        """The most the method can cost with ``used`` (valid) parameters; 422 beyond ``max_passes``."""
+        bound = METHODS[method].bound(used)
+        limit = self.settings.max_passes or 4 * self.settings.max_steps
+        if bound.forward > limit:
+            raise ApiError(422, f"{method} with these parameters may cost up to {bound.forward} model passes, more than the "
+                           f"limit of {limit}: lower steps, probe_steps, max_iter or adversarial_classes", code="invalid_parameter")
+        return bound
+
+    def build_attribute(self, params: AttributeParams, model: ImageClassifier, x: Tensor) -> tuple[Plan, dict[str, Any], float]:
+        """The request's plan, every parameter it runs with, and its work units at most (checked)."""
         if params.target is not None and params.target >= model.num_classes:
             raise ApiError(422, f"target must be < {model.num_classes} (the model's classes), got {params.target}", code="invalid_parameter")
         kwargs, used = self.method_kwargs(params, model.num_classes)
@@ -102,8 +115,9 @@ class Service:
             METHODS[params.method].plan(x, baseline, 0, **kwargs).close()  # validates the arguments now
         except ValueError as err:
             raise ApiError(422, str(err), code="invalid_parameter") from err
-        used = {**used, "baseline": params.baseline}
-        return attribute_plan(x, baseline, params.target, params.method, kwargs), used
+        bound = self.work_bound(params.method, used)
+        used = {**used, "baseline": params.baseline, "preset": params.preset}
+        return attribute_plan(x, baseline, params.target, params.method, kwargs), used, work_units(1 + bound.forward, bound.backward)
 
     async def attribute(
         self, request: Request | None, data: bytes, params: AttributeParams, received: float,
@@ -112,9 +126,9 @@ class Service:
         """Decode, validate, queue, wait and render one attribution; raises :class:`ApiError`."""
         name, model = self.model(params.model)
         self.check_top_k(params.top_k)
-        x = await asyncio.to_thread(model_input, data, model, self.settings.max_image_pixels, self.device)
-        plan, used = self.build_attribute(params, model, x)
-        outcome = await self.run(request, name, plan, "attribute", priority=1, on_event=on_event)
+        x = await load_input(data, model, self.settings, self.device)
+        plan, used, cost = self.build_attribute(params, model, x)
+        outcome = await self.run(request, name, plan, "attribute", priority=1, on_event=on_event, cost=cost)
         probs, target, result = outcome.value
         rendered_at = time.perf_counter()
         images = await asyncio.to_thread(render, x, result, params)
@@ -125,6 +139,7 @@ class Service:
             prediction=self.top_k(model, probs, params.top_k),
             target=ClassScore(index=target, name=model.class_names[target], probability=float(probs[target])),
             parameters={**used, "target": target},
+            precision=self.settings.precision_on(self.device),
             curve=Curve(**curve(result)),
             cost=Cost(forward_passes=result.forward_passes + 1, backward_passes=result.backward_passes),
             timings=Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, render_ms=render_ms,
@@ -134,28 +149,30 @@ class Service:
 
     async def run(
         self, request: Request | None, model: str, plan: Plan, kind: str, *, priority: int,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None, cost: float = 1.0,
     ) -> Outcome:
-        """Queue a plan and wait for it within the deadline; 503 when full, 504 when late."""
+        """Queue a plan (``cost``: its work units at most) and wait for it within the deadline;
+        503 when full, 504 when late. A late or abandoned job frees its slot at once and stops
+        costing before the worker's next model call."""
         loop = asyncio.get_running_loop()
         timeout = self.settings.request_timeout_s
-        job = Job(model, plan, kind, time.monotonic() + timeout, loop, loop.create_future(), priority, on_event)
+        job = Job(model, plan, kind, time.monotonic() + timeout, loop, loop.create_future(), priority, on_event, cost)
         try:
             self.worker.submit(job)
         except QueueFull as err:
             plan.close()
-            self.metrics.rejections.labels("queue_full").inc()
+            self.metrics.rejections.labels(err.reason).inc()
             raise ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy") from err
         watcher = asyncio.create_task(self._watch(request, job)) if request is not None else None
         late = f"the request did not finish within its deadline of {timeout:g} s"
         try:
             value = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, job.deadline - time.monotonic()))
         except TimeoutError as err:
-            job.cancel("deadline")
+            self.worker.cancel(job, "deadline")
             raise ApiError(504, late, code="deadline") from err
         except JobCancelled as err:
-            if err.reason == "deadline":
-                raise ApiError(504, late, code="deadline") from err
+            if err.reason in ("deadline", "stuck"):
+                raise ApiError(504, late if err.reason == "deadline" else str(err), code="deadline") from err
             raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
         except ValueError as err:
             raise ApiError(422, str(err), code="invalid_parameter") from err
@@ -166,19 +183,24 @@ class Service:
             if watcher is not None:
                 watcher.cancel()
             if not job.future.done():
-                job.cancel("client_disconnected")
+                self.worker.cancel(job, "client_disconnected")
+                job.future.add_done_callback(_consume)  # its error, when the worker ends it, goes unread
         started = job.started or job.enqueued
         return Outcome(value, (started - job.enqueued) * 1000, ((job.finished or time.monotonic()) - started) * 1000)
 
-    @staticmethod
-    async def _watch(request: Request, job: Job) -> None:
+    async def _watch(self, request: Request, job: Job) -> None:
         """Drop the job when its client goes away."""
         while not job.future.done():
             if await request.is_disconnected():
                 log.info("client of job %d went away; dropping it", job.id)
-                job.cancel("client_disconnected")
+                self.worker.cancel(job, "client_disconnected")
                 return
             await asyncio.sleep(0.2)
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def b64(data: bytes) -> str:

@@ -20,10 +20,16 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return value
 
 
-def check_float(name: str, value: object, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+def check_float(name: str, value: object, low: float, high: float, *, low_open: bool = False, why: str = "") -> float:
+    """``value`` in ``[low, high]`` (``(low, high]`` with ``low_open``); ``why`` ends the message."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _inside(float(value), low, high, low_open):
+        bounds = f"{'(' if low_open else '['}{low}, {high}]"
+        raise ValueError(f"{name} must be a number in {bounds}, got {value!r}" + (f": {why}" if why else ""))
     return float(value)
+
+
+def _inside(value: float, low: float, high: float, low_open: bool) -> bool:
+    return (low < value if low_open else low <= value) and value <= high
 
 
 def check_choice(name: str, value: object, choices: Iterable[str]) -> str:

@@ -3,13 +3,15 @@
 Points of all queries (of all images, targets and methods) are chunked together into model calls
 of at most ``batch_size`` images; forward-only rows run under ``torch.no_grad()``, gradient rows
 take ``torch.autograd.grad`` of the selected outputs with respect to the input only (no parameter
-``.grad`` is touched, no graph or hook outlives the call).
+``.grad`` is touched, no graph or hook outlives the call). A driver that must stop work between
+model calls (a request past its deadline) passes ``skip``, asked before every call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -68,25 +70,40 @@ def _run_chunk(model: Model, inputs: Tensor, targets: Tensor, is_prob: Tensor, g
     return chosen.detach(), grads.detach(), logits.detach()
 
 
-def _segments(queries: Sequence[Query], index: list[int], batch_size: int) -> list[list[tuple[int, int, int]]]:
-    """Split the rows of ``queries[index]`` into chunks of (query, start, stop) segments."""
-    chunks: list[list[tuple[int, int, int]]] = [[]]
-    room = batch_size
-    for qi in index:
-        start, n = 0, queries[qi].n
-        while start < n:
-            if room == 0:
-                chunks.append([])
-                room = batch_size
-            stop = min(n, start + room)
-            chunks[-1].append((qi, start, stop))
+def _chunks(
+    queries: Sequence[Query], index: list[int], batch_size: int, skip: Callable[[int], bool] | None,
+) -> Iterator[list[tuple[int, int, int]]]:
+    """The rows of ``queries[index]`` in chunks of (query, start, stop) segments of at most
+    ``batch_size`` rows, planned one chunk at a time: before each, queries ``skip`` answers True
+    for are left out of the rest."""
+    todo = deque((qi, 0) for qi in index)  # (query, first row not yet in a chunk)
+    while todo:
+        if skip is not None:
+            todo = deque(item for item in todo if not skip(item[0]))
+        chunk: list[tuple[int, int, int]] = []
+        room = batch_size
+        while todo and room:
+            qi, start = todo[0]
+            stop = min(queries[qi].n, start + room)
+            chunk.append((qi, start, stop))
             room -= stop - start
-            start = stop
-    return [c for c in chunks if c]
+            if stop == queries[qi].n:
+                todo.popleft()
+            else:
+                todo[0] = (qi, stop)
+        if chunk:
+            yield chunk
 
 
-def evaluate(model: Model, queries: Sequence[Query], batch_size: int, stats: EvalStats | None = None) -> list[Answer]:
-    """Answer every query; model calls hold at most ``batch_size`` points from any queries."""
+def evaluate(
+    model: Model, queries: Sequence[Query], batch_size: int, stats: EvalStats | None = None,
+    skip: Callable[[int], bool] | None = None,
+) -> list[Answer]:
+    """Answer every query; model calls hold at most ``batch_size`` points from any queries.
+
+    ``skip(i)``, if given, is called before every model call for each query ``i`` that still has
+    rows to evaluate; once it returns True no more of that query's rows are evaluated, and its
+    :class:`Answer` is left incomplete (the caller must drop it). Rows already in the call run."""
     answers: list[Answer] = []
     for q in queries:
         dev = q.origin.device
@@ -94,7 +111,7 @@ def evaluate(model: Model, queries: Sequence[Query], batch_size: int, stats: Eva
         answers.append(Answer(torch.empty(q.n, device=dev), grads, torch.empty(q.n, dtype=torch.long, device=dev)))
     for grad in (False, True):
         index = [i for i, q in enumerate(queries) if q.grad == grad and q.n > 0]
-        for chunk in _segments(queries, index, batch_size):
+        for chunk in _chunks(queries, index, batch_size, skip):
             # inputs: (rows, C, H, W) gathered from the segments of several queries
             inputs = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])
             dev = inputs.device
@@ -119,7 +136,8 @@ def evaluate(model: Model, queries: Sequence[Query], batch_size: int, stats: Eva
 
 
 def run_plans(model: Model, plans: Sequence[Plan], batch_size: int, stats: EvalStats | None = None) -> list[AttributionResult]:
-    """Drive several plans in lock-step, pooling the points of all of them into shared model calls."""
+    """Drive several plans in lock-step, pooling the points of all of them into shared model calls.
+    A plan may yield an empty list (a checkpoint between long host steps); it gets one back."""
     results: list[AttributionResult | None] = [None] * len(plans)
     pending: dict[int, list[Query]] = {}
     for i, _plan in enumerate(plans):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from idg_core.evaluator import default_batch_size
-from idg_core.models.speed import Precision
+from idg_core.models.speed import Precision, default_precision
 
 
 class Settings(BaseSettings):
@@ -23,9 +23,9 @@ class Settings(BaseSettings):
         "ARCH=/path/to/weights.pth for torchvision ResNet-50/101/152 and ResNeXt. The first is the default.",
     )
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
-    precision: Precision = Field(
-        "fp32", description="Arithmetic of the models: fp32 (IEEE), tf32 (CUDA matrix units) or bf16 autocast; "
-        "see results/benchmarks for speed and how far each moves the maps")
+    precision: Precision | Literal["auto"] = Field(
+        "auto", description="Arithmetic of the models: auto (bf16 autocast on CUDA, IEEE fp32 on CPU: "
+        "idg_core.models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) or bf16 autocast")
     channels_last: bool = Field(False, description="Run convolutions in channels-last memory format (faster on CUDA tensor cores)")
     compile: bool = Field(False, description="torch.compile the models at start-up (slower start; see results/benchmarks)")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
@@ -36,16 +36,47 @@ class Settings(BaseSettings):
     max_round_images: int | None = Field(
         None, ge=1, description="Points taken into one worker round (bounds how long /predict waits); default max(64, 4 x batch)")
     max_queue: int = Field(64, ge=1, description="Requests admitted at once (queued or running); beyond, 503 + Retry-After")
+    max_predict_queue: int = Field(
+        16, ge=1, description="/predict requests admitted at once, apart from max_queue (a burst of attributions cannot lock "
+        "/predict out); beyond, 503 + Retry-After")
+    watchdog_grace_s: float = Field(
+        10.0, gt=0, description="If the worker still holds a request this long past its deadline, that request fails, readiness "
+        "answers 503 and new work is refused until the worker returns")
+    max_passes: int | None = Field(
+        None, ge=1, description="Most model passes (images through the model, gradient ones included) one attribution may cost "
+        "at worst, known from its parameters before it runs; beyond, 422. Default 4 x max_steps")
     request_timeout_s: float = Field(120.0, gt=0, description="Deadline of each request; past it 504 and its work is dropped")
-    shutdown_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long in-flight work may finish")
+    shutdown_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM (python -m app.server): readiness 503 and new work refused at once; in-flight work may "
+        "finish for this long, the rest is answered 503; the process exits within this + 5 s")
+    host: str = Field("127.0.0.1", description="Address python -m app.server listens on (0.0.0.0 in the Docker image)")
+    port: int = Field(8000, ge=0, le=65535, description="Port python -m app.server listens on")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Most seconds a client may take to send a request's headers (from connecting, or from the "
+        "request's first byte on a kept-alive connection); beyond, 408 and the connection is closed")
+    body_timeout_s: float = Field(60.0, gt=0, description="Most seconds a client may take to send a request body; beyond, 408 "
+                                  "and the connection is closed")
     max_upload_bytes: int = Field(10_000_000, ge=1, description="Largest request body; beyond, 413")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height); beyond, 413")
+    max_image_side: int = Field(
+        16384, ge=1, description="Longest image side in pixels, checked from the header before decoding; beyond, 413 "
+        "(16384 is WebP's own limit and above any camera's; with the aspect limit it bounds decoding cost by shape)")
+    max_aspect_ratio: float = Field(
+        20.0, ge=1, description="Largest longer-side / shorter-side ratio, checked from the header before decoding; beyond, "
+        "422. Panoramas are up to about 12:1; at 20:1 the model's centre crop already sees only 1/20 of the image")
+    max_concurrent_decodes: int = Field(
+        2, ge=1, description="Images over 4 megapixels (after JPEG reduced-scale decoding) decoded at once; more wait their "
+        "turn, so large uploads cannot take every CPU and thread. Smaller images never wait")
     max_batch_files: int = Field(32, ge=1, description="Most images in one /attribute/batch request")
     max_steps: int = Field(512, ge=2, description="Upper bound for steps / probe_steps / max_iter")
     max_top_k: int = Field(20, ge=1, description="Upper bound for top_k")
     api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'")
     cors_origins: Annotated[list[str], NoDecode] = Field(default=[], description="Comma-separated origins allowed by CORS")
     warmup: bool = Field(True, description="Run a forward and backward pass per model before reporting ready")
+
+    def precision_on(self, device: torch.device) -> Precision:
+        """The precision the models run in on ``device`` (``auto`` resolved)."""
+        return default_precision(device) if self.precision == "auto" else self.precision
 
     def batch_images(self, device: torch.device) -> int:
         """Images per model call on ``device``: the setting, or what measured fastest there."""

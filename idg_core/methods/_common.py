@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -13,6 +14,18 @@ from idg_core.paths import allocate_samples, place_samples, probe_alphas
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 PlanFactory = Callable[..., Plan]
+
+
+@dataclass(frozen=True)
+class WorkBound:
+    """The most one image's plan can cost, known from its parameters before it runs."""
+
+    forward: int
+    """Images pushed through the model (those with a gradient included)."""
+    backward: int
+    """Of those, images back-propagated."""
+    host_steps: int = 0
+    """Passes over every feature on the host between model calls (Guided IG's sub-steps)."""
 
 
 def run_method(

@@ -3,14 +3,15 @@ as in the IDG authors' code: every FGSM step starts again from the original imag
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from idg_core._validation import check_float, check_int, check_output
 from idg_core.evaluator import EvalStats
-from idg_core.methods._common import run_method
+from idg_core.methods._common import WorkBound, run_method
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 
@@ -21,13 +22,22 @@ def adversarial_classes_for(target: int, count: int, num_classes: int, seed: int
     return [c for c in order if c != target][:count]
 
 
+def agi_bound(params: Mapping[str, Any]) -> WorkBound:
+    """Most :func:`agi_plan` with ``params`` (every keyword given) can cost: two gradients per
+    iteration, ``max_iter`` iterations per adversarial class (fewer when an attack succeeds)."""
+    targets = params.get("adversarial_targets")
+    classes = len(targets) if targets is not None else int(params["adversarial_classes"])
+    passes = 2 * int(params["max_iter"]) * classes
+    return WorkBound(passes, passes)
+
+
 def agi_plan(
     x: Tensor, baseline: Tensor, target: int, *, epsilon: float = 0.05, max_iter: int = 20,
     adversarial_classes: int = 1, adversarial_targets: Sequence[int] | None = None,
     num_classes: int = 1000, seed: int = 0, output: Output = "probability",
 ) -> Plan:
     """Plan for one image ``x (C, H, W)``; see :func:`agi`. ``baseline`` is not used."""
-    check_float("epsilon", epsilon, 0.0, 1.0)
+    check_float("epsilon", epsilon, 0.0, 1.0, low_open=True, why="a zero step never moves the image, so every iteration would be wasted")
     check_int("max_iter", max_iter, 1)
     check_int("num_classes", num_classes, 2)
     check_int("seed", seed, 0)
@@ -82,7 +92,7 @@ def agi(
     predicted class y0; ``baseline`` is ignored (AGI has none).
 
     Args:
-        epsilon: in [0, 1], FGSM step size in pixel units (0.05 in the authors' code).
+        epsilon: in (0, 1], FGSM step size in pixel units (0.05 in the authors' code).
         max_iter: >= 1, iterations per adversarial class; stops early when the attack succeeds.
         adversarial_classes: how many classes to attack, drawn at random (seeded by ``seed``) from
             the ``num_classes`` classes other than the target. The IDG paper used one.

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from torch import Tensor
 
 from idg_core._validation import check_int, check_output
 from idg_core.evaluator import EvalStats
-from idg_core.methods._common import adaptive_samples, run_method
+from idg_core.methods._common import WorkBound, adaptive_samples, run_method
 from idg_core.paths import ig_rule
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
+
+
+def integrated_gradients_bound(params: Mapping[str, Any]) -> WorkBound:
+    """Cost of :func:`integrated_gradients_plan` with ``params`` (every keyword given)."""
+    steps, probe = int(params["steps"]), int(params["probe_steps"]) if params["rule"] == "adaptive" else 0
+    return WorkBound(probe + steps, steps)
 
 
 def integrated_gradients_plan(

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from idg_core._validation import check_float, check_int, check_output
 from idg_core.evaluator import EvalStats
-from idg_core.methods._common import run_method
+from idg_core.methods._common import WorkBound, run_method
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 
@@ -17,6 +18,11 @@ def left_ig_cutoff(logits: Tensor, threshold: float = 0.9) -> int:
     """First index k with ``logits[k] > threshold * max(logits)``; 1 if none or if it is 0."""
     above = torch.nonzero(logits > threshold * logits.max()).flatten()
     return max(1, int(above[0])) if above.numel() else 1
+
+
+def left_ig_bound(params: Mapping[str, Any]) -> WorkBound:
+    """Cost of :func:`left_ig_plan` with ``params`` (every keyword given)."""
+    return WorkBound(int(params["steps"]), int(params["steps"]))
 
 
 def left_ig_plan(

@@ -5,18 +5,19 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import get_service, require_api_key
-from app.schemas import ModelInfo, ModelsResponse
+from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse
 from app.service import Service
 from idg_core import METHODS
 
 router = APIRouter()
 
 
-@router.get("/models", response_model=ModelsResponse, dependencies=[Depends(require_api_key)])
+@router.get("/models", response_model=ModelsResponse, dependencies=[Depends(require_api_key)],
+            responses={c: ERROR_RESPONSES[c] for c in (401, 503)})
 async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsResponse:
     """Loaded models (the first is the default), the methods and the device."""
     infos = [
@@ -33,15 +34,22 @@ async def live() -> dict[str, str]:
     return {"status": "alive"}
 
 
-@router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet"}})
+@router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet, shutting down, or the worker is stuck"}})
 async def ready(request: Request) -> JSONResponse:
-    """200 once every model is loaded and warmed up, 503 before (and while shutting down)."""
+    """200 once every model is loaded and warmed up, 503 before, while shutting down, and while the
+    worker is stuck on a request past its deadline (with the reason)."""
     if getattr(request.app.state, "ready", False):
-        return JSONResponse({"status": "ready", "models": list(request.app.state.service.models)})
-    return JSONResponse({"status": "starting"}, status_code=503, headers={"Retry-After": "5"})
+        service: Service = request.app.state.service
+        stuck = service.worker.stuck
+        if stuck is not None:
+            retry = str(max(1, round(service.settings.watchdog_grace_s)))
+            return JSONResponse({"status": "stuck", "reason": stuck}, status_code=503, headers={"Retry-After": retry})
+        return JSONResponse({"status": "ready", "models": list(service.models)})
+    status = "draining" if getattr(request.app.state, "draining", False) else "starting"  # draining: shutting down
+    return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
