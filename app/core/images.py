@@ -1,30 +1,54 @@
-"""Uploaded bytes -> a model-ready tensor, with the HTTP status each failure deserves."""
+"""Uploaded bytes -> a model-ready tensor, with the HTTP status each failure deserves.
+
+Limits (``IDG_MAX_IMAGE_PIXELS``, ``IDG_MAX_IMAGE_SIDE``, ``IDG_MAX_ASPECT_RATIO``) are checked
+from the header before any pixel is decoded, so a refused image costs microseconds whatever it
+declares. Large decodes (over ``LARGE_DECODE_PIXELS``) take one of
+``IDG_MAX_CONCURRENT_DECODES`` slots, waited for on the event loop, not in a thread.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import weakref
 
 import torch
 from PIL import Image
 from torch import Tensor
 
+from app.core.config import Settings
 from app.core.errors import ApiError
-from idg_core.models import ImageClassifier, ImageDecodeError, ImageTooLargeError, decode_image
+from idg_core.models import ImageClassifier
+from idg_core.models.preprocess import ImageDecodeError, ImageShapeError, ImageTooLargeError, decode_image, open_image
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+LARGE_DECODE_PIXELS = 4_000_000
+"""Decodes of more pixels than this (from about 40 ms and 12 MB of RGB up) wait for a slot."""
+SETTING = {"pixels": "IDG_MAX_IMAGE_PIXELS", "side": "IDG_MAX_IMAGE_SIDE"}
+
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
 
 
-def decode_upload(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode fully and convert to RGB: 415 for what is not a supported image, 413 for too many
-    pixels, 400 for a truncated or corrupt file."""
+def _api_error(err: ImageDecodeError) -> ApiError:
+    if isinstance(err, ImageTooLargeError):
+        return ApiError(413, f"{err} ({SETTING[err.limit]})", code="image_too_large")
+    if isinstance(err, ImageShapeError):
+        return ApiError(422, f"{err} (IDG_MAX_ASPECT_RATIO)", code="bad_aspect_ratio")
+    status = 415 if "supported format" in str(err) else 400
+    return ApiError(status, str(err), code="unsupported_image" if status == 415 else "bad_image")
+
+
+def decode_upload(
+    data: bytes, max_pixels: int, *, max_side: int | None = None, max_aspect_ratio: float | None = None, min_side: int | None = None,
+) -> Image.Image:
+    """Check the limits from the header, decode the first frame fully and convert to RGB: 415 for
+    what is not a supported image, 413 for too many pixels or too long a side, 422 for too
+    elongated a shape, 400 for a truncated or corrupt file."""
     try:
-        return decode_image(data, max_pixels=max_pixels, formats=FORMATS)
-    except ImageTooLargeError as err:
-        raise ApiError(413, str(err), code="image_too_large") from err
+        return decode_image(data, max_pixels, FORMATS, max_side=max_side, max_aspect_ratio=max_aspect_ratio, min_side=min_side)
     except ImageDecodeError as err:
-        status = 415 if "supported format" in str(err) else 400
-        raise ApiError(status, str(err), code="unsupported_image" if status == 415 else "bad_image") from err
+        raise _api_error(err) from err
 
 
 def decode_base64(text: str) -> bytes:
@@ -36,7 +60,32 @@ def decode_base64(text: str) -> bytes:
         raise ApiError(400, "image is not valid base64", code="bad_image") from err
 
 
-def model_input(data: bytes, model: ImageClassifier, max_pixels: int, device: torch.device) -> Tensor:
+def decode_pixels(data: bytes, model: ImageClassifier, settings: Settings) -> int:
+    """How many pixels decoding ``data`` for ``model`` will produce, from the header alone; raises
+    the :class:`ApiError` of an image over a limit or not an image."""
+    try:
+        img = open_image(data, settings.max_image_pixels, FORMATS, max_side=settings.max_image_side,
+                         max_aspect_ratio=settings.max_aspect_ratio, min_side=model.preprocessing.resize_size)
+    except ImageDecodeError as err:
+        raise _api_error(err) from err
+    return img.width * img.height
+
+
+def model_input(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device) -> Tensor:
     """Uploaded bytes -> ``(3, S, S)`` in [0, 1] on ``device``, as this model expects (CPU work:
-    call it off the event loop)."""
-    return model.prepare(decode_upload(data, max_pixels)).to(device)
+    call it off the event loop, or use :func:`load_input`)."""
+    p = model.preprocessing
+    img = decode_upload(data, settings.max_image_pixels, max_side=settings.max_image_side,
+                        max_aspect_ratio=settings.max_aspect_ratio, min_side=p.resize_size)
+    return model.prepare(img).to(device)
+
+
+async def load_input(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device) -> Tensor:
+    """:func:`model_input` in a thread; a large decode first waits for one of
+    ``settings.max_concurrent_decodes`` slots (on the event loop, holding no thread)."""
+    if await asyncio.to_thread(decode_pixels, data, model, settings) <= LARGE_DECODE_PIXELS:
+        return await asyncio.to_thread(model_input, data, model, settings, device)
+    per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
+    slots = per_loop.setdefault(settings.max_concurrent_decodes, asyncio.Semaphore(settings.max_concurrent_decodes))
+    async with slots:
+        return await asyncio.to_thread(model_input, data, model, settings, device)

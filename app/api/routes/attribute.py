@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import get_service, require_api_key
+from app.api.failures import internal_error
 from app.api.requests import body_docs, read_batch_request, read_image_request
 from app.core.errors import ApiError
 from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, BatchItem, BatchResponse, ErrorDetail
@@ -20,6 +21,10 @@ from app.service import Service
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 DOCS = body_docs(AttributeParams, AttributeJSON)
+_FIELDS = {k: v for k, v in DOCS["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"].items() if k != "file"}
+_FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "description": "The images (repeat the field)"}
+BATCH_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["files"], "properties": {"files": _FILES, **_FIELDS}}}}}}
 
 
 @router.post("/attribute", response_model=AttributeResponse, responses=ERROR_RESPONSES, openapi_extra=DOCS)
@@ -28,7 +33,12 @@ async def attribute(request: Request, service: Annotated[Service, Depends(get_se
     (``curl -F file=@photo.jpg -F method=idg -F target=207``) or JSON with a base64 ``image``."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
-    return await service.attribute(request, data, params, received)
+    try:
+        return await service.attribute(request, data, params, received)
+    except ApiError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any other failure is this request's JSON 500, logged once
+        raise internal_error(err, "POST /attribute") from err
 
 
 def _sse(event: str, payload: dict[str, Any]) -> str:
@@ -37,7 +47,7 @@ def _sse(event: str, payload: dict[str, Any]) -> str:
 
 @router.post(
     "/attribute/stream", openapi_extra=DOCS,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "events: accepted, queued, started, progress, result | error"}},
+    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "events: accepted, queued, started, progress, result | error"}},
 )
 async def attribute_stream(request: Request, service: Annotated[Service, Depends(get_service)]) -> StreamingResponse:
     """The same request as /attribute, answered as Server-Sent Events: ``accepted``, ``queued``
@@ -52,8 +62,9 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
         try:
             result = await service.attribute(request, data, params, received, on_event=lambda e: events.put_nowait((e.pop("event"), e)))
             events.put_nowait(("result", result.model_dump(mode="json")))
-        except ApiError as err:
-            events.put_nowait(("error", {"status": err.status, "code": err.code, "message": err.message}))
+        except Exception as err:  # noqa: BLE001 - whatever fails, the stream ends with an ``error`` event
+            api = err if isinstance(err, ApiError) else internal_error(err, "POST /attribute/stream")
+            events.put_nowait(("error", {"status": api.status, "code": api.code, "message": api.message}))
 
     async def stream() -> AsyncIterator[str]:
         task = asyncio.create_task(work())
@@ -70,7 +81,7 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-@router.post("/attribute/batch", response_model=BatchResponse, responses=ERROR_RESPONSES)
+@router.post("/attribute/batch", response_model=BatchResponse, responses=ERROR_RESPONSES, openapi_extra=BATCH_DOCS)
 async def attribute_batch(request: Request, service: Annotated[Service, Depends(get_service)]) -> BatchResponse:
     """Several images (multipart ``files``, repeated) with one set of /attribute form fields; one
     result per image, each with its own status, so a bad image does not fail the others. The
@@ -81,8 +92,9 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
     async def one(name: str, data: bytes) -> BatchItem:
         try:
             return BatchItem(filename=name, status=200, result=await service.attribute(request, data, params, received))
-        except ApiError as err:
-            return BatchItem(filename=name, status=err.status, error=ErrorDetail(status=err.status, code=err.code, message=err.message))
+        except Exception as err:  # noqa: BLE001 - whatever fails, it fails this item only
+            api = err if isinstance(err, ApiError) else internal_error(err, f"POST /attribute/batch item {name!r}")
+            return BatchItem(filename=name, status=api.status, error=ErrorDetail(status=api.status, code=api.code, message=api.message))
 
     items = await asyncio.gather(*[one(name, data) for name, data in files])
     return BatchResponse(items=list(items), succeeded=sum(i.status == 200 for i in items), failed=sum(i.status != 200 for i in items))
