@@ -8,7 +8,7 @@ PORT ?= 8000
 
 run:
 	scripts/setup.sh
-	$(PY) -m uvicorn app.main:app --host $(HOST) --port $(PORT) --timeout-graceful-shutdown 30
+	$(PY) -m app.server --host $(HOST) --port $(PORT)
 
 test:
 	scripts/setup.sh dev

@@ -1,4 +1,4 @@
-"""The FastAPI app: ``uvicorn app.main:app``. Models load in the lifespan; ready only when warm."""
+"""The FastAPI app (served by ``python -m app.server``). Models load in the lifespan; ready only when warm."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from app.api.routes import attribute, info, predict
 from app.core.config import Settings
+from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
 from app.core.metrics import Metrics, MetricsMiddleware
 from app.core.models import load_models, pick_device, warm_up
@@ -31,6 +32,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     """Build the app; ``models`` replaces loading from ``settings.models`` (tests inject tiny ones)."""
     settings = settings or Settings()
     metrics = Metrics()
+    drain = Drain()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -38,13 +40,14 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             torch.set_num_threads(settings.torch_threads)
         device = pick_device(settings.device)
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device)
-        loaded = {n: tune(m.to(device).eval(), precision=settings.precision, channels_last=settings.channels_last,
+        loaded = {n: tune(m.to(device).eval(), precision=settings.precision_on(device), channels_last=settings.channels_last,
                           compile=settings.compile) for n, m in loaded.items()}
         if settings.warmup:
             await asyncio.to_thread(warm_up, loaded, settings.batch_images(device))
         worker = Worker(
             loaded, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
-            batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue,
+            batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.max_predict_queue,
+            watchdog_grace_s=settings.watchdog_grace_s,
         )
         worker.start()
         app.state.service = Service(settings, loaded, worker, metrics, device)
@@ -56,8 +59,11 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         finally:
             app.state.ready = False
             metrics.ready.set(0)
-            log.info("shutting down: finishing in-flight work (grace %.0f s)", settings.shutdown_grace_s)
-            await asyncio.to_thread(worker.stop, settings.shutdown_grace_s)
+            if drain.drained:  # app.server drained the requests already and is stopping the worker
+                await wait_thread(drain.worker_stopper, 1.0)
+            else:  # served some other way (plain uvicorn, tests): requests are gone, finish their jobs
+                log.info("shutting down: finishing in-flight work (grace %.0f s)", settings.shutdown_grace_s)
+                await asyncio.to_thread(worker.stop, settings.shutdown_grace_s)
 
     app = FastAPI(
         title="IDG service",
@@ -68,10 +74,13 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.ready = False
+    app.state.draining = False
+    app.state.drain = drain
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(DrainMiddleware, drain=drain)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
     for module in (predict, attribute, info):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

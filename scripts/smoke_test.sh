@@ -8,7 +8,7 @@ IMG="${SMOKE_IMAGE:-../shared/data/imagenet-samples/n01580077_jay.JPEG}"
 PORT=$($PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 URL="http://127.0.0.1:$PORT"
 LOG=$(mktemp)
-$PY -m uvicorn app.main:app --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
+$PY -m app.server --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null || true; rm -f "$LOG"' EXIT
 for _ in $(seq 1 120); do

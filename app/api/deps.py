@@ -6,13 +6,19 @@ import secrets
 
 from fastapi import Request
 
+from app.core.drain import SHUTTING_DOWN
 from app.core.errors import ApiError
 from app.service import Service
 
 
 def get_service(request: Request) -> Service:
-    service = getattr(request.app.state, "service", None)
-    if service is None or not request.app.state.ready:
+    """The service, or 503: while starting, and once a shutdown began (new work goes elsewhere)."""
+    state = request.app.state
+    if getattr(state, "draining", False):
+        state.metrics.rejections.labels("shutting_down").inc()
+        raise ApiError(503, SHUTTING_DOWN, headers={"Retry-After": "5", "Connection": "close"}, code="shutting_down")
+    service = getattr(state, "service", None)
+    if service is None or not state.ready:
         raise ApiError(503, "the service is starting: models are not loaded yet", headers={"Retry-After": "5"}, code="not_ready")
     return service
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TypeVar
 
 from fastapi import Request
@@ -13,6 +15,7 @@ from app.core.images import decode_base64
 from app.schemas import AttributeParams, ImageJSON
 
 P = TypeVar("P", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 def first_error(err: ValidationError) -> str:
@@ -25,16 +28,26 @@ def first_error(err: ValidationError) -> str:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing more than ``limit`` bytes with 413 (before reading, when the
-    client declares its length)."""
+    client declares its length) and a body slower than ``body_timeout_s`` with 408 (closing the
+    connection, so the slow client's socket is freed). A client that goes away raises Starlette's
+    ``ClientDisconnect`` (answered and counted as 499 by the error handlers and the metrics)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {int(declared)} bytes, more than the limit of {limit}", code="too_large")
+    timeout = request.app.state.settings.body_timeout_s
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body is larger than the limit of {limit} bytes", code="too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is larger than the limit of {limit} bytes", code="too_large")
+                chunks.append(chunk)
+    except TimeoutError as err:
+        request.app.state.metrics.read_timeouts.labels("body").inc()
+        log.info("request body to %s did not arrive within %g s (%d bytes came); answering 408", request.url.path, timeout, size)
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s ({size} bytes came)",
+                       headers={"Connection": "close"}, code="body_timeout") from err
     body = b"".join(chunks)
     request._body = body  # noqa: SLF001 - lets request.form() parse the body read here
     return body

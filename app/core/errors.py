@@ -6,8 +6,9 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,13 @@ def install_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
         return JSONResponse(error_body(422, f"{where}: {first.get('msg')}" if where else str(first.get("msg")), "invalid_parameter"), status_code=422)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, _: ClientDisconnect) -> Response:
+        # not a server failure: no traceback; the metrics count it as 499 (client closed)
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        log.info("%s went away before its request to %s %s was read", client, request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

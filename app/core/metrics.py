@@ -27,6 +27,9 @@ class Metrics:
         self.job_seconds = Histogram("idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
         self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak", ["device", "kind"], registry=r)
         self.ready = Gauge("idg_ready", "1 when models are loaded and warm", registry=r)
+        self.read_timeouts = Counter(
+            "idg_read_timeouts", "Connections closed because the client was too slow sending its request, by phase (headers, body)",
+            ["phase"], registry=r)
 
     def sample_device_memory(self, device: torch.device) -> None:
         if device.type == "cuda":
@@ -34,8 +37,15 @@ class Metrics:
             self.device_memory.labels(str(device), "peak").set(torch.cuda.max_memory_allocated(device))
 
 
+CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection before the answer"
+
+
 class MetricsMiddleware:
-    """Pure ASGI middleware (it does not wrap the body, so disconnect detection keeps working)."""
+    """Pure ASGI middleware (it does not wrap the body, so disconnect detection keeps working).
+
+    The status counted is the one the app sent; :data:`CLIENT_CLOSED` (499) when the client went
+    away before the answer started (whatever the app then sent went nowhere), and 500 when the app
+    failed without answering. So 5xx counts only the server's own failures."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -46,17 +56,27 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = {"code": 500}
+        status: int | None = None
+        client_gone = False
+
+        async def _receive() -> Message:
+            nonlocal client_gone
+            message = await receive()
+            if message["type"] == "http.disconnect" and status is None:
+                client_gone = True
+            return message
 
         async def _send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+            nonlocal status
+            if message["type"] == "http.response.start" and status is None:
+                status = CLIENT_CLOSED if client_gone else message["status"]
             await send(message)
 
         try:
-            await self.app(scope, receive, _send)
+            await self.app(scope, _receive, _send)
         finally:
             route = scope.get("route")
             name = getattr(route, "path", None) or "unmatched"
-            self.metrics.requests.labels(name, str(status["code"])).inc()
+            code = status if status is not None else CLIENT_CLOSED if client_gone else 500
+            self.metrics.requests.labels(name, str(code)).inc()
             self.metrics.latency.labels(name).observe(time.perf_counter() - started)

@@ -1,0 +1,137 @@
+"""Graceful shutdown of the app: drain, then answer what is left with a JSON 503.
+
+``drain(app, grace_s)`` (called by ``app.server`` on SIGTERM, while the listening socket is still
+open) flips the app into draining: readiness answers 503 and new work is refused with a JSON 503
+``shutting_down`` (``app.api.deps.get_service``). Requests already in flight may finish for
+``grace_s``; then the worker is stopped (it drops its remaining jobs with "the server is shutting
+down", which their requests answer as 503), and after a short settle whatever still runs (a slow
+upload, a request stuck anywhere) is cancelled by :class:`DrainMiddleware`, which answers it with
+a JSON 503 itself. Only then does uvicorn close the sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.errors import error_body
+
+log = logging.getLogger(__name__)
+
+SHUTTING_DOWN = "the server is shutting down: retry the request (another instance may take it)"
+SETTLE_S = 1.0  # after the grace, how long requests whose jobs the worker dropped get to answer themselves
+
+
+class Drain:
+    """The HTTP requests in flight (counted and cancellable) and how far the drain has gone."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.aborted = False
+        self.drained = False
+        self.worker_stopper: threading.Thread | None = None
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    def abort(self) -> int:
+        """Cancel every request still in flight; :class:`DrainMiddleware` answers each with 503."""
+        self.aborted = True
+        for task in self._tasks:
+            task.cancel()
+        return len(self._tasks)
+
+
+class DrainMiddleware:
+    """Counts the requests in flight; when the drain aborts one that has not started its answer,
+    sends the JSON 503 itself (pure ASGI, so the body and disconnects pass untouched)."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        task = asyncio.current_task()
+        started = False
+
+        async def _send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        self.drain.active += 1
+        if task is not None:
+            self.drain._tasks.add(task)  # noqa: SLF001 - the middleware and the drain are one mechanism
+        try:
+            await self.app(scope, receive, _send)
+        except asyncio.CancelledError:
+            if not self.drain.aborted or task is None:
+                raise
+            task.uncancel()
+            if not started:  # a started answer cannot be replaced: uvicorn closes that connection
+                await _answer_503(send)
+        finally:
+            self.drain.active -= 1
+            if task is not None:
+                self.drain._tasks.discard(task)  # noqa: SLF001
+
+
+async def _answer_503(send: Send) -> None:
+    body = json.dumps(error_body(503, SHUTTING_DOWN, "shutting_down")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"retry-after", b"5"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def start_draining(app: FastAPI) -> None:
+    """Readiness 503 and new work refused from now on."""
+    state = app.state
+    state.ready = False
+    state.draining = True
+    state.metrics.ready.set(0)
+
+
+async def drain(app: FastAPI, grace_s: float, *, settle_s: float = SETTLE_S, force: Callable[[], bool] = lambda: False) -> None:
+    """Drain ``app`` (built by :func:`app.main.create_app`) within about ``grace_s + settle_s``;
+    ``force()`` true (a second Ctrl+C) skips the waiting."""
+    state = app.state
+    tracker: Drain = state.drain
+    start_draining(app)
+    began = time.monotonic()
+    log.info("draining: readiness 503, new work refused; %d request(s) in flight may finish within %g s", tracker.active, grace_s)
+    await _wait_idle(tracker, began + grace_s, force)
+    service = getattr(state, "service", None)
+    if service is not None and tracker.worker_stopper is None:
+        # a daemon thread: the worker ends its current round, then drops what is left with
+        # JobCancelled("the server is shutting down"), which Service.run answers with a 503
+        tracker.worker_stopper = threading.Thread(target=service.worker.stop, args=(0.0,), name="idg-worker-stop", daemon=True)
+        tracker.worker_stopper.start()
+    if tracker.active:
+        log.info("grace of %g s over: %d request(s) still in flight get 503", grace_s, tracker.active)
+        await _wait_idle(tracker, time.monotonic() + settle_s, force)
+    if tracker.active:
+        log.info("answering %d request(s) still in flight with 503", tracker.abort())
+        await _wait_idle(tracker, time.monotonic() + 0.5, force)  # they send their answers
+    tracker.drained = True
+    log.info("drained in %.1f s", time.monotonic() - began)
+
+
+async def _wait_idle(tracker: Drain, deadline: float, force: Callable[[], bool]) -> None:
+    while tracker.active and time.monotonic() < deadline and not force():
+        await asyncio.sleep(0.05)
+
+
+async def wait_thread(thread: threading.Thread | None, limit_s: float) -> None:
+    """Wait up to ``limit_s`` for ``thread`` without blocking the loop (or an executor thread)."""
+    deadline = time.monotonic() + limit_s
+    while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)

@@ -1,0 +1,206 @@
+"""Serve the app: ``python -m app.server`` (or ``idg-serve``); the one way the Makefile, the
+Docker image and the smoke test start it, so every setting below is honoured everywhere.
+
+uvicorn, configured from the ``IDG_*`` settings, with two additions:
+
+- **A shutdown that keeps its promise.** On SIGTERM (or Ctrl+C) the listening socket stays open
+  while the app drains (:func:`app.core.drain.drain`): readiness 503 and new work refused with a
+  JSON 503 at once, in-flight work may finish for ``IDG_SHUTDOWN_GRACE_S``, what remains is
+  answered with a JSON 503. Then uvicorn closes the connections (a client that does not read its
+  answer is given :data:`CLOSE_S`), and a watchdog ends the process if anything still holds it at
+  grace + :data:`EXIT_MARGIN_S`.
+- **Read timeouts.** :class:`TimedH11Protocol` closes a connection whose request headers are not
+  complete ``IDG_HEADER_TIMEOUT_S`` after it opened (or after the request's first byte on a kept-alive
+  connection), with a JSON 408 when some bytes came; a body is bounded by ``IDG_BODY_TIMEOUT_S``:
+  the app answers 408 when it reads the body (``app.api.requests.read_body``), and the protocol
+  closes the connection :data:`BODY_BACKSTOP_S` later when nobody reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import h11
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from app.core.drain import drain
+from app.core.errors import error_body
+
+log = logging.getLogger("app.server")
+
+CLOSE_S = 2  # after the drain: how long uvicorn waits for answers still being written
+EXIT_MARGIN_S = 4.5  # the watchdog's bound past the grace (the promise is grace + 5 s)
+WATCHDOG_EXIT_CODE = 3
+BODY_BACKSTOP_S = 2.0  # past IDG_BODY_TIMEOUT_S, the protocol closes a body nobody reads
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    header_timeout_s: float
+    body_timeout_s: float
+    on_timeout: Callable[[str], None] | None = None
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on reading each request: the headers within
+    ``header_timeout_s``, then the body within ``body_timeout_s`` (+ the backstop)."""
+
+    limits = ReadLimits(10.0, 60.0)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._phase = ""
+        self._head_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm("headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            if self._read_timer is None:  # the first byte of a new request on a kept-alive connection
+                self._arm("headers")
+            self._head_bytes += len(data)
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            pending = self.conn.trailing_data[0]
+            if self._read_timer is None and pending:  # part of a pipelined request came with the previous one
+                self._arm("headers")
+                self._head_bytes = len(pending)
+        elif state is h11.SEND_BODY:
+            if self._phase == "headers":
+                self._arm("body")
+        else:
+            self._disarm()  # the request is in (or the connection is over)
+
+    def _arm(self, phase: str) -> None:
+        self._disarm()
+        seconds = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s + BODY_BACKSTOP_S
+        self._phase, self._head_bytes = phase, 0
+        self._read_timer = self.loop.call_later(seconds, self._timed_out, phase)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+        self._read_timer, self._phase = None, ""
+
+    def _timed_out(self, phase: str) -> None:
+        self._read_timer, self._phase = None, ""
+        if self.transport.is_closing():
+            return
+        who = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        if phase == "headers":
+            if self._head_bytes:  # a silent connection is just closed; a slow request gets a reason
+                seconds = self.limits.header_timeout_s
+                self.transport.write(_raw_response(408, f"the request headers did not arrive within {seconds:g} s", "header_timeout"))
+                log.info("closed the connection of %s: its request headers did not arrive within %g s", who, seconds)
+        else:
+            log.info("closed the connection of %s: its request body did not arrive within %g s", who, self.limits.body_timeout_s)
+        if self.limits.on_timeout is not None and (phase == "body" or self._head_bytes):
+            self.limits.on_timeout(phase)
+        self.transport.close()
+
+
+def _raw_response(status: int, message: str, code: str) -> bytes:
+    """A whole JSON error response, for a connection whose request never reached the app."""
+    body = json.dumps(error_body(status, message, code)).encode()
+    head = (f"HTTP/1.1 {status} Request Timeout\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+def timed_protocol(limits: ReadLimits) -> type[TimedH11Protocol]:
+    """A :class:`TimedH11Protocol` class bound to ``limits`` (uvicorn builds one per connection)."""
+    return type("TimedH11Protocol", (TimedH11Protocol,), {"limits": limits})
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server that drains the app before closing the sockets, with a hard exit bound."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace_s = grace_s
+        self._watchdog: threading.Timer | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._watchdog is None:
+            bound = self.grace_s + EXIT_MARGIN_S
+            log.info("%s: shutting down (grace %g s, exit within %g s)", signal.Signals(sig).name, self.grace_s, bound)
+            self._watchdog = threading.Timer(bound, _hard_exit, args=(bound,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        super().handle_exit(sig, frame)
+
+    async def main_loop(self) -> None:
+        await super().main_loop()  # returns once a signal (or the request limit) asks to exit
+        await drain(self.app, self.grace_s, force=lambda: self.force_exit)
+
+
+def _hard_exit(bound: float) -> None:
+    log.error("shutdown still not finished %g s after the signal: exiting now", bound)
+    logging.shutdown()
+    os._exit(WATCHDOG_EXIT_CODE)
+
+
+def load_app(spec: str) -> FastAPI:
+    """``module:attribute``: a FastAPI app, or a callable without arguments that returns one."""
+    module, _, attr = spec.partition(":")
+    obj = getattr(importlib.import_module(module), attr or "app")
+    if not isinstance(obj, FastAPI) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, FastAPI):
+        raise SystemExit(f"--app {spec}: not a FastAPI app or a factory of one")
+    return obj
+
+
+def build(app: FastAPI, host: str | None = None, port: int | None = None, log_level: str = "info") -> Server:
+    """The server for ``app``, configured from its settings (``host``/``port`` override them)."""
+    settings = app.state.settings
+    metrics = app.state.metrics
+    limits = ReadLimits(settings.header_timeout_s, settings.body_timeout_s, lambda phase: metrics.read_timeouts.labels(phase).inc())
+    config = uvicorn.Config(
+        app, host=host or settings.host, port=settings.port if port is None else port, http=timed_protocol(limits),
+        lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
+    )
+    return Server(config, app, settings.shutdown_grace_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="idg-serve", description="Serve the IDG app; settings come from IDG_* variables (see README).")
+    parser.add_argument("--host", help="listen address (default: IDG_HOST, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default: IDG_PORT, 8000)")
+    parser.add_argument("--app", default="app.main:app", help="module:attribute of the app or of a factory (default: app.main:app)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        build(load_app(args.app), args.host, args.port, args.log_level).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled gracefully
+        pass
+
+
+if __name__ == "__main__":
+    main()

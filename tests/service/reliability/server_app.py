@@ -1,0 +1,79 @@
+"""A real server process for the tests that need sockets and signals: the launcher
+(``python -m app.server``) serving the tiny model, every setting from ``IDG_*`` variables.
+
+``IDG_TEST_DELAY_S`` slows each model call (see ``TinyNet``), so requests can be caught in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from app.core.config import Settings
+from app.main import create_app
+from tests.service.conftest import tiny_classifier
+
+ROOT = Path(__file__).resolve().parents[3]
+APP = "tests.service.reliability.server_app:make_app"
+
+
+def make_app() -> FastAPI:
+    """The app ``app.server --app`` loads in the child process."""
+    return create_app(Settings(models=["tiny"]), models={"tiny": tiny_classifier(float(os.environ.get("IDG_TEST_DELAY_S", "0")))})
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    url: str
+    port: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str) -> float:
+        """The value of one sample line of /metrics (``name`` with its labels), 0 when absent."""
+        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@contextmanager
+def serve_process(log_path: Path, **settings: object) -> Iterator[Served]:
+    """Start the launcher on a free loopback port, wait until ready, kill it on the way out."""
+    env = {**os.environ, "IDG_WARMUP": "false", "IDG_HOST": "127.0.0.1", **{k: str(v) for k, v in settings.items()}}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "app.server", "--app", APP, "--port", "0"], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        port, deadline = 0, time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"the server died:\n{log_path.read_text()}"
+            found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", log_path.read_text(errors="replace"))
+            if found:
+                port = int(found.group(1))
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the server was not ready within 90 s:\n{log_path.read_text()}")
+        yield Served(proc, f"http://127.0.0.1:{port}", port, log_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

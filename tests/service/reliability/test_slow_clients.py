@@ -1,0 +1,155 @@
+"""Slow and vanishing clients against the real launcher (``python -m app.server``) over raw sockets:
+slow headers and bodies cost a socket for a bounded time, and a client that goes away is counted
+as 499 (client closed), logged at info, without a traceback, never as a 5xx."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.service.conftest import image_bytes
+from tests.service.reliability.server_app import Served, serve_process
+
+HEADER_S, BODY_S, MODEL_S = 1.0, 1.0, 1.5
+MARGIN_S = 4.0  # generous: a noisy shared machine
+UPLOAD_HEAD = b"POST /predict HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    log = tmp_path_factory.mktemp("slow") / "server.log"
+    with serve_process(log, IDG_HEADER_TIMEOUT_S=HEADER_S, IDG_BODY_TIMEOUT_S=BODY_S, IDG_TEST_DELAY_S=MODEL_S) as s:
+        yield s
+
+
+def _connect(served: Served) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", served.port))
+
+
+def _until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and how long that took."""
+    started = time.monotonic()
+    sock.settimeout(limit_s)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open for {limit_s} s; it sent {data!r}")
+    return data, time.monotonic() - started
+
+
+def _error(answer: bytes) -> dict[str, object]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), answer
+    return json.loads(body)["error"]
+
+
+def _metric_becomes(served: Served, sample: str, value: float, limit_s: float = 15) -> None:
+    deadline = time.monotonic() + limit_s
+    while (seen := served.metric(sample)) != value:
+        assert time.monotonic() < deadline, f"{sample} is {seen}, expected {value}"
+        time.sleep(0.1)
+
+
+def test_headers_trickled_byte_by_byte_get_408_and_the_connection_closed(served: Served) -> None:
+    before = served.metric('idg_read_timeouts_total{phase="headers"}')
+    sock = _connect(served)
+    sock.sendall(b"GET /health/live HTTP/1.1\r\n")
+
+    def trickle() -> None:  # a byte every 0.2 s: each read succeeds, the request never completes
+        try:
+            for _ in range(200):
+                sock.sendall(b"x")
+                time.sleep(0.2)
+        except OSError:
+            pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    answer, seconds = _until_closed(sock, HEADER_S + MARGIN_S)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert _error(answer)["code"] == "header_timeout"
+    assert seconds < HEADER_S + MARGIN_S
+    assert served.metric('idg_read_timeouts_total{phase="headers"}') == before + 1
+
+
+def test_a_connection_that_sends_nothing_is_closed_silently(served: Served) -> None:
+    answer, _ = _until_closed(_connect(served), HEADER_S + MARGIN_S)
+    assert answer == b""
+
+
+def test_the_next_request_on_a_kept_alive_connection_has_the_same_header_deadline(served: Served) -> None:
+    sock = _connect(served)
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: t\r\n\r\n")
+    sock.settimeout(10)
+    first = b""
+    while not first.endswith(b'{"status":"alive"}'):
+        first += sock.recv(65536)
+    assert first.startswith(b"HTTP/1.1 200"), first
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: t\r\n")  # uvicorn's keep-alive timer stops on these bytes
+    answer, _ = _until_closed(sock, HEADER_S + MARGIN_S)
+    assert _error(answer)["code"] == "header_timeout"
+
+
+def test_a_stalled_upload_gets_408_and_the_connection_closed(served: Served) -> None:
+    before = served.metric('idg_http_requests_total{route="/predict",status="408"}')
+    sock = _connect(served)
+    sock.sendall(UPLOAD_HEAD + b'{"image": "')
+    answer, seconds = _until_closed(sock, BODY_S + MARGIN_S)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    error = _error(answer)
+    assert error["code"] == "body_timeout" and "did not arrive within 1 s" in str(error["message"])
+    assert seconds < BODY_S + MARGIN_S
+    _metric_becomes(served, 'idg_http_requests_total{route="/predict",status="408"}', before + 1)
+
+
+def test_a_slow_body_nobody_reads_is_closed_too(served: Served) -> None:
+    """405 answers before reading the body: the protocol's backstop still frees the socket."""
+    sock = _connect(served)
+    sock.sendall(UPLOAD_HEAD.replace(b"/predict", b"/health/live") + b"{")
+    answer, seconds = _until_closed(sock, BODY_S + 2 + MARGIN_S)
+    assert answer.startswith(b"HTTP/1.1 405"), answer
+    assert seconds < BODY_S + 2 + MARGIN_S
+
+
+def test_a_normal_request_slower_than_the_read_timeouts_to_answer_is_not_cut(served: Served) -> None:
+    r = httpx.post(served.url + "/predict", files={"file": ("a.png", image_bytes())}, timeout=30)
+    assert r.status_code == 200, r.text  # the model call alone takes MODEL_S > both timeouts
+
+
+def test_a_client_aborting_its_upload_counts_499_and_logs_no_traceback(served: Served) -> None:
+    sample = 'idg_http_requests_total{route="/predict",status="%s"}'
+    before = served.metric(sample % 499)
+    sock = _connect(served)
+    sock.sendall(UPLOAD_HEAD + b'{"image": "')
+    time.sleep(0.3)
+    sock.close()
+    _metric_becomes(served, sample % 499, before + 1)
+    assert served.metric(sample % 500) == 0
+    log = served.log()
+    assert "went away before its request to POST /predict was read" in log
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+
+
+def test_a_client_leaving_while_its_job_runs_counts_499_not_503(served: Served) -> None:
+    sample = 'idg_http_requests_total{route="/predict",status="%s"}'
+    before = served.metric(sample % 499)
+    sock = _connect(served)
+    body = json.dumps({"image": base64.b64encode(image_bytes()).decode()}).encode()
+    sock.sendall(UPLOAD_HEAD.replace(b"100000", str(len(body)).encode()) + body)
+    deadline = time.monotonic() + 10
+    while served.metric("idg_queue_depth") != 1.0:  # the job is in the worker (the model call takes MODEL_S)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sock.close()
+    _metric_becomes(served, sample % 499, before + 1)
+    assert served.metric(sample % 503) == 0
+    assert served.metric(sample % 500) == 0
+    assert "Traceback" not in served.log()
