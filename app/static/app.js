@@ -9,9 +9,56 @@ function showError(message) {
   $("error").hidden = !message;
 }
 
+// The API key (when the service has IDG_API_KEY set): asked for on the first 401, kept in
+// sessionStorage (this tab only, gone when it closes) and sent as X-API-Key on every API call.
+const KEY_STORE = "idg-api-key";
+let keyWanted = null; // the promise every call waiting on a 401 shares, until a key is entered
+
+function askForKey(message) {
+  $("auth-message").textContent = message;
+  $("auth").hidden = false;
+  $("api-key").value = "";
+  $("api-key").focus();
+  if (!keyWanted) {
+    keyWanted = new Promise((resolve) => {
+      const submit = (e) => {
+        e.preventDefault();
+        const key = $("api-key").value.trim();
+        if (!/^[\x20-\x7e]+$/.test(key)) { // what an HTTP header can carry
+          $("auth-message").textContent = "An API key is printable ASCII text: check what was pasted.";
+          return;
+        }
+        $("auth").removeEventListener("submit", submit);
+        sessionStorage.setItem(KEY_STORE, key);
+        $("auth").hidden = true;
+        keyWanted = null;
+        resolve();
+      };
+      $("auth").addEventListener("submit", submit);
+    });
+  }
+  return keyWanted;
+}
+
+// fetch with the stored key; on 401 ask for a key (saying "wrong key" when one was refused) and retry
+async function api(url, options = {}, onAsk = () => {}) {
+  for (;;) {
+    const key = sessionStorage.getItem(KEY_STORE);
+    const headers = new Headers(options.headers || {});
+    if (key) headers.set("X-API-Key", key);
+    const r = await fetch(url, { ...options, headers });
+    if (r.status !== 401) return r;
+    const body = await r.json().catch(() => ({}));
+    const said = body.error ? body.error.message : "HTTP 401";
+    onAsk();
+    await askForKey(key ? `Wrong key: the service refused it (${said}). Enter the right one.`
+      : `This service needs an API key (${said}). Enter it to continue.`);
+  }
+}
+
 async function loadModels() {
   try {
-    const r = await fetch("/models");
+    const r = await api("/models");
     const body = await r.json();
     if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
     for (const m of body.models) $("model").add(new Option(`${m.name} (${m.input_size}px)`, m.name));
@@ -91,11 +138,12 @@ async function explain(method, panel) {
   form.append("method", method);
   form.append("return_input", "true");
   form.append("return_overlay", "false");
+  form.append("preset", $("preset").value);
   if ($("steps").value) form.append("steps", $("steps").value);
   if ($("target").value) form.append("target", $("target").value);
   const status = panel.querySelector(".status");
   status.textContent = "sending…";
-  const r = await fetch("/attribute/stream", { method: "POST", body: form });
+  const r = await api("/attribute/stream", { method: "POST", body: form }, () => { status.textContent = "waiting for the API key"; });
   if (!r.ok) {
     const body = await r.json().catch(() => ({}));
     throw new Error(body.error ? body.error.message : `HTTP ${r.status}`);

@@ -1,5 +1,6 @@
 """The web page in a real headless Chromium (Debian's, driven by Playwright) against the real
-app with the real default model: upload a photo, compare two methods, read what is shown."""
+app with the real default model: upload a photo, compare two methods, read what is shown; and
+against a tiny-model app with an API key: the page asks for it, says "wrong key", then works."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from app.core.config import Settings
 from app.main import create_app
-from tests.service.conftest import live_server
+from tests.service.conftest import image_bytes, live_server, tiny_classifier
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 JAY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "imagenet-samples" / "n01580077_jay.JPEG"
@@ -28,13 +29,19 @@ def url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def page(url: str) -> Iterator[object]:
+def browser() -> Iterator[object]:
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 980})
-        page.goto(url)
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser: object, url: str) -> Iterator[object]:
+    page = browser.new_page(viewport={"width": 1280, "height": 980})
+    page.goto(url)
+    yield page
+    page.close()
 
 
 def test_upload_compare_and_read_the_page(page: object, tmp_path: Path) -> None:
@@ -45,7 +52,7 @@ def test_upload_compare_and_read_the_page(page: object, tmp_path: Path) -> None:
     page.select_option("#compare", "ig")
     page.click("#run")
     for method in ("idg", "ig"):
-        page.wait_for_selector(f".panel[data-method={method}] .status:text('done')", timeout=120_000)
+        page.wait_for_selector(f".panel[data-method={method}] .status:text-is('done')", timeout=120_000)  # exact: progress reads 'prediction done; next: …'
     idg = page.locator(".panel[data-method=idg]")
     assert "jay" in idg.locator(".prediction li").first.inner_text()
     assert idg.locator(".heat-img").get_attribute("src").startswith("data:image/png;base64,")
@@ -77,3 +84,60 @@ def test_a_bundled_sample_can_be_chosen(page: object) -> None:
     assert page.locator("#preview").is_visible()
     assert not page.locator("#run").is_disabled()
     assert "chosen" in (page.locator("#samples img[alt='n02391049_zebra.jpg']").get_attribute("class") or "")
+
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def keyed_url() -> Iterator[str]:
+    yield from live_server(create_app(Settings(models=["tiny"], warmup=False, api_key=KEY), models={"tiny": tiny_classifier()}))
+
+
+def _methods(page: object) -> int:
+    return page.locator("#method option").count()
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_says_wrong_key(browser: object, keyed_url: str) -> None:
+    page = browser.new_page()
+    try:
+        page.goto(keyed_url)
+        page.wait_for_selector("#auth:not([hidden])", timeout=30_000)
+        assert "needs an API key" in page.locator("#auth-message").inner_text()
+        assert _methods(page) == 0  # /models answered 401: nothing loaded yet
+        page.fill("#api-key", "ключ")  # not sendable in a header: said so, nothing sent
+        page.click("#api-key-submit")
+        page.wait_for_function("document.querySelector('#auth-message').textContent.includes('printable ASCII')", timeout=30_000)
+        assert page.evaluate("sessionStorage.getItem('idg-api-key')") is None
+        page.fill("#api-key", "not-the-key")
+        page.click("#api-key-submit")
+        page.wait_for_function("document.querySelector('#auth-message').textContent.startsWith('Wrong key')", timeout=30_000)
+        assert "the API key is wrong" in page.locator("#auth-message").inner_text()
+        assert page.locator("#auth").is_visible() and _methods(page) == 0
+        page.fill("#api-key", KEY)
+        page.click("#api-key-submit")
+        page.wait_for_function("document.querySelectorAll('#method option').length >= 5", timeout=30_000)
+        assert page.locator("#auth").is_hidden()
+        assert page.evaluate("sessionStorage.getItem('idg-api-key')") == KEY
+
+        # a reload in the same tab keeps the key: no question asked
+        page.reload()
+        page.wait_for_function("document.querySelectorAll('#method option').length >= 5", timeout=30_000)
+        assert page.locator("#auth").is_hidden()
+
+        # a run whose key has gone wrong asks again, then retries the same request with the right key
+        page.evaluate("sessionStorage.setItem('idg-api-key', 'stale')")
+        page.set_input_files("#file", files=[{"name": "tiny.png", "mimeType": "image/png", "buffer": image_bytes()}])
+        page.fill("#steps", "4")
+        page.click("#run")
+        page.wait_for_selector("#auth:not([hidden])", timeout=30_000)
+        assert page.locator("#auth-message").inner_text().startswith("Wrong key")
+        assert page.locator(".panel[data-method=idg] .status").inner_text() == "waiting for the API key"
+        page.fill("#api-key", KEY)
+        page.click("#api-key-submit")
+        page.wait_for_selector(".panel[data-method=idg] .status:text-is('done')", timeout=60_000)
+        assert page.locator(".panel[data-method=idg] .chart circle.sample").count() == 4
+        assert page.locator("#error").is_hidden()
+    finally:
+        page.close()
+

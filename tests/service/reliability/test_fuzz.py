@@ -1,0 +1,287 @@
+"""Schemathesis (OpenAPI-driven fuzzing) against the real app: tiny model, API key set, real uvicorn.
+
+1. Every documented operation gets schemathesis' own requests (its coverage phase: boundary and
+   invalid values of every field, unexpected methods; then generated valid and invalid bodies):
+   never a 5xx, and every answer as documented (status code, content type, headers, JSON body).
+2. The image routes get pictures in their ``file`` / ``files`` / ``image`` fields: valid ones (PNG,
+   JPEG, WebP, GIF, BMP, TIFF in several modes and sizes) and broken ones (truncated, bit-flipped,
+   wrong magic, huge declared dimensions, a decompression bomb, bad base64), beside the generated
+   fields or cheap valid ones: never a 5xx (streams and batch items included), a valid picture is
+   never refused as a picture, and with valid fields it is explained.
+3. Without the right key, every route but health and metrics answers 401 as documented; the page,
+   its files and the docs need no key.
+
+Bounded: ``IDG_FUZZ_EXAMPLES`` generated examples per operation (default 30; about a minute on two
+cores), derandomized so CI sees the same cases each run; set ``IDG_FUZZ_SEED`` to explore others."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from hypothesis import HealthCheck, seed, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from app.core.config import Settings
+from app.main import create_app
+from tests.service.conftest import live_server, tiny_classifier
+
+schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install -e '.[dev]')")
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import (  # noqa: E402
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+KEY = "fuzz-key"
+GOOD = {"X-API-Key": KEY}
+EXAMPLES = int(os.environ.get("IDG_FUZZ_EXAMPLES", "30"))
+SEED = os.environ.get("IDG_FUZZ_SEED")
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+          response_headers_conformance]
+# small bounds so that generated parameters stay cheap on the tiny model and the limits are hit often
+SETTINGS = Settings(models=["tiny"], warmup=False, api_key=KEY, max_steps=12, max_upload_bytes=400_000,
+                    max_image_pixels=250_000, max_batch_files=4, request_timeout_s=60)
+FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=SEED is None,
+                         suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+def _seeded(test: Any) -> Any:
+    return seed(int(SEED))(test) if SEED is not None else test
+
+
+# --- images: valid ones, then mutations of them -------------------------------------------------
+
+FORMAT_MODES = {
+    "PNG": ("RGB", "RGBA", "L", "LA", "P", "1", "I;16"),
+    "JPEG": ("RGB", "L", "CMYK"),
+    "WEBP": ("RGB", "RGBA"),
+    "GIF": ("P", "L"),
+    "BMP": ("RGB", "L", "P"),
+    "TIFF": ("RGB", "RGBA", "L", "CMYK"),
+}
+
+
+def encode(fmt: str, mode: str, width: int, height: int, noise_seed: int) -> bytes:
+    """A noise picture (never a flat colour, so never TinyNet's poison) saved as ``fmt``/``mode``."""
+    rng = np.random.default_rng(noise_seed)
+    img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    if mode == "I;16":
+        img = Image.fromarray(np.asarray(img.convert("L"), dtype=np.uint16) * 257)  # 16-bit grey
+    elif mode != "RGB":
+        img = img.convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+@st.composite
+def valid_images(draw: st.DrawFn) -> bytes:
+    fmt = draw(st.sampled_from(sorted(FORMAT_MODES)))
+    mode = draw(st.sampled_from(FORMAT_MODES[fmt]))
+    width = draw(st.integers(1, 96))
+    height = draw(st.integers(-(-width // 20), min(96, 20 * width)))  # within the service's 20:1 aspect limit
+    return encode(fmt, mode, width, height, draw(st.integers(0, 2**16)))
+
+
+def _png_chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def huge_png(width: int, height: int) -> bytes:
+    """A PNG whose header declares ``width`` x ``height`` (valid CRC) over a few bytes of data."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(b"\0" * 64)) + _png_chunk(b"IEND", b"")
+
+
+def huge_jpeg(data: bytes, width: int, height: int) -> bytes:
+    """A real JPEG with its SOF0 frame header rewritten to declare ``width`` x ``height``."""
+    at = data.find(b"\xff\xc0")
+    if at < 0:
+        return data
+    return data[:at + 5] + struct.pack(">HH", height, width) + data[at + 9:]
+
+
+@st.composite
+def broken_images(draw: st.DrawFn) -> bytes:
+    data = draw(valid_images())
+    kind = draw(st.sampled_from(["truncate", "flip", "magic", "huge_png", "huge_jpeg", "bomb", "sliver", "empty", "junk"]))
+    if kind == "truncate":
+        return data[:draw(st.integers(0, max(0, len(data) - 1)))]
+    if kind == "flip":
+        out = bytearray(data)
+        for _ in range(draw(st.integers(1, 8))):
+            i = draw(st.integers(0, len(out) - 1))
+            out[i] ^= 1 << draw(st.integers(0, 7))
+        return bytes(out)
+    if kind == "magic":
+        magic = draw(st.sampled_from([b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF89a", b"BM", b"RIFF\0\0\0\0WEBP", b"II*\0", b"%PDF-", b"\0\0\0\0"]))
+        return magic + data[len(magic):]
+    dims = st.integers(1, 65_535)  # what a JPEG frame header can declare; PNG takes these too
+    if kind == "huge_png":
+        return huge_png(draw(dims), draw(dims))
+    if kind == "huge_jpeg":
+        return huge_jpeg(encode("JPEG", "RGB", 16, 16, 0), draw(dims), draw(dims))
+    if kind == "bomb":  # a real image over the pixel limit that compresses to little
+        buf = io.BytesIO()
+        Image.new("L", (draw(st.integers(501, 1500)), draw(st.integers(501, 1500)))).save(buf, format="PNG")
+        return buf.getvalue()
+    if kind == "sliver":  # a real image over the aspect limit
+        long, short = draw(st.integers(21, 400)), draw(st.integers(1, 2))
+        return encode("PNG", "RGB", *draw(st.permutations([long * short, short])), 0)
+    if kind == "empty":
+        return b""
+    return draw(st.binary(max_size=256))
+
+
+IMAGES = st.one_of(valid_images().map(lambda d: (d, True)), broken_images().map(lambda d: (d, False)))
+
+
+@st.composite
+def base64_text(draw: st.DrawFn, data: bytes) -> str:
+    """``data`` as the JSON ``image`` field: plain, as a data: URL, or base64 broken on purpose."""
+    text = base64.b64encode(data).decode()
+    how = draw(st.sampled_from(["plain", "plain", "data_url", "unpadded", "bad_char", "urlsafe"]))
+    if how == "data_url":
+        return "data:image/png;base64," + text
+    if how == "unpadded":
+        return text.rstrip("=")
+    if how == "bad_char":
+        i = draw(st.integers(0, len(text)))
+        return text[:i] + draw(st.sampled_from(["!", " ", "é", "\n", "-"])) + text[i:]
+    if how == "urlsafe":
+        return base64.urlsafe_b64encode(data).decode()
+    return text
+
+
+# the right key, as X-API-Key or as a bearer token (wrong and missing keys: see the test after)
+BEARER = {"Authorization": f"Bearer {KEY}"}
+AUTH = st.sampled_from([GOOD, BEARER])
+
+
+@st.composite
+def sane_fields(draw: st.DrawFn, path: str) -> dict[str, Any]:
+    """Cheap valid parameters, so that the picture is what decides the answer."""
+    if path == "/predict":
+        return {"top_k": draw(st.integers(1, 5))}
+    method = draw(st.sampled_from(["idg", "ig", "left_ig", "guided_ig", "agi"]))
+    fields: dict[str, Any] = {"method": method, "steps": draw(st.integers(2, 6))}
+    if method == "idg":
+        fields["probe_steps"] = draw(st.integers(3, 6))
+    if method == "agi":
+        fields |= {"max_iter": draw(st.integers(1, 3)), "adversarial_classes": draw(st.integers(1, 2))}
+    return fields | draw(st.fixed_dictionaries({}, optional={"return_attribution": st.booleans(), "signed": st.booleans(),
+                                                             "return_input": st.booleans(), "target": st.integers(0, 999)}))
+
+
+# --- the app and its schema ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fuzz_app() -> FastAPI:
+    return create_app(SETTINGS, models={"tiny": tiny_classifier()})
+
+
+@pytest.fixture(scope="module")
+def fuzz_url(fuzz_app: FastAPI) -> Iterator[str]:
+    yield from live_server(fuzz_app)
+
+
+# the schema the app serves at /openapi.json (building the app loads nothing: models load in its lifespan)
+schema = schemathesis.openapi.from_dict(create_app(SETTINGS).openapi(), config=schemathesis.Config.from_dict({"generation": {"mode": "all"}}))
+
+
+@schema.parametrize()
+@FUZZ_SETTINGS
+@_seeded
+def test_generated_requests_get_no_5xx_and_the_documented_answer(case: Any, fuzz_url: str) -> None:
+    response = case.call(base_url=fuzz_url, headers=GOOD, timeout=120)
+    case.validate_response(response, checks=CHECKS)
+
+
+def outcomes(response: Any, path: str) -> list[int]:
+    """The status of each answer: the response's, a stream's closing event's, or each batch item's."""
+    if response.status_code != 200:
+        return [response.status_code]
+    if path == "/attribute/batch":
+        return [item["status"] for item in response.json()["items"]]
+    if path == "/attribute/stream":
+        events = [block.split("\n") for block in response.text.strip().split("\n\n")]
+        last, payload = events[-1][0].removeprefix("event: "), json.loads(events[-1][1].removeprefix("data: "))
+        assert events[0][0] == "event: accepted" and last in ("result", "error"), response.text[-500:]
+        return [200 if last == "result" else payload["status"]]
+    return [200]
+
+
+@schema.include(path_regex=r"^/(predict|attribute)").parametrize()
+@schema.given(image=IMAGES, data=st.data(), auth=AUTH)
+@FUZZ_SETTINGS
+@_seeded
+def test_images_and_broken_images_get_no_5xx_and_the_documented_answer(
+    case: Any, image: tuple[bytes, bool], data: st.DataObject, auth: dict[str, str], fuzz_url: str,
+) -> None:
+    raw, valid = image
+    path = case.operation.path
+    # the generated body (valid or not), or cheap valid fields, with the picture in its field
+    plain_fields = isinstance(case.body, dict) and data.draw(st.booleans(), label="plain fields")
+    if plain_fields:
+        case.body = data.draw(sane_fields(path), label="fields")
+    positive = plain_fields or (case.meta is not None and case.meta.generation.mode.is_positive)
+    sent_plainly = False  # the picture went out as its bytes (multipart) or as plain base64 (JSON)
+    extra: list[bytes] = []
+    if isinstance(case.body, dict):
+        if case.media_type == "application/json":
+            text = data.draw(base64_text(raw), label="image (base64)")
+            case.body["image"] = text
+            sent_plainly = text == base64.b64encode(raw).decode()
+        elif path == "/attribute/batch":
+            extra = data.draw(st.lists(valid_images(), max_size=2), label="more files")
+            case.body["files"] = [raw, *extra]
+            sent_plainly = True
+        else:
+            case.body["file"] = raw
+            sent_plainly = True
+    response = case.call(base_url=fuzz_url, headers=auth, timeout=120)
+    case.validate_response(response, checks=CHECKS)
+    statuses = outcomes(response, path)
+    assert all(s < 500 for s in statuses), response.text[-1000:]
+    if positive and sent_plainly:  # a valid picture in a valid request is never refused as a picture
+        refused = [s for s, ok in zip(statuses, [valid, *[True] * len(extra)], strict=False) if ok and s in (400, 413, 415)]
+        assert not refused, response.text[-1000:]
+    if plain_fields and valid and sent_plainly:  # ... and with cheap valid fields it is explained
+        assert statuses[0] == 200, response.text[-1000:]
+
+
+OPEN = ("/health/live", "/health/ready", "/metrics")  # for load balancers and Prometheus: no key
+
+
+@schema.parametrize()
+@schema.given(auth=st.sampled_from([{}, {"X-API-Key": "wrong"}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic " + KEY}]))
+@settings(FUZZ_SETTINGS, max_examples=4)
+def test_without_the_right_key_only_the_open_routes_answer(case: Any, auth: dict[str, str], fuzz_url: str) -> None:
+    response = case.call(base_url=fuzz_url, headers=auth, timeout=120)
+    case.validate_response(response, checks=CHECKS)
+    if case.path in OPEN:
+        assert response.status_code != 401
+    else:
+        assert response.status_code == 401, response.text
+        message = response.json()["error"]["message"]
+        assert message == ("the API key is wrong" if "wrong" in str(auth) else
+                           "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'")
+
+
+@pytest.mark.parametrize("path", ["/", "/static/app.js", "/static/samples/n01580077_jay.jpg", "/docs", "/openapi.json", *OPEN])
+def test_the_page_its_files_the_docs_health_and_metrics_need_no_key(path: str, fuzz_url: str) -> None:
+    assert httpx.get(fuzz_url + path, timeout=60).status_code == 200
