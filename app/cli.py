@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     at.add_argument("--model")
     at.add_argument("--method", default="idg")
     at.add_argument("--target", type=int)
+    at.add_argument("--preset", choices=["fast", "paper"], help="cost preset (default: the service's, fast)")
     at.add_argument("--steps", type=int)
     at.add_argument("--probe-steps", type=int)
     at.add_argument("--baseline", choices=["mean", "black"])
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                 for s in res.top_k:
                     out.write(f"{s.index:4d}  {s.probability:.4f}  {s.name}\n")
                 return 0
-            a = client.attribute(args.image, method=args.method, model=args.model, target=args.target, steps=args.steps,
+            a = client.attribute(args.image, method=args.method, model=args.model, target=args.target, preset=args.preset, steps=args.steps,
                                  probe_steps=args.probe_steps, baseline=args.baseline, return_overlay=args.overlay is not None)
     except ServiceError as err:
         sys.stderr.write(f"error {err.status}: {err.message}\n")

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from idg_core.presets import DEFAULT_PRESET, Preset
+
 MethodName = Literal["idg", "ig", "left_ig", "guided_ig", "agi"]
 
 
@@ -22,18 +24,23 @@ class AttributeParams(PredictParams):
 
     method: MethodName = Field("idg", description="Attribution method: idg (IDG with adaptive sampling), ig, left_ig, guided_ig, agi")
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
-    steps: int | None = Field(None, ge=1, description="Gradient samples M (idg), quadrature points (ig, left_ig) or steps S (guided_ig); default 50")
-    probe_steps: int | None = Field(None, ge=3, description="IDG only: uniform probe points N of the logit-α curve; default 50")
+    preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
+                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos) or 'paper' (the paper's 50 steps); "
+                           "explicit steps / probe_steps / max_iter override it. The other methods run their paper settings under both")
+    steps: int | None = Field(None, ge=1, description="Gradient samples M (idg), quadrature points (ig, left_ig) or steps S (guided_ig); default: the preset's")
+    probe_steps: int | None = Field(None, ge=3, description="IDG only: uniform probe points N of the logit-α curve; default: the preset's")
     baseline: Literal["mean", "black"] = Field("mean", description="Path start: 'mean' (ImageNet mean colour, the authors' code) or 'black'")
     placement: Literal["aligned", "authors"] = Field("aligned", description="IDG: 'aligned' (samples of interval k inside it) or 'authors' (published code's drift)")
     importance: Literal["finite_difference", "exact"] = Field("finite_difference", description="IDG importance factor dF/dα: the paper's finite difference or the exact chain rule")
     uniform: bool = Field(False, description="IDG without adaptive sampling (uniform points, no probe)")
     rule: Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform", "adaptive"] = Field(
         "gausslegendre", description="IG quadrature rule (Captum's names; 'uniform' is the IDG authors' IG; 'adaptive' uses IDG's sample placement)")
-    fraction: float = Field(0.5, ge=0, le=1, description="Guided IG: share of features moved per sub-step")
+    fraction: float = Field(0.5, ge=0, le=1, description="Guided IG: share of features moved per sub-step, at least 0.01 (a step "
+                            "takes up to 1/fraction + 2 sub-steps, each a pass over every feature; smaller shares are refused)")
     max_dist: float = Field(1.0, ge=0, le=1, description="Guided IG: how far features may run ahead of the straight path")
-    epsilon: float = Field(0.05, ge=0, le=1, description="AGI: FGSM step in pixel units")
-    max_iter: int = Field(20, ge=1, description="AGI: iterations per adversarial class")
+    epsilon: float = Field(0.05, ge=0, le=1, description="AGI: FGSM step in pixel units, above 0 (a zero step never moves the image)")
+    max_iter: int = Field(20, ge=1, description="AGI: iterations per adversarial class; the request costs up to 2 x max_iter x "
+                          "adversarial_classes gradient passes, at most IDG_MAX_PASSES")
     adversarial_classes: int = Field(1, ge=1, le=50, description="AGI: number of adversarial classes, drawn with `seed`")
     seed: int = Field(0, ge=0, description="AGI: seed of the adversarial class draw")
     signed: bool = Field(False, description="Heatmap of the signed channel sum (diverging colours) instead of its magnitude")
@@ -106,7 +113,8 @@ class AttributeResponse(BaseModel):
     method: str = Field(..., description="Attribution method used")
     prediction: list[ClassScore] = Field(..., description="Top classes of the model on this image")
     target: ClassScore = Field(..., description="The class explained")
-    parameters: dict[str, object] = Field(..., description="Every parameter the method actually ran with")
+    parameters: dict[str, object] = Field(..., description="Every parameter the method actually ran with, with the preset's name")
+    precision: str = Field(..., description="Arithmetic the model ran in: fp32 (IEEE), tf32 or bf16 (autocast)")
     heatmap_png: str | None = Field(None, description="Heatmap (model input size), base64 PNG")
     overlay_png: str | None = Field(None, description="Heatmap over the resized input, base64 PNG")
     input_png: str | None = Field(None, description="The resized, cropped input the model saw, base64 PNG, if return_input")

@@ -3,18 +3,27 @@ https://ojs.aaai.org/index.php/AAAI/article/view/28336), Algorithm 1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from idg_core._validation import check_choice, check_int, check_output
 from idg_core.evaluator import EvalStats
-from idg_core.methods._common import adaptive_samples, run_method
+from idg_core.methods._common import WorkBound, adaptive_samples, run_method
 from idg_core.paths import PLACEMENTS
+from idg_core.presets import PRESETS
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 IMPORTANCE = ("finite_difference", "exact")
+FAST = PRESETS["idg"]["fast"]  # the default step counts: the measured `fast` preset (idg_core.presets)
+
+
+def idg_bound(params: Mapping[str, Any]) -> WorkBound:
+    """Cost of :func:`idg_plan` with ``params`` (every keyword given): N probe forwards and M gradients."""
+    steps, probe = int(params["steps"]), 0 if params["uniform"] else int(params["probe_steps"])
+    return WorkBound(probe + steps, steps)
 
 
 def idg_plan(
@@ -22,8 +31,8 @@ def idg_plan(
     baseline: Tensor,
     target: int,
     *,
-    steps: int = 50,
-    probe_steps: int = 50,
+    steps: int = FAST["steps"],
+    probe_steps: int = FAST["probe_steps"],
     placement: str = "aligned",
     importance: str = "finite_difference",
     uniform: bool = False,
@@ -87,8 +96,8 @@ def idg(
     baseline: BaselineLike,
     target: int | Tensor | Iterable[int],
     *,
-    steps: int = 50,
-    probe_steps: int = 50,
+    steps: int = FAST["steps"],
+    probe_steps: int = FAST["probe_steps"],
     batch_size: int | None = None,
     placement: str = "aligned",
     importance: str = "finite_difference",
@@ -100,7 +109,9 @@ def idg(
 
     Args:
         steps: M, gradient samples, >= 2. More samples refine the integral; cost M forward+backward.
+            Default: the ``fast`` preset (:mod:`idg_core.presets`); the paper uses 50.
         probe_steps: N, uniform forward-only probe points (endpoints included), >= 3; cost N forwards.
+            Default: the ``fast`` preset; the paper uses 50.
         placement: ``aligned`` puts interval k's samples inside interval k; ``authors`` reproduces the
             published code's leftward drift after the first empty interval (comparison runs only).
         importance: ``finite_difference`` (the paper) or ``exact`` (∇F·(x - x'), no extra cost).

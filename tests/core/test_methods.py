@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import re
+
 import pytest
 import torch
 
-from idg_core import METHODS, EvalStats, agi, guided_ig, idg, integrated_gradients, left_ig
+from idg_core import METHODS, EvalStats, agi, evaluate, guided_ig, idg, integrated_gradients, left_ig
+from idg_core.presets import PRESETS
 from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
 
 torch.manual_seed(0)
@@ -44,7 +48,7 @@ def test_linear_model_gives_w_times_delta(name: str) -> None:
     expected = torch.stack([model.w[1], model.w[3]]).detach() * (x - base)
     if name == "idg":  # IDG weighs by IF_j·w_j/M; on a line IF = F(x) - F(x') everywhere
         gap = (expected.flatten(1).sum(1)).view(-1, 1, 1, 1)
-        expected = expected * gap / 50
+        expected = expected * gap / PRESETS["idg"]["fast"]["steps"]  # M: the default preset's
     if name == "left_ig":  # the cut-off keeps a prefix of the path: a positive multiple of w ⊙ Δ
         ratio = res.attributions / expected
         assert torch.allclose(ratio, ratio.flatten(1)[:, :1].view(-1, 1, 1, 1).expand_as(ratio), rtol=1e-3)
@@ -260,3 +264,58 @@ def test_adaptive_ig_uses_idgs_samples_and_stays_complete() -> None:
     assert (ig.forward_passes, ig.backward_passes) == (90, 60)
     gap = _f(model, x, 4) - _f(model, torch.zeros_like(x), 4)
     assert ig.attributions.sum().item() == pytest.approx(gap.item(), rel=0.1, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "words"),
+    [
+        ("guided_ig", {"fraction": 0.0}, "one feature at a time"),
+        ("guided_ig", {"fraction": 0.005}, "fraction must be a number in [0.01, 1.0]"),
+        ("agi", {"epsilon": 0.0}, "never moves the image"),
+    ],
+)
+def test_degenerate_parameters_are_refused_saying_why(name: str, kwargs: dict, words: str) -> None:
+    model = Counting(SmallCNN())
+    with pytest.raises(ValueError, match=re.escape(words)):
+        METHODS[name](model, torch.rand(1, 3, 16, 16), "black", 0, **kwargs)
+    assert model.calls == []
+
+
+def test_guided_ig_sub_steps_are_bounded_and_checkpointed(monkeypatch: pytest.MonkeyPatch) -> None:
+    gig = importlib.import_module("idg_core.methods.guided_ig")
+    substeps: list[int] = [0]
+    real = gig._lower_quantile
+
+    def counting(values: torch.Tensor, q: float) -> torch.Tensor:
+        substeps[-1] += 1
+        return real(values, q)
+
+    monkeypatch.setattr(gig, "_lower_quantile", counting)
+    model, x = SmallCNN(), torch.rand(3, 16, 16)
+    plan = gig.guided_ig_plan(x, torch.zeros_like(x), 2, steps=6, fraction=0.01, max_dist=0.02, output="logit")
+    queries, checkpoints = next(plan), 0
+    try:
+        while True:
+            if not queries:
+                checkpoints += 1
+            else:
+                substeps.append(0)  # a model call: the next step's sub-steps begin after it
+            queries = plan.send(evaluate(model, queries, 8))
+    except StopIteration as stop:
+        result = stop.value
+    assert 0 < max(substeps) <= gig.substep_bound(0.01) == 102
+    assert checkpoints == sum(max(0, (n - 1) // gig.CHECKPOINT_EVERY) for n in substeps) > 0
+    same = guided_ig(model, x.unsqueeze(0), "black", 2, steps=6, fraction=0.01, max_dist=0.02, output="logit")
+    assert torch.equal(result.attributions, same.attributions)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_work_bound_is_known_before_and_holds(name: str) -> None:
+    model = Counting(SmallCNN())
+    params = METHODS[name].parameters | {"num_classes": 10, "steps": 12, "probe_steps": 7, "max_iter": 6, "adversarial_classes": 2}
+    kwargs = {k: v for k, v in params.items() if k in METHODS[name].parameters}
+    bound = METHODS[name].bound(kwargs)
+    res = METHODS[name](model, torch.rand(1, 3, 16, 16), "black", 3, batch_size=64, **kwargs)
+    assert res.forward_passes <= bound.forward and res.backward_passes <= bound.backward
+    if name != "agi":  # only AGI may stop early
+        assert (res.forward_passes, res.backward_passes) == (bound.forward, bound.backward)
