@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     records = evaluate_folder(model, images, args.out, cfg, workers=args.workers)
     machine, date = f"{_machine()}, precision {args.precision}", time.strftime("%Y-%m-%d")
     if args.suite == "cost":
-        path = write_cost_report(records, args.out, machine=machine, date=date, model=args.model)
+        path = write_cost_report(records, args.out, machine=machine, date=date, model=args.model, rise_step=args.rise_step)
     else:
         path = write_report(records, args.out, machine=machine, date=date, model=args.model, total_images=total)
     logging.getLogger("idg_core.evaluation").info("wrote %s", path)
