@@ -17,7 +17,8 @@ import torch
 from benchmarks.service_load import run_load
 from benchmarks.speed import SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
-from idg_core.models import PRECISIONS, load_model, tune
+from idg_core.models import PRECISIONS, default_precision, load_model, tune
+from idg_core.presets import preset_params
 
 log = logging.getLogger("benchmarks")
 
@@ -42,16 +43,19 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
         lines += [f"Compute limit: {peak_text}; {ceiling_text}. "
                   "FLOPs from PyTorch's counter: (probe forward + 3 x main-pass forward) x points.", ""]
     lines += ["## Attribution speed (seconds per attribution; ratios > 1 mean ours is faster)", "",
-              "| images | ours IDG-50/50 | ours IG-50 | Captum IG-50 | authors' way IDG | IDG vs Captum IG | IG vs Captum IG | IDG vs authors' way "
+              f"| images | ours default (IDG {meta.get('default_steps', 'fast')}) | ours IDG-50/50 | ours IG-50 | Captum IG-50 | authors' way IDG "
+              "| default vs Captum IG | IDG-50/50 vs Captum IG | IG vs Captum IG | IDG vs authors' way "
               "| IDG TFLOP/s | IDG share of datasheet peak | IDG share of measured ceiling | IDG peak MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in speed:
         share = f"{r['idg_share_of_peak']:.1%}" if r.get("idg_share_of_peak") else "n/a"
         of_ceiling = f"{r['idg_share_of_ceiling']:.1%}" if r.get("idg_share_of_ceiling") else "n/a"
         mem = r.get("ours_idg_peak_mib")
         mem_text = "n/a" if mem is None else f"{mem:.0f}" + (" (RSS growth, a lower bound)" if meta["device"] == "cpu" else "")
-        lines.append(f"| {r['batch']} | {r['ours_idg_s_per_attr']:.3f} | {r['ours_ig_s_per_attr']:.3f} | {r['captum_ig_s_per_attr']:.3f} | "
-                     f"{r['authors_way_idg_s_per_attr']:.3f} | {r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
+        default = f"{r['ours_default_s_per_attr']:.3f}" if "ours_default_s_per_attr" in r else "n/a"
+        default_ratio = f"{r['default_vs_captum_ig']:.2f}x" if "default_vs_captum_ig" in r else "n/a"
+        lines.append(f"| {r['batch']} | {default} | {r['ours_idg_s_per_attr']:.3f} | {r['ours_ig_s_per_attr']:.3f} | {r['captum_ig_s_per_attr']:.3f} | "
+                     f"{r['authors_way_idg_s_per_attr']:.3f} | {default_ratio} | {r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
                      f"{r['idg_vs_authors_way']:.2f}x | {r['ours_idg_tflops']:.3f} | {share} | {of_ceiling} | {mem_text} |")
     lines += ["", "IDG does a probe pass (50 forwards) before its main pass, so at equal steps it costs about 1.33x IG's passes: "
               "IDG vs Captum IG near 0.75x is the expected price of adaptive sampling, IG vs Captum IG compares the engines. "
@@ -59,11 +63,13 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
               "so with more images than the batch size Captum runs larger batches than ours."]
     if load:
         fields = ", ".join(f"{k}={v}" for k, v in meta["load_fields"].items())
-        lines += ["", f"## Service under load (`POST /attribute`, {fields}; real uvicorn process on loopback)", "",
-                  "| clients | requests | ok | 503 | p50 s | p95 s | p99 s | attributions/s | model calls | images/call |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"## Service under load (`POST /attribute`, {fields}; real server process on loopback)", "",
+                  "| clients | requests | ok | 503 | p50 s | p95 s | p99 s | attributions/s | model calls | images/call | device busy |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in load:
+            busy = f"{r['device_busy_fraction']:.0%}" if "device_busy_fraction" in r else "n/a"
             lines.append(f"| {r['clients']} | {r['requests']} | {r['ok']} | {r['rejected_503']} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
-                         f"{r['p99_s']:.2f} | {r['throughput_per_s']:.3f} | {r['model_calls']} | {r['mean_images_per_call']:.1f} |")
+                         f"{r['p99_s']:.2f} | {r['throughput_per_s']:.3f} | {r['model_calls']} | {r['mean_images_per_call']:.1f} | {busy} |")
     return "\n".join(lines) + "\n"
 
 
@@ -78,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="images per model call, ours and Captum's internal batch (default: idg_core.default_batch_size, 8 on CPU, 128 on CUDA)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's fp32 peak, for the share of peak")
-    p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8, 32])
+    p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8, 32, 128])
     p.add_argument("--per-client", type=int, default=1)
-    p.add_argument("--load-steps", type=int, default=50)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="see benchmarks/gpu_variants.py")
+    p.add_argument("--load-preset", default="fast", choices=["fast", "paper"], help="the service's cost preset under load (its default: fast)")
+    p.add_argument("--captum-batch", type=int, default=None, help="Captum's internal batch (default: 512 on CUDA as in the issue's reference, ours on CPU)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help="default: the service's (bf16 on CUDA, fp32 on CPU); see benchmarks/gpu_variants.py")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--images", type=Path, default=SAMPLES, help="folder of WNID_*.JPEG images")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
@@ -94,14 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     device = torch.device(args.device)
+    args.precision = args.precision or default_precision(device)
     args.batch_size = args.batch_size or default_batch_size(device)
     model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last)
     images, targets, _ = sample_batch(model, args.images, max(args.batch_sizes))
     ceiling = matmul_tflops(device)  # under the TF32 switches that tune() set for this precision
     log.info("measured fp32 matrix-product ceiling: %.2f TFLOP/s", ceiling)
     speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,
-                      repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling)
-    fields = {"method": "idg", "steps": str(args.load_steps), "probe_steps": str(args.load_steps), "return_overlay": "false"}
+                      repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling,
+                      captum_batch=args.captum_batch or (512 if device.type == "cuda" else None))
+    fields = {"method": "idg", "preset": args.load_preset, "return_overlay": "false"}
     env = {"IDG_MODELS": args.model if args.weights is None else f"{args.model}={args.weights}", "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
            "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8), "IDG_PRECISION": args.precision,
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
             "precision": args.precision, "channels_last": args.channels_last,
-            "batch_size": args.batch_size, "load_fields": fields, "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
+            "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")), "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))
     (args.out / f"{args.label}.md").write_text(render(meta, speed, load))

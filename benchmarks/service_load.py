@@ -30,7 +30,7 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     log_file = tempfile.TemporaryFile()  # a pipe nobody reads would fill and stall the server
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(port)],
         env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log_file,
     )
     url = f"http://127.0.0.1:{port}"
@@ -58,6 +58,11 @@ def _histogram(text: str, name: str) -> dict[str, float]:
     return out
 
 
+def _counter(text: str, name: str) -> float:
+    found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], lat: list[float], codes: list[int]) -> None:
     async with httpx.AsyncClient(timeout=600) as client:
         for i in range(n):
@@ -70,13 +75,15 @@ async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], 
 
 
 async def load_level(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str]) -> dict[str, Any]:
-    before = _histogram(httpx.get(f"{url}/metrics").text, "idg_batch_images")
+    text = httpx.get(f"{url}/metrics").text
+    before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
     lat: list[float] = []
     codes: list[int] = []
     started = time.perf_counter()
     await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
     wall = time.perf_counter() - started
-    after = _histogram(httpx.get(f"{url}/metrics").text, "idg_batch_images")
+    text = httpx.get(f"{url}/metrics").text
+    after, busy = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total") - busy_before
     calls = after["count"] - before["count"]
     return {
         "clients": clients, "requests": len(codes), "ok": codes.count(200), "rejected_503": codes.count(503),
@@ -84,7 +91,7 @@ async def load_level(url: str, images: list[Path], clients: int, per_client: int
         "p50_s": float(np.percentile(lat, 50)) if lat else None, "p95_s": float(np.percentile(lat, 95)) if lat else None,
         "p99_s": float(np.percentile(lat, 99)) if lat else None, "throughput_per_s": codes.count(200) / wall,
         "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
-        "wall_s": wall,
+        "wall_s": wall, "device_busy_fraction": busy / wall,
     }
 
 

@@ -324,6 +324,7 @@ class Worker:
         batch = self.max_batch_images
         while True:
             before = (len(self.stats.call_sizes), self.stats.forward_images, self.stats.backward_images)
+            called = time.perf_counter()
             try:
                 answers = evaluate(model, queries, batch, self.stats, skip=lambda i: self._dropped(owners[i][0]))
                 break
@@ -334,6 +335,7 @@ class Worker:
                 batch = max(1, batch // 2)
                 log.warning("CUDA out of memory: retrying with %d images per call", batch)
             finally:
+                self.metrics.device_busy.inc(time.perf_counter() - called)  # model calls, results back on the host
                 for size in self.stats.call_sizes[before[0]:]:
                     self.metrics.batch_images.observe(size)
                 self.metrics.model_calls.labels(work[0][0].model).inc(len(self.stats.call_sizes) - before[0])

@@ -128,3 +128,20 @@ async def test_not_ready_before_models_load(tiny_app: AppFactory) -> None:
         assert (await client.get("/health/live")).status_code == 200
         r = await client.post("/predict", files={"file": ("a.png", image_bytes(), "image/png")})
         assert r.status_code == 503 and "not loaded" in r.json()["error"]["message"]
+
+
+async def test_metrics_report_the_seconds_the_device_was_busy(tiny_app: AppFactory) -> None:
+    """Every model call sleeps 50 ms: the busy counter is at least calls x 50 ms and at most the wall time."""
+    import re
+    import time
+
+    app = tiny_app(delay_s=0.05, warmup=False)
+    async with serve(app) as client:
+        started = time.perf_counter()
+        rs = await asyncio.gather(*[_attribute(client, image_bytes((20 * i, 90, 200))) for i in range(3)])
+        wall = time.perf_counter() - started
+        assert all(r.status_code == 200 for r in rs)
+        text = (await client.get("/metrics")).text
+    busy = float(re.search(r"^idg_device_busy_seconds_total ([0-9.e+-]+)$", text, re.M).group(1))
+    calls = len(_net(app).calls)
+    assert calls > 0 and 0.05 * calls <= busy <= wall
