@@ -45,27 +45,44 @@ class EvalStats:
         self.call_sizes.append(size)
 
 
-def _select(logits: Tensor, targets: Tensor, is_prob: Tensor) -> Tensor:
-    """Per row: the target's logit, or its softmax probability where ``is_prob``."""
-    if targets.max() >= logits.shape[1]:
-        raise ValueError(f"target must be < {logits.shape[1]} (the model's classes), got {int(targets.max())}")
-    chosen = logits.gather(1, targets.view(-1, 1)).squeeze(1)
-    if bool(is_prob.any()):
-        probs = torch.softmax(logits, dim=1).gather(1, targets.view(-1, 1)).squeeze(1)
-        chosen = torch.where(is_prob, probs, chosen)
+@dataclass(frozen=True)
+class _Rows:
+    """What a model call selects per row, known on the host (so the hot path never waits on the
+    device to decide): target classes, which rows want a probability, and their extremes."""
+
+    targets: Tensor  # (rows,) long, on the device
+    is_prob: Tensor | None  # (rows,) bool on the device, None when no row wants a probability
+    max_target: int
+
+    @staticmethod
+    def of(queries: Sequence[Query], chunk: list[tuple[int, int, int]], device: torch.device) -> _Rows:
+        targets = [queries[qi].target for qi, a, b in chunk for _ in range(b - a)]
+        probs = [queries[qi].output == "probability" for qi, a, b in chunk for _ in range(b - a)]
+        is_prob = torch.tensor(probs, device=device) if any(probs) else None
+        return _Rows(torch.tensor(targets, dtype=torch.long, device=device), is_prob, max(targets))
+
+
+def _select(logits: Tensor, rows: _Rows) -> Tensor:
+    """Per row: the target's logit, or its softmax probability where the row asks for one."""
+    if rows.max_target >= logits.shape[1]:
+        raise ValueError(f"target must be < {logits.shape[1]} (the model's classes), got {rows.max_target}")
+    chosen = logits.gather(1, rows.targets.view(-1, 1)).squeeze(1)
+    if rows.is_prob is not None:
+        probs = torch.softmax(logits, dim=1).gather(1, rows.targets.view(-1, 1)).squeeze(1)
+        chosen = torch.where(rows.is_prob, probs, chosen)
     return chosen
 
 
-def _run_chunk(model: Model, inputs: Tensor, targets: Tensor, is_prob: Tensor, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+def _run_chunk(model: Model, inputs: Tensor, rows: _Rows, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     """One model call: selected outputs, their input gradients (or None) and all logits."""
     if not grad:
         with torch.no_grad():
             logits = model(inputs)
-            return _select(logits, targets, is_prob).detach(), None, logits.detach()
+            return _select(logits, rows).detach(), None, logits.detach()
     inputs = inputs.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model(inputs)
-        chosen = _select(logits, targets, is_prob)
+        chosen = _select(logits, rows)
         (grads,) = torch.autograd.grad(chosen.sum(), inputs)
     return chosen.detach(), grads.detach(), logits.detach()
 
@@ -114,10 +131,7 @@ def evaluate(
         for chunk in _chunks(queries, index, batch_size, skip):
             # inputs: (rows, C, H, W) gathered from the segments of several queries
             inputs = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])
-            dev = inputs.device
-            targets = torch.cat([torch.full((b - a,), queries[qi].target, dtype=torch.long) for qi, a, b in chunk]).to(dev)
-            is_prob = torch.cat([torch.full((b - a,), queries[qi].output == "probability") for qi, a, b in chunk]).to(dev)
-            values, grads, logits = _run_chunk(model, inputs, targets, is_prob, grad)
+            values, grads, logits = _run_chunk(model, inputs, _Rows.of(queries, chunk, inputs.device), grad)
             top1 = logits.argmax(1)
             if stats is not None:
                 stats.record(inputs.shape[0], grad)
