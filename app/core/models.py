@@ -1,14 +1,21 @@
-"""Load the configured models onto the device and warm them up, or fail start-up clearly."""
+"""Load the configured models onto the device and warm them up, or fail start-up clearly.
+
+The loaders live in the library (:mod:`idg_core.models.sources`, :mod:`idg_core.models.models_file`);
+this module turns ``IDG_MODELS`` (+ ``IDG_MODELS_FILE``) into loaded models, or one sentence.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import torch
 
 from idg_core import idg
-from idg_core.models import ImageClassifier, load_model
+from idg_core.models import ImageClassifier
+from idg_core.models.models_file import ModelSettings, read_models_file
+from idg_core.models.sources import ModelSpec, load_source, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -26,23 +33,34 @@ def pick_device(setting: str) -> torch.device:
     return device
 
 
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    """``name`` or ``name=/path/to/weights.pth``."""
-    name, _, weights = spec.partition("=")
-    return name.strip(), (weights.strip() or None)
+def parse_specs(specs: list[str], models_file: Path | None = None) -> list[tuple[ModelSpec, ModelSettings]]:
+    """Every entry parsed and matched with its models-file table, before anything loads."""
+    try:
+        parsed = [parse_spec(s) for s in specs]
+        tables = read_models_file(models_file) if models_file is not None else {}
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from err
+    names = [p.name for p in parsed]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise ModelLoadError(f"IDG_MODELS names the model {twice!r} twice")
+    for stray in (n for n in tables if n not in names):  # one file may serve several deployments: a warning, not an error
+        log.warning("models file %s has a table [models.%s] but IDG_MODELS loads no model %r", models_file, stray, stray)
+    return [(p, tables.get(p.name, ModelSettings())) for p in parsed]
 
 
-def load_models(specs: list[str], device: torch.device) -> dict[str, ImageClassifier]:
+def load_models(specs: list[str], device: torch.device, models_file: Path | None = None) -> dict[str, ImageClassifier]:
     models: dict[str, ImageClassifier] = {}
-    for spec in specs:
-        name, weights = parse_spec(spec)
+    for spec, settings in parse_specs(specs, models_file):
         started = time.perf_counter()
         try:
-            model = load_model(name, weights)
-        except (ValueError, FileNotFoundError, ImportError) as err:
-            raise ModelLoadError(f"cannot load model {spec!r}: {err}") from err
-        models[name] = model.to(device).eval()
-        log.info("loaded %s on %s in %.1f s", name, device, time.perf_counter() - started)
+            model = load_source(spec, settings, device)
+        except (ValueError, OSError, ImportError, RuntimeError) as err:
+            raise ModelLoadError(f"cannot load model {spec.name!r} ({spec.source}): {err}") from err
+        models[spec.name] = model
+        p = model.preprocessing
+        log.info("loaded %s (%s, %d classes, input %dx%d) on %s in %.1f s", spec.name, spec.source, model.num_classes,
+                 p.crop_size, p.crop_size, device, time.perf_counter() - started)
     return models
 
 
@@ -52,7 +70,7 @@ def warm_up(models: dict[str, ImageClassifier], batch_images: int) -> None:
     for name, model in models.items():
         started = time.perf_counter()
         size = model.preprocessing.crop_size
-        x = torch.rand(1, 3, size, size, device=next(model.parameters()).device)
-        n = max(2, min(batch_images, 64))
+        x = torch.rand(1, 3, size, size, device=model.mean.device)
+        n = max(2, min(batch_images, model.max_batch or batch_images, 64))
         idg(model, x, "mean", 0, steps=n, probe_steps=max(3, n), batch_size=n)
         log.info("warmed up %s in %.1f s", name, time.perf_counter() - started)

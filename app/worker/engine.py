@@ -88,6 +88,7 @@ class Worker:
         self._accepting = True
         self._stop = threading.Event()
         self._busy: tuple[float, tuple[Job, ...]] | None = None  # (since, jobs) of the round being run
+        self._last_model: str | None = None  # the model of the last round: rounds go round-robin between models
         self._rate_seconds = 0.0  # worker seconds and work units of recent rounds, decayed together
         self._rate_units = 0.0
         self._thread = threading.Thread(target=self._run, name="idg-worker", daemon=True)
@@ -265,10 +266,10 @@ class Worker:
         if not self._active:
             return []
         ordered = sorted(self._active, key=lambda j: (j.priority, j.enqueued))
-        model = ordered[0].model
+        model = self._next_model(ordered)
         first = next((j for j in ordered if j.model == model and j.rows), None)
         grad = first.next_grad if first is not None else False
-        chosen, budget = [], self.call_images
+        chosen, budget = [], min(self.call_images, getattr(self.models[model], "max_batch", None) or self.call_images)
         for job in ordered:
             if job.model != model:
                 continue
@@ -279,6 +280,17 @@ class Worker:
                 budget -= sum(b - a for _, a, b in rows)
                 chosen.append((job, rows))
         return chosen
+
+    def _next_model(self, ordered: list[Job]) -> str:
+        """Round-robin between the models with work at the most urgent priority, so a model with a long
+        queue (a slow ViT) takes every other round, not every round, from another (a small CNN)."""
+        top = ordered[0].priority
+        waiting = {j.model for j in ordered if j.priority == top}
+        names = list(self.models)
+        start = names.index(self._last_model) + 1 if self._last_model in names else 0
+        model = next(n for n in names[start:] + names[:start] if n in waiting)
+        self._last_model = model
+        return model
 
     def _run_round(self, chosen: list[tuple[Job, list[tuple[int, int, int]]]]) -> None:
         began = time.monotonic()
@@ -321,7 +333,7 @@ class Worker:
         """Answer the rows of ``work`` and store them in their jobs; returns the work units done."""
         owners = [(job, qi, a, b) for job, rows in work for qi, a, b in rows]
         queries = [job.part(qi, a, b) for job, qi, a, b in owners]
-        batch = self.max_batch_images
+        batch = min(self.max_batch_images, getattr(model, "max_batch", None) or self.max_batch_images)
         while True:
             before = (len(self.stats.call_sizes), self.stats.forward_images, self.stats.backward_images)
             called = time.perf_counter()

@@ -1,6 +1,8 @@
 """Pretrained classifiers (pixel space in, logits out) and the image preprocessing they need."""
 
+from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.preprocess import ImageDecodeError, ImageTooLargeError, decode_image, resize_crop, to_rgb, to_tensor
+from idg_core.models.sources import ModelSpec, load_source, parse_spec
 from idg_core.models.speed import PRECISIONS, Precision, default_precision, set_tf32, tune
 from idg_core.models.zoo import (
     LITE_SIZES,
@@ -20,6 +22,8 @@ __all__ = [
     "TORCHVISION_ARCHS",
     "ImageClassifier",
     "ImageDecodeError",
+    "ModelSettings",
+    "ModelSpec",
     "ImageTooLargeError",
     "Precision",
     "default_precision",
@@ -29,6 +33,9 @@ __all__ = [
     "imagenet_class_names",
     "imagenet_wnids",
     "load_model",
+    "load_source",
+    "parse_spec",
+    "read_models_file",
     "resize_crop",
     "set_tf32",
     "to_rgb",

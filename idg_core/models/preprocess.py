@@ -17,7 +17,10 @@ import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 
-INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+INTERPOLATIONS = {
+    "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST,
+    "lanczos": Image.Resampling.LANCZOS, "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING,
+}
 MAX_RESIZED_PIXELS = 1 << 22
 """Up to this many pixels (12 MiB of RGB) :func:`resize_crop` resizes the whole image and crops it, as
 always; beyond (a shape over 64:1 at 256 pixels), it computes only the crop."""
@@ -45,6 +48,10 @@ class ImageTooLargeError(ImageDecodeError):
 
 class ImageShapeError(ImageDecodeError):
     """The image's aspect ratio (longer side / shorter side) is over the limit."""
+
+
+class UnsupportedImageError(ImageDecodeError):
+    """The bytes are not an image in any of the accepted formats (as opposed to a broken file of one)."""
 
 
 def check_size(size: tuple[int, int], max_pixels: int | None, max_side: int | None = None, max_aspect_ratio: float | None = None) -> None:
@@ -80,7 +87,7 @@ def open_image(
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ImageTooLargeError(f"the image is too large to decode safely ({err})") from err
     except Image.UnidentifiedImageError as err:
-        raise ImageDecodeError("the file is not an image in a supported format (JPEG, PNG, WebP, GIF, BMP, TIFF)") from err
+        raise UnsupportedImageError("the file is not an image in a supported format (JPEG, PNG, WebP, GIF, BMP, TIFF)") from err
     except Exception as err:  # noqa: BLE001 - Pillow raises many types on malformed files
         raise ImageDecodeError(f"the image could not be decoded, it may be truncated or corrupt ({type(err).__name__}: {err})") from err
     return img
@@ -165,6 +172,15 @@ def resize_crop(img: Image.Image, resize_size: int, crop_size: int, interpolatio
         box = (left * w / rw, top * h / rh, (left + crop_size) * w / rw, (top + crop_size) * h / rh)
         return img.resize((crop_size, crop_size), resample, box=box)
     return img.resize((rw, rh), resample).crop((left, top, left + crop_size, top + crop_size))
+
+
+def squash_crop(img: Image.Image, resize_size: int, crop_size: int, interpolation: str = "bilinear") -> Image.Image:
+    """Resize the whole image to ``resize_size`` x ``resize_size`` (aspect ratio not kept, as Hugging
+    Face's ViT processors and timm's ``crop_mode="squash"`` do), then take the central ``crop_size``
+    square. Cost follows ``resize_size``, whatever the source's shape."""
+    img = img.resize((resize_size, resize_size), INTERPOLATIONS[interpolation])
+    left = (resize_size - crop_size) // 2
+    return img if left == 0 else img.crop((left, left, left + crop_size, left + crop_size))
 
 
 def to_tensor(img: Image.Image) -> Tensor:

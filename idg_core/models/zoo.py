@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from idg_core.models.preprocess import resize_crop, to_tensor
+from idg_core.models.preprocess import resize_crop, squash_crop, to_tensor
 from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
 
 log = logging.getLogger(__name__)
@@ -47,13 +47,15 @@ def imagenet_wnids() -> list[str]:
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """Resize the shorter side to ``resize_size``, centre-crop ``crop_size``; normalise in the model."""
+    """Resize the shorter side to ``resize_size`` (``resize_mode="squash"``: the whole image to
+    ``resize_size`` square), centre-crop ``crop_size`` (the model's square input); normalise in the model."""
 
     resize_size: int = 256
     crop_size: int = 224
     interpolation: str = "bilinear"
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    resize_mode: str = "shorter"
 
 
 class ImageClassifier(nn.Module):
@@ -70,6 +72,9 @@ class ImageClassifier(nn.Module):
         # Speed settings (see idg_core.models.speed.tune): autocast dtype and memory format.
         self.autocast_dtype: torch.dtype | None = None
         self.channels_last = False
+        # Where it came from (``idg_core.models.sources``) and the most images one model call may hold.
+        self.source = name
+        self.max_batch: int | None = None
 
     @property
     def num_classes(self) -> int:
@@ -87,7 +92,8 @@ class ImageClassifier(nn.Module):
     def prepare(self, img: Image.Image) -> Tensor:
         """RGB PIL image -> ``(3, crop, crop)`` tensor in [0, 1], as this model expects."""
         p = self.preprocessing
-        return to_tensor(resize_crop(img, p.resize_size, p.crop_size, p.interpolation))
+        crop = squash_crop if p.resize_mode == "squash" else resize_crop
+        return to_tensor(crop(img, p.resize_size, p.crop_size, p.interpolation))
 
 
 def _load_state_dict(path: Path) -> dict[str, Tensor]:
@@ -134,12 +140,13 @@ def efficientnet_lite(variant: str = "efficientnet_lite0") -> ImageClassifier:
 
 def torchvision_classifier(arch: str, weights: str | Path | None, class_names: list[str] | None = None) -> ImageClassifier:
     """A torchvision ImageNet architecture with weights from a local file (``None``: random
-    weights, for speed benchmarks only). ImageNet preprocessing: resize 256, crop 224."""
+    weights, for speed benchmarks only). ImageNet preprocessing: resize 256, crop 224. With
+    ``class_names`` other than 1000, the head has that many classes."""
     if arch not in TORCHVISION_ARCHS:
         raise ValueError(f"arch must be one of {', '.join(TORCHVISION_ARCHS)}; got {arch!r}")
     from idg_core.models._torchvision_compat import import_torchvision
 
-    net = import_torchvision().models.get_model(arch, weights=None)
+    net = import_torchvision().models.get_model(arch, weights=None, num_classes=len(class_names) if class_names else 1000)
     if weights is not None:
         _load_into(net, _load_state_dict(Path(weights)), arch)
     else:

@@ -1,0 +1,188 @@
+"""The user's own classifiers through the real app: timm, transformers, TorchScript and torch.export
+files saved at test time (tiny, random weights), loaded from IDG_MODELS in the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib.util
+import io
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.core.config import Settings
+from app.core.models import ModelLoadError
+from app.main import create_app
+from idg_core import METHODS
+from tests.service.conftest import image_bytes, serve, tiny_classifier
+
+ROOT = Path(__file__).resolve().parents[2]
+JAY = ROOT.parent / "shared" / "data" / "imagenet-samples" / "n01580077_jay.JPEG"
+PHOTO = JAY.read_bytes() if JAY.is_file() else image_bytes(size=(300, 200), fmt="JPEG")
+EXTRAS = {"timm": "timm", "hf_vit": "transformers", "hf_convnext": "transformers", "torchscript": None, "export": None}
+METHOD_ARGS = {"idg": {"steps": "4", "probe_steps": "4"}, "ig": {"steps": "4"}, "left_ig": {"steps": "4"},
+               "guided_ig": {"steps": "4"}, "agi": {"max_iter": "3", "adversarial_classes": "2"}}
+
+
+def _maker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_tiny_models"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """Every source whose extra is installed: {kind: IDG_MODELS entry}, and the folder (models.toml)."""
+    out = tmp_path_factory.mktemp("models")
+    maker = _maker()
+    specs = {kind: maker.MAKERS[kind](out) for kind, extra in EXTRAS.items() if extra is None or importlib.util.find_spec(extra)}
+    return out, specs
+
+
+def _app(specs: list[str], models_file: Path | None = None, **kw: object) -> object:
+    return create_app(Settings(models=specs, models_file=models_file, warmup=False, batch_wait_ms=5.0, **kw))
+
+
+def _png(b64: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+async def test_every_source_predicts_and_explains_with_every_method(tiny) -> None:
+    folder, specs = tiny
+    app = _app(list(specs.values()), folder / "models.toml")
+    async with serve(app) as client:
+        listed = {m["name"]: m for m in (await client.get("/models")).json()["models"]}
+        assert set(listed) == {s.split("=")[0] for s in specs.values()}
+        for name, info in listed.items():
+            size = info["input_size"]
+            r = await client.post("/predict", files={"file": ("jay.jpg", PHOTO)}, data={"model": name, "top_k": "3"})
+            assert r.status_code == 200, r.text
+            assert [c["name"] for c in r.json()["top_k"]][0] in app.state.service.models[name].class_names
+            for method in METHODS:
+                data = {"model": name, "method": method, "return_attribution": "true", **METHOD_ARGS[method]}
+                r = await client.post("/attribute", files={"file": ("jay.jpg", PHOTO)}, data=data)
+                assert r.status_code == 200, f"{name} {method}: {r.text}"
+                body = r.json()
+                assert _png(body["heatmap_png"]).size == (size, size) and _png(body["overlay_png"]).size == (size, size)
+                arr = np.load(io.BytesIO(base64.b64decode(body["attribution"]["data"])))
+                assert arr.shape == (3, size, size) and np.isfinite(arr).all() and np.abs(arr).sum() > 0, (name, method)
+    if "timm" in specs:
+        assert listed["vit"]["classes"] == 37 and listed["vit"]["input_size"] == 160  # head from the weights, size from timm
+        assert listed["vit"]["resize_size"] == 168 and listed["vit"]["interpolation"] == "bicubic"  # 160 / crop_pct 0.95
+    if "export" in specs:
+        e = listed["exported"]
+        assert (e["source"].startswith("export:"), e["classes"], e["input_size"], e["resize_size"], e["max_batch"]) == (True, 10, 48, 56, 4)
+        assert e["class_names"] == ["airplane", "automobile", "bird", "cat", "deer"] and e["std"] == [0.25] * 3
+    if "hf_convnext" in specs:
+        c = listed["hfconvnext"]
+        assert (c["classes"], c["input_size"], c["resize_size"], c["class_names"][0]) == (5, 64, 73, "breed 0")  # 64 / 0.875
+
+
+async def test_hf_vit_names_targets_and_ig_completeness(tiny) -> None:
+    folder, specs = tiny
+    if "hf_vit" not in specs:
+        pytest.skip("transformers is not installed (extra 'hf')")
+    app = _app([specs["hf_vit"]])
+    async with serve(app) as client:
+        info = (await client.get("/models")).json()["models"][0]
+        assert (info["classes"], info["input_size"], info["resize_mode"]) == (10, 64, "squash")
+        assert info["class_names"] == ["airplane", "automobile", "bird", "cat", "deer"]
+        r = await client.post("/attribute", files={"file": ("j.jpg", PHOTO)}, data={"method": "ig", "steps": "4", "target": "10"})
+        assert r.status_code == 422 and "target must be < 10" in r.json()["error"]["message"]
+        data = {"method": "ig", "steps": "48", "target": "9", "baseline": "black", "return_attribution": "true", "return_input": "true"}
+        r = await client.post("/attribute", files={"file": ("j.jpg", PHOTO)}, data=data)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["target"] == {**body["target"], "index": 9, "name": "truck"}
+        x = torch.from_numpy(np.array(_png(body["input_png"]).convert("RGB"))).permute(2, 0, 1).float().div(255)[None]
+        model = app.state.service.models["hfvit"]
+        with torch.no_grad():
+            gap = float(model(x)[0, 9] - model(torch.zeros_like(x))[0, 9])
+        total = float(np.load(io.BytesIO(base64.b64decode(body["attribution"]["data"]))).astype(np.float64).sum())
+        assert abs(gap) > 1e-3 and abs(total - gap) <= 0.05 * abs(gap) + 1e-3, (total, gap)
+
+
+class Echo(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _start_error(specs: list[str], models_file: Path | None = None) -> str:
+    async def start() -> None:
+        async with serve(_app(specs, models_file)):
+            pass
+
+    with pytest.raises(ModelLoadError) as err:
+        asyncio.run(start())
+    return str(err.value)
+
+
+def test_bad_model_files_stop_start_up_with_a_sentence(tiny, tmp_path: Path) -> None:
+    folder, specs = tiny
+    toml = folder / "models.toml"
+    assert "model 'm' (torchscript:/nope.ts): file /nope.ts does not exist" in _start_error(["m=torchscript:/nope.ts"])
+    assert "not a torch.export file" in _start_error([f"exported=export:{folder / 'cnn.ts'}"], toml)
+    assert "not a TorchScript file" in _start_error([f"scripted=torchscript:{folder / 'cnn.pt2'}"], toml)
+    msg = _start_error([f"scripted=torchscript:{folder / 'cnn.ts'}"])
+    assert "give input_size, mean, std in the models file (IDG_MODELS_FILE), table [models.scripted]" in msg
+    torch.jit.save(torch.jit.script(Echo()), tmp_path / "echo.ts")
+    assert "not logits of shape (batch, classes)" in _start_error([f"scripted=torchscript:{tmp_path / 'echo.ts'}"], toml)
+    (tmp_path / "bad.toml").write_text("[models.scripted]\ninput_size = 48\nmean = [0.5, 0.5]\nstd = [1, 1, 1]\n")
+    assert "mean must be a list of 3 numbers" in _start_error([f"scripted=torchscript:{folder / 'cnn.ts'}"], tmp_path / "bad.toml")
+    assert "IDG_MODELS names the model 'a' twice" in _start_error(["a=torchscript:/a.ts", "a=export:/a.pt2"])
+    assert "the source must start with one of" in _start_error(["mine=/some/file.pt"])
+    if "timm" in specs:
+        wrong = specs["timm"].replace("timm:test_vit:", "timm:test_convnext:")
+        assert "weights do not match timm architecture test_convnext" in _start_error([wrong])
+        assert "timm has no architecture 'no_such_net'" in _start_error(["v=timm:no_such_net:/x.safetensors"])
+    if "hf_vit" in specs:
+        import transformers
+
+        transformers.ViTModel(transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=16, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=16)).save_pretrained(tmp_path / "base")
+        assert "the weights do not match ViTForImageClassification" in _start_error([f"b=hf:{tmp_path / 'base'}"])
+        transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16).save_pretrained(tmp_path / "bert")
+        assert "holds a BertConfig, not an image-classification model" in _start_error([f"b=hf:{tmp_path / 'bert'}"])
+        assert "has no config.json" in _start_error([f"b=hf:{tmp_path}"])
+
+
+def test_missing_extra_names_it(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "timm", None)  # import timm raises ImportError
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    msg = _start_error(["v=timm:test_vit:/x.safetensors"])
+    assert "need the optional extra 'timm'" in msg and "pip install 'idg-service[timm]'" in msg
+    (tiny[0] / "cfg").mkdir(exist_ok=True)
+    (tiny[0] / "cfg" / "config.json").write_text("{}")
+    assert "need the optional extra 'hf'" in _start_error([f"h=hf:{tiny[0] / 'cfg'}"])
+
+
+async def test_models_share_the_worker_round_robin() -> None:
+    """A slow model's long queue does not hold back another model's request queued after it, and a
+    model's max_batch bounds its calls."""
+    slow, fast = tiny_classifier(delay_s=0.01), tiny_classifier()
+    fast.max_batch = 3
+    app = create_app(Settings(models=["slow", "fast"], warmup=False, batch_wait_ms=20.0, max_batch_images=8),
+                     models={"slow": slow, "fast": fast})
+    done: list[str] = []
+    async with serve(app) as client:
+        async def one(model: str, i: int, steps: int) -> None:
+            r = await client.post("/attribute", files={"file": ("a.png", image_bytes((10 * i, 80, 90)))},
+                                  data={"model": model, "method": "ig", "steps": str(steps)})
+            assert r.status_code == 200, r.text
+            done.append(f"{model}{i}")
+
+        slow_jobs = [asyncio.create_task(one("slow", i, 64)) for i in range(8)]
+        await asyncio.sleep(0.15)  # the slow jobs are queued and running
+        await one("fast", 0, 16)
+        await asyncio.gather(*slow_jobs)
+    assert done.index("fast0") < 4, done  # FIFO by model would finish it after all eight (about 6 of 65 slow rounds)
+    assert max(fast.net.calls) <= 3 and sum(fast.net.calls) >= 17, fast.net.calls
