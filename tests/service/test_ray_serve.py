@@ -1,0 +1,217 @@
+"""The app on Ray Serve (``app.ray_serve``): a local Ray cluster, 2 CPU replicas of the tiny model.
+
+Checks the spread (``X-IDG-Replica``), that every answer equals the single-process app's, that killing
+one replica's actor mid-run only touches the requests in flight on it (clean errors), that Serve brings
+the replica back, and that shutdown is clean. Skipped where ``ray[serve]`` is not installed (the ``ray``
+extra; ``dev`` includes it). The last test runs ``serve run deploy/ray/serve.yaml`` as a user would.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import io
+import logging
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.core.config import Settings
+from app.main import create_app
+from tests.service.conftest import image_bytes, tiny_classifier
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = Path("/work/shared/data/imagenet-samples")
+log = logging.getLogger(__name__)
+PARAMS = {"method": "idg", "steps": "8", "probe_steps": "6", "return_attribution": "true", "return_overlay": "false"}
+COLORS = [(40, 120, 200), (200, 30, 60), (10, 220, 90), (250, 250, 20), (90, 10, 160), (0, 0, 0)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A local Ray cluster (2 CPUs) with Serve on a free loopback port and the app as 2 replicas of the tiny model."""
+    from app.ray_serve import IDGReplica
+
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        env = {"PYTHONPATH": str(ROOT), "IDG_WARMUP": "false", "IDG_TORCH_THREADS": "1", "IDG_TEST_DELAY_S": "0.02"}
+        deployment = IDGReplica.options(num_replicas=2, ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": env}})
+        serve.run(deployment.bind(factory="tests.service.reliability.server_app:make_app"), name="idg", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def attribute(url: str, i: int, client: httpx.Client, **params: str) -> httpx.Response:
+    return client.post(url + "/attribute", files={"file": (f"{i}.png", image_bytes(COLORS[i % len(COLORS)]), "image/png")},
+                       data=PARAMS | params, timeout=120)
+
+
+def timed(url: str, i: int, client: httpx.Client, **params: str) -> tuple[httpx.Response, float]:
+    answer = attribute(url, i, client, **params)
+    return answer, time.monotonic()
+
+
+def close(a: object, b: object, path: str = "") -> None:
+    """Equal JSON, floats to 1e-4 relative (batch composition may change the last bits)."""
+    if path.endswith(".attribution.data"):  # float16 .npy: equal to a float16 step
+        x, y = (np.load(io.BytesIO(base64.b64decode(v))).astype(np.float32) for v in (a, b))  # type: ignore[arg-type]
+        np.testing.assert_allclose(x, y, rtol=2e-3, atol=1e-5 * float(np.abs(y).max()))
+    elif isinstance(a, float) or isinstance(b, float):
+        assert isinstance(a, int | float) and isinstance(b, int | float), path
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), f"{path}: {a} != {b}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for n, (x, y) in enumerate(zip(a, b, strict=True)):
+            close(x, y, f"{path}[{n}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def test_replicas_share_the_load_and_answer_like_one_process(cluster: str) -> None:
+    with httpx.Client() as client, cf.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: attribute(cluster, i, client), range(16)))
+    assert [r.status_code for r in answers] == [200] * 16, [r.text[:200] for r in answers]
+    spread = Counter(r.headers["x-idg-replica"] for r in answers)
+    assert len(spread) == 2 and all(re.fullmatch(r"idg#\w+", name) for name in spread), spread
+
+    with TestClient(create_app(Settings(models=["tiny"], warmup=False), models={"tiny": tiny_classifier()})) as local:
+        for i, answer in enumerate(answers[: len(COLORS)]):
+            expected = local.post("/attribute", files={"file": ("x.png", image_bytes(COLORS[i]), "image/png")}, data=PARAMS).json()
+            got = answer.json()
+            got.pop("timings"), expected.pop("timings")
+            close(got, expected)
+        local_replica = local.get("/health/live").headers["x-idg-replica"]
+        assert local_replica == f"{socket.gethostname()}:{os.getpid()}"  # single process: host:pid
+
+
+def test_health_and_metrics_come_from_the_replicas(cluster: str) -> None:
+    seen = Counter()
+    for _ in range(20):
+        r = httpx.get(cluster + "/health/ready", timeout=10)
+        assert r.status_code == 200 and r.json()["models"] == ["tiny"]
+        seen[r.headers["x-idg-replica"]] += 1
+    assert len(seen) == 2, seen
+    metrics = httpx.get(cluster + "/metrics", timeout=10)
+    assert metrics.status_code == 200 and "idg_" in metrics.text and metrics.headers["x-idg-replica"] in seen
+
+
+def running_ids() -> set[str]:
+    """Unique ids of the deployment's live replica actors (named ``SERVE_REPLICA::idg#idg#<id>`` in namespace serve)."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "serve"]
+    return {n.rsplit("#", 1)[1] for n in names if n.startswith("SERVE_REPLICA::idg#idg#")}
+
+
+def test_killing_a_replica_loses_only_its_in_flight_requests_and_it_comes_back(cluster: str) -> None:
+    before = running_ids()
+    assert len(before) == 2
+    victim = sorted(before)[0]
+    with httpx.Client() as client, cf.ThreadPoolExecutor(12) as pool:
+        # A long first wave (250 points each: ~30 tiny model calls of 20 ms per request, 6 per replica) is in flight at the kill.
+        first = [pool.submit(timed, cluster, i, client, steps="200", probe_steps="50") for i in range(12)]
+        time.sleep(1.5)
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::idg#idg#{victim}", namespace="serve"), no_restart=True)
+        killed_at = time.monotonic()
+        second = [pool.submit(attribute, cluster, 100 + i, client) for i in range(12)]
+        first_answers, first_ends = zip(*(f.result() for f in first), strict=True)
+        second_answers = [f.result() for f in second]
+    log.info("first wave %s %s, second %s", Counter(r.status_code for r in first_answers), [r.text[:120] for r in first_answers if r.status_code != 200],
+             Counter(r.status_code for r in second_answers))
+
+    # Sent after the kill: every one served, by the survivor or the replacement, never by the dead replica.
+    assert [r.status_code for r in second_answers] == [200] * 12, [r.text[:200] for r in second_answers]
+    assert all(r.headers["x-idg-replica"] != f"idg#{victim}" for r in second_answers)
+    # In flight at the kill: answered by the survivor, or a clean 5xx error (never a dropped connection:
+    # .result() would have raised); the dead replica answered nothing after it died.
+    assert max(first_ends) > killed_at, "the first wave ended before the kill: nothing was in flight"
+    failed = [r for r in first_answers if r.status_code != 200]
+    assert all(500 <= r.status_code < 600 for r in failed), [(r.status_code, r.text[:200]) for r in failed]
+    assert len(failed) < len(first_answers)  # the survivor's share went through
+
+    deadline = killed_at + 90
+    while time.monotonic() < deadline:
+        now = running_ids()
+        if len(now) == 2 and victim not in now:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"the killed replica was not replaced: {running_ids()}")
+    replacement = (now - before).pop()
+    seen: set[str] = set()
+    while time.monotonic() < deadline and f"idg#{replacement}" not in seen:
+        r = httpx.get(cluster + "/health/ready", timeout=10)
+        if r.status_code == 200:
+            seen.add(r.headers["x-idg-replica"])
+    assert f"idg#{replacement}" in seen, seen
+
+
+@pytest.mark.slow
+def test_serve_run_the_config_file_as_a_user_would(tmp_path: Path) -> None:
+    """``serve run deploy/ray/serve.yaml`` (the default model, 2 CPU replicas) on a free port, then a sample photo."""
+    port = free_port()
+    config = tmp_path / "serve.yaml"
+    config.write_text((ROOT / "deploy/ray/serve.yaml").read_text().replace("port: 8000", f"port: {port}"))
+    serve_bin = Path(sys.executable).with_name("serve")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_USAGE_STATS_ENABLED": "0"}  # a fresh local Ray
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([str(serve_bin), "run", str(config)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text(errors="replace")
+            try:
+                if httpx.get(url + "/health/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            raise AssertionError("not ready in 240 s:\n" + log_path.read_text(errors="replace")[-4000:])
+        photo = sorted(SAMPLES.glob("*tench*.JPEG")) or sorted(SAMPLES.glob("*.JPEG"))
+        if not photo:
+            pytest.skip(f"no sample photos in {SAMPLES}")
+        head_path, body_path = tmp_path / "head.txt", tmp_path / "body.json"
+        subprocess.run(["curl", "-s", "-D", str(head_path), "-o", str(body_path), "-F", f"file=@{photo[0]}", "-F", "return_overlay=false",
+                        url + "/attribute"], timeout=300, check=True)
+        head, body = head_path.read_text(), body_path.read_text()
+        assert "HTTP/1.1 200" in head, head + body[:500]
+        assert re.search(r"(?im)^x-idg-replica: idg#\w+", head), head
+        assert '"model":"efficientnet_lite0"' in body and '"heatmap_png":"' in body
+    finally:
+        proc.send_signal(2)  # Ctrl-C: serve run tears the app and its local Ray down
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode is not None
