@@ -29,6 +29,14 @@ class Metrics:
         self.job_seconds = Histogram("idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
         self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak", ["device", "kind"], registry=r)
         self.ready = Gauge("idg_ready", "1 when models are loaded and warm", registry=r)
+        self.faithfulness = Histogram(
+            "idg_faithfulness", "Faithfulness scores of returned maps (insertion / deletion AUC in [0, 1]) by model, method and metric",
+            ["model", "method", "metric"], buckets=tuple(i / 20 for i in range(1, 21)), registry=r)
+        self.predictions = Counter(
+            "idg_predictions", "Predictions answered by /predict, by model and explain_if outcome (held, not_held, none: no condition)",
+            ["model", "condition"], registry=r)
+        self.explanations = Counter("idg_explanations", "Explanations returned by /predict because explain_if held, by model",
+                                    ["model"], registry=r)
         self.read_timeouts = Counter(
             "idg_read_timeouts", "Connections closed because the client was too slow sending its request, by phase (headers, body)",
             ["phase"], registry=r)

@@ -1,0 +1,50 @@
+"""One entry point for a method with its post-steps: SmoothGrad / VarGrad outside, IDGI inside."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from idg_core.methods import METHODS, WorkBound
+from idg_core.postprocess.idgi import IDGI_METHODS, idgi_plan
+from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, smooth_plan
+from idg_core.types import Plan
+
+
+def check_postprocess(method: str, postprocess: str | None, smooth_samples: int, smooth_std: float, smooth_kind: str) -> None:
+    """ValueError (one sentence) when the post-steps do not apply."""
+    if postprocess not in (None, "none", "idgi"):
+        raise ValueError(f"postprocess must be 'none' or 'idgi', got {postprocess!r}")
+    if postprocess == "idgi" and method not in IDGI_METHODS:
+        raise ValueError(f"postprocess=idgi needs a path method ({', '.join(IDGI_METHODS)}), got {method!r}")
+    if smooth_samples < 0:
+        raise ValueError(f"smooth_samples must be >= 0, got {smooth_samples}")
+    if smooth_std < 0:
+        raise ValueError(f"smooth_std must be >= 0, got {smooth_std}")
+    if smooth_kind not in SMOOTH_KINDS:
+        raise ValueError(f"smooth_kind must be one of {', '.join(SMOOTH_KINDS)}, got {smooth_kind!r}")
+
+
+def build_plan(
+    method: str, x: Tensor, baseline: Tensor, target: int, *, postprocess: str | None = None, smooth_samples: int = 0,
+    smooth_std: float = 0.15, smooth_kind: str = "smoothgrad", smooth_seed: int = 0, **kwargs: Any,
+) -> Plan:
+    """The plan of ``method`` on ``x (C, H, W)`` with IDGI (``postprocess="idgi"``) and/or SmoothGrad /
+    VarGrad over ``smooth_samples`` noisy copies (0: none). ``kwargs`` go to the method's plan."""
+    check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind)
+
+    def one(xi: Tensor) -> Plan:
+        plan = METHODS[method].plan(xi, baseline, target, **kwargs)
+        return idgi_plan(plan) if postprocess == "idgi" else plan
+
+    if smooth_samples == 0:
+        return one(x)
+    return smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)], smooth_kind)
+
+
+def postprocess_bound(bound: WorkBound, params: Mapping[str, Any]) -> WorkBound:
+    """The method's bound times the noisy copies (IDGI costs nothing)."""
+    k = max(1, int(params.get("smooth_samples") or 0))
+    return WorkBound(bound.forward * k, bound.backward * k, bound.host_steps * k)

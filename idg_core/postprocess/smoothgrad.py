@@ -1,0 +1,62 @@
+"""SmoothGrad (Smilkov et al. 2017, https://arxiv.org/abs/1706.03825) and VarGrad (Adebayo et al.
+2018) around any method's plan: the method runs on ``samples`` noisy copies ``x + N(0, std²)``
+(pixel units, images in [0, 1]) and the maps are averaged (``smoothgrad``) or their variance taken
+(``vargrad``). The copies' plans run in lock-step, so their points share the same model calls; the
+cost is ``samples`` times the method's."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from idg_core.types import Answer, AttributionResult, Plan, Query
+
+SMOOTH_KINDS = ("smoothgrad", "vargrad")
+
+
+def noisy_copies(x: Tensor, samples: int, std: float, seed: int) -> Tensor:
+    """``(samples, C, H, W)``: ``x + N(0, std²)``, reproducible from ``seed`` (drawn on the CPU)."""
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randn((samples, *x.shape), generator=gen, dtype=torch.float32) * std
+    return x.unsqueeze(0) + noise.to(x.device, x.dtype)
+
+
+def smooth_plan(plans: list[Plan], kind: str = "smoothgrad") -> Plan:
+    """Drive ``plans`` (one per noisy copy) in lock-step, each round yielding all their queries
+    together; pool the maps. The result keeps the first copy's curve and the summed cost."""
+    if kind not in SMOOTH_KINDS:
+        raise ValueError(f"smooth_kind must be one of {', '.join(SMOOTH_KINDS)}, got {kind!r}")
+    if not plans:
+        raise ValueError("smooth_samples must be >= 1")
+    results: list[AttributionResult | None] = [None] * len(plans)
+    pending: dict[int, list[Query]] = {}
+    try:
+        for i, p in enumerate(plans):
+            _step(p, i, None, pending, results)
+        while pending:
+            owners = list(pending)
+            answers: list[Answer] = yield [q for i in owners for q in pending[i]]
+            pos = 0
+            for i in owners:
+                k = len(pending[i])
+                _step(plans[i], i, answers[pos : pos + k], pending, results)
+                pos += k
+    finally:
+        for p in plans:
+            p.close()
+    done = [r for r in results if r is not None]
+    maps = torch.stack([r.attributions for r in done])  # (samples, 1, C, H, W)
+    pooled = maps.mean(0) if kind == "smoothgrad" else maps.var(0, unbiased=False)
+    first = done[0]
+    first.attributions = pooled
+    first.forward_passes = sum(r.forward_passes for r in done)
+    first.backward_passes = sum(r.backward_passes for r in done)
+    return first
+
+
+def _step(plan: Plan, i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None]) -> None:
+    try:
+        pending[i] = plan.send(answers)  # type: ignore[arg-type]
+    except StopIteration as stop:
+        pending.pop(i, None)
+        results[i] = stop.value
