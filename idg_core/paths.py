@@ -48,8 +48,8 @@ def ig_rule(rule: str, steps: int) -> tuple[Tensor, Tensor]:
     ``linspace(0, 1, steps)`` with equal weights ``1 / steps``)."""
     n = steps
     if rule == "gausslegendre":
-        nodes, w = np.polynomial.legendre.leggauss(n)
-        return torch.from_numpy(0.5 * (nodes + 1)), torch.from_numpy(0.5 * w)
+        nodes, gl_weights = np.polynomial.legendre.leggauss(n)
+        return torch.from_numpy(0.5 * (nodes + 1)), torch.from_numpy(0.5 * gl_weights)
     if rule == "riemann_left":
         return torch.arange(n, dtype=torch.float64) / n, torch.full((n,), 1 / n, dtype=torch.float64)
     if rule == "riemann_right":

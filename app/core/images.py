@@ -20,7 +20,14 @@ from torch import Tensor
 from app.core.config import Settings
 from app.core.errors import ApiError
 from idg_core.models import ImageClassifier
-from idg_core.models.preprocess import ImageDecodeError, ImageShapeError, ImageTooLargeError, decode_image, open_image
+from idg_core.models.preprocess import (
+    ImageDecodeError,
+    ImageShapeError,
+    ImageTooLargeError,
+    UnsupportedImageError,
+    decode_image,
+    open_image,
+)
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 LARGE_DECODE_PIXELS = 4_000_000
@@ -35,8 +42,9 @@ def _api_error(err: ImageDecodeError) -> ApiError:
         return ApiError(413, f"{err} ({SETTING[err.limit]})", code="image_too_large")
     if isinstance(err, ImageShapeError):
         return ApiError(422, f"{err} (IDG_MAX_ASPECT_RATIO)", code="bad_aspect_ratio")
-    status = 415 if "supported format" in str(err) else 400
-    return ApiError(status, str(err), code="unsupported_image" if status == 415 else "bad_image")
+    if isinstance(err, UnsupportedImageError):
+        return ApiError(415, str(err), code="unsupported_image")
+    return ApiError(400, str(err), code="bad_image")
 
 
 def decode_upload(
@@ -51,9 +59,15 @@ def decode_upload(
         raise _api_error(err) from err
 
 
+_ASCII_WHITESPACE = str.maketrans("", "", " \t\n\r\f\v")
+
+
 def decode_base64(text: str) -> bytes:
+    """Base64 (with or without a ``data:`` URL prefix) -> bytes. Line breaks and other ASCII
+    whitespace are dropped first: ``base64`` and ``base64.encodebytes`` wrap lines at 76 columns."""
     if "," in text[:100] and text.startswith("data:"):
         text = text.split(",", 1)[1]
+    text = text.translate(_ASCII_WHITESPACE)
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as err:

@@ -15,7 +15,7 @@ import torch
 
 from idg_core.evaluation.cost import COST_GRID, write_cost_report
 from idg_core.evaluation.report import write_report
-from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, EvalConfig, evaluate_folder
+from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, VARIANTS, EvalConfig, evaluate_folder
 from idg_core.models import PRECISIONS, load_model, tune
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", default="paper", choices=["paper", "cost"],
                    help="paper: the paper's methods and ablation with all four metrics; cost: IDG and IG over a grid of "
                         "step counts, insertion and deletion only (the table the presets come from)")
-    p.add_argument("--methods", nargs="+", default=None, help=f"subset of {', '.join([*MAIN_METHODS, *ABLATION])} (paper suite)")
+    p.add_argument("--methods", nargs="+", default=None, help=f"subset of {', '.join([*MAIN_METHODS, *ABLATION, *VARIANTS])} (paper suite)")
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
     p.add_argument("--limit", type=int, default=None, help="first N images only")
     p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen, metrics = COST_GRID, ("insertion", "deletion")
     else:
         catalogue = {**MAIN_METHODS, **({} if args.no_ablation else ABLATION)}
-        chosen, metrics = {n: catalogue[n] for n in (args.methods or catalogue)}, ALL_METRICS
+        chosen, metrics = {n: {**catalogue, **VARIANTS}[n] for n in (args.methods or catalogue)}, ALL_METRICS
     cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
                      pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision,
                      metrics=metrics)

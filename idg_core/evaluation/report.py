@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from idg_core.evaluation.runner import MAIN_METHODS, mean_ci
+from idg_core.metrics.curves import SKIP_RULES
 
 log = logging.getLogger(__name__)
 METRICS = (("insertion", "↑"), ("deletion", "↓"), ("sic", "↑"), ("aic", "↑"))
@@ -31,16 +31,16 @@ def _skip_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per metric and rule: how many images PIC skipped, which, and the values that tripped the rule."""
     lines = []
     for metric in ("sic", "aic"):
-        groups: dict[str, list[tuple[str, list[float]]]] = {}
+        groups: dict[str, list[tuple[str, float | None]]] = {}
         for r in records:
-            reason = next((m.get(f"{metric}_skipped") for m in r["methods"].values() if m.get(f"{metric}_skipped")), None)
-            if reason:
-                rule = re.sub(r"\d+\.\d+", "p", reason, count=1)
-                groups.setdefault(rule, []).append((Path(r["image"]).stem.split("_", 1)[-1], [float(v) for v in re.findall(r"\d+\.\d+", reason)]))
+            skipped = next((m for m in r["methods"].values() if m.get(f"{metric}_skipped")), None)
+            if skipped is not None:  # records written before rule/value were kept group by their sentence
+                rule = skipped.get(f"{metric}_skip_rule") or skipped[f"{metric}_skipped"]
+                groups.setdefault(rule, []).append((Path(r["image"]).stem.split("_", 1)[-1], skipped.get(f"{metric}_skip_value")))
         for rule, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-            values = [v[0] for _, v in items if v]
-            span = f" (p from {min(values):.2f} to {max(values):.2f})" if values else ""
-            lines.append(f"- {metric.upper()}, {len(items)} images: {rule}{span}: {', '.join(name for name, _ in items)}")
+            values = [v for _, v in items if v is not None]
+            span = f" (from {min(values):.2f} to {max(values):.2f})" if values else ""
+            lines.append(f"- {metric.upper()}, {len(items)} images: {SKIP_RULES.get(rule, rule)}{span}: {', '.join(name for name, _ in items)}")
     return lines or ["- none"]
 
 

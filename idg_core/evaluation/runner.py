@@ -17,8 +17,9 @@ import torch
 
 from idg_core.evaluator import run_plans
 from idg_core.heatmap import saliency
-from idg_core.methods import METHODS
 from idg_core.metrics import (
+    SKIP_RULES,
+    Curve,
     Skipped,
     deletion,
     insertion,
@@ -29,6 +30,7 @@ from idg_core.metrics import (
     to_uint8,
 )
 from idg_core.models import ImageClassifier, decode_image, imagenet_wnids
+from idg_core.postprocess import build_plan
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,12 @@ ABLATION: dict[str, tuple[str, dict[str, Any]]] = {
     "IDG-authors-placement": ("idg", {"steps": 50, "probe_steps": 50, "placement": "authors"}),
     "IDG-exact-IF": ("idg", {"steps": 50, "probe_steps": 50, "importance": "exact"}),
 }
-
+# Post-steps (idg_core.postprocess) on the paper's settings; chosen by name with --methods only.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "IDG+IDGI": ("idg", {"steps": 50, "probe_steps": 50, "postprocess": "idgi"}),
+    "IG+IDGI": ("ig", {"steps": 50, "rule": "uniform", "postprocess": "idgi"}),
+    "IDG+SmoothGrad": ("idg", {"steps": 50, "probe_steps": 50, "smooth_samples": 10, "smooth_std": 0.15}),
+}
 
 ALL_METRICS = ("insertion", "deletion", "sic", "aic")
 
@@ -97,7 +104,7 @@ def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: E
     pred = int(probs.argmax())
     base = _baseline(model, x, cfg.baseline)
     names = list(cfg.methods)
-    plans = [METHODS[m].plan(x, base, pred, **({"num_classes": model.num_classes} if m == "agi" else {}) | kw) for m, kw in cfg.methods.values()]
+    plans = [build_plan(m, x, base, pred, **({"num_classes": model.num_classes} if m == "agi" else {}) | kw) for m, kw in cfg.methods.values()]
     results = dict(zip(names, run_plans(model, plans, cfg.batch_size), strict=True))
     sal = torch.stack([saliency(results[n].attributions[0]) for n in names]).to(device)
     xs = x.unsqueeze(0).expand(len(names), -1, -1, -1)
@@ -108,10 +115,11 @@ def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: E
                               "correct": label == pred if label is not None else None, "methods": {}}
     confidence = original_confidence(model, x, pred)
     if not {"sic", "aic"} & set(cfg.metrics):
-        skipped = Skipped("PIC was not requested")
-        pic = {n: {"sic": skipped, "aic": skipped} for n in names}
+        skipped = Skipped(SKIP_RULES["not_requested"], "not_requested")
+        pic: dict[str, dict[str, Curve | Skipped]] = {n: {"sic": skipped, "aic": skipped} for n in names}
     elif confidence < cfg.pic_min_confidence:
-        pic = {n: {"sic": Skipped(f"the original prediction {confidence:.2f} is below {cfg.pic_min_confidence}")} for n in names}
+        pic = {n: {"sic": Skipped(f"the original prediction {confidence:.2f} is below {cfg.pic_min_confidence}", "low_confidence", confidence)}
+               for n in names}
         for n in names:
             pic[n]["aic"] = pic[n]["sic"]
     else:
@@ -128,6 +136,8 @@ def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: E
             res = pic[n][kind]
             entry[kind] = None if isinstance(res, Skipped) else res.auc
             entry[f"{kind}_skipped"] = res.reason if isinstance(res, Skipped) else None
+            entry[f"{kind}_skip_rule"] = res.rule if isinstance(res, Skipped) else None
+            entry[f"{kind}_skip_value"] = res.value if isinstance(res, Skipped) else None
         record["methods"][n] = entry
     idg_name = next((n for n, (m, kw) in cfg.methods.items() if m == "idg" and not kw.get("uniform")), None)
     if idg_name:

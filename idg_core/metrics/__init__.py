@@ -1,6 +1,6 @@
 """Faithfulness metrics: RISE insertion/deletion and PIC (SIC/AIC), with one curve type."""
 
-from idg_core.metrics.curves import Curve, Skipped, auc_trapezoid
+from idg_core.metrics.curves import SKIP_RULES, Curve, Skipped, auc_trapezoid
 from idg_core.metrics.pic import (
     PIC_THRESHOLDS,
     blur_from_known_pixels,
@@ -17,6 +17,7 @@ from idg_core.metrics.rise import deletion, gaussian_blur, insertion
 __all__ = [
     "PIC_THRESHOLDS",
     "Curve",
+    "SKIP_RULES",
     "Skipped",
     "auc_trapezoid",
     "blur_from_known_pixels",

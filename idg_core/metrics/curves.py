@@ -16,11 +16,24 @@ class Curve:
     auc: float
 
 
+SKIP_RULES: dict[str, str] = {
+    "low_confidence": "the original prediction is below the minimum confidence",
+    "blurred_information": "the fully blurred image carries as much information as the original",
+    "blurred_confidence": "the fully blurred image is predicted as confidently as the original",
+    "not_requested": "PIC was not requested",
+}
+"""Why an image is skipped, by rule name: the reference library's PIC rules, and ours."""
+
+
 @dataclass(frozen=True)
 class Skipped:
-    """This image does not qualify for the metric (the reference library's skip rules); not an error."""
+    """This image does not qualify for the metric (the reference library's skip rules); not an error.
+    ``rule`` names the rule (a key of :data:`SKIP_RULES`), ``value`` is the number that tripped it
+    (the original prediction for ``low_confidence``), ``reason`` says both in one sentence."""
 
     reason: str
+    rule: str = "other"
+    value: float | None = None
 
 
 def auc_trapezoid(y: np.ndarray) -> float:

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from scipy import interpolate
 
-from idg_core.metrics.curves import Curve, Skipped
+from idg_core.metrics.curves import SKIP_RULES, Curve, Skipped
 from idg_core.types import Model
 
 PIC_THRESHOLDS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.10, 0.13, 0.21, 0.34, 0.5, 0.75)
@@ -106,9 +106,9 @@ def pic_scores(
 
 def _curve(info: np.ndarray, pred: np.ndarray, points: int) -> Curve | Skipped:
     if info[0] >= info[-1]:
-        return Skipped("the fully blurred image carries as much information as the original")
+        return Skipped(SKIP_RULES["blurred_information"], "blurred_information")
     if pred[0] >= pred[-1]:
-        return Skipped("the fully blurred image is predicted as confidently as the original")
+        return Skipped(SKIP_RULES["blurred_confidence"], "blurred_confidence")
     x = np.clip((info - info[0]) / (info[-1] - info[0]), 0, 1)
     y = np.maximum.accumulate(np.clip((pred - pred[0]) / (pred[-1] - pred[0]), 0, 1))
     x, y = np.concatenate([[0.0], x, [1.0]]), np.concatenate([[0.0], y, [1.0]])
@@ -129,6 +129,6 @@ def pic_curve(
         raise ValueError(f"kind must be 'sic' or 'aic', got {kind!r}")
     original = original_confidence(model, image, target)
     if original < min_confidence:  # checked first: it spares the rebuilds
-        return Skipped(f"the original prediction {original:.2f} is below {min_confidence}")
+        return Skipped(f"the original prediction {original:.2f} is below {min_confidence}", "low_confidence", original)
     images, info = pic_rebuilds(to_uint8(image), saliency.detach().cpu().double().numpy(), mask, thresholds)
     return pic_scores(model, images, info, target, image.device, kinds=(kind,), points=points)[kind]

@@ -52,7 +52,7 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
     model.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
     model.channels_last = channels_last
     if channels_last:
-        model.net = model.net.to(memory_format=torch.channels_last)
+        model.net = model.net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # accepted at run time; torch's stubs omit it
     if compile:
         model.net = torch.compile(model.net)  # type: ignore[assignment]
     log.info("%s: precision %s, channels_last %s, compile %s", model.name, precision, channels_last, compile)

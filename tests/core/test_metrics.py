@@ -141,8 +141,10 @@ def test_pic_skips_unconfident_and_flat_images() -> None:
     mask = random_pixel_mask(16, 16)
     res = pic_curve(Brightness(), flat, torch.rand(16, 16), 0, mask)  # p(class 0) = 0.12
     assert isinstance(res, Skipped) and "below" in res.reason
+    assert res.rule == "low_confidence" and res.value == pytest.approx(0.12, abs=0.01)
     res = pic_curve(Brightness(), flat, torch.rand(16, 16), 1, mask, min_confidence=0.1)
     assert isinstance(res, Skipped) and "information" in res.reason
+    assert res.rule == "blurred_information" and res.value is None
     with pytest.raises(ValueError, match="kind"):
         pic_curve(Brightness(), flat, torch.rand(16, 16), 1, mask, kind="xic")
 
