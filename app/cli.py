@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("image", type=Path)
     pr.add_argument("--model")
     pr.add_argument("--top-k", type=int, default=5)
+    pr.add_argument("--explain-if", help="explain the prediction when this holds, e.g. 'confidence < 0.6'")
     at = sub.add_parser("attribute", help="heatmap and logit-α curve")
     at.add_argument("image", type=Path)
     at.add_argument("--model")
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     at.add_argument("--steps", type=int)
     at.add_argument("--probe-steps", type=int)
     at.add_argument("--baseline", choices=["mean", "black"])
+    at.add_argument("--faithfulness", help="score the map: insertion, deletion or insertion,deletion")
+    at.add_argument("--postprocess", choices=["none", "idgi"])
+    at.add_argument("--smooth-samples", type=int, help="SmoothGrad over this many noisy copies")
     at.add_argument("--out", type=Path, default=Path("heatmap.png"), help="heatmap PNG to write")
     at.add_argument("--overlay", type=Path, help="also write the overlay PNG here")
     args = p.parse_args(argv)
@@ -45,12 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Client(args.url, api_key=args.api_key) as client:
             if args.command == "predict":
-                res = client.predict(args.image, model=args.model, top_k=args.top_k)
+                res = client.predict(args.image, model=args.model, top_k=args.top_k, explain_if=args.explain_if)
                 for s in res.top_k:
                     out.write(f"{s.index:4d}  {s.probability:.4f}  {s.name}\n")
+                if res.raw.get("explained") is not None:
+                    ex = res.explanation
+                    out.write(f"explain_if held: {res.raw['explained']}" + (f"; {ex.method} explanation of class {ex.target.index}" if ex else "") + "\n")
                 return 0
             a = client.attribute(args.image, method=args.method, model=args.model, target=args.target, preset=args.preset, steps=args.steps,
-                                 probe_steps=args.probe_steps, baseline=args.baseline, return_overlay=args.overlay is not None)
+                                 probe_steps=args.probe_steps, baseline=args.baseline, return_overlay=args.overlay is not None,
+                                 faithfulness=args.faithfulness, postprocess=args.postprocess, smooth_samples=args.smooth_samples)
     except ServiceError as err:
         sys.stderr.write(f"error {err.status}: {err.message}\n")
         return 1
@@ -66,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.overlay and a.overlay is not None:
         a.overlay.save(args.overlay)
     out.write(f"{a.model} {a.method}: class {a.target.index} {a.target.name} (p={a.target.probability:.4f}); heatmap -> {args.out}\n")
-    out.write("alpha\tlogit\timportance\tweight\n")
+    if a.faithfulness:
+        out.write("faithfulness: " + ", ".join(f"{k} {v:.3f}" for k, v in a.faithfulness.items() if k != "steps" and v is not None)
+                  + f" ({a.faithfulness['steps']} steps)\n")
     c = a.curve
+    out.write(f"alpha\t{c.output}\timportance\tweight\n")
     for i in range(len(c.alphas)):
         imp = f"{c.importance[i]:.5g}" if len(c.importance) else ""
         w = f"{c.weights[i]:.5g}" if len(c.weights) else ""
-        out.write(f"{c.alphas[i]:.5f}\t{c.logits[i]:.5g}\t{imp}\t{w}\n")
+        out.write(f"{c.alphas[i]:.5f}\t{c.values[i]:.5g}\t{imp}\t{w}\n")
     return 0
 
 

@@ -49,15 +49,23 @@ class Prediction:
     top_k: list[ClassScore]
     raw: dict[str, Any]
 
+    @property
+    def explanation(self) -> Attribution | None:
+        """The explanation of the predicted class, when ``explain_if`` held."""
+        body = self.raw.get("explanation")
+        return parse_attribution(body) if body else None
+
 
 @dataclass(frozen=True)
 class CurveArrays:
-    """The logit-α curve as arrays (see /docs for each field)."""
+    """The output-α curve as arrays (see /docs for each field): ``values`` and ``probe_values`` are
+    the target's logit or its probability, as ``output`` says."""
 
+    output: str
     probe_alphas: np.ndarray
-    probe_logits: np.ndarray
+    probe_values: np.ndarray
     alphas: np.ndarray
-    logits: np.ndarray
+    values: np.ndarray
     importance: np.ndarray
     weights: np.ndarray
 
@@ -74,6 +82,11 @@ class Attribution:
     attribution: np.ndarray | None
     curve: CurveArrays
     raw: dict[str, Any]
+
+    @property
+    def faithfulness(self) -> dict[str, Any] | None:
+        """``{"insertion", "deletion", "steps"}`` when ``faithfulness`` was asked."""
+        return self.raw.get("faithfulness")
 
 
 def _file(image: ImageInput) -> tuple[str, bytes]:
@@ -107,7 +120,11 @@ def parse_attribution(body: dict[str, Any]) -> Attribution:
     raw = body.get("attribution")
     array = np.load(io.BytesIO(base64.b64decode(raw["data"]))) if raw else None
     c = body["curve"]
-    curve = CurveArrays(*(np.asarray(c[k], dtype=np.float64) for k in ("probe_alphas", "probe_logits", "alphas", "logits", "importance", "weights")))
+    if "values" not in c:  # a server from before `values` / `output`: its "logits" were probabilities for these methods
+        c = {**c, "values": c["logits"], "probe_values": c["probe_logits"],
+             "output": "probability" if body["method"] in ("guided_ig", "agi") else "logit"}
+    curve = CurveArrays(c["output"], *(np.asarray(c[k], dtype=np.float64)
+                                       for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")))
     t = body["target"]
     return Attribution(body["model"], body["method"], ClassScore(t["index"], t["name"], t["probability"]), _scores(body["prediction"]),
                        body["parameters"], _png(body.get("heatmap_png")), _png(body.get("overlay_png")), array, curve, body)
@@ -163,8 +180,11 @@ class Client:
             time.sleep(wait)
         raise AssertionError("unreachable")
 
-    def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5) -> Prediction:
-        return parse_prediction(self._post("/predict", image, {"model": model, "top_k": top_k}))
+    def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5, explain_if: str | None = None,
+                **explain: Any) -> Prediction:
+        """``explain_if`` (e.g. ``"confidence < 0.6"``): the answer's ``explanation`` is the predicted class's
+        attribution when it holds; ``explain``: its method, preset, faithfulness."""
+        return parse_prediction(self._post("/predict", image, {"model": model, "top_k": top_k, "explain_if": explain_if, **explain}))
 
     def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
         """``params``: any /attribute field (target, steps, probe_steps, baseline, return_attribution, ...)."""
@@ -214,8 +234,9 @@ class AsyncClient:
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
-    async def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5) -> Prediction:
-        return parse_prediction(await self._post("/predict", image, {"model": model, "top_k": top_k}))
+    async def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5, explain_if: str | None = None,
+                      **explain: Any) -> Prediction:
+        return parse_prediction(await self._post("/predict", image, {"model": model, "top_k": top_k, "explain_if": explain_if, **explain}))
 
     async def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
         return parse_attribution(await self._post("/attribute", image, {"method": method, **params}))

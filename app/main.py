@@ -14,12 +14,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from app.api.docs import install_docs
 from app.api.routes import attribute, info, predict
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
 from app.core.metrics import Metrics, MetricsMiddleware
 from app.core.models import load_models, pick_device, warm_up
+from app.core.replica import ReplicaHeaderMiddleware
 from app.service import Service
 from app.worker.engine import Worker
 from idg_core.models import ImageClassifier, tune
@@ -39,7 +41,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         device = pick_device(settings.device)
-        loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device)
+        loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device, settings.models_file)
         loaded = {n: tune(m.to(device).eval(), precision=settings.precision_on(device), channels_last=settings.channels_last,
                           compile=settings.compile) for n, m in loaded.items()}
         if settings.warmup:
@@ -70,6 +72,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         version="0.1.0",
         description="Explain ImageNet classifiers with Integrated Decision Gradients (adaptive sampling) and its baselines.",
         lifespan=lifespan,
+        docs_url=None,  # app.api.docs serves /docs and /redoc with local assets (FastAPI's load from a CDN)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -81,9 +85,11 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
+    app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
     for module in (predict, attribute, info):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    install_docs(app)
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:

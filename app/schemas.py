@@ -50,13 +50,33 @@ class AttributeParams(PredictParams):
     return_overlay: bool = Field(True, description="Return the heatmap over the input as a PNG (base64)")
     return_attribution: bool = Field(False, description="Return the raw (C, H, W) attribution as base64 float16 .npy")
     return_input: bool = Field(False, description="Return the model-size input image as a PNG (to layer the heatmap over it)")
+    faithfulness: str | None = Field(None, description="Score the returned map: 'insertion', 'deletion' or 'insertion,deletion' "
+                                     "(RISE AUCs in [0, 1]); costs steps + 1 forward passes per metric (2 x 29 at the default 28 steps)")
+    faithfulness_steps: int | None = Field(None, ge=1, le=224, description="Steps of the faithfulness games; default IDG_FAITHFULNESS_STEPS (28)")
+    postprocess: Literal["none", "idgi"] = Field("none", description="'idgi': IDGI (Yang et al. 2023) on the path of idg, ig or "
+                                                 "left_ig, from the same outputs and gradients (no extra model pass)")
+    smooth_samples: int = Field(0, ge=0, le=64, description="SmoothGrad / VarGrad over this many noisy copies (0: off); costs "
+                                "this many times the method's passes, pooled into the same model calls")
+    smooth_std: float = Field(0.15, ge=0, le=1, description="Standard deviation of the SmoothGrad noise in pixel units (images in [0, 1])")
+    smooth_kind: Literal["smoothgrad", "vargrad"] = Field("smoothgrad", description="Pool the noisy copies' maps by mean (smoothgrad) or variance (vargrad)")
 
 
 class ImageJSON(BaseModel):
     image: str = Field(..., description="The image file, base64 (a data: URL prefix is accepted)")
 
 
-class PredictJSON(ImageJSON, PredictParams):
+class PredictExplainParams(PredictParams):
+    """Form fields of POST /predict: the prediction, and an explanation when ``explain_if`` holds."""
+
+    explain_if: str | None = Field(None, description="Explain the prediction only when this holds, e.g. 'confidence < 0.6 or "
+                                   "class in 3,17,207': confidence, margin (top-1 minus top-2), entropy (nats) compared with "
+                                   "< <= > >= == !=, 'class in' a list, joined with and / or and parentheses")
+    method: MethodName = Field("idg", description="Method of the explanation when explain_if holds")
+    preset: Preset = Field(DEFAULT_PRESET, description="Cost preset of the explanation when explain_if holds")
+    faithfulness: str | None = Field(None, description="Score the explanation: insertion, deletion or both (see /attribute)")
+
+
+class PredictJSON(ImageJSON, PredictExplainParams):
     """JSON body of POST /predict."""
 
 
@@ -81,18 +101,27 @@ class PredictResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     model: str = Field(..., description="Model that answered")
     top_k: list[ClassScore] = Field(..., description="Best classes, most probable first")
-    timings: Timings
+    timings: Timings = Field(..., description="Where the time of this request went, in milliseconds")
+    explained: bool | None = Field(None, description="Whether explain_if held (null when none was given)")
+    explanation: AttributeResponse | None = Field(None, description="The /attribute body for the predicted class, when explain_if held")
 
 
 class Curve(BaseModel):
-    """The logit-α curve: F along the path x' + α(x - x') for the target class."""
+    """The output-α curve: F along the path x' + α(x - x') for the target class, where F is the
+    target's logit or its softmax probability (``output``: the method's choice)."""
 
+    output: Literal["logit", "probability"] = Field(..., description="What F is: the target class's logit (idg, ig, left_ig) or its "
+                                                    "softmax probability (guided_ig, agi, as their authors' code)")
     probe_alphas: list[float] = Field(..., description="IDG's uniform probe positions α_k (empty for other methods)")
-    probe_logits: list[float] = Field(..., description="Target logit at each probe position")
+    probe_values: list[float] = Field(..., description="F (see `output`) at each probe position")
     alphas: list[float] = Field(..., description="Sample positions α_j where gradients were taken")
-    logits: list[float] = Field(..., description="Target output (logit, or probability for guided_ig/agi) at each sample")
+    values: list[float] = Field(..., description="F (see `output`) at each sample")
     importance: list[float] = Field(..., description="IDG importance factor dF/dα at each sample")
     weights: list[float] = Field(..., description="Quadrature weight of each sample")
+    probe_logits: list[float] = Field(..., deprecated=True, description="Deprecated: the same numbers as `probe_values`, "
+                                      "kept for older clients (probabilities when `output` is 'probability')")
+    logits: list[float] = Field(..., deprecated=True, description="Deprecated: the same numbers as `values`, kept for older "
+                                "clients (probabilities when `output` is 'probability', despite the name)")
 
 
 class Cost(BaseModel):
@@ -101,10 +130,20 @@ class Cost(BaseModel):
 
 
 class Attribution(BaseModel):
-    format: Literal["npy"] = "npy"
-    dtype: Literal["float16"] = "float16"
+    format: Literal["npy"] = Field("npy", description="Encoding of `data`: a NumPy .npy file (read with numpy.load)")
+    dtype: Literal["float16"] = Field("float16", description="Element type of the array in `data`")
     shape: list[int] = Field(..., description="(C, H, W) in the model's input resolution")
     data: str = Field(..., description="base64 of a NumPy .npy file (float16)")
+
+
+class Faithfulness(BaseModel):
+    """How faithful the returned map is to the model (RISE, Petsiuk et al. 2018)."""
+
+    insertion: float | None = Field(None, description="Insertion AUC in [0, 1]: probability of the predicted class as the most "
+                                    "salient pixels are put back into a blurred image; higher is more faithful")
+    deletion: float | None = Field(None, description="Deletion AUC in [0, 1]: probability as the most salient pixels are "
+                                   "replaced by the mean colour; lower is more faithful")
+    steps: int = Field(..., description="Steps of each game (its forward passes are steps + 1)")
 
 
 class AttributeResponse(BaseModel):
@@ -119,34 +158,45 @@ class AttributeResponse(BaseModel):
     overlay_png: str | None = Field(None, description="Heatmap over the resized input, base64 PNG")
     input_png: str | None = Field(None, description="The resized, cropped input the model saw, base64 PNG, if return_input")
     attribution: Attribution | None = Field(None, description="Raw attribution, if return_attribution")
-    curve: Curve
-    cost: Cost
-    timings: Timings
+    curve: Curve = Field(..., description="The target output along the path, where the method sampled it")
+    cost: Cost = Field(..., description="Model passes this request took")
+    faithfulness: Faithfulness | None = Field(None, description="Insertion / deletion AUCs of this map, if faithfulness was asked")
+    timings: Timings = Field(..., description="Where the time of this request went, in milliseconds")
 
 
 class ModelInfo(BaseModel):
-    name: str
-    classes: int
-    input_size: int
-    resize_size: int
-    interpolation: str
-    default: bool
+    name: str = Field(..., description="Model name, the value of the `model` request field")
+    classes: int = Field(..., description="Number of output classes")
+    input_size: int = Field(..., description="Side of the square centre crop the model sees, in pixels")
+    resize_size: int = Field(..., description="Shorter side the image is resized to before the crop, in pixels")
+    interpolation: str = Field(..., description="Resize interpolation (e.g. bilinear, bicubic)")
+    default: bool = Field(..., description="Whether requests without `model` use this model")
+    source: str = Field("", description="Where the model came from: packaged:NAME, torchvision:ARCH:PATH, timm:ARCH:PATH, "
+                        "hf:FOLDER, torchscript:PATH or export:PATH")
+    class_names: list[str] = Field(default_factory=list, description="The first few class names, by index (up to 5)")
+    resize_mode: str = Field("shorter", description="shorter: the shorter side is resized to resize_size, then centre-cropped; "
+                             "squash: the whole image is resized to resize_size square (aspect ratio not kept), then cropped")
+    mean: list[float] = Field(default_factory=list, description="Per-channel (RGB) mean subtracted from pixels in [0, 1], inside the model")
+    std: list[float] = Field(default_factory=list, description="Per-channel (RGB) standard deviation pixels are divided by, inside the model")
+    precision: str = Field("fp32", description="Arithmetic the model runs in: fp32, tf32 or bf16 (autocast)")
+    max_batch: int | None = Field(None, description="Most images in one call of this model (the models file's max_batch); "
+                                  "null: the service's IDG_MAX_BATCH_IMAGES")
 
 
 class ModelsResponse(BaseModel):
-    models: list[ModelInfo]
+    models: list[ModelInfo] = Field(..., description="Loaded models, the default first")
     methods: dict[str, str] = Field(..., description="Method name -> description")
-    device: str
+    device: str = Field(..., description="Device the models run on (cpu, cuda, cuda:1, ...)")
 
 
 class ErrorDetail(BaseModel):
-    status: int
-    code: str
+    status: int = Field(..., description="The HTTP status (also the response's status, except for /attribute/batch items and stream events)")
+    code: str = Field(..., description="Stable machine-readable reason, e.g. bad_image, unsupported_image, invalid_parameter, too_large, busy, deadline")
     message: str = Field(..., description="What was wrong, in one sentence")
 
 
 class ErrorResponse(BaseModel):
-    error: ErrorDetail
+    error: ErrorDetail = Field(..., description="What went wrong")
 
 
 class BatchItem(BaseModel):
@@ -158,9 +208,21 @@ class BatchItem(BaseModel):
 
 class BatchResponse(BaseModel):
     items: list[BatchItem] = Field(..., description="One entry per uploaded image, in upload order")
-    succeeded: int
-    failed: int
+    succeeded: int = Field(..., description="How many items have status 200")
+    failed: int = Field(..., description="How many items have another status")
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, object]] = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 415, 422, 503, 504)}
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "The body could not be read: not an image, a broken file, or a malformed multipart/base64 body",
+    401: "Missing or wrong API key (only when IDG_API_KEYS is set)",
+    404: "Unknown model name",
+    408: "The request body did not arrive within IDG_BODY_TIMEOUT_S",
+    413: "The body, the image's pixels or the batch is larger than the limits",
+    415: "Not multipart/form-data or application/json, or an image format that is not supported",
+    422: "A parameter is invalid (wrong type or range, unknown field, missing file) or the image cannot be used",
+    500: "An unexpected failure of this request (logged with a traceback)",
+    503: "Not ready yet, shutting down, or the queue is full (with Retry-After)",
+    504: "The request ran past its deadline",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {c: {"model": ErrorResponse, "description": d} for c, d in ERROR_DESCRIPTIONS.items()}
 """The error statuses the image routes answer, for their OpenAPI docs."""

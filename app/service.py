@@ -21,13 +21,16 @@ from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.images import load_input
 from app.core.metrics import Metrics
-from app.schemas import AttributeParams, AttributeResponse, ClassScore, Cost, Curve, Timings
+from app.schemas import AttributeParams, AttributeResponse, ClassScore, Cost, Curve, Faithfulness, Timings
 from app.worker.engine import QueueFull, Worker, work_units
 from app.worker.jobs import Job, JobCancelled
 from idg_core import METHODS, heatmap_png, overlay_png
+from idg_core.faithfulness import faithfulness_plan, forward_cost, parse_metrics
 from idg_core.methods import WorkBound
 from idg_core.models import ImageClassifier
 from idg_core.paths import resolve_baseline
+from idg_core.postprocess import build_plan, postprocess_bound
+from idg_core.postprocess.compose import check_postprocess
 from idg_core.presets import preset_params
 from idg_core.types import AttributionResult, Plan, Query
 
@@ -47,6 +50,34 @@ def attribute_plan(x: Tensor, baseline: Tensor, target: int | None, method: str,
     chosen = int(probs.argmax()) if target is None else target
     result = yield from METHODS[method].plan(x, baseline, chosen, **kwargs)
     return probs, chosen, result
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What an attribution adds to its method: post-steps (IDGI, SmoothGrad) and the faithfulness score."""
+
+    post: dict[str, Any]
+    metrics: tuple[str, ...] = ()
+    steps: int = 28
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+
+
+def explain_plan(
+    x: Tensor, baseline: Tensor, target: int | None, method: str, kwargs: dict[str, Any], extras: Extras, probs: Tensor | None = None,
+) -> Plan:
+    """:func:`attribute_plan` with post-steps and the faithfulness score, whose forward passes are
+    queries like any other (they join the worker's shared model calls). With ``probs`` known (from
+    /predict) the prediction pass is skipped. Returns ``(probs, target, result, scores)``."""
+    if probs is None:
+        probs = yield from predict_plan(x)
+    chosen = int(probs.argmax()) if target is None else target
+    result = yield from build_plan(method, x, baseline, chosen, **extras.post, **kwargs)
+    scores: dict[str, float] = {}
+    if extras.metrics:
+        scores = yield from faithfulness_plan(x, result.attributions[0], int(probs.argmax()), metrics=extras.metrics,
+                                              steps=extras.steps, mean=extras.mean, std=extras.std)
+    return probs, chosen, result, scores
 
 
 @dataclass
@@ -105,8 +136,11 @@ class Service:
                            f"limit of {limit}: lower steps, probe_steps, max_iter or adversarial_classes", code="invalid_parameter")
         return bound
 
-    def build_attribute(self, params: AttributeParams, model: ImageClassifier, x: Tensor) -> tuple[Plan, dict[str, Any], float]:
-        """The request's plan, every parameter it runs with, and its work units at most (checked)."""
+    def build_attribute(
+        self, params: AttributeParams, model: ImageClassifier, x: Tensor, probs: Tensor | None = None,
+    ) -> tuple[Plan, dict[str, Any], float]:
+        """The request's plan, every parameter it runs with, and its work units at most (checked);
+        with ``probs`` known (from /predict) the plan skips the prediction pass."""
         if params.target is not None and params.target >= model.num_classes:
             raise ApiError(422, f"target must be < {model.num_classes} (the model's classes), got {params.target}", code="invalid_parameter")
         kwargs, used = self.method_kwargs(params, model.num_classes)
@@ -115,9 +149,34 @@ class Service:
             METHODS[params.method].plan(x, baseline, 0, **kwargs).close()  # validates the arguments now
         except ValueError as err:
             raise ApiError(422, str(err), code="invalid_parameter") from err
-        bound = self.work_bound(params.method, used)
-        used = {**used, "baseline": params.baseline, "preset": params.preset}
-        return attribute_plan(x, baseline, params.target, params.method, kwargs), used, work_units(1 + bound.forward, bound.backward)
+        extras = self.extras(params, model, x)
+        bound = postprocess_bound(self.work_bound(params.method, used), extras.post)
+        limit = self.settings.max_passes or 4 * self.settings.max_steps
+        if bound.forward > limit:
+            raise ApiError(422, f"{params.method} with smooth_samples={params.smooth_samples} may cost up to {bound.forward} model "
+                           f"passes, more than the limit of {limit}: lower smooth_samples or steps", code="invalid_parameter")
+        score_passes = forward_cost(extras.metrics, x.shape[-2], x.shape[-1], extras.steps) if extras.metrics else 0
+        used = {**used, "baseline": params.baseline, "preset": params.preset, **extras.post}
+        if extras.metrics:
+            used |= {"faithfulness": ",".join(extras.metrics), "faithfulness_steps": extras.steps}
+        plan = explain_plan(x, baseline, params.target, params.method, kwargs, extras, probs)
+        return plan, used, work_units((probs is None) + bound.forward + score_passes, bound.backward)
+
+    def extras(self, params: AttributeParams, model: ImageClassifier, x: Tensor) -> Extras:
+        """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
+        post: dict[str, Any] = {}
+        if params.postprocess == "idgi":
+            post["postprocess"] = "idgi"
+        if params.smooth_samples:
+            post |= {"smooth_samples": params.smooth_samples, "smooth_std": params.smooth_std, "smooth_kind": params.smooth_kind,
+                     "smooth_seed": params.seed}
+        try:
+            check_postprocess(params.method, params.postprocess, params.smooth_samples, params.smooth_std, params.smooth_kind)
+            metrics = parse_metrics(params.faithfulness)
+        except ValueError as err:
+            raise ApiError(422, str(err), code="invalid_parameter") from err
+        p = model.preprocessing
+        return Extras(post, metrics, params.faithfulness_steps or self.settings.faithfulness_steps, tuple(p.mean), tuple(p.std))
 
     async def attribute(
         self, request: Request | None, data: bytes, params: AttributeParams, received: float,
@@ -127,9 +186,23 @@ class Service:
         name, model = self.model(params.model)
         self.check_top_k(params.top_k)
         x = await load_input(data, model, self.settings, self.device)
-        plan, used, cost = self.build_attribute(params, model, x)
+        return await self.attribute_tensor(request, name, model, x, params, received, on_event)
+
+    async def attribute_tensor(
+        self, request: Request | None, name: str, model: ImageClassifier, x: Tensor, params: AttributeParams, received: float,
+        on_event: Callable[[dict[str, Any]], None] | None = None, probs: Tensor | None = None,
+    ) -> AttributeResponse:
+        """:meth:`attribute` of a decoded input ``x``; with ``probs`` (from /predict) no prediction pass."""
+        plan, used, cost = self.build_attribute(params, model, x, probs)
         outcome = await self.run(request, name, plan, "attribute", priority=1, on_event=on_event, cost=cost)
-        probs, target, result = outcome.value
+        probs, target, result, scores = outcome.value
+        faithfulness = None
+        if scores:
+            faithfulness = Faithfulness(insertion=scores.get("insertion"), deletion=scores.get("deletion"), steps=int(scores["steps"]))
+            label = params.method + ("+idgi" if params.postprocess == "idgi" else "") + (f"+{params.smooth_kind}" if params.smooth_samples else "")
+            for metric in ("insertion", "deletion"):
+                if metric in scores:
+                    self.metrics.faithfulness.labels(name, label, metric).observe(scores[metric])
         rendered_at = time.perf_counter()
         images = await asyncio.to_thread(render, x, result, params)
         render_ms = (time.perf_counter() - rendered_at) * 1000
@@ -140,8 +213,9 @@ class Service:
             target=ClassScore(index=target, name=model.class_names[target], probability=float(probs[target])),
             parameters={**used, "target": target},
             precision=self.settings.precision_on(self.device),
-            curve=Curve(**curve(result)),
-            cost=Cost(forward_passes=result.forward_passes + 1, backward_passes=result.backward_passes),
+            curve=curve(result, used["output"]),
+            cost=Cost(forward_passes=result.forward_passes + 1 + score_passes(scores), backward_passes=result.backward_passes),
+            faithfulness=faithfulness,
             timings=Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, render_ms=render_ms,
                             total_ms=(time.perf_counter() - received) * 1000),
             **images,
@@ -174,8 +248,8 @@ class Service:
             if err.reason in ("deadline", "stuck"):
                 raise ApiError(504, late if err.reason == "deadline" else str(err), code="deadline") from err
             raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
-        except ValueError as err:
-            raise ApiError(422, str(err), code="invalid_parameter") from err
+        # No ValueError -> 422 here: the parameters were checked before the job was queued (build_attribute
+        # runs the methods' eager argument checks), so whatever the running plan raises is this request's 500.
         except Exception as err:  # noqa: BLE001 - the model failed on this request only
             log.error("job %d (%s) failed: %s", job.id, kind, err)
             raise ApiError(500, f"the model failed on this request: {err}", code="model_error") from err
@@ -196,6 +270,11 @@ class Service:
                 self.worker.cancel(job, "client_disconnected")
                 return
             await asyncio.sleep(0.2)
+
+
+def score_passes(scores: dict[str, float]) -> int:
+    """Forward passes a faithfulness score took: steps + 1 per metric."""
+    return sum(int(scores["steps"]) + 1 for k in scores if k != "steps")
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -227,11 +306,15 @@ def render(x: Tensor, result: AttributionResult, params: AttributeParams) -> dic
     return out
 
 
-def curve(result: AttributionResult) -> dict[str, list[float]]:
+def curve(result: AttributionResult, output: str) -> Curve:
+    """The response's curve; ``output`` ("logit" or "probability") is what the method differentiated,
+    so what ``result.logits`` holds despite its name."""
     def row(t: Tensor) -> list[float]:
         return [float(v) for v in (t[0] if t.dim() == 2 else t)] if t.numel() else []
 
-    return {
-        "probe_alphas": row(result.probe_alphas), "probe_logits": row(result.probe_logits), "alphas": row(result.alphas),
-        "logits": row(result.logits), "importance": row(result.importance), "weights": row(result.weights),
-    }
+    values, probe_values = row(result.logits), row(result.probe_logits)
+    return Curve.model_validate({
+        "output": output, "probe_alphas": row(result.probe_alphas), "probe_values": probe_values, "alphas": row(result.alphas),
+        "values": values, "importance": row(result.importance), "weights": row(result.weights),
+        "probe_logits": probe_values, "logits": values,  # deprecated names, same numbers
+    })

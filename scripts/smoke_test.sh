@@ -27,6 +27,30 @@ curl -sf -F "file=@$IMG" "$URL/predict" | check predict "d['top_k'][0]['name'] =
 curl -sf -F "file=@$IMG" -F method=idg -F steps=10 -F probe_steps=10 "$URL/attribute" \
     | check attribute "d['target']['name'] == 'jay' and d['heatmap_png'].startswith('iVBOR') and len(d['curve']['alphas']) == 10"
 curl -sf -F "file=@$IMG" -F method=ig -F steps=8 -F target=207 "$URL/attribute" | check attribute-target "d['target']['index'] == 207"
+# The README's other examples, with fewer steps than it shows (same routes and fields, less CPU):
+curl -sf -F "file=@$IMG" -F method=guided_ig -F steps=5 -F return_attribution=true "$URL/attribute" | check return-attribution \
+    "__import__('numpy').load(__import__('io').BytesIO(__import__('base64').b64decode(d['attribution']['data']))).shape == (3, 224, 224) \
+     and d['curve']['output'] == 'probability' and len(d['curve']['values']) == 5"
+BIG="${SMOKE_BIG_IMAGE:-../shared/data/imagenet-samples/n02091032_Italian_greyhound.JPEG}"  # 576 KB: inlined in argv it would fail
+BODY=$(mktemp)
+printf '{"image": "%s", "top_k": 3}' "$(base64 -w0 "$BIG")" > "$BODY"
+TOP=$(curl -sf -F "file=@$BIG" "$URL/predict" | $PY -c "import json, sys; print(json.load(sys.stdin)['top_k'][0]['index'])")
+curl -sf -H 'content-type: application/json' --data-binary "@$BODY" "$URL/predict" \
+    | check predict-json "$(stat -c %s "$BODY") > 500_000 and len(d['top_k']) == 3 and d['top_k'][0]['index'] == $TOP"
+rm -f "$BODY"
+curl -sfN -F "file=@$IMG" -F method=idg -F steps=8 -F probe_steps=8 "$URL/attribute/stream" \
+    | $PY -c "import sys; ev = [l[7:] for l in sys.stdin.read().splitlines() if l.startswith('event: ')]; \
+assert ev[0] == 'accepted' and 'progress' in ev and ev[-1] == 'result', ev" || { echo "smoke: stream failed"; exit 1; }
+echo "smoke: stream ok"
+curl -sf -F "files=@$IMG" -F "files=@$BIG" -F steps=8 -F probe_steps=8 "$URL/attribute/batch" \
+    | check batch "d['succeeded'] == 2 and d['failed'] == 0 and [i['status'] for i in d['items']] == [200, 200]"
+for page in docs redoc; do  # the API docs load nothing from other hosts (they work offline)
+    curl -sf "$URL/$page" | grep -Eq '(src|href|spec-url)="(https?:)?//' && { echo "smoke: /$page loads from another host"; exit 1; }
+    curl -sf "$URL/$page" | grep -Eo '(src|href)="/docs-assets/[^"]+"' | cut -d'"' -f2 | while read -r asset; do
+        curl -sf -o /dev/null "$URL$asset" || { echo "smoke: /$page asset $asset missing"; exit 1; }
+    done
+done
+echo "smoke: docs offline ok"
 code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@README.md" "$URL/predict")
 [ "$code" = 415 ] || { echo "smoke: a text file gave $code, not 415"; exit 1; }
 echo "smoke: bad input ok (415)"
@@ -37,4 +61,42 @@ $PY -m app.cli --url "$URL" attribute "$IMG" --method idg --steps 10 --probe-ste
     && grep -q "jay" "$LOG.cli" && [ "$(wc -l < "$LOG.cli")" -eq 12 ] && [ -s "$HEAT" ] || { cat "$LOG.cli"; echo "smoke: cli failed"; exit 1; }
 rm -f "$HEAT" "$LOG.cli"
 echo "smoke: cli ok"
-echo "smoke: 8 passed, 0 failed"
+curl -sf -F "file=@$IMG" -F method=idg -F steps=8 -F probe_steps=8 -F faithfulness=insertion,deletion "$URL/attribute" \
+    | check faithfulness "0 <= d['faithfulness']['insertion'] <= 1 and 0 <= d['faithfulness']['deletion'] <= 1 and d['faithfulness']['steps'] == 28"
+curl -sf -F "file=@$IMG" -F method=ig -F steps=8 -F postprocess=idgi "$URL/attribute" | check idgi "d['parameters']['postprocess'] == 'idgi'"
+curl -sf -F "file=@$IMG" -F method=ig -F steps=4 -F smooth_samples=2 "$URL/attribute" | check smoothgrad "d['cost']['backward_passes'] == 8"
+curl -sf -F "file=@$IMG" -F "explain_if=confidence > 0.99" "$URL/predict" | check explain-if-not "d['explained'] is False and d['explanation'] is None"
+curl -sf -F "file=@$IMG" -F "explain_if=confidence < 0.99 or margin < 0.1" -F preset=fast "$URL/predict" \
+    | check explain-if "d['explained'] is True and d['explanation']['target']['name'] == 'jay'"
+code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@$IMG" -F "explain_if=confidence <" "$URL/predict")
+[ "$code" = 422 ] || { echo "smoke: a bad explain_if gave $code, not 422"; exit 1; }
+curl -sf "$URL/metrics" | grep -q 'idg_faithfulness_bucket' || { echo "smoke: faithfulness metrics"; exit 1; }
+echo "smoke: monitoring ok"
+echo "smoke: 19 passed, 0 failed"
+
+# Your own model: the README's four examples (one env var each; scripted ones with their models file),
+# on tiny random models saved as a user would (scripts/make_tiny_models.py), each in its own server.
+kill $PID 2>/dev/null; wait $PID 2>/dev/null || true
+OWN=$(mktemp -d)
+trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null || true; rm -rf "$LOG" "$OWN"' EXIT
+$PY scripts/make_tiny_models.py "$OWN" timm hf_vit torchscript export > "$OWN/specs.tsv" 2>/dev/null
+own() { # kind, expected classes, extra env
+    local spec; spec=$(awk -F'\t' -v k="$1" '$1 == k {print $2}' "$OWN/specs.tsv")
+    env IDG_MODELS="$spec" $3 $PY -m app.server --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 60); do
+        curl -sf "$URL/health/ready" >/dev/null && break
+        kill -0 $PID 2>/dev/null || { cat "$LOG"; echo "smoke: $1 server died"; exit 1; }
+        sleep 0.5
+    done
+    local size; size=$(curl -sf "$URL/models" | $PY -c "import json,sys; m=json.load(sys.stdin)['models'][0]; assert m['classes'] == $2, m; print(m['input_size'])")
+    curl -sf -F "file=@$IMG" "$URL/predict" | check "own-$1-predict" "len(d['top_k']) == 5"
+    curl -sf -F "file=@$IMG" -F method=idg -F steps=6 -F probe_steps=6 -F return_attribution=true "$URL/attribute" \
+        | check "own-$1-attribute" "d['attribution']['shape'] == [3, $size, $size]"
+    kill $PID; wait $PID 2>/dev/null || true
+}
+own timm 37 ""
+own hf_vit 10 ""
+own torchscript 10 "IDG_MODELS_FILE=$OWN/models.toml"
+own export 10 "IDG_MODELS_FILE=$OWN/models.toml"
+echo "smoke: your own model ok (timm, hf, torchscript, export)"

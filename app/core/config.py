@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
@@ -19,9 +20,14 @@ class Settings(BaseSettings):
 
     models: Annotated[list[str], NoDecode] = Field(
         default=["efficientnet_lite0"],
-        description="Comma-separated models to load: a packaged name (efficientnet_lite0|1|2) or "
-        "ARCH=/path/to/weights.pth for torchvision ResNet-50/101/152 and ResNeXt. The first is the default.",
+        description="Comma-separated models to load: a packaged name (efficientnet_lite0|1|2), "
+        "ARCH=/path/to/weights.pth for torchvision ResNet-50/101/152 and ResNeXt, or NAME=SOURCE with SOURCE one of "
+        "timm:ARCH:WEIGHTS, hf:FOLDER, torchscript:PATH, export:PATH, torchvision:ARCH:WEIGHTS. The first is the default.",
     )
+    models_file: Path | None = Field(
+        None, description="A TOML file with one [models.NAME] table per model: input_size, resize_size, crop_size, "
+        "interpolation, mean, std, num_classes, labels (a file, one class name per line), max_batch; a key there overrides "
+        "what the model's source says (scripted and exported models need input_size, mean and std)")
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
     precision: Precision | Literal["auto"] = Field(
         "auto", description="Arithmetic of the models: auto (bf16 autocast on CUDA, IEEE fp32 on CPU: "
@@ -70,6 +76,9 @@ class Settings(BaseSettings):
     max_batch_files: int = Field(32, ge=1, description="Most images in one /attribute/batch request")
     max_steps: int = Field(512, ge=2, description="Upper bound for steps / probe_steps / max_iter")
     max_top_k: int = Field(20, ge=1, description="Upper bound for top_k")
+    faithfulness_steps: int = Field(
+        28, ge=1, le=224, description="Default steps of the faithfulness score (faithfulness=insertion,deletion): each metric "
+        "costs steps + 1 forward passes, 2 x 29 = 58 for both at 28")
     api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'")
     cors_origins: Annotated[list[str], NoDecode] = Field(default=[], description="Comma-separated origins allowed by CORS")
     warmup: bool = Field(True, description="Run a forward and backward pass per model before reporting ready")

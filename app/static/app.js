@@ -139,6 +139,7 @@ async function explain(method, panel) {
   form.append("return_input", "true");
   form.append("return_overlay", "false");
   form.append("preset", $("preset").value);
+  form.append("faithfulness", "insertion,deletion");
   if ($("steps").value) form.append("steps", $("steps").value);
   if ($("target").value) form.append("target", $("target").value);
   const status = panel.querySelector(".status");
@@ -190,13 +191,19 @@ function render(panel, d) {
   panel.querySelector(".cost").textContent =
     `${d.cost.forward_passes} forward / ${d.cost.backward_passes} backward passes; queued ${d.timings.queued_ms.toFixed(0)} ms, ` +
     `computed ${d.timings.compute_ms.toFixed(0)} ms, total ${d.timings.total_ms.toFixed(0)} ms`;
+  const f = d.faithfulness;
+  panel.querySelector(".faithfulness").textContent = f
+    ? `Faithfulness: insertion ${f.insertion.toFixed(3)} (higher is better), deletion ${f.deletion.toFixed(3)} (lower is better), ` +
+      `${f.steps} steps. These say how fast the model's confidence rises as the map's most important pixels are put back, ` +
+      `and falls as they are removed: a map that points at what the model uses scores high insertion and low deletion.`
+    : "";
 }
 
 function drawCurve(svg, c) {
   const NS = "http://www.w3.org/2000/svg";
   const W = 520, H = 260, L = 48, R = 12, T = 12, B = 34;
   svg.innerHTML = "";
-  const xs = [...c.probe_alphas, ...c.alphas], ys = [...c.probe_logits, ...c.logits];
+  const xs = [...c.probe_alphas, ...c.alphas], ys = [...c.probe_values, ...c.values];
   if (!ys.length) { svg.innerHTML = `<text x="20" y="40">this method has no path curve</text>`; return; }
   let lo = Math.min(...ys), hi = Math.max(...ys);
   if (hi - lo < 1e-9) { lo -= 1; hi += 1; }
@@ -212,18 +219,18 @@ function drawCurve(svg, c) {
   for (const t of [0, 0.25, 0.5, 0.75, 1]) el("text", { x: sx(t), y: H - B + 14, "font-size": 10, "text-anchor": "middle" }, t);
   for (const v of [lo, (lo + hi) / 2, hi]) el("text", { x: L - 4, y: sy(v) + 3, "font-size": 10, "text-anchor": "end" }, v.toFixed(2));
   el("text", { x: (W + L) / 2, y: H - 4, "font-size": 11, "text-anchor": "middle" }, "α (path position)");
-  el("text", { x: 12, y: (H - B) / 2, "font-size": 11, transform: `rotate(-90 12 ${(H - B) / 2})`, "text-anchor": "middle" }, "target logit");
-  const line = c.probe_alphas.length ? [c.probe_alphas, c.probe_logits] : [c.alphas, c.logits];
+  el("text", { x: 12, y: (H - B) / 2, "font-size": 11, transform: `rotate(-90 12 ${(H - B) / 2})`, "text-anchor": "middle" }, `target ${c.output}`);
+  const line = c.probe_alphas.length ? [c.probe_alphas, c.probe_values] : [c.alphas, c.values];
   el("polyline", { class: "probe", fill: "none", stroke: "#9aa3b5", "stroke-width": 2,
     points: line[0].map((a, i) => `${sx(a)},${sy(line[1][i])}`).join(" ") });
   const imp = c.importance.length ? c.importance.map(Math.abs) : c.alphas.map(() => 1);
   const top = Math.max(...imp, 1e-12);
   c.alphas.forEach((a, i) => {
     const s = imp[i] / top;
-    el("circle", { class: "sample", cx: sx(a), cy: sy(c.logits[i]), r: 2 + 4 * s,
+    el("circle", { class: "sample", cx: sx(a), cy: sy(c.values[i]), r: 2 + 4 * s,
       fill: `hsl(${30 - 30 * s}, 90%, ${60 - 25 * s}%)`, stroke: "#333", "stroke-width": 0.4 })
       .appendChild(document.createElementNS(NS, "title")).textContent =
-        `α=${a.toFixed(3)} logit=${c.logits[i].toFixed(3)}` + (c.importance.length ? ` dF/dα=${c.importance[i].toFixed(3)}` : "");
+        `α=${a.toFixed(3)} ${c.output}=${c.values[i].toFixed(3)}` + (c.importance.length ? ` dF/dα=${c.importance[i].toFixed(3)}` : "");
   });
 }
 

@@ -63,6 +63,7 @@ def test_upload_compare_and_read_the_page(page: object, tmp_path: Path) -> None:
     idg.locator(".opacity").fill("25")
     assert idg.locator(".heat-img").evaluate("img => img.style.opacity") == "0.25"
     assert "forward" in idg.locator(".cost").inner_text()
+    assert "Faithfulness: insertion" in idg.locator(".faithfulness").inner_text()
     shot = Path(os.environ.get("IDG_SCREENSHOT", tmp_path / "page.png"))
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
