@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32 is IEEE (no TF32) also on CUDA")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    metrics: tuple[str, ...]
     if args.suite == "cost":
         chosen, metrics = COST_GRID, ("insertion", "deletion")
     else:

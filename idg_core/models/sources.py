@@ -260,11 +260,11 @@ def hf_preprocessing(cfg: dict[str, Any]) -> Preprocessing:
     crop = _side(cfg["crop_size"], "the image processor's crop_size") if cfg.get("do_center_crop") and cfg.get("crop_size") else side
     if "crop_pct" in cfg and isinstance(size, dict) and "shortest_edge" in size:  # ConvNeXt's processor
         if side < 384:
-            return Preprocessing(int(side / float(cfg["crop_pct"])), side, interpolation, mean, std)  # type: ignore[arg-type]
+            return Preprocessing(int(side / float(cfg["crop_pct"])), side, interpolation, mean, std)
         squash = True
     if not squash and not cfg.get("do_center_crop"):
         log.warning("the image processor keeps the aspect ratio without a crop; serving its central %dx%d square", side, side)
-    return Preprocessing(side, crop, interpolation, mean, std, "squash" if squash else "shorter")  # type: ignore[arg-type]
+    return Preprocessing(side, crop, interpolation, mean, std, "squash" if squash else "shorter")
 
 
 def _hf(spec: ModelSpec, s: ModelSettings) -> Loaded:

@@ -61,6 +61,9 @@ class Preprocessing:
 class ImageClassifier(nn.Module):
     """``(B, 3, H, W)`` images in [0, 1] -> ``(B, num_classes)`` logits, with its preprocessing and names."""
 
+    mean: Tensor  # (1, 3, 1, 1) buffers, registered in __init__
+    std: Tensor
+
     def __init__(self, name: str, net: nn.Module, preprocessing: Preprocessing, class_names: list[str]) -> None:
         super().__init__()
         self.name = name

@@ -173,7 +173,6 @@ def test_killing_a_replica_loses_only_its_in_flight_requests_and_it_comes_back(c
     assert f"idg#{replacement}" in seen, seen
 
 
-@pytest.mark.slow
 def test_serve_run_the_config_file_as_a_user_would(tmp_path: Path) -> None:
     """``serve run deploy/ray/serve.yaml`` (the default model, 2 CPU replicas) on a free port, then a sample photo."""
     port = free_port()
