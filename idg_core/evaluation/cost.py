@@ -8,15 +8,13 @@ The table this writes is what the presets in :mod:`idg_core.presets` were chosen
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from idg_core.evaluation.report import pyplot
 from idg_core.evaluation.runner import mean_ci
-
-log = logging.getLogger(__name__)
 
 # name -> (method, parameters). "IG" and "IDG" are the paper's settings (IG-50 uniform, IDG-50/50),
 # the two references every other row is paired against.
@@ -107,13 +105,8 @@ def choose_fast(rows: list[dict[str, Any]]) -> str | None:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.warning("matplotlib is not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, metric in zip(axes, ("insertion", "deletion"), strict=True):

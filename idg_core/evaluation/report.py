@@ -116,7 +116,8 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     return path
 
 
-def _plots(records: list[dict[str, Any]], names: list[str], out: Path) -> None:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or None (with a warning) when it is not installed."""
     try:
         import matplotlib
 
@@ -124,6 +125,13 @@ def _plots(records: list[dict[str, Any]], names: list[str], out: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         log.warning("matplotlib is not installed: no plots")
+        return None
+    return plt
+
+
+def _plots(records: list[dict[str, Any]], names: list[str], out: Path) -> None:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, metric in zip(axes, ("insertion", "deletion"), strict=True):
