@@ -16,10 +16,14 @@ for _ in $(seq 1 120); do
     kill -0 $PID 2>/dev/null || { cat "$LOG"; echo "smoke: server died"; exit 1; }
     sleep 1
 done
-curl -sf "$URL/health/ready" | grep -q ready || { cat "$LOG"; echo "smoke: never ready"; exit 1; }
+curl -sf "$URL/health/ready" | grep -c ready >/dev/null || { cat "$LOG"; echo "smoke: never ready"; exit 1; }
+# "curl | grep -c" (not "grep -q"): grep -q stops reading at the first match, curl then dies of SIGPIPE,
+# and with pipefail a long enough answer (the metrics page) fails the check that matched.
+OKS=$(mktemp)  # one line per passed check (check runs in a pipeline's subshell, so a variable would not count)
+ok() { echo "smoke: $1 ok"; echo "$1" >> "$OKS"; }
 check() { # name, python condition on the JSON in d
     $PY -c "import json,sys; d=json.load(sys.stdin); assert $2, d" || { echo "smoke: $1 failed"; exit 1; }
-    echo "smoke: $1 ok"
+    ok "$1"
 }
 curl -sf "$URL/health/live" | check live "d['status'] == 'alive'"
 curl -sf "$URL/models" | check models "d['models'][0]['name'] == 'efficientnet_lite0'"
@@ -41,7 +45,7 @@ rm -f "$BODY"
 curl -sfN -F "file=@$IMG" -F method=idg -F steps=8 -F probe_steps=8 "$URL/attribute/stream" \
     | $PY -c "import sys; ev = [l[7:] for l in sys.stdin.read().splitlines() if l.startswith('event: ')]; \
 assert ev[0] == 'accepted' and 'progress' in ev and ev[-1] == 'result', ev" || { echo "smoke: stream failed"; exit 1; }
-echo "smoke: stream ok"
+ok "stream"
 curl -sf -F "files=@$IMG" -F "files=@$BIG" -F steps=8 -F probe_steps=8 "$URL/attribute/batch" \
     | check batch "d['succeeded'] == 2 and d['failed'] == 0 and [i['status'] for i in d['items']] == [200, 200]"
 for page in docs redoc; do  # the API docs load nothing from other hosts (they work offline)
@@ -50,17 +54,17 @@ for page in docs redoc; do  # the API docs load nothing from other hosts (they w
         curl -sf -o /dev/null "$URL$asset" || { echo "smoke: /$page asset $asset missing"; exit 1; }
     done
 done
-echo "smoke: docs offline ok"
+ok "docs offline"
 code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@README.md" "$URL/predict")
 [ "$code" = 415 ] || { echo "smoke: a text file gave $code, not 415"; exit 1; }
-echo "smoke: bad input ok (415)"
-curl -sf "$URL/metrics" | grep -q 'idg_http_requests_total{route="/attribute",status="200"}' || { echo "smoke: metrics"; exit 1; }
-echo "smoke: metrics ok"
+ok "bad input (415)"
+curl -sf "$URL/metrics" | grep -c 'idg_http_requests_total{route="/attribute",status="200"}' >/dev/null || { echo "smoke: metrics"; exit 1; }
+ok "metrics"
 HEAT=$(mktemp --suffix=.png)
 $PY -m app.cli --url "$URL" attribute "$IMG" --method idg --steps 10 --probe-steps 10 --out "$HEAT" > "$LOG.cli" \
     && grep -q "jay" "$LOG.cli" && [ "$(wc -l < "$LOG.cli")" -eq 12 ] && [ -s "$HEAT" ] || { cat "$LOG.cli"; echo "smoke: cli failed"; exit 1; }
 rm -f "$HEAT" "$LOG.cli"
-echo "smoke: cli ok"
+ok "cli"
 curl -sf -F "file=@$IMG" -F method=idg -F steps=8 -F probe_steps=8 -F faithfulness=insertion,deletion "$URL/attribute" \
     | check faithfulness "0 <= d['faithfulness']['insertion'] <= 1 and 0 <= d['faithfulness']['deletion'] <= 1 and d['faithfulness']['steps'] == 28"
 curl -sf -F "file=@$IMG" -F method=ig -F steps=8 -F postprocess=idgi "$URL/attribute" | check idgi "d['parameters']['postprocess'] == 'idgi'"
@@ -70,9 +74,8 @@ curl -sf -F "file=@$IMG" -F "explain_if=confidence < 0.99 or margin < 0.1" -F pr
     | check explain-if "d['explained'] is True and d['explanation']['target']['name'] == 'jay'"
 code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@$IMG" -F "explain_if=confidence <" "$URL/predict")
 [ "$code" = 422 ] || { echo "smoke: a bad explain_if gave $code, not 422"; exit 1; }
-curl -sf "$URL/metrics" | grep -q 'idg_faithfulness_bucket' || { echo "smoke: faithfulness metrics"; exit 1; }
-echo "smoke: monitoring ok"
-echo "smoke: 19 passed, 0 failed"
+curl -sf "$URL/metrics" | grep -c 'idg_faithfulness_bucket' >/dev/null || { echo "smoke: faithfulness metrics"; exit 1; }
+ok "monitoring"
 
 # Your own model: the README's four examples (one env var each; scripted ones with their models file),
 # on tiny random models saved as a user would (scripts/make_tiny_models.py), each in its own server.
@@ -99,4 +102,6 @@ own timm 37 ""
 own hf_vit 10 ""
 own torchscript 10 "IDG_MODELS_FILE=$OWN/models.toml"
 own export 10 "IDG_MODELS_FILE=$OWN/models.toml"
-echo "smoke: your own model ok (timm, hf, torchscript, export)"
+ok "your own model (timm, hf, torchscript, export)"
+echo "smoke: $(wc -l < "$OKS") passed, 0 failed"
+rm -f "$OKS"
