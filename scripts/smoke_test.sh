@@ -10,7 +10,7 @@ URL="http://127.0.0.1:$PORT"
 LOG=$(mktemp)
 $PY -m app.server --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
 PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null || true; rm -f "$LOG"' EXIT
+trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -f "$LOG"' EXIT
 for _ in $(seq 1 120); do
     curl -sf "$URL/health/ready" >/dev/null && break
     kill -0 $PID 2>/dev/null || { cat "$LOG"; echo "smoke: server died"; exit 1; }
@@ -81,7 +81,7 @@ ok "monitoring"
 # on tiny random models saved as a user would (scripts/make_tiny_models.py), each in its own server.
 kill $PID 2>/dev/null; wait $PID 2>/dev/null || true
 OWN=$(mktemp -d)
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null || true; rm -rf "$LOG" "$OWN"' EXIT
+trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -rf "$LOG" "$OWN"' EXIT
 $PY scripts/make_tiny_models.py "$OWN" timm hf_vit torchscript export > "$OWN/specs.tsv" 2>/dev/null
 own() { # kind, expected classes, extra env
     local spec; spec=$(awk -F'\t' -v k="$1" '$1 == k {print $2}' "$OWN/specs.tsv")
