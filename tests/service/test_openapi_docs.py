@@ -130,7 +130,8 @@ def test_docs_render_in_a_browser_without_internet(docs_url: str) -> None:
             paths = page.locator(".opblock-summary-path").all_inner_texts()
             assert any("/attribute/batch" in p for p in paths) and any("/predict" in p for p in paths), paths
             page.goto(f"{docs_url}/redoc")
-            page.wait_for_function("document.body.innerText.includes('/attribute/batch')", timeout=30_000)  # ReDoc rendered them
+            # ReDoc rendered the routes (a text selector, not wait_for_function: the page's CSP forbids eval)
+            page.get_by_text("/attribute/batch").first.wait_for(timeout=30_000)
             assert page.locator("h1").first.inner_text().startswith("IDG service")
         finally:
             browser.close()
