@@ -45,6 +45,7 @@ CLOSE_S = 2  # after the drain: how long uvicorn waits for answers still being w
 EXIT_MARGIN_S = 4.5  # the watchdog's bound past the grace (the promise is grace + 5 s)
 WATCHDOG_EXIT_CODE = 3
 BODY_BACKSTOP_S = 2.0  # past IDG_BODY_TIMEOUT_S, the protocol closes a body nobody reads
+LINGER_S = 2.0  # after a 408: how long bytes still arriving are read and dropped before the close
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class TimedH11Protocol(H11Protocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._phase = ""
         self._head_bytes = 0
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -75,6 +77,8 @@ class TimedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the 408 is written: what still comes is read and dropped
+            return
         if self.conn.their_state is h11.IDLE:
             if self._read_timer is None:  # the first byte of a new request on a kept-alive connection
                 self._arm("headers")
@@ -111,16 +115,30 @@ class TimedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         who = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        answered = False
         if phase == "headers":
             if self._head_bytes:  # a silent connection is just closed; a slow request gets a reason
                 seconds = self.limits.header_timeout_s
                 self.transport.write(_raw_response(408, f"the request headers did not arrive within {seconds:g} s", "header_timeout"))
                 log.info("closed the connection of %s: its request headers did not arrive within %g s", who, seconds)
+                answered = True
         else:
             log.info("closed the connection of %s: its request body did not arrive within %g s", who, self.limits.body_timeout_s)
         if self.limits.on_timeout is not None and (phase == "body" or self._head_bytes):
             self.limits.on_timeout(phase)
-        self.transport.close()
+        if answered and self.transport.can_write_eof():
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _linger(self) -> None:
+        """Close after the client had the chance to read the 408: a socket closed with unread
+        bytes in it (the client still trickling) resets the connection, and a reset can discard
+        the answer before the client reads it. So: end our side, drop what still arrives, and
+        close when the client does or after ``LINGER_S``."""
+        self._lingering = True
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def _raw_response(status: int, message: str, code: str) -> bytes:
