@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from idg_core.methods import METHODS, Param
 from idg_core.presets import DEFAULT_PRESET, Preset
 
 MethodName = Literal["idg", "ig", "left_ig", "guided_ig", "agi"]
+assert set(MethodName.__args__) == set(METHODS), "MethodName lists the registry's methods"
 
 
 class PredictParams(BaseModel):
@@ -19,30 +21,17 @@ class PredictParams(BaseModel):
     top_k: int = Field(5, ge=1, description="How many classes to return, best first")
 
 
-class AttributeParams(PredictParams):
-    """Form fields of POST /attribute (multipart), or JSON keys beside ``image``."""
+class AttributeCommon(PredictParams):
+    """The fields of POST /attribute that every method shares; the methods' own parameters are
+    added from their declarations (:func:`method_fields`) to make :data:`AttributeParams`."""
 
     method: MethodName = Field("idg", description="Attribution method: idg (IDG with adaptive sampling), ig, left_ig, guided_ig, agi")
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
     preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
                            "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos) or 'paper' (the paper's 50 steps); "
                            "explicit steps / probe_steps / max_iter override it. The other methods run their paper settings under both")
-    steps: int | None = Field(None, ge=1, description="Gradient samples M (idg), quadrature points (ig, left_ig) or steps S (guided_ig); default: the preset's")
-    probe_steps: int | None = Field(None, ge=3, description="IDG only: uniform probe points N of the logit-α curve; default: the preset's")
     baseline: Literal["mean", "black"] = Field("mean", description="Path start: 'mean' (ImageNet mean colour, the authors' code) or 'black'")
-    placement: Literal["aligned", "authors"] = Field("aligned", description="IDG: 'aligned' (samples of interval k inside it) or 'authors' (published code's drift)")
-    importance: Literal["finite_difference", "exact"] = Field("finite_difference", description="IDG importance factor dF/dα: the paper's finite difference or the exact chain rule")
-    uniform: bool = Field(False, description="IDG without adaptive sampling (uniform points, no probe)")
-    rule: Literal["gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform", "adaptive"] = Field(
-        "gausslegendre", description="IG quadrature rule (Captum's names; 'uniform' is the IDG authors' IG; 'adaptive' uses IDG's sample placement)")
-    fraction: float = Field(0.5, ge=0, le=1, description="Guided IG: share of features moved per sub-step, at least 0.01 (a step "
-                            "takes up to 1/fraction + 2 sub-steps, each a pass over every feature; smaller shares are refused)")
-    max_dist: float = Field(1.0, ge=0, le=1, description="Guided IG: how far features may run ahead of the straight path")
-    epsilon: float = Field(0.05, ge=0, le=1, description="AGI: FGSM step in pixel units, above 0 (a zero step never moves the image)")
-    max_iter: int = Field(20, ge=1, description="AGI: iterations per adversarial class; the request costs up to 2 x max_iter x "
-                          "adversarial_classes gradient passes, at most IDG_MAX_PASSES")
-    adversarial_classes: int = Field(1, ge=1, le=50, description="AGI: number of adversarial classes, drawn with `seed`")
-    seed: int = Field(0, ge=0, description="AGI: seed of the adversarial class draw")
+    seed: int = Field(0, ge=0, description="Seed of the random draws: AGI's adversarial classes and SmoothGrad's noise")
     signed: bool = Field(False, description="Heatmap of the signed channel sum (diverging colours) instead of its magnitude")
     outlier_perc: float = Field(2.0, ge=0, lt=100, description="Heatmap scaling: share of the attribution mass clipped as outliers (Captum's convention)")
     opacity: float = Field(0.6, ge=0, le=1, description="Overlay: largest blend weight of the heatmap over the photo")
@@ -59,6 +48,65 @@ class AttributeParams(PredictParams):
                                 "this many times the method's passes, pooled into the same model calls")
     smooth_std: float = Field(0.15, ge=0, le=1, description="Standard deviation of the SmoothGrad noise in pixel units (images in [0, 1])")
     smooth_kind: Literal["smoothgrad", "vargrad"] = Field("smoothgrad", description="Pool the noisy copies' maps by mean (smoothgrad) or variance (vargrad)")
+
+    def method_values(self) -> dict[str, Any]:
+        """The method parameters this request gave explicitly (the others take the preset's or
+        the method's defaults)."""
+        return {k: getattr(self, k) for k in METHOD_FIELDS if k in self.model_fields_set}
+
+
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+
+
+def method_parameters() -> dict[str, list[MethodParameter]]:
+    """The parameters of each method that a request may give, from their declarations."""
+    return {
+        m.name: [
+            MethodParameter(name=p.name, type=_JSON_TYPES[p.kind], default=p.default, minimum=p.low,  # type: ignore[arg-type]
+                            exclusive_minimum=p.low_open, maximum=p.high, choices=list(p.choices), description=p.help)
+            for p in m.params if p.service or p.name in AttributeCommon.model_fields
+        ]
+        for m in METHODS.values()
+    }
+
+
+def method_fields() -> dict[str, Any]:
+    """One optional request field per method parameter the service exposes (``Param.service``),
+    from the methods' declarations: its type, its choices, its documented range and, per method,
+    its meaning and default. The ranges are checked by the method's own validation (a 422 that
+    names the method and says why), not here, so they are stated once."""
+    uses: dict[str, list[tuple[str, Param]]] = {}
+    for method in METHODS.values():
+        for p in method.params:
+            if p.service and p.name not in AttributeCommon.model_fields:
+                uses.setdefault(p.name, []).append((method.name, p))
+    fields: dict[str, Any] = {}
+    for name, declared in uses.items():
+        kinds = {p.kind for _, p in declared}
+        assert len(kinds) == 1, f"{name}: one type across methods, got {kinds}"
+        kind = kinds.pop()
+        annotation: Any = kind
+        if kind is str:
+            annotation = Literal[tuple(dict.fromkeys(c for _, p in declared for c in p.choices))]  # type: ignore[valid-type]
+        schema: dict[str, Any] = {}
+        lows, highs = [p.low for _, p in declared], [p.high for _, p in declared]
+        if kind in (int, float) and None not in lows:
+            schema["exclusiveMinimum" if all(p.low_open for _, p in declared) else "minimum"] = min(lows)  # type: ignore[type-var]
+        if kind in (int, float) and None not in highs:
+            schema["maximum"] = max(highs)  # type: ignore[type-var]
+        owners = ", ".join(m for m, _ in declared)
+        text = " | ".join(f"{m}: {p.describe()}" for m, p in declared)
+        description = f"Only for {owners}; default: the preset's, else the method's. {text}"
+        fields[name] = (annotation | None, Field(None, description=description, json_schema_extra=schema or None))
+    return fields
+
+
+AttributeParams: type[AttributeCommon] = create_model(  # type: ignore[call-overload]
+    "AttributeParams", __base__=AttributeCommon, __doc__="Form fields of POST /attribute (multipart), or JSON keys beside ``image``.",
+    **method_fields(),
+)
+METHOD_FIELDS = tuple(k for k in AttributeParams.model_fields if k not in AttributeCommon.model_fields)
+"""The request fields that are method parameters: a request may give only those of its method."""
 
 
 class ImageJSON(BaseModel):
@@ -80,8 +128,8 @@ class PredictJSON(ImageJSON, PredictExplainParams):
     """JSON body of POST /predict."""
 
 
-class AttributeJSON(ImageJSON, AttributeParams):
-    """JSON body of POST /attribute."""
+AttributeJSON: type[ImageJSON] = create_model(  # type: ignore[call-overload]
+    "AttributeJSON", __base__=(ImageJSON, AttributeParams), __doc__="JSON body of POST /attribute.")
 
 
 class ClassScore(BaseModel):
@@ -183,9 +231,22 @@ class ModelInfo(BaseModel):
                                   "null: the service's IDG_MAX_BATCH_IMAGES")
 
 
+class MethodParameter(BaseModel):
+    name: str = Field(..., description="The request field (and the library's keyword)")
+    type: Literal["integer", "number", "boolean", "string"] = Field(..., description="JSON type of the value")
+    default: int | float | bool | str | None = Field(..., description="The method's default (a preset may set step counts)")
+    minimum: float | None = Field(None, description="Smallest value allowed (see exclusive_minimum)")
+    exclusive_minimum: bool = Field(False, description="Whether `minimum` itself is refused")
+    maximum: float | None = Field(None, description="Largest value allowed")
+    choices: list[str] = Field(default_factory=list, description="The values allowed, for a string parameter")
+    description: str = Field(..., description="What the parameter means")
+
+
 class ModelsResponse(BaseModel):
     models: list[ModelInfo] = Field(..., description="Loaded models, the default first")
     methods: dict[str, str] = Field(..., description="Method name -> description")
+    method_parameters: dict[str, list[MethodParameter]] = Field(
+        default_factory=dict, description="Method name -> the parameters a request for it may give (others are a 422)")
     device: str = Field(..., description="Device the models run on (cpu, cuda, cuda:1, ...)")
 
 

@@ -21,12 +21,12 @@ from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.images import load_input
 from app.core.metrics import Metrics
-from app.schemas import AttributeParams, AttributeResponse, ClassScore, Cost, Curve, Faithfulness, Timings
+from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Curve, Faithfulness, Timings
 from app.worker.engine import QueueFull, Worker, work_units
 from app.worker.jobs import Job, JobCancelled
 from idg_core import METHODS, heatmap_png, overlay_png
 from idg_core.faithfulness import faithfulness_plan, forward_cost, parse_metrics
-from idg_core.methods import WorkBound
+from idg_core.methods import InvalidParameter, WorkBound
 from idg_core.models import ImageClassifier
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan, postprocess_bound
@@ -111,21 +111,39 @@ class Service:
         values, idx = probs.topk(min(k, probs.numel()))
         return [ClassScore(index=int(i), name=model.class_names[int(i)], probability=float(v)) for v, i in zip(values, idx, strict=True)]
 
-    def method_kwargs(self, params: AttributeParams, num_classes: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(kwargs for the method's plan, every parameter it runs with) after the service's bounds."""
-        defaults = METHODS[params.method].parameters
-        given = {
-            "steps": params.steps, "probe_steps": params.probe_steps, "placement": params.placement,
-            "importance": params.importance, "uniform": params.uniform, "rule": params.rule, "fraction": params.fraction,
-            "max_dist": params.max_dist, "epsilon": params.epsilon, "max_iter": params.max_iter,
-            "adversarial_classes": params.adversarial_classes, "seed": params.seed, "num_classes": num_classes,
-        }
-        given |= preset_params(params.method, params.preset, **{k: given[k] for k in ("steps", "probe_steps", "max_iter")})
-        kwargs = {k: v for k, v in given.items() if k in defaults and v is not None}
+    def check_attribute(self, params: AttributeCommon) -> None:
+        """Every check of an attribution request that needs no image (model, top_k, target, the
+        method's parameters, post-steps, faithfulness options): :class:`ApiError` 4xx, before any work
+        or any stream opens."""
+        _, model = self.model(params.model)
+        self.check_top_k(params.top_k)
+        if params.target is not None and params.target >= model.num_classes:
+            raise ApiError(422, f"target must be < {model.num_classes} (the model's classes), got {params.target}", code="invalid_parameter")
+        self.work_bound(params.method, self.method_kwargs(params, model.num_classes))
+        self.extras(params, model)
+
+    def method_kwargs(self, params: AttributeCommon, num_classes: int) -> dict[str, Any]:
+        """Every parameter the method runs with: the request's, over the preset's, over the
+        method's defaults, validated by the method (422 naming what was wrong, or naming the
+        method's parameters when the request gave one it does not take), within the service's bounds."""
+        method = METHODS[params.method]
+        given = params.method_values()
+        foreign = [k for k in given if k not in method.params]
+        if foreign:
+            own = ", ".join(p.name for p in method.params if p.service)
+            raise ApiError(422, f"{params.method} takes no parameter {foreign[0]!r}; its parameters are {own}", code="invalid_parameter")
+        if "seed" in method.params:
+            given["seed"] = params.seed
+        if "num_classes" in method.params:
+            given["num_classes"] = num_classes
+        values = preset_params(params.method, params.preset, **given)
         for name in ("steps", "probe_steps", "max_iter"):
-            if name in kwargs and kwargs[name] > self.settings.max_steps:
-                raise ApiError(422, f"{name} must be <= {self.settings.max_steps}, got {kwargs[name]}", code="invalid_parameter")
-        return kwargs, {**defaults, **kwargs}
+            if name in values and isinstance(values[name], int) and values[name] > self.settings.max_steps:
+                raise ApiError(422, f"{name} must be <= {self.settings.max_steps}, got {values[name]}", code="invalid_parameter")
+        try:
+            return method.validate(**values)
+        except InvalidParameter as err:
+            raise ApiError(422, str(err), code="invalid_parameter") from err
 
     def work_bound(self, method: str, used: dict[str, Any]) -> WorkBound:
         """The most the method can cost with ``used`` (valid) parameters; 422 beyond ``max_passes``."""
@@ -137,32 +155,29 @@ class Service:
         return bound
 
     def build_attribute(
-        self, params: AttributeParams, model: ImageClassifier, x: Tensor, probs: Tensor | None = None,
+        self, params: AttributeCommon, model: ImageClassifier, x: Tensor, probs: Tensor | None = None,
     ) -> tuple[Plan, dict[str, Any], float]:
         """The request's plan, every parameter it runs with, and its work units at most (checked);
         with ``probs`` known (from /predict) the plan skips the prediction pass."""
         if params.target is not None and params.target >= model.num_classes:
             raise ApiError(422, f"target must be < {model.num_classes} (the model's classes), got {params.target}", code="invalid_parameter")
-        kwargs, used = self.method_kwargs(params, model.num_classes)
+        kwargs = self.method_kwargs(params, model.num_classes)
         baseline = resolve_baseline(params.baseline, x.unsqueeze(0))[0]
-        try:
-            METHODS[params.method].plan(x, baseline, 0, **kwargs).close()  # validates the arguments now
-        except ValueError as err:
-            raise ApiError(422, str(err), code="invalid_parameter") from err
-        extras = self.extras(params, model, x)
-        bound = postprocess_bound(self.work_bound(params.method, used), extras.post)
+        extras = self.extras(params, model)
+        bound = postprocess_bound(self.work_bound(params.method, kwargs), extras.post)
         limit = self.settings.max_passes or 4 * self.settings.max_steps
         if bound.forward > limit:
             raise ApiError(422, f"{params.method} with smooth_samples={params.smooth_samples} may cost up to {bound.forward} model "
                            f"passes, more than the limit of {limit}: lower smooth_samples or steps", code="invalid_parameter")
         score_passes = forward_cost(extras.metrics, x.shape[-2], x.shape[-1], extras.steps) if extras.metrics else 0
-        used = {**used, "baseline": params.baseline, "preset": params.preset, **extras.post}
+        used = {k: v for k, v in kwargs.items() if v is not None}  # None: not used (AGI's explicit classes)
+        used |= {"baseline": params.baseline, "preset": params.preset, **extras.post}
         if extras.metrics:
             used |= {"faithfulness": ",".join(extras.metrics), "faithfulness_steps": extras.steps}
         plan = explain_plan(x, baseline, params.target, params.method, kwargs, extras, probs)
         return plan, used, work_units((probs is None) + bound.forward + score_passes, bound.backward)
 
-    def extras(self, params: AttributeParams, model: ImageClassifier, x: Tensor) -> Extras:
+    def extras(self, params: AttributeCommon, model: ImageClassifier) -> Extras:
         """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
         post: dict[str, Any] = {}
         if params.postprocess == "idgi":
@@ -179,17 +194,17 @@ class Service:
         return Extras(post, metrics, params.faithfulness_steps or self.settings.faithfulness_steps, tuple(p.mean), tuple(p.std))
 
     async def attribute(
-        self, request: Request | None, data: bytes, params: AttributeParams, received: float,
+        self, request: Request | None, data: bytes, params: AttributeCommon, received: float,
         on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> AttributeResponse:
         """Decode, validate, queue, wait and render one attribution; raises :class:`ApiError`."""
+        self.check_attribute(params)
         name, model = self.model(params.model)
-        self.check_top_k(params.top_k)
         x = await load_input(data, model, self.settings, self.device)
         return await self.attribute_tensor(request, name, model, x, params, received, on_event)
 
     async def attribute_tensor(
-        self, request: Request | None, name: str, model: ImageClassifier, x: Tensor, params: AttributeParams, received: float,
+        self, request: Request | None, name: str, model: ImageClassifier, x: Tensor, params: AttributeCommon, received: float,
         on_event: Callable[[dict[str, Any]], None] | None = None, probs: Tensor | None = None,
     ) -> AttributeResponse:
         """:meth:`attribute` of a decoded input ``x``; with ``probs`` (from /predict) no prediction pass."""
@@ -286,7 +301,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def render(x: Tensor, result: AttributionResult, params: AttributeParams) -> dict[str, Any]:
+def render(x: Tensor, result: AttributionResult, params: AttributeCommon) -> dict[str, Any]:
     """PNGs and the optional raw array, as base64 (CPU work, run off the event loop)."""
     attr = result.attributions[0].detach().float().cpu()
     image = x.detach().float().cpu()

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from idg_core import idg, integrated_gradients, resolve_baseline
+from idg_core import idg, ig, resolve_baseline
 from idg_core.models import ImageClassifier, decode_image, imagenet_wnids
 from idg_core.presets import preset_params
 
@@ -128,7 +128,7 @@ def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_
         runs: dict[str, Callable[[], Any]] = {
             "ours_default": lambda x=x, t=t: idg(model, x, "mean", t, batch_size=batch_size),
             "ours_idg": lambda x=x, t=t: idg(model, x, "mean", t, steps=50, probe_steps=50, batch_size=batch_size),
-            "ours_ig": lambda x=x, t=t: integrated_gradients(model, x, "mean", t, steps=50, batch_size=batch_size),
+            "ours_ig": lambda x=x, t=t: ig(model, x, "mean", t, steps=50, batch_size=batch_size),
             "captum_ig": lambda x=x, t=t, base=base: captum_ig.attribute(x, base, target=t, n_steps=50,
                                                                          internal_batch_size=captum_batch or batch_size),
             "authors_way_idg": lambda x=x, t=t: [idg(model, x[i : i + 1], "mean", t[i], steps=50, probe_steps=50, batch_size=25) for i in range(len(t))],

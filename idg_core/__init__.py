@@ -8,12 +8,7 @@ import logging
 
 from idg_core.evaluator import EvalStats, default_batch_size, evaluate, run_plans
 from idg_core.heatmap import heatmap_png, overlay_png, saliency
-from idg_core.methods import METHODS, Method
-from idg_core.methods.agi import agi
-from idg_core.methods.guided_ig import guided_ig
-from idg_core.methods.idg import idg
-from idg_core.methods.integrated_gradients import integrated_gradients
-from idg_core.methods.left_ig import left_ig
+from idg_core.methods import METHODS, InvalidParameter, Method, agi, guided_ig, idg, ig, left_ig
 from idg_core.paths import allocate_samples, ig_rule, place_samples, resolve_baseline
 from idg_core.types import Answer, AttributionResult, Model, Plan, Query
 
@@ -24,6 +19,7 @@ __all__ = [
     "Answer",
     "AttributionResult",
     "EvalStats",
+    "InvalidParameter",
     "default_batch_size",
     "Method",
     "Model",
@@ -35,8 +31,8 @@ __all__ = [
     "guided_ig",
     "heatmap_png",
     "idg",
+    "ig",
     "ig_rule",
-    "integrated_gradients",
     "left_ig",
     "overlay_png",
     "place_samples",

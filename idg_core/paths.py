@@ -62,7 +62,7 @@ def ig_rule(rule: str, steps: int) -> tuple[Tensor, Tensor]:
         return torch.linspace(0, 1, n, dtype=torch.float64), w
     if rule == "uniform":
         return torch.linspace(0, 1, n, dtype=torch.float64), torch.full((n,), 1 / n, dtype=torch.float64)
-    raise ValueError(f"rule must be one of {', '.join(IG_RULES[:-1])} here ('adaptive' needs the path: see integrated_gradients); got {rule!r}")
+    raise ValueError(f"rule must be one of {', '.join(IG_RULES[:-1])} here ('adaptive' needs the path: see idg_core.methods.ig); got {rule!r}")
 
 
 def probe_alphas(probe_steps: int) -> Tensor:

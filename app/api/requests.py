@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 
 from app.core.errors import ApiError
 from app.core.images import decode_base64
-from app.schemas import AttributeParams, ImageJSON
+from app.schemas import AttributeCommon, AttributeParams, ImageJSON
 
 P = TypeVar("P", bound=BaseModel)
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def body_docs(params_cls: type[BaseModel], json_cls: type[BaseModel]) -> dict[st
     }
 
 
-async def read_batch_request(request: Request, limit: int, max_files: int) -> tuple[list[tuple[str, bytes]], AttributeParams]:
+async def read_batch_request(request: Request, limit: int, max_files: int) -> tuple[list[tuple[str, bytes]], AttributeCommon]:
     """``files`` (repeated multipart field) and the shared /attribute fields."""
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise ApiError(415, "send multipart/form-data with the images in repeated 'files' fields", code="unsupported_media_type")

@@ -56,12 +56,15 @@ async function api(url, options = {}, onAsk = () => {}) {
   }
 }
 
+const takes = {};  // method -> the parameter names it accepts (a request may give no others)
+
 async function loadModels() {
   try {
     const r = await api("/models");
     const body = await r.json();
     if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
     for (const m of body.models) $("model").add(new Option(`${m.name} (${m.input_size}px)`, m.name));
+    for (const [name, params] of Object.entries(body.method_parameters || {})) takes[name] = new Set(params.map((p) => p.name));
     for (const [name, summary] of Object.entries(body.methods)) {
       $("method").add(new Option(summary, name, name === "idg", name === "idg"));
       $("compare").add(new Option(summary, name));
@@ -140,7 +143,8 @@ async function explain(method, panel) {
   form.append("return_overlay", "false");
   form.append("preset", $("preset").value);
   form.append("faithfulness", "insertion,deletion");
-  if ($("steps").value) form.append("steps", $("steps").value);
+  const steps = takes[method] && !takes[method].has("steps") ? "max_iter" : "steps";  // AGI counts iterations
+  if ($("steps").value) form.append(steps, $("steps").value);
   if ($("target").value) form.append("target", $("target").value);
   const status = panel.querySelector(".status");
   status.textContent = "sending…";

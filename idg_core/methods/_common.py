@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
 from idg_core.evaluator import EvalStats, default_batch_size, run_plans
+from idg_core.methods.params import Params
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
@@ -45,6 +47,33 @@ def run_method(
     check_int("batch_size", batch_size, 1)
     plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]
     return AttributionResult.concat(run_plans(model, plans, batch_size, stats))
+
+
+def method_function(
+    name: str, plan: PlanFactory, params: Params, doc: str, *, uses_baseline: bool = True,
+) -> Callable[..., AttributionResult]:
+    """The public, batched function of a method: ``name(model, x, baseline, target, *, <params>,
+    batch_size=None, stats=None)``. Its signature (as ``help`` and ``inspect`` show it) and the
+    ``Args`` of its docstring come from ``params``; ``doc`` is the formula and what it means.
+    ``uses_baseline`` False: the method has no baseline, and ``baseline`` may be None."""
+
+    def function(
+        model: Model, x: Tensor, baseline: BaselineLike | None, target: int | Tensor | Iterable[int], *,
+        batch_size: int | None = None, stats: EvalStats | None = None, **kwargs: Any,
+    ) -> AttributionResult:
+        if baseline is None:
+            if uses_baseline:
+                raise ValueError(f"{name} needs a baseline: 'black', 'mean', a number or a tensor")
+            baseline = "black"  # unused by the method, but the batch checks want one
+        return run_method(plan, model, x, baseline, target, batch_size, stats, **kwargs)
+
+    function.__name__ = function.__qualname__ = name
+    function.__module__ = plan.__module__
+    function.__signature__ = params.signature(inspect.signature(function))  # type: ignore[attr-defined]
+    shared = ("    batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); the points of all images are pooled.\n"
+              "    stats: an EvalStats that counts the model calls and passes.")
+    function.__doc__ = f"{doc.strip()}\n\nArgs:\n{params.doc()}\n{shared}\n"
+    return function
 
 
 def adaptive_samples(

@@ -3,16 +3,15 @@ as in the IDG authors' code: every FGSM step starts again from the original imag
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from idg_core._validation import check_float, check_int, check_output
-from idg_core.evaluator import EvalStats
-from idg_core.methods._common import WorkBound, run_method
-from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
+from idg_core.methods._common import WorkBound, method_function
+from idg_core.methods.params import InvalidParameter, Param, Params, output_param
+from idg_core.types import AttributionResult, Output, Plan, Query
 
 
 def adversarial_classes_for(target: int, count: int, num_classes: int, seed: int) -> list[int]:
@@ -20,6 +19,31 @@ def adversarial_classes_for(target: int, count: int, num_classes: int, seed: int
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(num_classes, generator=g).tolist()
     return [c for c in order if c != target][:count]
+
+
+def _joint(values: dict[str, Any]) -> None:
+    n = values["num_classes"]
+    if values["adversarial_targets"] is None:
+        if values["adversarial_classes"] > n - 1:
+            raise InvalidParameter("adversarial_classes", f"adversarial_classes must be in [1, {n - 1}] (the classes other "
+                                   f"than the target), got {values['adversarial_classes']}")
+    elif any(not 0 <= c < n for c in values["adversarial_targets"]):
+        raise InvalidParameter("adversarial_targets", f"adversarial_targets must be class indices in [0, {n - 1}], "
+                               f"got {values['adversarial_targets']}")
+
+
+PARAMS = Params("agi", (
+    Param("epsilon", float, 0.05, "FGSM step in pixel units (0.05 in the authors' code)", low=0.0, high=1.0, low_open=True,
+          why="a zero step never moves the image, so every iteration would be wasted"),
+    Param("max_iter", int, 20, "Iterations per adversarial class, fewer when the attack succeeds; the cost is up to "
+          "2 × max_iter × adversarial_classes gradient passes", low=1),
+    Param("adversarial_classes", int, 1, "How many classes to attack, drawn with seed from the classes other than the target "
+          "(the IDG paper used one)", low=1),
+    Param("adversarial_targets", list, None, "Explicit classes to attack instead of a random draw", service=False),
+    Param("num_classes", int, 1000, "Classes of the model (the service sets it from the model)", low=2, service=False),
+    Param("seed", int, 0, "Seed of the adversarial class draw", low=0),
+    output_param("probability"),
+), joint=_joint)
 
 
 def agi_bound(params: Mapping[str, Any]) -> WorkBound:
@@ -31,22 +55,14 @@ def agi_bound(params: Mapping[str, Any]) -> WorkBound:
     return WorkBound(passes, passes)
 
 
-def agi_plan(
-    x: Tensor, baseline: Tensor, target: int, *, epsilon: float = 0.05, max_iter: int = 20,
-    adversarial_classes: int = 1, adversarial_targets: Sequence[int] | None = None,
-    num_classes: int = 1000, seed: int = 0, output: Output = "probability",
-) -> Plan:
-    """Plan for one image ``x (C, H, W)``; see :func:`agi`. ``baseline`` is not used."""
-    check_float("epsilon", epsilon, 0.0, 1.0, low_open=True, why="a zero step never moves the image, so every iteration would be wasted")
-    check_int("max_iter", max_iter, 1)
-    check_int("num_classes", num_classes, 2)
-    check_int("seed", seed, 0)
-    if adversarial_targets is None:
-        check_int("adversarial_classes", adversarial_classes, 1, num_classes - 1)
-        classes = adversarial_classes_for(target, adversarial_classes, num_classes, seed)
-    else:
-        classes = [check_int("adversarial_targets", int(c), 0, num_classes - 1) for c in adversarial_targets]
-    return _plan(x, target, classes, epsilon, max_iter, check_output(output))
+def agi_plan(x: Tensor, baseline: Tensor, target: int, **params: Any) -> Plan:
+    """Plan for one image ``x (C, H, W)`` (``params``: :data:`PARAMS`, checked now); see :func:`agi`.
+    ``baseline`` is not used."""
+    p = PARAMS.validate(params)
+    classes = p["adversarial_targets"]
+    if classes is None:
+        classes = adversarial_classes_for(target, p["adversarial_classes"], p["num_classes"], p["seed"])
+    return _plan(x, target, classes, p["epsilon"], p["max_iter"], p["output"])
 
 
 def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: int, output: Output) -> Plan:
@@ -70,36 +86,6 @@ def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: 
     return AttributionResult(attributions=total.unsqueeze(0), forward_passes=passes, backward_passes=passes)
 
 
-def agi(
-    model: Model,
-    x: Tensor,
-    baseline: BaselineLike | None,
-    target: int | Tensor | Iterable[int],
-    *,
-    epsilon: float = 0.05,
-    max_iter: int = 20,
-    adversarial_classes: int = 1,
-    adversarial_targets: Sequence[int] | None = None,
-    num_classes: int = 1000,
-    seed: int = 0,
-    output: Output = "probability",
-    batch_size: int | None = None,
-    stats: EvalStats | None = None,
-) -> AttributionResult:
-    """AGI: Σ over adversarial classes and FGSM iterations of -∇p_target ⊙ (x_next - x0).
-
-    ``x`` must be in pixel space [0, 1] (steps are clamped there); ``target`` plays the role of the
-    predicted class y0; ``baseline`` is ignored (AGI has none).
-
-    Args:
-        epsilon: in (0, 1], FGSM step size in pixel units (0.05 in the authors' code).
-        max_iter: >= 1, iterations per adversarial class; stops early when the attack succeeds.
-        adversarial_classes: how many classes to attack, drawn at random (seeded by ``seed``) from
-            the ``num_classes`` classes other than the target. The IDG paper used one.
-        adversarial_targets: explicit classes instead of a random draw.
-    """
-    return run_method(
-        agi_plan, model, x, "black" if baseline is None else baseline, target, batch_size, stats, epsilon=epsilon, max_iter=max_iter,
-        adversarial_classes=adversarial_classes, adversarial_targets=adversarial_targets,
-        num_classes=num_classes, seed=seed, output=output,
-    )
+agi = method_function("agi", agi_plan, PARAMS, """AGI: Σ over adversarial classes and FGSM iterations of
+-∇p_target ⊙ (x_next - x0). ``x`` must be in pixel space [0, 1] (steps are clamped there); ``target`` plays
+the role of the predicted class y0; ``baseline`` is ignored (AGI has none; None is accepted).""", uses_baseline=False)

@@ -10,16 +10,15 @@ after every :data:`CHECKPOINT_EVERY`, where a driver may drop the plan.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from idg_core._validation import check_float, check_int, check_output
-from idg_core.evaluator import EvalStats
-from idg_core.methods._common import WorkBound, run_method
-from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
+from idg_core.methods._common import WorkBound, method_function
+from idg_core.methods.params import Param, Params, output_param
+from idg_core.types import AttributionResult, Output, Plan, Query
 
 _EPS = 1e-9
 MIN_FRACTION = 0.01
@@ -35,22 +34,27 @@ def substep_bound(fraction: float) -> int:
     return math.ceil(1 / fraction) + 2
 
 
+PARAMS = Params("guided_ig", (
+    Param("steps", int, 50, "S, sequential gradient steps (reference library 200, IDG paper 50)", low=1),
+    Param("fraction", float, 0.5, "Share of features moved per sub-step (a quantile of |gradient|; reference 0.25, IDG paper "
+          "0.5); a step takes up to ceil(1/fraction) + 2 sub-steps, each a pass over every feature on the host",
+          low=MIN_FRACTION, high=1.0, why="smaller shares move too few features per sub-step (up to 1/fraction passes over "
+          "the image per step; 0 moves one feature at a time)"),
+    Param("max_dist", float, 1.0, "How far a feature may run ahead of the straight path: 0 is IG with a left Riemann sum, "
+          "1 unconstrained (reference 0.02, IDG paper 1.0)", low=0.0, high=1.0),
+    output_param("probability"),
+))
+
+
 def guided_ig_bound(params: Mapping[str, Any]) -> WorkBound:
     """Worst-case cost of :func:`guided_ig_plan` with ``params`` (every keyword given)."""
     steps = int(params["steps"])
     return WorkBound(steps, steps, steps * substep_bound(float(params["fraction"])))
 
 
-def guided_ig_plan(
-    x: Tensor, baseline: Tensor, target: int, *, steps: int = 50, fraction: float = 0.5,
-    max_dist: float = 1.0, output: Output = "probability",
-) -> Plan:
-    """Plan for one image ``x (C, H, W)``; see :func:`guided_ig`."""
-    check_int("steps", steps, 1)
-    check_float("fraction", fraction, MIN_FRACTION, 1.0, why="smaller shares move too few features per sub-step "
-                "(up to 1/fraction passes over the image per step; 0 moves one feature at a time)")
-    check_float("max_dist", max_dist, 0.0, 1.0)
-    return _plan(x, baseline, target, steps, fraction, max_dist, check_output(output))
+def guided_ig_plan(x: Tensor, baseline: Tensor, target: int, **params: Any) -> Plan:
+    """Plan for one image ``x (C, H, W)`` (``params``: :data:`PARAMS`, checked now); see :func:`guided_ig`."""
+    return _plan(x, baseline, target, **PARAMS.validate(params))
 
 
 def _lower_quantile(values: Tensor, q: float) -> Tensor:
@@ -59,7 +63,7 @@ def _lower_quantile(values: Tensor, q: float) -> Tensor:
     return torch.kthvalue(values.cpu(), k + 1).values.to(values.device)
 
 
-def _plan(x_in: Tensor, baseline: Tensor, target: int, steps: int, fraction: float, max_dist: float, output: Output) -> Plan:
+def _plan(x_in: Tensor, baseline: Tensor, target: int, *, steps: int, fraction: float, max_dist: float, output: Output) -> Plan:
     dtype = x_in.dtype
     x_in, base = x_in.double(), baseline.double()
     total = x_in - base
@@ -113,31 +117,5 @@ def _plan(x_in: Tensor, baseline: Tensor, target: int, steps: int, fraction: flo
     )
 
 
-def guided_ig(
-    model: Model,
-    x: Tensor,
-    baseline: BaselineLike,
-    target: int | Tensor | Iterable[int],
-    *,
-    steps: int = 50,
-    fraction: float = 0.5,
-    max_dist: float = 1.0,
-    output: Output = "probability",
-    batch_size: int | None = None,
-    stats: EvalStats | None = None,
-) -> AttributionResult:
-    """Guided IG: an adaptive path that first moves the features with the smallest |gradient|.
-
-    Args:
-        steps: S, sequential gradient steps, >= 1 (reference library 200, IDG paper 50).
-        fraction: in [0.01, 1], share of features moved per sub-step (quantile of |gradient|);
-            reference 0.25, IDG paper 0.5. A step takes at most ``ceil(1/fraction) + 2`` sub-steps,
-            each a pass over every feature on the host; 1 moves everything left at once.
-        max_dist: in [0, 1], how far a feature may run ahead of the straight path; 0 is IG with
-            a left Riemann sum, 1 is unconstrained (reference 0.02, IDG paper 1.0).
-        output: ``probability`` (as the paper evaluates it) or ``logit``.
-    """
-    return run_method(
-        guided_ig_plan, model, x, baseline, target, batch_size, stats,
-        steps=steps, fraction=fraction, max_dist=max_dist, output=output,
-    )
+guided_ig = method_function("guided_ig", guided_ig_plan, PARAMS, """Guided IG: an adaptive path that first moves the features
+with the smallest |gradient|.""")

@@ -3,18 +3,17 @@ https://ojs.aaai.org/index.php/AAAI/article/view/28336), Algorithm 1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from idg_core._validation import check_choice, check_int, check_output
-from idg_core.evaluator import EvalStats
-from idg_core.methods._common import WorkBound, adaptive_samples, run_method
+from idg_core.methods._common import WorkBound, adaptive_samples, method_function
+from idg_core.methods.params import Param, Params, output_param
 from idg_core.paths import PLACEMENTS
 from idg_core.presets import PRESETS
-from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
+from idg_core.types import AttributionResult, Output, Plan, Query
 
 IMPORTANCE = ("finite_difference", "exact")
 FAST = PRESETS["idg"]["fast"]  # the default step counts: the measured `fast` preset (idg_core.presets)
@@ -26,26 +25,23 @@ def idg_bound(params: Mapping[str, Any]) -> WorkBound:
     return WorkBound(probe + steps, steps)
 
 
-def idg_plan(
-    x: Tensor,
-    baseline: Tensor,
-    target: int,
-    *,
-    steps: int = FAST["steps"],
-    probe_steps: int = FAST["probe_steps"],
-    placement: str = "aligned",
-    importance: str = "finite_difference",
-    uniform: bool = False,
-    output: Output = "logit",
-) -> Plan:
-    """Plan for one image ``x (C, H, W)``; see :func:`idg`."""
-    check_int("steps", steps, 2)
-    check_int("probe_steps", probe_steps, 3)
-    check_choice("placement", placement, PLACEMENTS)
-    check_choice("importance", importance, IMPORTANCE)
-    if not isinstance(uniform, bool):
-        raise ValueError(f"uniform must be a bool, got {uniform!r}")
-    return _plan(x, baseline, target, steps, probe_steps, placement, importance, uniform, check_output(output))
+PARAMS = Params("idg", (
+    Param("steps", int, FAST["steps"], "M, gradient samples; more refine the integral, each costs a forward and a backward pass "
+          "(default: the fast preset of idg_core.presets; the paper uses 50)", low=2),
+    Param("probe_steps", int, FAST["probe_steps"], "N, uniform forward-only probe points of the output-α curve, endpoints "
+          "included (default: the fast preset; the paper uses 50)", low=3),
+    Param("placement", str, "aligned", "Where interval k's samples go: 'aligned' inside interval k, 'authors' with the "
+          "published code's leftward drift after the first empty interval (comparison runs only)", choices=PLACEMENTS),
+    Param("importance", str, "finite_difference", "Importance factor dF/dα: the paper's finite difference or the exact chain "
+          "rule ∇F·(x - x'), at no extra cost", choices=IMPORTANCE),
+    Param("uniform", bool, False, "Skip the probe: M points linspace(0, 1, M) with equal weights 1/M (no adaptive sampling)"),
+    output_param("logit"),
+))
+
+
+def idg_plan(x: Tensor, baseline: Tensor, target: int, **params: Any) -> Plan:
+    """Plan for one image ``x (C, H, W)`` (``params``: :data:`PARAMS`, checked now); see :func:`idg`."""
+    return _plan(x, baseline, target, **PARAMS.validate(params))
 
 
 def importance_factors(values: Tensor, alphas: Tensor, grads: Tensor, diff: Tensor, importance: str) -> Tensor:
@@ -61,7 +57,7 @@ def importance_factors(values: Tensor, alphas: Tensor, grads: Tensor, diff: Tens
 
 
 def _plan(
-    x: Tensor, baseline: Tensor, target: int, steps: int, probe_steps: int,
+    x: Tensor, baseline: Tensor, target: int, *, steps: int, probe_steps: int,
     placement: str, importance: str, uniform: bool, output: Output,
 ) -> Plan:
     diff = x - baseline
@@ -90,36 +86,5 @@ def _plan(
     return result
 
 
-def idg(
-    model: Model,
-    x: Tensor,
-    baseline: BaselineLike,
-    target: int | Tensor | Iterable[int],
-    *,
-    steps: int = FAST["steps"],
-    probe_steps: int = FAST["probe_steps"],
-    batch_size: int | None = None,
-    placement: str = "aligned",
-    importance: str = "finite_difference",
-    uniform: bool = False,
-    output: Output = "logit",
-    stats: EvalStats | None = None,
-) -> AttributionResult:
-    """IDG = mean_j(∇F(x(α_j)) · IF_j · w_j) ⊙ (x - x'), samples placed where the logit moves.
-
-    Args:
-        steps: M, gradient samples, >= 2. More samples refine the integral; cost M forward+backward.
-            Default: the ``fast`` preset (:mod:`idg_core.presets`); the paper uses 50.
-        probe_steps: N, uniform forward-only probe points (endpoints included), >= 3; cost N forwards.
-            Default: the ``fast`` preset; the paper uses 50.
-        placement: ``aligned`` puts interval k's samples inside interval k; ``authors`` reproduces the
-            published code's leftward drift after the first empty interval (comparison runs only).
-        importance: ``finite_difference`` (the paper) or ``exact`` (∇F·(x - x'), no extra cost).
-        uniform: True skips the probe: M points ``linspace(0, 1, M)`` with equal weights 1/M.
-        output: ``logit`` (the paper) or softmax ``probability``.
-        batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); probe and main points of all images are pooled.
-    """
-    return run_method(
-        idg_plan, model, x, baseline, target, batch_size, stats, steps=steps, probe_steps=probe_steps,
-        placement=placement, importance=importance, uniform=uniform, output=output,
-    )
+idg = method_function("idg", idg_plan, PARAMS, """Integrated Decision Gradients with adaptive sampling:
+IDG = mean_j(∇F(x(α_j)) · IF_j · w_j) ⊙ (x - x'), with the samples placed where the output moves.""")

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from idg_core._validation import check_float, check_int, check_output
-from idg_core.evaluator import EvalStats
-from idg_core.methods._common import WorkBound, run_method
-from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
+from idg_core.methods._common import WorkBound, method_function
+from idg_core.methods.params import Param, Params, output_param
+from idg_core.types import AttributionResult, Output, Plan, Query
 
 
 def left_ig_cutoff(logits: Tensor, threshold: float = 0.9) -> int:
@@ -20,20 +19,25 @@ def left_ig_cutoff(logits: Tensor, threshold: float = 0.9) -> int:
     return max(1, int(above[0])) if above.numel() else 1
 
 
+PARAMS = Params("left_ig", (
+    Param("steps", int, 50, "Path points linspace(0, 1, steps); gradients up to the cut-off are averaged", low=2),
+    Param("threshold", float, 0.9, "The path ends at the first point whose output exceeds threshold × its maximum "
+          "(0.9 in the IDG authors' code)", low=0.0, high=1.0),
+    output_param("logit"),
+))
+
+
 def left_ig_bound(params: Mapping[str, Any]) -> WorkBound:
     """Cost of :func:`left_ig_plan` with ``params`` (every keyword given)."""
     return WorkBound(int(params["steps"]), int(params["steps"]))
 
 
-def left_ig_plan(
-    x: Tensor, baseline: Tensor, target: int, *, steps: int = 50, threshold: float = 0.9, output: Output = "logit"
-) -> Plan:
-    """Plan for one image ``x (C, H, W)``; see :func:`left_ig`."""
-    check_int("steps", steps, 2)
-    return _plan(x, baseline, target, steps, check_float("threshold", threshold, 0.0, 1.0), check_output(output))
+def left_ig_plan(x: Tensor, baseline: Tensor, target: int, **params: Any) -> Plan:
+    """Plan for one image ``x (C, H, W)`` (``params``: :data:`PARAMS`, checked now); see :func:`left_ig`."""
+    return _plan(x, baseline, target, **PARAMS.validate(params))
 
 
-def _plan(x: Tensor, baseline: Tensor, target: int, steps: int, threshold: float, output: Output) -> Plan:
+def _plan(x: Tensor, baseline: Tensor, target: int, *, steps: int, threshold: float, output: Output) -> Plan:
     diff = x - baseline
     alphas = torch.linspace(0, 1, steps, dtype=torch.float64)
     (ans,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="path gradients")]
@@ -51,23 +55,6 @@ def _plan(x: Tensor, baseline: Tensor, target: int, steps: int, threshold: float
     )
 
 
-def left_ig(
-    model: Model,
-    x: Tensor,
-    baseline: BaselineLike,
-    target: int | Tensor | Iterable[int],
-    *,
-    steps: int = 50,
-    threshold: float = 0.9,
-    output: Output = "logit",
-    batch_size: int | None = None,
-    stats: EvalStats | None = None,
-) -> AttributionResult:
-    """IG over the left part of the path only: gradients at ``linspace(0, 1, steps)`` up to the
-    first point whose output exceeds ``threshold * max`` (exclusive; at least one), averaged, ⊙ (x - x').
-
-    Args:
-        steps: path points, >= 2.
-        threshold: in [0, 1], the share of the maximum output that ends the path (0.9 in the authors' code).
-    """
-    return run_method(left_ig_plan, model, x, baseline, target, batch_size, stats, steps=steps, threshold=threshold, output=output)
+left_ig = method_function("left_ig", left_ig_plan, PARAMS, """Left-IG: IG over the left part of the path only: gradients
+at linspace(0, 1, steps) up to the first point whose output exceeds threshold × max (exclusive; at least one),
+averaged, ⊙ (x - x').""")

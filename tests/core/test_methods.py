@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from idg_core import METHODS, EvalStats, agi, evaluate, guided_ig, idg, integrated_gradients, left_ig
+from idg_core import METHODS, EvalStats, agi, evaluate, guided_ig, idg, ig, left_ig
 from idg_core.presets import PRESETS
 from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
 
@@ -24,7 +24,7 @@ def _f(model: torch.nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
 @pytest.mark.parametrize("model", [SaturatingSum(), SmallCNN()], ids=["1-relu(1-x)", "cnn"])
 def test_ig_completeness(model: torch.nn.Module, rule: str) -> None:
     x = torch.rand(2, 3, 16, 16)
-    res = integrated_gradients(model, x, "black", [0, 1], steps=300, rule=rule)
+    res = ig(model, x, "black", [0, 1], steps=300, rule=rule)
     gap = _f(model, x, 0)[0] - _f(model, torch.zeros_like(x), 0)[0], _f(model, x, 1)[1] - _f(model, torch.zeros_like(x), 1)[1]
     sums = res.attributions.sum(dim=(1, 2, 3))
     assert sums.tolist() == pytest.approx([float(g) for g in gap], rel=2e-2, abs=2e-3)
@@ -33,7 +33,7 @@ def test_ig_completeness(model: torch.nn.Module, rule: str) -> None:
 def test_ig_on_the_ig_papers_saturating_model_matches_closed_form() -> None:
     # s = 2·mean(x) = 2 at x = ones: the output saturates at α = 0.5, IG puts 1/N on every pixel
     x = torch.ones(1, 1, 2, 2)
-    res = integrated_gradients(SaturatingSum(), x, "black", 0, steps=64, rule="riemann_middle")
+    res = ig(SaturatingSum(), x, "black", 0, steps=64, rule="riemann_middle")
     assert res.attributions.flatten().tolist() == pytest.approx([0.25] * 4, abs=1e-6)
 
 
@@ -69,8 +69,8 @@ def test_left_ig_cuts_at_the_first_point_over_90_percent_of_the_max() -> None:
 def test_guided_ig_with_max_dist_zero_is_left_riemann_ig() -> None:
     model, x = SmallCNN(), torch.rand(1, 3, 16, 16)
     gig = guided_ig(model, x, "black", 2, steps=20, max_dist=0.0, output="logit")
-    ig = integrated_gradients(model, x, "black", 2, steps=20, rule="riemann_left")
-    assert torch.allclose(gig.attributions, ig.attributions, rtol=1e-4, atol=1e-6)
+    ig_res = ig(model, x, "black", 2, steps=20, rule="riemann_left")
+    assert torch.allclose(gig.attributions, ig_res.attributions, rtol=1e-4, atol=1e-6)
 
 
 def test_guided_ig_moves_the_whole_way() -> None:
@@ -188,7 +188,7 @@ def test_points_of_several_images_share_model_calls() -> None:
 
 def test_batch_size_caps_every_model_call() -> None:
     model = Counting(SmallCNN())
-    integrated_gradients(model, torch.rand(3, 3, 16, 16), "black", 0, steps=10, batch_size=7)
+    ig(model, torch.rand(3, 3, 16, 16), "black", 0, steps=10, batch_size=7)
     assert max(model.calls) <= 7 and sum(model.calls) == 30 and len(model.calls) == 5
 
 
@@ -258,12 +258,12 @@ def test_bad_targets_raise(target: object) -> None:
 
 def test_adaptive_ig_uses_idgs_samples_and_stays_complete() -> None:
     model, x = SmallCNN(), torch.rand(1, 3, 16, 16)
-    ig = integrated_gradients(model, x, "black", 4, steps=60, probe_steps=30, rule="adaptive")
+    ig_res = ig(model, x, "black", 4, steps=60, probe_steps=30, rule="adaptive")
     ref = idg(model, x, "black", 4, steps=60, probe_steps=30)
-    assert torch.equal(ig.alphas, ref.alphas) and ig.weights.sum().item() == pytest.approx(1.0)
-    assert (ig.forward_passes, ig.backward_passes) == (90, 60)
+    assert torch.equal(ig_res.alphas, ref.alphas) and ig_res.weights.sum().item() == pytest.approx(1.0)
+    assert (ig_res.forward_passes, ig_res.backward_passes) == (90, 60)
     gap = _f(model, x, 4) - _f(model, torch.zeros_like(x), 4)
-    assert ig.attributions.sum().item() == pytest.approx(gap.item(), rel=0.1, abs=0.05)
+    assert ig_res.attributions.sum().item() == pytest.approx(gap.item(), rel=0.1, abs=0.05)
 
 
 @pytest.mark.parametrize(

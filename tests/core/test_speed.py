@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idg_core import idg, integrated_gradients
+from idg_core import idg, ig
 from idg_core.models import ImageClassifier, Preprocessing, set_tf32, tune
 from tests.models import SmallCNN
 
@@ -29,10 +29,10 @@ def test_fp32_and_channels_last_compute_the_same_attributions() -> None:
 
 def test_bf16_keeps_float32_outputs_and_roughly_the_same_map() -> None:
     x = images()
-    ref = integrated_gradients(tune(classifier(), precision="fp32"), x, "mean", [0, 1, 2], steps=16)
+    ref = ig(tune(classifier(), precision="fp32"), x, "mean", [0, 1, 2], steps=16)
     model = tune(classifier(), precision="bf16")
     assert model(x).dtype == torch.float32
-    low = integrated_gradients(model, x, "mean", [0, 1, 2], steps=16)
+    low = ig(model, x, "mean", [0, 1, 2], steps=16)
     assert low.attributions.dtype == torch.float32
     cos = torch.nn.functional.cosine_similarity(low.attributions.flatten(1), ref.attributions.flatten(1))
     assert bool((cos > 0.9).all()), cos

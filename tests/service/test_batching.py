@@ -17,7 +17,8 @@ def _net(app: FastAPI):
 
 
 async def _attribute(client, img: bytes, **fields: str):
-    data = {"steps": "10", "probe_steps": "10", "return_attribution": "true", "return_overlay": "false"} | fields
+    probe = {"probe_steps": "10"} if fields.get("method", "idg") == "idg" else {}  # only IDG probes
+    data = {"steps": "10", "return_attribution": "true", "return_overlay": "false"} | probe | fields
     return await client.post("/attribute", files={"file": ("a.png", img, "image/png")}, data=data)
 
 

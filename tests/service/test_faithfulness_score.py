@@ -12,7 +12,7 @@ import torch
 
 from app.core.config import Settings
 from app.core.images import load_input
-from idg_core.methods import integrated_gradients
+from idg_core.methods import ig
 from idg_core.metrics import deletion, insertion
 from idg_core.paths import resolve_baseline
 from tests.service.conftest import AppFactory, image_bytes, serve
@@ -40,7 +40,7 @@ async def test_score_agrees_with_the_library_metrics_and_its_passes_are_counted(
         # the same map and scores computed by the library: 32 x 32 pixels in 8 steps = 128 pixels per step
         x = await load_input(image_bytes(), model, Settings(), torch.device("cpu"))
         base = resolve_baseline("mean", x.unsqueeze(0))
-        attr = integrated_gradients(model, x.unsqueeze(0), base, int(body["target"]["index"]), steps=4, rule="riemann_trapezoid").attributions
+        attr = ig(model, x.unsqueeze(0), base, int(body["target"]["index"]), steps=4, rule="riemann_trapezoid").attributions
         sal = attr[0].sum(0).abs().unsqueeze(0)
         p = model.preprocessing
         assert f["insertion"] == pytest.approx(insertion(model, x.unsqueeze(0), sal, mean=p.mean, std=p.std, step=128)[0].auc, abs=1e-5)
@@ -81,11 +81,11 @@ async def test_idgi_and_smoothgrad_through_the_api(tiny_app: AppFactory) -> None
 @pytest.mark.parametrize(("fields", "words"), [
     ({"faithfulness": "auc"}, "faithfulness"),
     ({"faithfulness": "insertion", "faithfulness_steps": "0"}, "faithfulness_steps"),
-    ({"postprocess": "idgi", "method": "agi"}, "path method"),
+    ({"postprocess": "idgi", "method": "agi", "steps": None, "rule": None}, "path method"),
     ({"smooth_samples": "64", "steps": "512"}, "smooth_samples"),
 ])
 async def test_bad_options_are_422s_that_say_why(tiny_app: AppFactory, fields: dict, words: str) -> None:
     async with serve(tiny_app()) as client:
-        r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={**IG, **fields})
+        r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={k: v for k, v in {**IG, **fields}.items() if v is not None})
         assert r.status_code == 422, r.text
         assert words in r.json()["error"]["message"]

@@ -56,6 +56,7 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
     connection cancels the work."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
+    service.check_attribute(params)  # a bad parameter is a 422, not a stream that opens to say so
     events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
 
     async def work() -> None:
@@ -88,6 +89,7 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
     images go through the same queue and share model calls."""
     received = time.perf_counter()
     files, params = await read_batch_request(request, service.settings.max_upload_bytes, service.settings.max_batch_files)
+    service.check_attribute(params)  # shared by every image: one 422 for the batch
 
     async def one(name: str, data: bytes) -> BatchItem:
         try:

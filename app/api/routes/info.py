@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.deps import get_service, require_api_key
-from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse
+from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, method_parameters
 from app.service import Service
 from idg_core import METHODS
 from idg_core.models import ImageClassifier
@@ -36,7 +36,8 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
                   precision=_precision(m, service.device), max_batch=m.max_batch)
         for i, (n, m) in enumerate(service.models.items())
     ]
-    return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()}, device=str(service.device))
+    return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()}, method_parameters=method_parameters(),
+                          device=str(service.device))
 
 
 @router.get("/health/live")

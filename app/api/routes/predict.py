@@ -47,6 +47,7 @@ async def _predict(request: Request, service: Service, data: bytes, params: Pred
     if condition is not None:  # the explanation's parameters are checked before any work is queued
         explain = AttributeParams.model_validate({"model": params.model, "top_k": params.top_k, "method": params.method,
                                                   "preset": params.preset, "faithfulness": params.faithfulness})
+        service.check_attribute(explain)
     x = await load_input(data, model, service.settings, service.device)
     outcome = await service.run(request, name, predict_plan(x), "predict", priority=0)
     held = None if condition is None else condition(Facts.of(outcome.value))
