@@ -42,6 +42,7 @@ PARAMS = Params("agi", (
     Param("adversarial_targets", list, None, "Explicit classes to attack instead of a random draw", service=False),
     Param("num_classes", int, 1000, "Classes of the model (the service sets it from the model)", low=2, service=False),
     Param("seed", int, 0, "Seed of the adversarial class draw", low=0),
+    Param("early_stop", bool, True, "End a class's iterations once the attack succeeds (the authors' code); false runs all max_iter"),
     output_param("probability"),
 ), joint=_joint)
 
@@ -62,10 +63,10 @@ def agi_plan(x: Tensor, baseline: Tensor, target: int, **params: Any) -> Plan:
     classes = p["adversarial_targets"]
     if classes is None:
         classes = adversarial_classes_for(target, p["adversarial_classes"], p["num_classes"], p["seed"])
-    return _plan(x, target, classes, p["epsilon"], p["max_iter"], p["output"])
+    return _plan(x, target, classes, p["epsilon"], p["max_iter"], p["output"], p["early_stop"])
 
 
-def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: int, output: Output) -> Plan:
+def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: int, output: Output, early_stop: bool) -> Plan:
     total = torch.zeros_like(x0)
     passes = 0
     for adv_class in classes:
@@ -78,7 +79,7 @@ def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: 
                 Query.at(point.unsqueeze(0), label, grad=True, output=output),
             ]
             passes += 2
-            if int(adv.top1[0]) == adv_class:
+            if early_stop and int(adv.top1[0]) == adv_class:
                 break
             assert adv.grads is not None and lab.grads is not None
             point = torch.clamp(x0 + epsilon * adv.grads[0].sign(), 0.0, 1.0)

@@ -206,6 +206,10 @@ def test_agi_is_seeded_and_stops_when_the_attack_succeeds() -> None:
     # eps = 1 sign step flips a 10-class toy CNN's prediction quickly for some class
     counts = [agi(model, x, "black", 0, adversarial_targets=[t], num_classes=10, max_iter=20, epsilon=1.0).forward_passes for t in range(1, 10)]
     assert min(counts) < 40
+    quick = counts.index(min(counts)) + 1  # without early_stop the same attack runs every iteration
+    counted = Counting(model)
+    full = agi(counted, x, "black", 0, adversarial_targets=[quick], num_classes=10, max_iter=20, epsilon=1.0, early_stop=False)
+    assert full.forward_passes == sum(counted.calls) == 40
 
 
 def test_agi_on_linear_softmax_follows_the_closed_form() -> None:

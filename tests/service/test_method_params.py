@@ -46,7 +46,7 @@ async def test_bad_values_get_the_methods_own_reason(tiny_app: AppFactory) -> No
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"method": "ig", "steps": "4"}, {"steps", "rule", "probe_steps", "output"}),
     ({"method": "left_ig", "steps": "4", "threshold": "0.5"}, {"steps", "threshold", "output"}),
-    ({"method": "agi", "max_iter": "2"}, {"epsilon", "max_iter", "adversarial_classes", "num_classes", "seed", "output"}),
+    ({"method": "agi", "max_iter": "2"}, {"epsilon", "max_iter", "adversarial_classes", "num_classes", "seed", "early_stop", "output"}),
 ])
 async def test_the_answer_lists_only_what_the_method_used(tiny_app: AppFactory, fields: dict, expected: set) -> None:
     async with serve(tiny_app()) as client:
