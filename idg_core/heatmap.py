@@ -60,6 +60,19 @@ def _png(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def image_png(image: Tensor) -> bytes:
+    """``image (3, H, W)`` in [0, 1] (grey ``(1, H, W)`` too) as PNG bytes."""
+    photo = (image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    return _png(photo[..., 0] if photo.shape[2] == 1 else photo)
+
+
+def attribution_npy(attribution: Tensor, dtype: type = np.float16) -> bytes:
+    """``attribution`` as the bytes of a NumPy ``.npy`` file (read with ``numpy.load``)."""
+    buf = io.BytesIO()
+    np.save(buf, attribution.detach().float().cpu().numpy().astype(dtype))
+    return buf.getvalue()
+
+
 def colorize(attribution: Tensor, *, signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0) -> np.ndarray:
     """``(C, H, W)`` attribution -> ``(H, W, 3)`` uint8 heatmap; signed maps use a diverging map."""
     cmap = colormap or ("coolwarm" if signed else "inferno")

@@ -8,7 +8,7 @@ import time
 import torch
 
 from app.core.metrics import Metrics
-from app.service import attribute_plan
+from idg_core.explain import explain_plan as attribute_plan
 from app.worker.engine import Worker
 from app.worker.jobs import Job, JobCancelled
 from tests.service.conftest import tiny_classifier

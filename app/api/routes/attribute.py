@@ -21,7 +21,7 @@ from app.service import Service
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 DOCS = body_docs(AttributeParams, AttributeJSON)
-_FIELDS = {k: v for k, v in DOCS["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"].items() if k != "file"}
+_FIELDS = {k: v for k, v in AttributeParams.model_json_schema()["properties"].items()}
 _FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "description": "The images (repeat the field)"}
 BATCH_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["files"], "properties": {"files": _FILES, **_FIELDS}}}}}}
@@ -34,7 +34,7 @@ async def attribute(request: Request, service: Annotated[Service, Depends(get_se
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
     try:
-        return await service.attribute(request, data, params, received)
+        return await service.attribute(data, params, received, request.is_disconnected)
     except ApiError:
         raise
     except Exception as err:  # noqa: BLE001 - any other failure is this request's JSON 500, logged once
@@ -61,7 +61,8 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
 
     async def work() -> None:
         try:
-            result = await service.attribute(request, data, params, received, on_event=lambda e: events.put_nowait((e.pop("event"), e)))
+            result = await service.attribute(data, params, received, request.is_disconnected,
+                                           on_event=lambda e: events.put_nowait((e.pop("event"), e)))
             events.put_nowait(("result", result.model_dump(mode="json")))
         except Exception as err:  # noqa: BLE001 - whatever fails, the stream ends with an ``error`` event
             api = err if isinstance(err, ApiError) else internal_error(err, "POST /attribute/stream")
@@ -93,7 +94,7 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
 
     async def one(name: str, data: bytes) -> BatchItem:
         try:
-            return BatchItem(filename=name, status=200, result=await service.attribute(request, data, params, received))
+            return BatchItem(filename=name, status=200, result=await service.attribute(data, params, received, request.is_disconnected))
         except Exception as err:  # noqa: BLE001 - whatever fails, it fails this item only
             api = err if isinstance(err, ApiError) else internal_error(err, f"POST /attribute/batch item {name!r}")
             return BatchItem(filename=name, status=api.status, error=ErrorDetail(status=api.status, code=api.code, message=api.message))

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from httpx import AsyncClient, Response
 
 from app.core.metrics import Metrics
-from app.service import attribute_plan
+from idg_core.explain import explain_plan
 from app.worker.engine import Worker
 from app.worker.jobs import Job, JobCancelled
 from idg_core.types import AttributionResult, Plan
@@ -159,7 +159,7 @@ async def test_stop_drops_in_flight_work_before_the_next_model_call() -> None:
     worker.start()
     loop = asyncio.get_running_loop()
     x = torch.rand(3, 32, 32)
-    job = Job("tiny", attribute_plan(x, torch.zeros_like(x), None, "idg", {"steps": 400, "probe_steps": 8}), "attribute",
+    job = Job("tiny", explain_plan(x, torch.zeros_like(x), None, "idg", {"steps": 400, "probe_steps": 8}), "attribute",
               time.monotonic() + 60, loop, loop.create_future())
     worker.submit(job)
     await asyncio.sleep(0.5)  # inside the 5 s main pass

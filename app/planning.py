@@ -1,0 +1,140 @@
+"""From a validated /attribute request to the plan it runs, before any work is queued: the method's
+parameters (the request's over the preset's over the method's defaults, checked by the method),
+the service's bounds on cost, the post-steps and the faithfulness score. Every refusal is an
+:class:`ApiError` 422 that says why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from app.core.config import Settings
+from app.core.errors import ApiError
+from app.explain_if import Condition, parse_condition
+from app.schemas import AttributeCommon, AttributeParams, PredictExplainParams
+from app.worker.engine import work_units
+from idg_core.explain import ExplainOptions, Explanation, PlanOf, explain_plan
+from idg_core.faithfulness import forward_cost, parse_metrics
+from idg_core.methods import METHODS, InvalidParameter, WorkBound
+from idg_core.models import ImageClassifier
+from idg_core.paths import resolve_baseline
+from idg_core.postprocess import postprocess_bound
+from idg_core.postprocess.compose import check_postprocess
+from idg_core.presets import preset_params
+
+STEP_PARAMETERS = ("steps", "probe_steps", "max_iter")
+"""The parameters bounded by ``IDG_MAX_STEPS``."""
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(422, message, code="invalid_parameter")
+
+
+def method_params(settings: Settings, params: AttributeCommon, num_classes: int) -> dict[str, Any]:
+    """Every parameter the method runs with: the request's, over the preset's, over the method's
+    defaults, validated by the method (422 naming what was wrong, or naming the method's
+    parameters when the request gave one it does not take), within the service's bounds."""
+    method = METHODS[params.method]
+    given = params.method_values()
+    foreign = [k for k in given if k not in method.params]
+    if foreign:
+        own = ", ".join(p.name for p in method.params if p.service)
+        raise _invalid(f"{params.method} takes no parameter {foreign[0]!r}; its parameters are {own}")
+    if "seed" in method.params:
+        given["seed"] = params.seed
+    if "num_classes" in method.params:
+        given["num_classes"] = num_classes
+    values = preset_params(params.method, params.preset, **given)
+    for name in STEP_PARAMETERS:
+        if isinstance(values.get(name), int) and values[name] > settings.max_steps:
+            raise _invalid(f"{name} must be <= {settings.max_steps}, got {values[name]}")
+    try:
+        return method.validate(**values)
+    except InvalidParameter as err:
+        raise _invalid(str(err)) from err
+
+
+def work_bound(settings: Settings, params: AttributeCommon, used: dict[str, Any], options: ExplainOptions) -> WorkBound:
+    """The most the method with its post-steps can cost; 422 beyond ``IDG_MAX_PASSES``."""
+    limit = settings.max_passes or 4 * settings.max_steps
+    bound = METHODS[params.method].bound(used)
+    if bound.forward > limit:
+        raise _invalid(f"{params.method} with these parameters may cost up to {bound.forward} model passes, more than the "
+                       f"limit of {limit}: lower steps, probe_steps, max_iter or adversarial_classes")
+    bound = postprocess_bound(bound, options.post)
+    if bound.forward > limit:
+        raise _invalid(f"{params.method} with smooth_samples={params.smooth_samples} may cost up to {bound.forward} model "
+                       f"passes, more than the limit of {limit}: lower smooth_samples or steps")
+    return bound
+
+
+def explain_options(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> ExplainOptions:
+    """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
+    post: dict[str, Any] = {}
+    if params.postprocess == "idgi":
+        post["postprocess"] = "idgi"
+    if params.smooth_samples:
+        post |= {"smooth_samples": params.smooth_samples, "smooth_std": params.smooth_std, "smooth_kind": params.smooth_kind,
+                 "smooth_seed": params.seed}
+    try:
+        check_postprocess(params.method, params.postprocess, params.smooth_samples, params.smooth_std, params.smooth_kind)
+        metrics = parse_metrics(params.faithfulness)
+    except ValueError as err:
+        raise _invalid(str(err)) from err
+    p = model.preprocessing
+    return ExplainOptions(post, metrics, params.faithfulness_steps or settings.faithfulness_steps, tuple(p.mean), tuple(p.std))
+
+
+@dataclass
+class AttributePlan:
+    """What the service submits for one /attribute request."""
+
+    params: dict[str, Any]
+    """The method's parameters, as it runs them."""
+    used: dict[str, Any]
+    """Every parameter of the request that took effect (the answer's ``parameters``)."""
+    options: ExplainOptions
+    bound: WorkBound
+    """The most the method with its post-steps can cost."""
+
+    def plan(self, x: Tensor, params: AttributeCommon, probs: Tensor | None = None) -> PlanOf[Explanation]:
+        """The plan on ``x (C, H, W)``; with ``probs`` known (from /predict) it skips the prediction pass."""
+        baseline = resolve_baseline(params.baseline, x.unsqueeze(0))[0]
+        return explain_plan(x, baseline, params.target, params.method, self.params, self.options, probs)
+
+    def cost(self, x: Tensor, probs: Tensor | None = None) -> float:
+        """The plan's work units at most (its queue cost)."""
+        o = self.options
+        scores = forward_cost(o.metrics, x.shape[-2], x.shape[-1], o.steps) if o.metrics else 0
+        return work_units((probs is None) + self.bound.forward + scores, self.bound.backward)
+
+
+def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> AttributePlan:
+    """Check an /attribute request against ``model`` (no image needed) and resolve what it runs."""
+    if params.target is not None and params.target >= model.num_classes:
+        raise _invalid(f"target must be < {model.num_classes} (the model's classes), got {params.target}")
+    kwargs = method_params(settings, params, model.num_classes)
+    options = explain_options(settings, params, model)
+    bound = work_bound(settings, params, kwargs, options)
+    used = {k: v for k, v in kwargs.items() if v is not None}  # None: not used (AGI's explicit classes)
+    used |= {"baseline": params.baseline, "preset": params.preset, **options.post}
+    if options.metrics:
+        used |= {"faithfulness": ",".join(options.metrics), "faithfulness_steps": options.steps}
+    return AttributePlan(kwargs, used, options, bound)
+
+
+def plan_explain_if(params: PredictExplainParams) -> tuple[Condition | None, AttributeCommon | None]:
+    """A /predict request's condition and the /attribute request it makes when the condition holds
+    (None, None without ``explain_if``); 422 for a condition or score option that does not parse."""
+    try:
+        condition = parse_condition(params.explain_if) if params.explain_if is not None else None
+        parse_metrics(params.faithfulness)
+    except ValueError as err:  # ConditionError included
+        raise _invalid(str(err)) from err
+    if condition is None:
+        return None, None
+    explain = AttributeParams.model_validate({"model": params.model, "top_k": params.top_k, "method": params.method,
+                                              "preset": params.preset, "faithfulness": params.faithfulness})
+    return condition, explain

@@ -1,0 +1,76 @@
+"""An explanation as the /attribute answer's pieces: base64 PNGs and array (from
+:mod:`idg_core.heatmap`) and the output-α curve. CPU work: the service runs it off the event loop."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from torch import Tensor
+
+from app.planning import AttributePlan
+from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Curve, Faithfulness, Timings
+from idg_core.explain import Explanation
+from idg_core.heatmap import attribution_npy, heatmap_png, image_png, overlay_png
+from idg_core.types import AttributionResult
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def render(x: Tensor, result: AttributionResult, params: AttributeCommon) -> dict[str, Any]:
+    """The images and the optional raw array the request asked for, as base64 response fields."""
+    attr = result.attributions[0].detach().float().cpu()
+    image = x.detach().float().cpu()
+    signed, perc = params.signed, params.outlier_perc
+    return {
+        "input_png": b64(image_png(image)) if params.return_input else None,
+        "heatmap_png": b64(heatmap_png(attr, signed=signed, outlier_perc=perc)) if params.return_heatmap else None,
+        "overlay_png": b64(overlay_png(image, attr, opacity=params.opacity, signed=signed, outlier_perc=perc))
+        if params.return_overlay else None,
+        "attribution": {"format": "npy", "dtype": "float16", "shape": list(attr.shape), "data": b64(attribution_npy(attr))}
+        if params.return_attribution else None,
+    }
+
+
+def curve(result: AttributionResult, output: str) -> Curve:
+    """The answer's curve; ``output`` ("logit" or "probability") is what the method differentiated,
+    so what ``result.logits`` holds despite its name."""
+    def row(t: Tensor) -> list[float]:
+        return [float(v) for v in (t[0] if t.dim() == 2 else t)] if t.numel() else []
+
+    values, probe_values = row(result.logits), row(result.probe_logits)
+    return Curve.model_validate({
+        "output": output, "probe_alphas": row(result.probe_alphas), "probe_values": probe_values, "alphas": row(result.alphas),
+        "values": values, "importance": row(result.importance), "weights": row(result.weights),
+        "probe_logits": probe_values, "logits": values,  # deprecated names, same numbers
+    })
+
+
+def method_label(params: AttributeCommon) -> str:
+    """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label)."""
+    return params.method + ("+idgi" if params.postprocess == "idgi" else "") + (f"+{params.smooth_kind}" if params.smooth_samples else "")
+
+
+def attribute_response(
+    model: str, params: AttributeCommon, planned: AttributePlan, found: Explanation, prediction: list[ClassScore],
+    target: ClassScore, precision: str, timings: Timings, images: dict[str, Any],
+) -> AttributeResponse:
+    """The /attribute answer: what was found, with the parameters it ran with and what it cost."""
+    faithfulness = None
+    if found.scores:
+        faithfulness = Faithfulness(insertion=found.scores.get("insertion"), deletion=found.scores.get("deletion"), steps=found.score_steps)
+    return AttributeResponse(
+        model=model,
+        method=params.method,
+        prediction=prediction,
+        target=target,
+        parameters={**planned.used, "target": found.target},
+        precision=precision,
+        curve=curve(found.result, planned.params["output"]),
+        cost=Cost(forward_passes=found.forward_passes, backward_passes=found.backward_passes),
+        faithfulness=faithfulness,
+        timings=timings,
+        **images,
+    )
