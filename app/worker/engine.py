@@ -4,7 +4,10 @@ pooling the path points of many requests into shared model calls.
 Each round is one model call: the jobs of one model in order (``/predict`` jobs first, then the
 oldest) give rows of the kind the first of them needs next (forward-only or with a gradient), up
 to ``min(max_batch_images, max_round_images)`` in all; a step with more rows goes on in the next
-rounds, and a plan gets its answers once its step is complete. So a ``/predict`` waits for at most
+rounds, and a plan gets its answers once its step is complete. A job left out of a round because
+it needs the other kind decides the kind of the next one (see :meth:`Worker._next_kind`), so the
+kinds take turns: a newer request's forward pass waits one round behind an older request's run
+of gradient steps (Guided IG, IG), not until that request ends. So a ``/predict`` waits for at most
 the model call in flight, and the deadline is checked before every call: a request past it (or
 cancelled) leaves the device within one call, the others' answers unaffected. A failed call is
 retried job by job, so only the request that fails gets the error; a CUDA out-of-memory error
@@ -267,19 +270,37 @@ class Worker:
             return []
         ordered = sorted(self._active, key=lambda j: (j.priority, j.enqueued))
         model = self._next_model(ordered)
-        first = next((j for j in ordered if j.model == model and j.rows), None)
-        grad = first.next_grad if first is not None else False
-        chosen, budget = [], min(self.call_images, getattr(self.models[model], "max_batch", None) or self.call_images)
+        grad = self._next_kind([j for j in ordered if j.model == model])
+        chosen: list[tuple[Job, list[tuple[int, int, int]]]] = []
+        budget = min(self.call_images, getattr(self.models[model], "max_batch", None) or self.call_images)
         for job in ordered:
             if job.model != model:
                 continue
             if job.rows == 0:  # a checkpoint between host steps: advance it now
                 chosen.append((job, []))
-            elif budget > 0 and job.next_grad == grad:
+            elif job.next_grad != grad:
+                job.passed_over += 1  # the next round is of its kind (at its priority)
+            elif budget > 0:
+                job.passed_over = 0
                 rows = job.take(budget, grad)
                 budget -= sum(b - a for _, a, b in rows)
                 chosen.append((job, rows))
         return chosen
+
+    @staticmethod
+    def _next_kind(jobs: list[Job]) -> bool:
+        """Whether this round's call takes gradients: the kind the first job (in order) with rows needs
+        next, unless a job at its priority was left out of a round for needing the other kind; then
+        the kind of the first such job. Without the turn, a job whose next rows are of the other
+        kind would wait for as long as the jobs before it keep needing theirs: a Guided IG request
+        arriving while another runs its 400 gradient steps would wait for all 400 before its
+        forward prediction pass (and then share their calls, one row each)."""
+        waiting = [j for j in jobs if j.rows]
+        if not waiting:
+            return False
+        top = waiting[0].priority
+        passed = next((j for j in waiting if j.priority == top and j.passed_over), waiting[0])
+        return passed.next_grad
 
     def _next_model(self, ordered: list[Job]) -> str:
         """Round-robin between the models with work at the most urgent priority, so a model with a long

@@ -6,13 +6,13 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from idg_core.types import Answer, Plan, Query
+from idg_core.types import Answer, Query
 
 _ids = itertools.count(1)
 
@@ -41,7 +41,8 @@ class Job:
     (``store``) and sends the answers to the plan once every row is in."""
 
     model: str
-    plan: Plan
+    plan: Generator[list[Query], list[Answer], Any]
+    """Any plan: a method's (an AttributionResult), a prediction's, an explanation's."""
     kind: str
     deadline: float
     loop: asyncio.AbstractEventLoop
@@ -59,6 +60,8 @@ class Job:
     taken: int = 0
     """Rows of ``pending`` already taken into a round."""
     done_units: float = 0.0
+    passed_over: int = 0
+    """Rounds in a row this job had rows ready but was left out for needing the other kind."""
     rounds: int = 0
     done_label: str = ""
     cancel_reason: str | None = None

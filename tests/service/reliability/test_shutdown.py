@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.service.conftest import image_bytes
 from tests.service.reliability.server_app import Served, serve_process
@@ -59,9 +58,6 @@ def _sigterm_and_watch(served: Served) -> tuple[list[httpx.Response], float]:
     return readiness, time.monotonic() - sent
 
 
-@pytest.mark.slow(reason="run after the other reliability tests (and in CI) neither in-flight Guided IG job progressed during the "
-                        "5 s grace, though it passes alone and two real IDG requests finish with 200 during a drain by hand; "
-                        "cause not found yet: run with -m slow")
 def test_sigterm_finishes_in_flight_work_answers_the_rest_in_json_and_exits_in_time(tmp_path: Path) -> None:
     settings = {"IDG_SHUTDOWN_GRACE_S": GRACE_S, "IDG_TEST_DELAY_S": 0.1, "IDG_HEADER_TIMEOUT_S": 60, "IDG_BODY_TIMEOUT_S": 60}
     with serve_process(tmp_path / "server.log", **settings) as served:
@@ -74,7 +70,9 @@ def test_sigterm_finishes_in_flight_work_answers_the_rest_in_json_and_exits_in_t
         clients = [threading.Thread(target=_attribute, args=(served.url, steps, results, key)) for key, steps in (("short", 6), ("long", 400))]
         for c in clients:
             c.start()
-        _wait_for(served, "idg_queue_depth", 2.0)  # both jobs are in the worker
+        # both jobs are in the worker; whichever came first, the short one shares the long one's
+        # gradient calls (its forward prediction pass takes a turn between them, app.worker.engine)
+        _wait_for(served, "idg_queue_depth", 2.0)
 
         readiness, exit_s = _sigterm_and_watch(served)
         signalled = time.monotonic() - exit_s
