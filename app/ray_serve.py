@@ -56,7 +56,7 @@ def load_factory(path: str) -> Callable[[], FastAPI]:
 class IDGReplica:
     """One replica: the app with its worker on this actor's device (its GPU when Ray assigned one)."""
 
-    async def __init__(self, factory: str = DEFAULT_FACTORY) -> None:
+    async def __init__(self, factory: str = DEFAULT_FACTORY) -> None:  # type: ignore[misc]  # Serve awaits an async __init__
         self._factory = factory
         context = serve.get_replica_context()
         set_replica_id(f"{context.deployment}#{context.replica_id.unique_id}")  # "idg#a1b2c3d4", on every answer as X-IDG-Replica
@@ -72,9 +72,9 @@ class IDGReplica:
         and Serve replaces a replica that stays unhealthy."""
         answer = await ready(Request({"type": "http", "app": self.app, "headers": []}))  # type: ignore[attr-defined]
         if answer.status_code != 200:
-            raise RuntimeError(f"not ready: {answer.body.decode(errors='replace')}")
+            raise RuntimeError(f"not ready: {bytes(answer.body).decode(errors='replace')}")
 
 
 def build(args: dict[str, Any]) -> Application:
     """App builder for Serve config files (``import_path: app.ray_serve:build``); ``args.factory`` picks the app."""
-    return IDGReplica.bind(factory=str(args.get("factory", DEFAULT_FACTORY)))
+    return IDGReplica.bind(factory=str(args.get("factory", DEFAULT_FACTORY)))  # type: ignore[attr-defined]  # added by @serve.deployment

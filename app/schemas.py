@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -10,7 +10,7 @@ from idg_core.methods import METHODS, Param
 from idg_core.presets import DEFAULT_PRESET, Preset
 
 MethodName = Literal["idg", "ig", "left_ig", "guided_ig", "agi"]
-assert set(MethodName.__args__) == set(METHODS), "MethodName lists the registry's methods"
+assert set(get_args(MethodName)) == set(METHODS), "MethodName lists the registry's methods"
 
 
 class PredictParams(BaseModel):
@@ -62,7 +62,7 @@ def method_parameters() -> dict[str, list[MethodParameter]]:
     """The parameters of each method that a request may give, from their declarations."""
     return {
         m.name: [
-            MethodParameter(name=p.name, type=_JSON_TYPES[p.kind], default=p.default, minimum=p.low,  # type: ignore[arg-type]
+            MethodParameter(name=p.name, type=_JSON_TYPES[p.kind], default=p.default, minimum=p.low,
                             exclusive_minimum=p.low_open, maximum=p.high, choices=list(p.choices), description=p.help)
             for p in m.params if p.service or p.name in AttributeCommon.model_fields
         ]
@@ -87,7 +87,7 @@ def method_fields() -> dict[str, Any]:
         kind = kinds.pop()
         annotation: Any = kind
         if kind is str:
-            annotation = Literal[tuple(dict.fromkeys(c for _, p in declared for c in p.choices))]  # type: ignore[valid-type]
+            annotation = Literal[tuple(dict.fromkeys(c for _, p in declared for c in p.choices))]
         schema: dict[str, Any] = {}
         lows, highs = [p.low for _, p in declared], [p.high for _, p in declared]
         if kind in (int, float) and None not in lows:
@@ -101,7 +101,7 @@ def method_fields() -> dict[str, Any]:
     return fields
 
 
-AttributeParams: type[AttributeCommon] = create_model(  # type: ignore[call-overload]
+AttributeParams: type[AttributeCommon] = create_model(
     "AttributeParams", __base__=AttributeCommon, __doc__="Form fields of POST /attribute (multipart), or JSON keys beside ``image``.",
     **method_fields(),
 )
@@ -128,8 +128,10 @@ class PredictJSON(ImageJSON, PredictExplainParams):
     """JSON body of POST /predict."""
 
 
-AttributeJSON: type[ImageJSON] = create_model(  # type: ignore[call-overload]
-    "AttributeJSON", __base__=(ImageJSON, AttributeParams), __doc__="JSON body of POST /attribute.")
+AttributeJSON = cast(type[ImageJSON], create_model(
+    "AttributeJSON", __doc__="JSON body of POST /attribute.",
+    __base__=(ImageJSON, AttributeParams),
+))
 
 
 class ClassScore(BaseModel):

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def faithfulness(model: torch.nn.Module, attributions: Tensor) -> dict[str, list[float]]:
         """Insertion and deletion AUC per image of these maps, scored by ``model`` (its own precision)."""
-        p = model.preprocessing
+        p: Any = model.preprocessing  # an ImageClassifier's, kept by tune()
         sal = torch.stack([saliency(a) for a in attributions]).to(device)
         ins = insertion(model, x, sal, mean=p.mean, std=p.std, step=args.rise_step, batch_size=args.batch_size)
         dele = deletion(model, x, sal, substrate=p.mean, step=args.rise_step, batch_size=args.batch_size)
@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             ref_scores.append(scores)
         rho = spearman(maps, reference[0])
         rel = ((maps - reference[0]).norm(dim=1) / reference[0].norm(dim=1)).max()
-        paired = {} if scores is None else {
+        ref = ref_scores[0]
+        paired = {} if scores is None or ref is None else {
             f"{metric}_vs_fp32": mean_ci([(1.0 if metric == "insertion" else -1.0) * (a - b)
-                                          for a, b in zip(scores[metric], ref_scores[0][metric], strict=True)])
+                                          for a, b in zip(scores[metric], ref[metric], strict=True)])
             for metric in ("insertion", "deletion")}
         ceiling = ceilings[speed["precision"]]
         tflops = flops_per_attr * len(files) / seconds / 1e12

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Mapping
 from typing import TypeVar
 
 from fastapi import Request
@@ -102,7 +103,7 @@ def count_file_parts(body: bytes, content_type: str) -> int:
     return count
 
 
-def _validate(cls: type[P], fields: dict[str, object]) -> P:
+def _validate(cls: type[P], fields: Mapping[str, object]) -> P:
     try:
         return cls.model_validate(fields)
     except ValidationError as err:
