@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from httpx import AsyncClient, Response
 
 from app.core.metrics import Metrics
-from idg_core.explain import explain_plan
 from app.worker.engine import Worker
 from app.worker.jobs import Job, JobCancelled
+from idg_core.explain import explain_plan
 from idg_core.types import AttributionResult, Plan
 from tests.service.conftest import AppFactory, TinyNet, image_bytes, serve, tiny_classifier
 
