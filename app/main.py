@@ -20,11 +20,12 @@ from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
 from app.core.metrics import Metrics, MetricsMiddleware
-from app.core.models import load_models, pick_device, warm_up
+from app.core.models import ModelLoadError, load_models, pick_device, warm_up
 from app.core.replica import ReplicaHeaderMiddleware
 from app.service import Service
 from app.worker.engine import Worker
-from idg_core.models import ImageClassifier, tune
+from idg_core.models import ImageClassifier
+from idg_core.models.speed import tune_all
 
 log = logging.getLogger("app")
 STATIC = Path(__file__).with_name("static")
@@ -42,8 +43,10 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             torch.set_num_threads(settings.torch_threads)
         device = pick_device(settings.device)
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device, settings.models_file)
-        loaded = {n: tune(m.to(device).eval(), precision=settings.precision_on(device), channels_last=settings.channels_last,
-                          compile=settings.compile) for n, m in loaded.items()}
+        try:
+            loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile)
+        except ValueError as err:
+            raise ModelLoadError(str(err)) from err
         if settings.warmup:
             await asyncio.to_thread(warm_up, loaded, settings.batch_images(device))
         worker = Worker(

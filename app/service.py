@@ -33,6 +33,7 @@ from app.worker.engine import QueueFull, Worker
 from app.worker.jobs import Job, JobCancelled
 from idg_core.explain import PlanOf, predict_plan
 from idg_core.models import ImageClassifier
+from idg_core.models.speed import model_precision
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,7 +51,9 @@ class Outcome(Generic[T]):
 class Service:
     """Everything a route needs: settings, models, the worker and the metrics."""
 
-    def __init__(self, settings: Settings, models: dict[str, ImageClassifier], worker: Worker, metrics: Metrics, device: torch.device) -> None:
+    def __init__(
+        self, settings: Settings, models: dict[str, ImageClassifier], worker: Worker, metrics: Metrics, device: torch.device,
+    ) -> None:
         self.settings = settings
         self.models = models
         self.worker = worker
@@ -130,7 +133,7 @@ class Service:
                           total_ms=(time.perf_counter() - received) * 1000)
         target = ClassScore(index=found.target, name=model.class_names[found.target], probability=float(found.probs[found.target]))
         return attribute_response(name, params, planned, found, self.top_k(model, found.probs, params.top_k), target,
-                                  self.settings.precision_on(self.device), timings, images)
+                                  model_precision(model, self.device), timings, images)
 
     async def run(
         self, is_disconnected: IsDisconnected | None, model: str, plan: PlanOf[T], kind: str, *, priority: int,

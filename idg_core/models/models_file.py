@@ -11,9 +11,14 @@
     num_classes = 37
     labels = "pets.txt"               # one class name per line; relative to this file
     max_batch = 16                    # most images in one model call
+    precision = "bf16"                # fp32, tf32, bf16 or auto (default: the service's IDG_PRECISION)
+    channels_last = true              # default: IDG_CHANNELS_LAST
+    compile = false                   # torch.compile at start-up; default: IDG_COMPILE
 
 A key given here overrides what the source says. ``crop_size`` is a synonym of ``input_size``;
 ``resize_mode = "squash"`` resizes the whole image to ``resize_size`` square (aspect not kept).
+TF32 is a process-wide switch in PyTorch: one service cannot run one model in ``tf32`` and another
+in ``fp32`` (start-up refuses it); ``bf16`` (autocast, per model) mixes with either.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 from idg_core.models.preprocess import INTERPOLATIONS
 
 RESIZE_MODES = ("shorter", "squash")
+PRECISION_CHOICES = ("fp32", "tf32", "bf16", "auto")
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,9 @@ class ModelSettings:
     labels: tuple[str, ...] | None = None
     max_batch: int | None = None
     resize_mode: str | None = None
+    precision: str | None = None
+    channels_last: bool | None = None
+    compile: bool | None = None
 
 
 KEYS = (*(f.name for f in fields(ModelSettings)), "crop_size")
@@ -95,6 +104,15 @@ def parse_table(where: str, table: Any, base: Path) -> ModelSettings:
         if table["resize_mode"] not in RESIZE_MODES:
             raise ValueError(f"{where}: resize_mode must be one of {', '.join(RESIZE_MODES)}, got {table['resize_mode']!r}")
         out["resize_mode"] = table["resize_mode"]
+    if "precision" in table:
+        if table["precision"] not in PRECISION_CHOICES:
+            raise ValueError(f"{where}: precision must be one of {', '.join(PRECISION_CHOICES)}, got {table['precision']!r}")
+        out["precision"] = table["precision"]
+    for key in ("channels_last", "compile"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise ValueError(f"{where}: {key} must be true or false, got {table[key]!r}")
+            out[key] = table[key]
     if "mean" in table:
         out["mean"] = _triple(where, "mean", table["mean"], positive=False)
     if "std" in table:

@@ -48,7 +48,7 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
     device = model.mean.device
     if precision != "fp32" and device.type != "cuda":
         log.warning("precision %s on %s: TF32 does nothing there and bf16 autocast is slow on most CPUs", precision, device)
-    set_tf32(precision == "tf32")
+    set_tf32(precision == "tf32")  # process-wide: see tune_all for several models
     model.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
     model.channels_last = channels_last
     if channels_last:
@@ -57,3 +57,36 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
         model.net = torch.compile(model.net)  # type: ignore[assignment]
     log.info("%s: precision %s, channels_last %s, compile %s", model.name, precision, channels_last, compile)
     return model
+
+
+def model_precision(model: ImageClassifier, device: torch.device) -> Precision:
+    """What :func:`tune` set on ``model``: bf16 autocast, or float32 with TF32 allowed (CUDA only) or not."""
+    if model.autocast_dtype == torch.bfloat16:
+        return "bf16"
+    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
+def tune_all(
+    models: dict[str, ImageClassifier], device: torch.device, *, precision: Precision | Literal["auto"] = "auto",
+    channels_last: bool = False, compile: bool = False,
+) -> dict[str, ImageClassifier]:
+    """Move every model to ``device`` and :func:`tune` it with its own speed keys (``model.speed``,
+    from the models file) over these defaults. TF32 is one switch for the whole process, so a
+    ``tf32`` model beside an ``fp32`` one is a ``ValueError`` that says so (bf16 mixes with either)."""
+    chosen: dict[str, Precision] = {}
+    for name, model in models.items():
+        p = model.speed.get("precision", precision)
+        chosen[name] = default_precision(device) if p == "auto" else p
+    kinds = set(chosen.values())
+    if {"tf32", "fp32"} <= kinds:
+        tf32 = ", ".join(n for n, p in chosen.items() if p == "tf32")
+        fp32 = ", ".join(n for n, p in chosen.items() if p == "fp32")
+        raise ValueError(f"TF32 is process-wide in PyTorch: {tf32} (tf32) and {fp32} (fp32) cannot run in one service; "
+                         "give them the same precision (or bf16), or serve them separately")
+    tuned = {
+        name: tune(model.to(device).eval(), precision=chosen[name], channels_last=model.speed.get("channels_last", channels_last),
+                   compile=model.speed.get("compile", compile))
+        for name, model in models.items()
+    }
+    set_tf32("tf32" in kinds)
+    return tuned

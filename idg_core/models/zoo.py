@@ -12,6 +12,7 @@ import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -78,6 +79,8 @@ class ImageClassifier(nn.Module):
         # Where it came from (``idg_core.models.sources``) and the most images one model call may hold.
         self.source = name
         self.max_batch: int | None = None
+        self.speed: dict[str, Any] = {}
+        """The models file's speed keys for this model (precision, channels_last, compile); unset: the service's."""
 
     @property
     def num_classes(self) -> int:

@@ -155,6 +155,35 @@ def test_bad_model_files_stop_start_up_with_a_sentence(tiny, tmp_path: Path) -> 
         assert "has no config.json" in _start_error([f"b=hf:{tmp_path}"])
 
 
+async def test_the_models_file_sets_each_models_precision(tiny, tmp_path: Path) -> None:
+    """precision / channels_last / compile per model: here one model in bf16 autocast beside one in
+    IEEE fp32 (the service's default on a CPU); each answer names its model's precision."""
+    folder, specs = tiny
+    toml = tmp_path / "models.toml"
+    toml.write_text((folder / "models.toml").read_text().replace("[models.scripted]\n", '[models.scripted]\nprecision = "bf16"\n')
+                    .replace('labels = "labels.txt"', f'labels = "{folder / "labels.txt"}"'))
+    app = _app([specs["torchscript"], specs["export"]], toml)
+    async with serve(app) as client:
+        listed = {m["name"]: m["precision"] for m in (await client.get("/models")).json()["models"]}
+        assert listed == {"scripted": "bf16", "exported": "fp32"}
+        for name, precision in listed.items():
+            r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"model": name, "steps": "4"})
+            assert r.status_code == 200 and r.json()["precision"] == precision, r.text
+        assert app.state.service.models["scripted"].autocast_dtype == torch.bfloat16
+        assert app.state.service.models["exported"].autocast_dtype is None
+
+
+def test_tf32_beside_fp32_stops_start_up_with_a_sentence(tiny, tmp_path: Path) -> None:
+    folder, specs = tiny
+    toml = tmp_path / "models.toml"
+    toml.write_text((folder / "models.toml").read_text().replace("[models.scripted]\n", '[models.scripted]\nprecision = "tf32"\n')
+                    .replace('labels = "labels.txt"', f'labels = "{folder / "labels.txt"}"'))
+    msg = _start_error([specs["torchscript"], specs["export"]], toml)
+    assert "TF32 is process-wide in PyTorch: scripted (tf32) and exported (fp32) cannot run in one service" in msg
+    (tmp_path / "bad.toml").write_text('[models.scripted]\nprecision = "fp16"\ncompile = "yes"\n')
+    assert "precision must be one of fp32, tf32, bf16, auto, got 'fp16'" in _start_error([specs["torchscript"]], tmp_path / "bad.toml")
+
+
 def test_missing_extra_names_it(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # import timm raises ImportError
     monkeypatch.setitem(sys.modules, "transformers", None)

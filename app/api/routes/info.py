@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import torch
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -13,16 +12,9 @@ from app.api.deps import get_service, require_api_key
 from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, method_parameters
 from app.service import Service
 from idg_core import METHODS
-from idg_core.models import ImageClassifier
+from idg_core.models.speed import model_precision
 
 router = APIRouter()
-
-
-def _precision(model: ImageClassifier, device: torch.device) -> str:
-    """What ``idg_core.models.tune`` set: bf16 autocast, or float32 with TF32 allowed (CUDA only) or not."""
-    if model.autocast_dtype == torch.bfloat16:
-        return "bf16"
-    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
 
 
 @router.get("/models", response_model=ModelsResponse, dependencies=[Depends(require_api_key)],
@@ -33,7 +25,7 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
         ModelInfo(name=n, classes=m.num_classes, input_size=m.preprocessing.crop_size, resize_size=m.preprocessing.resize_size,
                   interpolation=m.preprocessing.interpolation, default=i == 0, source=m.source, class_names=m.class_names[:5],
                   resize_mode=m.preprocessing.resize_mode, mean=list(m.preprocessing.mean), std=list(m.preprocessing.std),
-                  precision=_precision(m, service.device), max_batch=m.max_batch)
+                  precision=model_precision(m, service.device), max_batch=m.max_batch)
         for i, (n, m) in enumerate(service.models.items())
     ]
     return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()}, method_parameters=method_parameters(),
