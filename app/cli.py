@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                     out.write(f"{s.index:4d}  {s.probability:.4f}  {s.name}\n")
                 if res.raw.get("explained") is not None:
                     ex = res.explanation
-                    out.write(f"explain_if held: {res.raw['explained']}" + (f"; {ex.method} explanation of class {ex.target.index}" if ex else "") + "\n")
+                    which = f"; {ex.method} explanation of class {ex.target.index}" if ex else ""
+                    out.write(f"explain_if held: {res.raw['explained']}{which}\n")
                 return 0
             a = client.attribute(args.image, method=args.method, model=args.model, target=args.target, preset=args.preset, steps=args.steps,
                                  probe_steps=args.probe_steps, baseline=args.baseline, return_overlay=args.overlay is not None,

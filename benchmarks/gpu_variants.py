@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images", type=int, default=32)
     p.add_argument("--image-dir", type=Path, default=SAMPLES)
     p.add_argument("--batch-size", type=int, default=128, help="evaluator images per model call")
-    p.add_argument("--batch-sizes", type=int, nargs="*", default=[32, 64, 128, 256, 512], help="evaluator batch sizes to sweep (best variant)")
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[32, 64, 128, 256, 512],
+                   help="evaluator batch sizes to sweep (best variant)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", nargs="*", default=[name for name, _ in VARIANTS])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu only for a dry run")
@@ -199,9 +200,11 @@ def _paired_cell(v: list[float] | tuple[float, float, int] | None) -> str:
 def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dict[str, str]], sweep: list[dict[str, Any]]) -> str:
     c = meta["matmul_ceilings_tflops"]
     lines = [f"# GPU speed settings, `{meta['model']}` ({meta['weights']} weights)", "",
-             f"Measured {meta['date']} on: {meta['machine'].get('gpu', '?')} ({meta['machine']['platform']}, torch {meta['machine']['torch']}).", "",
+             f"Measured {meta['date']} on: {meta['machine'].get('gpu', '?')} "
+             f"({meta['machine']['platform']}, torch {meta['machine']['torch']}).", "",
              f"IDG-50/50 on {meta['images']} sample images, evaluator batch {meta['batch_size']}; "
-             f"{meta['forward_gflops']:.2f} GFLOP per forward pass (PyTorch's counter), {meta['flops_per_attribution'] / 1e12:.2f} TFLOP per attribution.",
+             f"{meta['forward_gflops']:.2f} GFLOP per forward pass (PyTorch's counter), "
+             f"{meta['flops_per_attribution'] / 1e12:.2f} TFLOP per attribution.",
              f"Measured 8192³ matrix-product ceilings: fp32 {c['fp32']:.0f}, tf32 {c['tf32']:.0f}, bf16 {c['bf16']:.0f} TFLOP/s.", "",
              "Faithfulness against IEEE fp32, paired per image: mean of (setting − fp32) in insertion and deletion (RISE step "
              f"{meta.get('rise_step', 224)}, scored in the setting's own precision) ± half-width of the 95% interval, signed so that "

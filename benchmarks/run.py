@@ -39,11 +39,13 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
              + (f" {meta['note'][0].upper()}{meta['note'][1:]}." if meta.get("note") else ""), ""]
     if peak or ceiling:
         peak_text = f"datasheet fp32 peak {peak:.0f} TFLOP/s" if peak else "no datasheet peak given"
-        ceiling_text = f"measured fp32 matrix-product ceiling {ceiling:.2f} TFLOP/s{meta.get('ceiling_note', '')}" if ceiling else "no measured ceiling"
+        ceiling_text = (f"measured fp32 matrix-product ceiling {ceiling:.2f} TFLOP/s{meta.get('ceiling_note', '')}" if ceiling
+                        else "no measured ceiling")
         lines += [f"Compute limit: {peak_text}; {ceiling_text}. "
                   "FLOPs from PyTorch's counter: (probe forward + 3 x main-pass forward) x points.", ""]
     lines += ["## Attribution speed (seconds per attribution; ratios > 1 mean ours is faster)", "",
-              f"| images | ours default (IDG {meta.get('default_steps', 'fast')}) | ours IDG-50/50 | ours IG-50 | Captum IG-50 | authors' way IDG "
+              f"| images | ours default (IDG {meta.get('default_steps', 'fast')}) | ours IDG-50/50 | ours IG-50 | Captum IG-50 "
+              "| authors' way IDG "
               "| default vs Captum IG | IDG-50/50 vs Captum IG | IG vs Captum IG | IDG vs authors' way "
               "| IDG TFLOP/s | IDG share of datasheet peak | IDG share of measured ceiling | IDG peak MiB |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -54,8 +56,9 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
         mem_text = "n/a" if mem is None else f"{mem:.0f}" + (" (RSS growth, a lower bound)" if meta["device"] == "cpu" else "")
         default = f"{r['ours_default_s_per_attr']:.3f}" if "ours_default_s_per_attr" in r else "n/a"
         default_ratio = f"{r['default_vs_captum_ig']:.2f}x" if "default_vs_captum_ig" in r else "n/a"
-        lines.append(f"| {r['batch']} | {default} | {r['ours_idg_s_per_attr']:.3f} | {r['ours_ig_s_per_attr']:.3f} | {r['captum_ig_s_per_attr']:.3f} | "
-                     f"{r['authors_way_idg_s_per_attr']:.3f} | {default_ratio} | {r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
+        lines.append(f"| {r['batch']} | {default} | {r['ours_idg_s_per_attr']:.3f} | {r['ours_ig_s_per_attr']:.3f} | "
+                     f"{r['captum_ig_s_per_attr']:.3f} | {r['authors_way_idg_s_per_attr']:.3f} | {default_ratio} | "
+                     f"{r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
                      f"{r['idg_vs_authors_way']:.2f}x | {r['ours_idg_tflops']:.3f} | {share} | {of_ceiling} | {mem_text} |")
     lines += ["", "IDG does a probe pass (50 forwards) before its main pass, so at equal steps it costs about 1.33x IG's passes: "
               "IDG vs Captum IG near 0.75x is the expected price of adaptive sampling, IG vs Captum IG compares the engines. "
@@ -69,7 +72,8 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
         for r in load:
             busy = f"{r['device_busy_fraction']:.0%}" if "device_busy_fraction" in r else "n/a"
             lines.append(f"| {r['clients']} | {r['requests']} | {r['ok']} | {r['rejected_503']} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
-                         f"{r['p99_s']:.2f} | {r['throughput_per_s']:.3f} | {r['model_calls']} | {r['mean_images_per_call']:.1f} | {busy} |")
+                         f"{r['p99_s']:.2f} | {r['throughput_per_s']:.3f} | {r['model_calls']} | {r['mean_images_per_call']:.1f} | "
+                         f"{busy} |")
     return "\n".join(lines) + "\n"
 
 
@@ -81,14 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--batch-size", type=int, default=None,
-                   help="images per model call, ours and Captum's internal batch (default: idg_core.default_batch_size, 8 on CPU, 128 on CUDA)")
+                   help="images per model call, ours and Captum's internal batch "
+                        "(default: idg_core.default_batch_size, 8 on CPU, 128 on CUDA)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's fp32 peak, for the share of peak")
     p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8, 32, 128])
     p.add_argument("--per-client", type=int, default=1)
-    p.add_argument("--load-preset", default="fast", choices=["fast", "paper"], help="the service's cost preset under load (its default: fast)")
-    p.add_argument("--captum-batch", type=int, default=None, help="Captum's internal batch (default: 512 on CUDA as in the issue's reference, ours on CPU)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None, help="default: the service's (bf16 on CUDA, fp32 on CPU); see benchmarks/gpu_variants.py")
+    p.add_argument("--load-preset", default="fast", choices=["fast", "paper"],
+                   help="the service's cost preset under load (its default: fast)")
+    p.add_argument("--captum-batch", type=int, default=None,
+                   help="Captum's internal batch (default: 512 on CUDA as in the issue's reference, ours on CPU)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="default: the service's (bf16 on CUDA, fp32 on CPU); see benchmarks/gpu_variants.py")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--images", type=Path, default=SAMPLES, help="folder of WNID_*.JPEG images")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
@@ -118,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
             "precision": args.precision, "channels_last": args.channels_last,
-            "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")), "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
+            "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")),
+            "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))
     (args.out / f"{args.label}.md").write_text(render(meta, speed, load))

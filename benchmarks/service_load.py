@@ -28,23 +28,25 @@ def _free_port() -> int:
 
 def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    log_file = tempfile.TemporaryFile()  # a pipe nobody reads would fill and stall the server
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log_file,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            log_file.seek(0)
-            tail = log_file.read().decode(errors="replace")[-2000:]
-            raise RuntimeError(f"the server exited during start-up:\n{tail}")
-        time.sleep(0.5)
+    # a pipe nobody reads would fill and stall the server; the server keeps writing to its own copy
+    # of the descriptor after this function closes ours
+    with tempfile.TemporaryFile() as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(port)],
+            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log_file,
+        )
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                log_file.seek(0)
+                tail = log_file.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"the server exited during start-up:\n{tail}")
+            time.sleep(0.5)
     proc.kill()
     raise RuntimeError("the server never became ready")
 

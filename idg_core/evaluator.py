@@ -168,7 +168,9 @@ def run_plans(model: Model, plans: Sequence[Plan], batch_size: int, stats: EvalS
     return [r for r in results if r is not None]
 
 
-def _advance(plans: Sequence[Plan], i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None]) -> None:
+def _advance(
+    plans: Sequence[Plan], i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None],
+) -> None:
     try:
         pending[i] = plans[i].send(answers)  # type: ignore[arg-type]
     except StopIteration as stop:

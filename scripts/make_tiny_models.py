@@ -93,7 +93,7 @@ def make_hf_vit(out: Path) -> str:
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     torch.manual_seed(0)
-    labels = {i: name for i, name in enumerate(LABELS)}
+    labels = dict(enumerate(LABELS))
     config = ViTConfig(image_size=64, patch_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                        intermediate_size=64, num_labels=10, id2label=labels, label2id={v: k for k, v in labels.items()})
     folder = out / "hf-vit"

@@ -1,9 +1,28 @@
-"""Tiny models with answers that can be computed by hand."""
+"""Tiny models with answers that can be computed by hand, and the service tests' tiny classifier.
+
+Building one never touches the global random state: seeded models draw their weights inside
+:func:`seeded`, so a test's own ``torch.rand`` does not depend on which models it built."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor, nn
+
+from idg_core.models import ImageClassifier, Preprocessing, imagenet_class_names
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Inside: the CPU generator seeded with ``seed`` (layers' default initialisation draws from it).
+    After: the caller's random state exactly as it was before."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        yield
 
 
 class Linear(nn.Module):
@@ -43,11 +62,11 @@ class SmallCNN(nn.Module):
 
     def __init__(self, seed: int = 0, classes: int = 10) -> None:
         super().__init__()
-        torch.manual_seed(seed)
-        self.body = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, stride=2), nn.Softplus(),
-            nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, classes),
-        )
+        with seeded(seed):
+            self.body = nn.Sequential(
+                nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, stride=2), nn.Softplus(),
+                nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, classes),
+            )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.body(x) * 4
@@ -64,3 +83,32 @@ class Counting(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         self.calls.append(int(x.shape[0]))
         return self.model(x)
+
+
+class TinyNet(nn.Module):
+    """3x32x32 -> 1000 logits; counts calls and images; can be slowed or poisoned."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        super().__init__()
+        with seeded(0):
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = nn.Linear(4 * 4 * 4, 1000)
+        self.delay_s = delay_s
+        self.calls: list[int] = []
+        self.lock = threading.Lock()
+
+    def forward(self, x: Tensor) -> Tensor:
+        with self.lock:
+            self.calls.append(int(x.shape[0]))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        # poison: a pure magenta image (normalisation is inside the classifier, so test raw stats)
+        if bool(((x[:, 1].amax(dim=(1, 2)) < -2.0) & (x[:, 0].amin(dim=(1, 2)) > 2.0)).any()):
+            raise RuntimeError("poisoned input")
+        h = torch.nn.functional.adaptive_avg_pool2d(torch.tanh(self.conv(x)), 4)
+        return self.fc(h.flatten(1)) * 3
+
+
+def tiny_classifier(delay_s: float = 0.0) -> ImageClassifier:
+    """The service tests' model "tiny": :class:`TinyNet` behind 36 -> 32 preprocessing, ImageNet's names."""
+    return ImageClassifier("tiny", TinyNet(delay_s), Preprocessing(36, 32), imagenet_class_names())

@@ -37,7 +37,8 @@ def install_docs(app: FastAPI, docs_url: str = "/docs", redoc_url: str = "/redoc
         return _local_only(get_swagger_ui_html(
             openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI", oauth2_redirect_url=f"{root}{oauth2_redirect_url}",
             swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js", swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png", swagger_ui_parameters={"validatorUrl": None, **(app.swagger_ui_parameters or {})},  # no badge from swagger.io
+            swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None, **(app.swagger_ui_parameters or {})},  # no badge from swagger.io
         ))
 
     @app.get(oauth2_redirect_url, include_in_schema=False)

@@ -131,7 +131,8 @@ async def read_batch_request(request: Request, limit: int, max_files: int) -> tu
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise ApiError(415, "send multipart/form-data with the images in repeated 'files' fields", code="unsupported_media_type")
     body = await read_body(request, limit)
-    if count_file_parts(body, request.headers.get("content-type", "")) > max_files:  # counted here: the parser's own limit is a 400 told apart only by its text
+    # counted here: the parser's own limit is a 400 told apart only by its text
+    if count_file_parts(body, request.headers.get("content-type", "")) > max_files:
         raise ApiError(413, f"a batch holds at most {max_files} images", code="too_large")
     try:
         form = await request.form(max_files=max_files, max_fields=64)

@@ -37,7 +37,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
-        return JSONResponse(error_body(422, f"{where}: {first.get('msg')}" if where else str(first.get("msg")), "invalid_parameter"), status_code=422)
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        return JSONResponse(error_body(422, message, "invalid_parameter"), status_code=422)
 
     @app.exception_handler(ClientDisconnect)
     async def _client_gone(request: Request, _: ClientDisconnect) -> Response:

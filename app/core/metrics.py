@@ -21,12 +21,14 @@ class Metrics:
         self.latency = Histogram("idg_http_request_seconds", "HTTP latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("idg_queue_depth", "Requests admitted and not finished (queued or running)", registry=r)
         self.batch_images = Histogram("idg_batch_images", "Images per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
-        self.batch_requests = Histogram("idg_batch_requests", "Requests sharing one worker round", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.batch_requests = Histogram(
+            "idg_batch_requests", "Requests sharing one worker round", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.model_calls = Counter("idg_model_calls", "Model calls by model", ["model"], registry=r)
         self.device_busy = Counter("idg_device_busy_seconds", "Seconds the worker spent in model calls (until their results were "
                                    "on the host); rate() of it is the device's busy fraction", registry=r)
         self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)
-        self.job_seconds = Histogram("idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
+        self.job_seconds = Histogram(
+            "idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
         self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak", ["device", "kind"], registry=r)
         self.ready = Gauge("idg_ready", "1 when models are loaded and warm", registry=r)
         self.faithfulness = Histogram(

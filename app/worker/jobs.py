@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -162,10 +163,8 @@ class Job:
             else:
                 self.future.set_result(result)
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the request's event loop is closed: nobody waits for the answer
             self.loop.call_soon_threadsafe(_set)
-        except RuntimeError:  # the request's event loop is closed: nobody waits for the answer
-            pass
 
 
 def _empty_answer(q: Query) -> Answer:

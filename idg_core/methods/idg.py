@@ -67,7 +67,8 @@ def _plan(
         alphas = torch.linspace(0, 1, steps, dtype=torch.float64)
         weights = torch.full((steps,), 1.0 / steps, dtype=torch.float64)
     else:
-        alphas, weights, result.probe_alphas, probe = yield from adaptive_samples(baseline, diff, target, steps, probe_steps, placement, output)
+        alphas, weights, result.probe_alphas, probe = yield from adaptive_samples(
+            baseline, diff, target, steps, probe_steps, placement, output)
         result.probe_logits = probe.unsqueeze(0)
         forward = probe_steps
     (main,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="main pass")]

@@ -28,7 +28,8 @@ def idgi(alphas: Tensor, values: Tensor, grads: Tensor) -> Tensor:
     gradients ``grads (n, C, H, W)`` (any order: sorted by α here). Steps whose gradient is zero
     everywhere contribute nothing."""
     if grads.dim() != 4 or values.shape[0] != grads.shape[0] or alphas.shape[0] != grads.shape[0]:
-        raise ValueError(f"need n alphas, n values and (n, C, H, W) grads, got {tuple(alphas.shape)}, {tuple(values.shape)}, {tuple(grads.shape)}")
+        raise ValueError(f"need n alphas, n values and (n, C, H, W) grads, "
+                         f"got {tuple(alphas.shape)}, {tuple(values.shape)}, {tuple(grads.shape)}")
     order = torch.argsort(alphas.detach().cpu(), stable=True).to(grads.device)
     g = grads[order].double()
     f = values.to(grads.device)[order].double()

@@ -54,7 +54,9 @@ def smooth_plan(plans: list[Plan], kind: str = "smoothgrad") -> Plan:
     return first
 
 
-def _step(plan: Plan, i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None]) -> None:
+def _step(
+    plan: Plan, i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None],
+) -> None:
     try:
         pending[i] = plan.send(answers)  # type: ignore[arg-type]
     except StopIteration as stop:

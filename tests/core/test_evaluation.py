@@ -9,7 +9,7 @@ from PIL import Image
 
 from idg_core.evaluation import EvalConfig, evaluate_folder, write_report
 from idg_core.evaluation.runner import mean_ci
-from tests.service.conftest import tiny_classifier
+from tests.models import tiny_classifier
 
 
 def _images(folder: Path) -> list[Path]:

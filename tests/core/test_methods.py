@@ -7,12 +7,11 @@ import re
 
 import pytest
 import torch
+from torch import nn
 
 from idg_core import METHODS, EvalStats, agi, evaluate, guided_ig, idg, ig, left_ig
 from idg_core.presets import PRESETS
 from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
-
-torch.manual_seed(0)
 
 
 def _f(model: torch.nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
@@ -37,6 +36,10 @@ def test_ig_on_the_ig_papers_saturating_model_matches_closed_form() -> None:
     assert res.attributions.flatten().tolist() == pytest.approx([0.25] * 4, abs=1e-6)
 
 
+# AGI is left out by construction: it has no baseline (x' is ignored) and sums -∇p_y ⊙ (x_k - x) over
+# FGSM steps x_k that each start again at x, so on a linear model it gives neither w ⊙ (x - x') nor
+# F(x) - F(x'). What it does satisfy there is its own closed form (test_agi_on_linear_softmax_*), and
+# like every method it gives nothing to a feature the model ignores (test_a_feature_the_model_ignores_*).
 @pytest.mark.parametrize("name", ["ig", "left_ig", "idg", "guided_ig"])
 def test_linear_model_gives_w_times_delta(name: str) -> None:
     model = Linear()
@@ -111,7 +114,9 @@ def test_idg_result_shapes_and_costs() -> None:
     assert (res.alphas.diff(dim=1) > 0).all()
 
 
-def _authors_idg(model: torch.nn.Module, inp: torch.Tensor, baseline: torch.Tensor, steps: int, batch_size: int, target: int) -> torch.Tensor:
+def _authors_idg(
+    model: torch.nn.Module, inp: torch.Tensor, baseline: torch.Tensor, steps: int, batch_size: int, target: int,
+) -> torch.Tensor:
     """An independent line-by-line port of the authors' published IDG (saliencyMethods.py)."""
     loops = steps // batch_size
     baseline_diff = inp - baseline
@@ -204,7 +209,10 @@ def test_agi_is_seeded_and_stops_when_the_attack_succeeds() -> None:
     b = agi(model, x, None, 0, num_classes=10, max_iter=5, seed=3)  # type: ignore[arg-type]
     assert torch.equal(a.attributions, b.attributions) and a.attributions.abs().sum() > 0
     # eps = 1 sign step flips a 10-class toy CNN's prediction quickly for some class
-    counts = [agi(model, x, "black", 0, adversarial_targets=[t], num_classes=10, max_iter=20, epsilon=1.0).forward_passes for t in range(1, 10)]
+    counts = [
+        agi(model, x, "black", 0, adversarial_targets=[t], num_classes=10, max_iter=20, epsilon=1.0).forward_passes
+        for t in range(1, 10)
+    ]
     assert min(counts) < 40
     quick = counts.index(min(counts)) + 1  # without early_stop the same attack runs every iteration
     counted = Counting(model)
@@ -224,6 +232,60 @@ def test_agi_on_linear_softmax_follows_the_closed_form() -> None:
     g_lab = torch.autograd.grad(p[label], xr)[0]
     expected = -g_lab * (torch.clamp(x + 0.1 * g_adv.sign(), 0, 1) - x)
     assert torch.allclose(res.attributions, expected, atol=1e-7)
+
+
+def test_agi_on_linear_softmax_sums_the_closed_form_over_classes_and_iterations() -> None:
+    # p = softmax(W x + b): ∇p_c(x) = p_c · (w_c - Σ_k p_k w_k), in closed form (no autograd). Every
+    # iteration steps from x0 along the sign of ∇p_adv at the previous point and adds
+    # -∇p_label(previous point) ⊙ (new point - x0); the classes' sums add up
+    model, x0 = Linear(classes=4), torch.rand(1, 3, 8, 8) * 0.5 + 0.25
+    w = model.w.detach()
+    label = int(model(x0).argmax())
+    advs, eps, iters = [c for c in range(4) if c != label][:2], 0.1, 3
+
+    def grad_p(x: torch.Tensor, c: int) -> torch.Tensor:
+        with torch.no_grad():
+            p = torch.softmax(model(x.unsqueeze(0)), 1)[0]
+        return p[c] * (w[c] - torch.einsum("k,kchw->chw", p, w))
+
+    expected = torch.zeros_like(x0[0])
+    for adv in advs:
+        point = x0[0]
+        for _ in range(iters):
+            g_adv, g_lab = grad_p(point, adv), grad_p(point, label)
+            point = torch.clamp(x0[0] + eps * g_adv.sign(), 0, 1)
+            expected -= g_lab * (point - x0[0])
+    res = agi(model, x0, "black", label, adversarial_targets=advs, num_classes=4, max_iter=iters, epsilon=eps, early_stop=False)
+    assert torch.allclose(res.attributions[0], expected, atol=1e-7) and expected.abs().sum() > 0
+    assert res.forward_passes == res.backward_passes == 2 * iters * len(advs)
+    # no baseline: the one given changes nothing
+    assert torch.equal(res.attributions, agi(model, x0, "mean", label, adversarial_targets=advs, num_classes=4,
+                                              max_iter=iters, epsilon=eps, early_stop=False).attributions)
+
+
+class _LeftHalfOnly(nn.Module):
+    """A SmallCNN that sees only the left half of the image: the right half is a dummy feature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = SmallCNN()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = torch.zeros_like(x)
+        keep[..., :8] = 1
+        return self.net(x * keep)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_feature_the_model_ignores_gets_no_attribution(name: str) -> None:
+    # sensitivity (b), the dummy axiom: it holds for every method, AGI included (its ∇p_y is 0 there)
+    model, x = _LeftHalfOnly(), torch.rand(1, 3, 16, 16)
+    target = int(model(x).argmax())  # AGI attacks the predicted class: its first step always moves
+    given = {"steps": 8, "probe_steps": 8, "max_iter": 5, "num_classes": 10}
+    kwargs = {k: v for k, v in given.items() if k in METHODS[name].parameters}
+    res = METHODS[name](model, x, "black", target, **kwargs)
+    assert (res.attributions[..., 8:] == 0).all()
+    assert res.attributions[..., :8].abs().sum() > 0
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from idg_core.metrics import (
+    SKIP_RULES,
     Curve,
     Skipped,
     auc_trapezoid,
@@ -59,7 +60,8 @@ def test_insertion_of_the_decisive_pixel_first_is_perfect() -> None:
 
 def test_random_maps_score_about_the_random_baseline() -> None:
     # the decisive pixel at a uniformly random rank: expected deletion AUC ~ 0.5
-    aucs = [deletion(OnePixel(), _image(), torch.rand(1, 8, 8, generator=torch.Generator().manual_seed(s)), step=1, substrate=(0.0, 0.0, 0.0))[0].auc for s in range(40)]
+    maps = [torch.rand(1, 8, 8, generator=torch.Generator().manual_seed(s)) for s in range(40)]
+    aucs = [deletion(OnePixel(), _image(), sal, step=1, substrate=(0.0, 0.0, 0.0))[0].auc for sal in maps]
     assert 0.35 < float(np.mean(aucs)) < 0.65
 
 
@@ -79,8 +81,14 @@ def test_blur_keeps_known_pixels_and_interpolates_linearly() -> None:
     assert np.abs(out.astype(int) - ramp.astype(int)).max() <= 1
 
 
-def _reference_pic(model: nn.Module, img: np.ndarray, sal: np.ndarray, mask: np.ndarray, target: int, thresholds: list[float]) -> float:
-    """A straightforward line-by-line SIC, written from the reference library's description."""
+REFERENCE_THRESHOLDS = [0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.10, 0.13, 0.21, 0.34, 0.5, 0.75]
+
+
+def _reference_pic(
+    model: nn.Module, img: np.ndarray, sal: np.ndarray, mask: np.ndarray, target: int, thresholds: list[float], kind: str = "sic",
+) -> float:
+    """A straightforward line-by-line SIC (softmax of ``target``) or AIC (1 where the top class is
+    ``target``), written from the reference library's description."""
     import io
 
     from PIL import Image
@@ -98,13 +106,15 @@ def _reference_pic(model: nn.Module, img: np.ndarray, sal: np.ndarray, mask: np.
         for c in range(3):
             pts = np.argwhere(m)
             unk = np.argwhere(~m)
-            res[:, :, c][tuple(unk.T)] = interpolate.griddata(pts, a[:, :, c][tuple(pts.T)], unk, method="linear", fill_value=a[:, :, c].mean())
+            res[:, :, c][tuple(unk.T)] = interpolate.griddata(
+                pts, a[:, :, c][tuple(pts.T)], unk, method="linear", fill_value=a[:, :, c].mean())
         return np.round(res).astype(np.uint8)
 
     imgs = [blurred(img, mask)] + [blurred(img, (-sal <= np.quantile(-sal, t)) | mask) for t in thresholds] + [img]
     ent = np.array([entropy(i) for i in imgs], dtype=float)
     with torch.no_grad():
-        p = torch.softmax(model(torch.stack([torch.from_numpy(i).permute(2, 0, 1).float() / 255 for i in imgs])), 1)[:, target].double().numpy()
+        logits = model(torch.stack([torch.from_numpy(i).permute(2, 0, 1).float() / 255 for i in imgs]))
+    p = (torch.softmax(logits, 1)[:, target] if kind == "sic" else (logits.argmax(1) == target).float()).double().numpy()
     ne = np.clip((ent - ent[0]) / (ent[-1] - ent[0]), 0, 1)
     npred = np.clip((p - p[0]) / (p[-1] - p[0]), 0, 1)
     for i in range(1, len(npred)):
@@ -131,9 +141,12 @@ def test_pic_matches_a_line_by_line_reference() -> None:
     image = torch.from_numpy(img).permute(2, 0, 1).float() / 255
     res = pic_curve(Brightness(), image, torch.from_numpy(sal), 0, mask, kind="sic", min_confidence=0.5)
     assert isinstance(res, Curve), res
-    assert res.auc == pytest.approx(_reference_pic(Brightness(), img, sal, mask, 0, [0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.10, 0.13, 0.21, 0.34, 0.5, 0.75]), abs=1e-9)
+    assert res.auc == pytest.approx(_reference_pic(Brightness(), img, sal, mask, 0, REFERENCE_THRESHOLDS), abs=1e-9)
+    # AIC of the same image: Brightness already calls the fully blurred rebuild class 0, as it does the
+    # original, so accuracy cannot rise along the curve and the reference library skips the image
     aic = pic_curve(Brightness(), image, torch.from_numpy(sal), 0, mask, kind="aic", min_confidence=0.5)
-    assert isinstance(aic, Curve | Skipped)
+    assert isinstance(aic, Skipped), aic
+    assert (aic.rule, aic.reason, aic.value) == ("blurred_confidence", SKIP_RULES["blurred_confidence"], None)
 
 
 def test_pic_skips_unconfident_and_flat_images() -> None:
@@ -154,11 +167,14 @@ def test_sic_and_aic_from_shared_rebuilds_match_pic_curve() -> None:
 
     rng = np.random.default_rng(3)
     img = (rng.random((24, 24, 3)) * 255).astype(np.uint8)
-    image, sal, mask = torch.from_numpy(img).permute(2, 0, 1).float() / 255, torch.from_numpy(rng.random((24, 24))), random_pixel_mask(24, 24, seed=2)
+    image = torch.from_numpy(img).permute(2, 0, 1).float() / 255
+    sal, mask = torch.from_numpy(rng.random((24, 24))), random_pixel_mask(24, 24, seed=2)
     images, info = pic_rebuilds(to_uint8(image), sal.numpy(), mask)
     both = pic_scores(Brightness(), images, info, 0)
-    for kind in ("sic", "aic"):
+    for kind in ("sic", "aic"):  # this image scores on both: neither is skipped
         alone = pic_curve(Brightness(), image, sal, 0, mask, kind=kind, min_confidence=0.0)
-        assert type(both[kind]) is type(alone)
-        if isinstance(alone, Curve):
-            assert both[kind].auc == pytest.approx(alone.auc)
+        shared = both[kind]
+        assert isinstance(alone, Curve) and isinstance(shared, Curve), (alone, shared)
+        assert shared.auc == pytest.approx(alone.auc)
+        assert np.array_equal(shared.x, alone.x) and np.allclose(shared.y, alone.y)
+        assert shared.auc == pytest.approx(_reference_pic(Brightness(), img, sal.numpy(), mask, 0, REFERENCE_THRESHOLDS, kind), abs=1e-9)

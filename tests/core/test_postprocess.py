@@ -10,7 +10,7 @@ from idg_core.evaluator import EvalStats, run_plans
 from idg_core.methods import METHODS
 from idg_core.postprocess import build_plan, idgi
 from idg_core.postprocess.smoothgrad import noisy_copies
-from tests.models import Counting, Linear, SmallCNN
+from tests.models import Counting, Linear, SmallCNN, tiny_classifier
 
 
 class Quadratic(nn.Module):
@@ -113,11 +113,12 @@ def test_the_evaluation_runs_the_variants_on_a_tiny_model(tmp_path) -> None:  # 
 
     from idg_core.evaluation import EvalConfig, evaluate_folder
     from idg_core.evaluation.runner import VARIANTS
-    from tests.service.conftest import tiny_classifier
 
     assert set(VARIANTS) == {"IDG+IDGI", "IG+IDGI", "IDG+SmoothGrad"}
-    small = {n: (m, {**kw, "steps": 4} | ({"probe_steps": 4} if m == "idg" else {}) | ({"smooth_samples": 2} if "smooth_samples" in kw else {}))
-             for n, (m, kw) in VARIANTS.items()}
+    small = {
+        n: (m, {**kw, "steps": 4} | ({"probe_steps": 4} if m == "idg" else {}) | ({"smooth_samples": 2} if "smooth_samples" in kw else {}))
+        for n, (m, kw) in VARIANTS.items()
+    }
     path = tmp_path / "n01440764_sample.png"
     Image.new("RGB", (40, 36), (60, 200, 90)).save(path)
     cfg = EvalConfig(model="tiny", methods=small, rise_step=256, metrics=("insertion", "deletion"), batch_size=16)

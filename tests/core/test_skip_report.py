@@ -14,9 +14,11 @@ def _record(image: str, skipped: dict[str, object]) -> dict[str, object]:
 def test_skips_group_by_rule_with_the_values_from_the_field() -> None:
     records = [
         # the sentence's number (0.99) is not the value: the report must read ``sic_skip_value``
-        _record("n1_jay.JPEG", {"sic_skipped": "the original prediction 0.99 is below 0.5", "sic_skip_rule": "low_confidence", "sic_skip_value": 0.31}),
+        _record("n1_jay.JPEG",
+                {"sic_skipped": "the original prediction 0.99 is below 0.5", "sic_skip_rule": "low_confidence", "sic_skip_value": 0.31}),
         _record("n2_owl.JPEG", {"sic_skipped": "anything", "sic_skip_rule": "low_confidence", "sic_skip_value": 0.12}),
-        _record("n3_cat.JPEG", {"sic_skipped": SKIP_RULES["blurred_information"], "sic_skip_rule": "blurred_information", "sic_skip_value": None}),
+        _record("n3_cat.JPEG",
+                {"sic_skipped": SKIP_RULES["blurred_information"], "sic_skip_rule": "blurred_information", "sic_skip_value": None}),
         _record("n4_dog.JPEG", {}),
     ]
     lines = _skip_lines(records)

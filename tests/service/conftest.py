@@ -10,47 +10,19 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
-import torch
 import uvicorn
 from fastapi import FastAPI
 from httpx import ASGITransport, AsyncClient
 from PIL import Image
-from torch import Tensor, nn
 
 from app.core.config import Settings
 from app.main import create_app
-from idg_core.models import ImageClassifier, Preprocessing, imagenet_class_names
+from tests.models import tiny_classifier
 
 
-class TinyNet(nn.Module):
-    """3x32x32 -> 1000 logits; counts calls and images; can be slowed or poisoned."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4 * 4 * 4, 1000)
-        self.delay_s = delay_s
-        self.calls: list[int] = []
-        self.lock = threading.Lock()
-
-    def forward(self, x: Tensor) -> Tensor:
-        with self.lock:
-            self.calls.append(int(x.shape[0]))
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        # poison: a pure magenta image (normalisation is inside the classifier, so test raw stats)
-        if bool(((x[:, 1].amax(dim=(1, 2)) < -2.0) & (x[:, 0].amin(dim=(1, 2)) > 2.0)).any()):
-            raise RuntimeError("poisoned input")
-        h = torch.nn.functional.adaptive_avg_pool2d(torch.tanh(self.conv(x)), 4)
-        return self.fc(h.flatten(1)) * 3
-
-
-def tiny_classifier(delay_s: float = 0.0) -> ImageClassifier:
-    return ImageClassifier("tiny", TinyNet(delay_s), Preprocessing(36, 32), imagenet_class_names())
-
-
-def image_bytes(color: tuple[int, int, int] = (40, 120, 200), size: tuple[int, int] = (48, 40), fmt: str = "PNG", mode: str = "RGB") -> bytes:
+def image_bytes(
+    color: tuple[int, int, int] = (40, 120, 200), size: tuple[int, int] = (48, 40), fmt: str = "PNG", mode: str = "RGB",
+) -> bytes:
     img = Image.new("RGB", size, color)
     for i in range(min(size)):
         img.putpixel((i, i), (255 - color[0], 255 - color[1], 255 - color[2]))
@@ -63,9 +35,11 @@ def image_bytes(color: tuple[int, int, int] = (40, 120, 200), size: tuple[int, i
 
 @asynccontextmanager
 async def serve(app: FastAPI) -> AsyncIterator[AsyncClient]:
-    async with app.router.lifespan_context(app):
-        async with AsyncClient(transport=ASGITransport(app=app), base_url="http://test", timeout=120) as client:
-            yield client
+    async with (
+        app.router.lifespan_context(app),
+        AsyncClient(transport=ASGITransport(app=app), base_url="http://test", timeout=120) as client,
+    ):
+        yield client
 
 
 AppFactory = Callable[..., FastAPI]

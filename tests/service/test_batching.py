@@ -44,7 +44,8 @@ async def test_concurrent_requests_share_model_calls_and_match_alone(tiny_app: A
         assert max(net.calls) > 10  # points of several requests in one call
         for a, b in zip(alone, together, strict=True):
             assert np.allclose(_attr(a), _attr(b), atol=1e-3, rtol=1e-2)
-            assert a.json()["curve"] == b.json()["curve"] or np.allclose(a.json()["curve"]["logits"], b.json()["curve"]["logits"], atol=1e-4)
+            curve_a, curve_b = a.json()["curve"], b.json()["curve"]
+            assert curve_a == curve_b or np.allclose(curve_a["logits"], curve_b["logits"], atol=1e-4)
 
 
 async def test_mixed_methods_share_a_round(tiny_app: AppFactory) -> None:
@@ -90,7 +91,9 @@ async def test_poisoned_request_fails_alone(tiny_app: AppFactory) -> None:
     async with serve(app) as client:
         poison = image_bytes((255, 0, 255))
         poison = _solid(255, 0, 255)
-        rs = await asyncio.gather(_attribute(client, image_bytes()), _attribute(client, poison), _attribute(client, image_bytes((5, 200, 5))))
+        rs = await asyncio.gather(
+            _attribute(client, image_bytes()), _attribute(client, poison), _attribute(client, image_bytes((5, 200, 5))),
+        )
         assert rs[0].status_code == 200 and rs[2].status_code == 200
         assert rs[1].status_code == 500 and "poisoned" in rs[1].json()["error"]["message"]
         again = await _attribute(client, image_bytes())  # the worker is alive

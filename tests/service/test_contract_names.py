@@ -43,7 +43,8 @@ async def test_the_curve_names_its_output(tiny_app: AppFactory, method: str, out
 
 
 def test_image_errors_are_told_apart_by_type_not_text() -> None:
-    assert (_api_error(UnsupportedImageError("whatever it says")).status, _api_error(UnsupportedImageError("x")).code) == (415, "unsupported_image")
+    unsupported = (_api_error(UnsupportedImageError("whatever it says")).status, _api_error(UnsupportedImageError("x")).code)
+    assert unsupported == (415, "unsupported_image")
     broken = _api_error(ImageDecodeError("not in a supported format, it says, but it is a broken file"))
     assert (broken.status, broken.code) == (400, "bad_image")
 

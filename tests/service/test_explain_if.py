@@ -68,8 +68,10 @@ async def test_predict_explains_only_when_the_condition_holds(tiny_app: AppFacto
         r = await client.post("/predict", files={"file": ("a.png", image_bytes())})
         assert r.json()["explained"] is None and r.json()["explanation"] is None
         metrics = (await client.get("/metrics")).text
-        for line in ('idg_predictions_total{condition="held",model="tiny"} 2.0', 'idg_predictions_total{condition="not_held",model="tiny"} 1.0',
-                     'idg_predictions_total{condition="none",model="tiny"} 1.0', 'idg_explanations_total{model="tiny"} 2.0'):
+        for line in ('idg_predictions_total{condition="held",model="tiny"} 2.0',
+                     'idg_predictions_total{condition="not_held",model="tiny"} 1.0',
+                     'idg_predictions_total{condition="none",model="tiny"} 1.0',
+                     'idg_explanations_total{model="tiny"} 2.0'):
             assert line in metrics
 
 

@@ -86,6 +86,7 @@ async def test_idgi_and_smoothgrad_through_the_api(tiny_app: AppFactory) -> None
 ])
 async def test_bad_options_are_422s_that_say_why(tiny_app: AppFactory, fields: dict, words: str) -> None:
     async with serve(tiny_app()) as client:
-        r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={k: v for k, v in {**IG, **fields}.items() if v is not None})
+        data = {k: v for k, v in {**IG, **fields}.items() if v is not None}
+        r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data=data)
         assert r.status_code == 422, r.text
         assert words in r.json()["error"]["message"]

@@ -69,7 +69,8 @@ async def test_one_name_per_method(tiny_app: AppFactory) -> None:
         declared = {p.name: p for p in METHODS[name].params}
         for p in params:
             d = declared[p["name"]]
-            assert (p["default"], p["minimum"], p["maximum"], p["choices"], p["description"]) == (d.default, d.low, d.high, list(d.choices), d.help)
+            listed = (p["default"], p["minimum"], p["maximum"], p["choices"], p["description"])
+            assert listed == (d.default, d.low, d.high, list(d.choices), d.help)
         assert {p["name"] for p in params} == {p.name for p in METHODS[name].params if p.service}
 
 

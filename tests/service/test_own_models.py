@@ -150,7 +150,8 @@ def test_bad_model_files_stop_start_up_with_a_sentence(tiny, tmp_path: Path) -> 
         transformers.ViTModel(transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=16, num_hidden_layers=1,
                                                      num_attention_heads=2, intermediate_size=16)).save_pretrained(tmp_path / "base")
         assert "the weights do not match ViTForImageClassification" in _start_error([f"b=hf:{tmp_path / 'base'}"])
-        transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16).save_pretrained(tmp_path / "bert")
+        bert = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+        bert.save_pretrained(tmp_path / "bert")
         assert "holds a BertConfig, not an image-classification model" in _start_error([f"b=hf:{tmp_path / 'bert'}"])
         assert "has no config.json" in _start_error([f"b=hf:{tmp_path}"])
 

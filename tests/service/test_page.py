@@ -52,7 +52,8 @@ def test_upload_compare_and_read_the_page(page: object, tmp_path: Path) -> None:
     page.select_option("#compare", "ig")
     page.click("#run")
     for method in ("idg", "ig"):
-        page.wait_for_selector(f".panel[data-method={method}] .status:text-is('done')", timeout=120_000)  # exact: progress reads 'prediction done; next: …'
+        # exact: progress reads 'prediction done; next: …'
+        page.wait_for_selector(f".panel[data-method={method}] .status:text-is('done')", timeout=120_000)
     idg = page.locator(".panel[data-method=idg]")
     assert "jay" in idg.locator(".prediction li").first.inner_text()
     assert idg.locator(".heat-img").get_attribute("src").startswith("data:image/png;base64,")
@@ -80,8 +81,8 @@ def test_errors_are_shown_in_words(page: object) -> None:
 def test_a_bundled_sample_can_be_chosen(page: object) -> None:
     page.click("#samples img[alt='n02391049_zebra.jpg']")
     # the sample is fetched asynchronously: wait for the preview to hold a decoded image
-    page.wait_for_function("(() => { const p = document.querySelector('#preview'); return !p.hidden && p.complete && p.naturalWidth > 0; })()",
-                           timeout=30_000)
+    page.wait_for_function("(() => { const p = document.querySelector('#preview'); "
+                           "return !p.hidden && p.complete && p.naturalWidth > 0; })()", timeout=30_000)
     assert page.locator("#preview").is_visible()
     assert not page.locator("#run").is_disabled()
     assert "chosen" in (page.locator("#samples img[alt='n02391049_zebra.jpg']").get_attribute("class") or "")

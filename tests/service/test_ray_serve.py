@@ -143,7 +143,8 @@ def test_killing_a_replica_loses_only_its_in_flight_requests_and_it_comes_back(c
         second = [pool.submit(attribute, cluster, 100 + i, client) for i in range(12)]
         first_answers, first_ends = zip(*(f.result() for f in first), strict=True)
         second_answers = [f.result() for f in second]
-    log.info("first wave %s %s, second %s", Counter(r.status_code for r in first_answers), [r.text[:120] for r in first_answers if r.status_code != 200],
+    refused = [r.text[:120] for r in first_answers if r.status_code != 200]
+    log.info("first wave %s %s, second %s", Counter(r.status_code for r in first_answers), refused,
              Counter(r.status_code for r in second_answers))
 
     # Sent after the kill: every one served, by the survivor or the replacement, never by the dead replica.

@@ -42,7 +42,11 @@ async def test_batch_gives_each_image_its_own_status(tiny_app: AppFactory) -> No
     async with serve(app) as client:
         net = app.state.service.models["tiny"].net
         net.calls.clear()
-        files = [("files", ("good1.png", image_bytes())), ("files", ("bad.txt", b"plain text")), ("files", ("good2.png", image_bytes((5, 5, 250))))]
+        files = [
+            ("files", ("good1.png", image_bytes())),
+            ("files", ("bad.txt", b"plain text")),
+            ("files", ("good2.png", image_bytes((5, 5, 250)))),
+        ]
         r = await client.post("/attribute/batch", files=files, data={"steps": "5", "probe_steps": "5", "return_overlay": "false"})
         assert r.status_code == 200, r.text
         body = r.json()

@@ -21,7 +21,7 @@ from app.service import Service
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 DOCS = body_docs(AttributeParams, AttributeJSON)
-_FIELDS = {k: v for k, v in AttributeParams.model_json_schema()["properties"].items()}
+_FIELDS = dict(AttributeParams.model_json_schema()["properties"])
 _FILES = {"type": "array", "items": {"type": "string", "format": "binary"}, "description": "The images (repeat the field)"}
 BATCH_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["files"], "properties": {"files": _FILES, **_FIELDS}}}}}}
@@ -47,7 +47,10 @@ def _sse(event: str, payload: dict[str, Any]) -> str:
 
 @router.post(
     "/attribute/stream", openapi_extra=DOCS,
-    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}, "description": "events: accepted, queued, started, progress, result | error"}},
+    responses={
+        **ERROR_RESPONSES,
+        200: {"content": {"text/event-stream": {}}, "description": "events: accepted, queued, started, progress, result | error"},
+    },
 )
 async def attribute_stream(request: Request, service: Annotated[Service, Depends(get_service)]) -> StreamingResponse:
     """The same request as /attribute, answered as Server-Sent Events: ``accepted``, ``queued``

@@ -17,7 +17,9 @@ from app.service import Service
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
-@router.post("/predict", response_model=PredictResponse, responses=ERROR_RESPONSES, openapi_extra=body_docs(PredictExplainParams, PredictJSON))
+@router.post(
+    "/predict", response_model=PredictResponse, responses=ERROR_RESPONSES, openapi_extra=body_docs(PredictExplainParams, PredictJSON),
+)
 async def predict(request: Request, service: Annotated[Service, Depends(get_service)]) -> PredictResponse:
     """Classify an image: multipart ``file`` (+ fields) or JSON with a base64 ``image``. With
     ``explain_if`` (e.g. ``confidence < 0.6``) the answer also carries the /attribute body for the

@@ -128,7 +128,8 @@ def broken_images(draw: st.DrawFn) -> bytes:
             out[i] ^= 1 << draw(st.integers(0, 7))
         return bytes(out)
     if kind == "magic":
-        magic = draw(st.sampled_from([b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF89a", b"BM", b"RIFF\0\0\0\0WEBP", b"II*\0", b"%PDF-", b"\0\0\0\0"]))
+        magic = draw(st.sampled_from(
+            [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF89a", b"BM", b"RIFF\0\0\0\0WEBP", b"II*\0", b"%PDF-", b"\0\0\0\0"]))
         return magic + data[len(magic):]
     dims = st.integers(1, 65_535)  # what a JPEG frame header can declare; PNG takes these too
     if kind == "huge_png":
@@ -202,7 +203,9 @@ def fuzz_url(fuzz_app: FastAPI) -> Iterator[str]:
 
 
 # the schema the app serves at /openapi.json (building the app loads nothing: models load in its lifespan)
-schema = schemathesis.openapi.from_dict(create_app(SETTINGS).openapi(), config=schemathesis.Config.from_dict({"generation": {"mode": "all"}}))
+schema = schemathesis.openapi.from_dict(
+    create_app(SETTINGS).openapi(), config=schemathesis.Config.from_dict({"generation": {"mode": "all"}}),
+)
 
 
 @schema.parametrize()

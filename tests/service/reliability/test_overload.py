@@ -43,11 +43,10 @@ async def test_retry_after_grows_with_the_queued_work() -> None:
         worker.submit(j)
         waits.append(worker.wait_estimate())
     assert waits == pytest.approx([waits[0] * k for k in (1, 2, 3, 4)]) and waits[0] > 0  # it grows with the queue
-    try:
-        worker.submit(job(500))
-        raise AssertionError("a full queue must refuse")
-    except QueueFull as full:
-        assert full.retry_after == max(1, math.ceil(waits[-1]))
+    extra = job(500)
+    with pytest.raises(QueueFull) as full:  # a full queue must refuse
+        worker.submit(extra)
+    assert full.value.retry_after == max(1, math.ceil(waits[-1]))
     worker.cancel(jobs[0], "client_disconnected")  # its slot and its work leave the estimate at once
     assert worker.depth == 3 and worker.wait_estimate() == pytest.approx(waits[2])
     worker.submit(job(500))

@@ -63,11 +63,14 @@ def test_sigterm_finishes_in_flight_work_answers_the_rest_in_json_and_exits_in_t
     with serve_process(tmp_path / "server.log", **settings) as served:
         # slow clients: an upload that stalls after 10 bytes, and headers that never end
         uploading = socket.create_connection(("127.0.0.1", served.port))
-        uploading.sendall(b"POST /predict HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"image\":")
+        uploading.sendall(b"POST /predict HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+                          b"content-length: 100000\r\n\r\n{\"image\":")
         stalled = socket.create_connection(("127.0.0.1", served.port))
         stalled.sendall(b"GET /models HTTP/1.1\r\nhost: t\r\n")
         results: dict[str, object] = {}
-        clients = [threading.Thread(target=_attribute, args=(served.url, steps, results, key)) for key, steps in (("short", 6), ("long", 400))]
+        clients = [
+            threading.Thread(target=_attribute, args=(served.url, steps, results, key)) for key, steps in (("short", 6), ("long", 400))
+        ]
         for c in clients:
             c.start()
         # both jobs are in the worker; whichever came first, the short one shares the long one's
