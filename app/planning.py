@@ -98,10 +98,12 @@ class AttributePlan:
     options: ExplainOptions
     bound: WorkBound
     """The most the method with its post-steps can cost."""
+    mean: tuple[float, ...]
+    """The model's normalisation mean: the ``mean`` baseline."""
 
     def plan(self, x: Tensor, params: AttributeCommon, probs: Tensor | None = None) -> PlanOf[Explanation]:
         """The plan on ``x (C, H, W)``; with ``probs`` known (from /predict) it skips the prediction pass."""
-        baseline = resolve_baseline(params.baseline, x.unsqueeze(0))[0]
+        baseline = resolve_baseline(params.baseline, x.unsqueeze(0), self.mean)[0]
         return explain_plan(x, baseline, params.target, params.method, self.params, self.options, probs)
 
     def cost(self, x: Tensor, probs: Tensor | None = None) -> float:
@@ -122,7 +124,7 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
     used |= {"baseline": params.baseline, "preset": params.preset, **options.post}
     if options.metrics:
         used |= {"faithfulness": ",".join(options.metrics), "faithfulness_steps": options.steps}
-    return AttributePlan(kwargs, used, options, bound)
+    return AttributePlan(kwargs, used, options, bound, tuple(model.preprocessing.mean))
 
 
 def plan_explain_if(params: PredictExplainParams) -> tuple[Condition | None, AttributeCommon | None]:

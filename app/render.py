@@ -29,9 +29,13 @@ def render(x: Tensor, result: AttributionResult, params: AttributeCommon) -> dic
         "heatmap_png": b64(heatmap_png(attr, signed=signed, outlier_perc=perc)) if params.return_heatmap else None,
         "overlay_png": b64(overlay_png(image, attr, opacity=params.opacity, signed=signed, outlier_perc=perc))
         if params.return_overlay else None,
-        "attribution": {"format": "npy", "dtype": "float16", "shape": list(attr.shape), "data": b64(attribution_npy(attr))}
-        if params.return_attribution else None,
+        "attribution": _npy(attr) if params.return_attribution else None,
     }
+
+
+def _npy(attr: Tensor) -> dict[str, Any]:
+    data, dtype = attribution_npy(attr)
+    return {"format": "npy", "dtype": dtype, "shape": list(attr.shape), "data": b64(data)}
 
 
 def curve(result: AttributionResult, output: str) -> Curve:

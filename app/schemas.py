@@ -28,26 +28,33 @@ class AttributeCommon(PredictParams):
     method: MethodName = Field("idg", description="Attribution method: idg (IDG with adaptive sampling), ig, left_ig, guided_ig, agi")
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
     preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
-                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos) or 'paper' (the paper's 50 steps); "
-                           "explicit steps / probe_steps / max_iter override it. The other methods run their paper settings under both")
-    baseline: Literal["mean", "black"] = Field("mean", description="Path start: 'mean' (ImageNet mean colour, the authors' code) or 'black'")
+                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos) or 'paper' (the paper's "
+                           "50 steps); explicit steps / probe_steps / max_iter override it. The other methods run their paper "
+                           "settings under both")
+    baseline: Literal["mean", "black"] = Field(
+        "mean", description="Path start: 'mean' (the model's normalisation mean, zero in its normalised space as in the authors' "
+        "code and the evaluation: the ImageNet mean colour for ImageNet-normalised models, grey for EfficientNet-Lite) or 'black'")
     seed: int = Field(0, ge=0, description="Seed of the random draws: AGI's adversarial classes and SmoothGrad's noise")
     signed: bool = Field(False, description="Heatmap of the signed channel sum (diverging colours) instead of its magnitude")
-    outlier_perc: float = Field(2.0, ge=0, lt=100, description="Heatmap scaling: share of the attribution mass clipped as outliers (Captum's convention)")
+    outlier_perc: float = Field(
+        2.0, ge=0, lt=100, description="Heatmap scaling: share of the attribution mass clipped as outliers (Captum's convention)")
     opacity: float = Field(0.6, ge=0, le=1, description="Overlay: largest blend weight of the heatmap over the photo")
     return_heatmap: bool = Field(True, description="Return the heatmap PNG (base64)")
     return_overlay: bool = Field(True, description="Return the heatmap over the input as a PNG (base64)")
-    return_attribution: bool = Field(False, description="Return the raw (C, H, W) attribution as base64 float16 .npy")
+    return_attribution: bool = Field(False, description="Return the raw (C, H, W) attribution as a base64 .npy "
+                                     "(float16, or float32 when a value does not fit float16)")
     return_input: bool = Field(False, description="Return the model-size input image as a PNG (to layer the heatmap over it)")
     faithfulness: str | None = Field(None, description="Score the returned map: 'insertion', 'deletion' or 'insertion,deletion' "
                                      "(RISE AUCs in [0, 1]); costs steps + 1 forward passes per metric (2 x 29 at the default 28 steps)")
-    faithfulness_steps: int | None = Field(None, ge=1, le=224, description="Steps of the faithfulness games; default IDG_FAITHFULNESS_STEPS (28)")
+    faithfulness_steps: int | None = Field(
+        None, ge=1, le=224, description="Steps of the faithfulness games; default IDG_FAITHFULNESS_STEPS (28)")
     postprocess: Literal["none", "idgi"] = Field("none", description="'idgi': IDGI (Yang et al. 2023) on the path of idg, ig or "
                                                  "left_ig, from the same outputs and gradients (no extra model pass)")
     smooth_samples: int = Field(0, ge=0, le=64, description="SmoothGrad / VarGrad over this many noisy copies (0: off); costs "
                                 "this many times the method's passes, pooled into the same model calls")
     smooth_std: float = Field(0.15, ge=0, le=1, description="Standard deviation of the SmoothGrad noise in pixel units (images in [0, 1])")
-    smooth_kind: Literal["smoothgrad", "vargrad"] = Field("smoothgrad", description="Pool the noisy copies' maps by mean (smoothgrad) or variance (vargrad)")
+    smooth_kind: Literal["smoothgrad", "vargrad"] = Field(
+        "smoothgrad", description="Pool the noisy copies' maps by mean (smoothgrad) or variance (vargrad)")
 
     def method_values(self) -> dict[str, Any]:
         """The method parameters this request gave explicitly (the others take the preset's or
@@ -181,9 +188,10 @@ class Cost(BaseModel):
 
 class Attribution(BaseModel):
     format: Literal["npy"] = Field("npy", description="Encoding of `data`: a NumPy .npy file (read with numpy.load)")
-    dtype: Literal["float16"] = Field("float16", description="Element type of the array in `data`")
+    dtype: Literal["float16", "float32"] = Field("float16", description="Element type of the array in `data`: float16, or "
+                                                 "float32 when some value is beyond float16's range (±65504), never an infinity")
     shape: list[int] = Field(..., description="(C, H, W) in the model's input resolution")
-    data: str = Field(..., description="base64 of a NumPy .npy file (float16)")
+    data: str = Field(..., description="base64 of a NumPy .npy file (of `dtype`)")
 
 
 class Faithfulness(BaseModel):
@@ -227,7 +235,8 @@ class ModelInfo(BaseModel):
     resize_mode: str = Field("shorter", description="shorter: the shorter side is resized to resize_size, then centre-cropped; "
                              "squash: the whole image is resized to resize_size square (aspect ratio not kept), then cropped")
     mean: list[float] = Field(default_factory=list, description="Per-channel (RGB) mean subtracted from pixels in [0, 1], inside the model")
-    std: list[float] = Field(default_factory=list, description="Per-channel (RGB) standard deviation pixels are divided by, inside the model")
+    std: list[float] = Field(
+        default_factory=list, description="Per-channel (RGB) standard deviation pixels are divided by, inside the model")
     precision: str = Field("fp32", description="Arithmetic the model runs in: fp32, tf32 or bf16 (autocast)")
     max_batch: int | None = Field(None, description="Most images in one call of this model (the models file's max_batch); "
                                   "null: the service's IDG_MAX_BATCH_IMAGES")
@@ -253,8 +262,10 @@ class ModelsResponse(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    status: int = Field(..., description="The HTTP status (also the response's status, except for /attribute/batch items and stream events)")
-    code: str = Field(..., description="Stable machine-readable reason, e.g. bad_image, unsupported_image, invalid_parameter, too_large, busy, deadline")
+    status: int = Field(
+        ..., description="The HTTP status (also the response's status, except for /attribute/batch items and stream events)")
+    code: str = Field(
+        ..., description="Stable machine-readable reason, e.g. bad_image, unsupported_image, invalid_parameter, too_large, busy, deadline")
     message: str = Field(..., description="What was wrong, in one sentence")
 
 

@@ -111,7 +111,7 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype = torch.float32, n: i
     return 2 * n**3 / times[len(times) // 2] / 1e12
 
 
-def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_sizes: list[int], *, device: torch.device,
+def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_sizes: list[int], *, device: torch.device,
               batch_size: int = 32, repeats: int = 1, peak_tflops: float | None = None,
               ceiling_tflops: float | None = None, captum_batch: int | None = None) -> list[dict[str, Any]]:
     """Seconds per attribution of: ours at the library's default (IDG, ``fast`` preset), ours IDG-50/50
@@ -125,7 +125,7 @@ def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_
     rows = []
     for b in batch_sizes:
         x, t = images[:b].to(device), targets[:b]
-        base = resolve_baseline("mean", x)
+        base = resolve_baseline("mean", x, model.preprocessing.mean)  # what ours resolves "mean" to
         def authors_way(x: Tensor = x, t: list[int] = t) -> list[Any]:  # one image at a time, 25 points a call
             return [idg(model, x[i : i + 1], "mean", t[i], steps=50, probe_steps=50, batch_size=25) for i in range(len(t))]
 
@@ -137,7 +137,13 @@ def run_speed(model: torch.nn.Module, images: Tensor, targets: list[int], batch_
             "authors_way_idg": authors_way,
         }
         fast = preset_params("idg")
-        flops = {"ours_default": fwd * (fast["probe_steps"] + 3 * fast["steps"]), "ours_idg": fwd * (50 + 3 * 50), "ours_ig": fwd * 3 * 50, "captum_ig": fwd * 3 * 50, "authors_way_idg": fwd * (50 + 3 * 50)}
+        flops = {
+            "ours_default": fwd * (fast["probe_steps"] + 3 * fast["steps"]),
+            "ours_idg": fwd * (50 + 3 * 50),
+            "ours_ig": fwd * 3 * 50,
+            "captum_ig": fwd * 3 * 50,
+            "authors_way_idg": fwd * (50 + 3 * 50),
+        }
         row: dict[str, Any] = {"batch": b}
         for name, fn in runs.items():
             seconds = _timed(fn, device, repeats, warm=b == batch_sizes[0])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -44,9 +44,10 @@ def check_output(value: object) -> Output:
 
 
 def prepare_batch(
-    x: Tensor, baseline: BaselineLike, target: int | Tensor | Iterable[int]
+    x: Tensor, baseline: BaselineLike, target: int | Tensor | Iterable[int], mean: Sequence[float] | None = None,
 ) -> tuple[Tensor, Tensor, list[int]]:
-    """Check ``x (B, C, H, W)``, broadcast the baseline to it and return one target per image."""
+    """Check ``x (B, C, H, W)``, broadcast the baseline to it (``mean``: the model's normalisation
+    mean, for ``"mean"``; see :func:`idg_core.paths.resolve_baseline`) and return one target per image."""
     if not isinstance(x, Tensor) or x.dim() != 4 or not x.is_floating_point():
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"x must be a float tensor of shape (B, C, H, W), got {shape}")
@@ -54,7 +55,7 @@ def prepare_batch(
         raise ValueError("x must hold at least one image, got batch size 0")
     if not torch.isfinite(x).all():
         raise ValueError("x must be finite, got NaN or infinite values")
-    base = resolve_baseline(baseline, x)
+    base = resolve_baseline(baseline, x, mean)
     targets = torch.as_tensor(target).reshape(-1).tolist() if not isinstance(target, int) else [target]
     if len(targets) == 1 and x.shape[0] > 1:
         targets = targets * x.shape[0]

@@ -66,11 +66,19 @@ def image_png(image: Tensor) -> bytes:
     return _png(photo[..., 0] if photo.shape[2] == 1 else photo)
 
 
-def attribution_npy(attribution: Tensor, dtype: type = np.float16) -> bytes:
-    """``attribution`` as the bytes of a NumPy ``.npy`` file (read with ``numpy.load``)."""
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def attribution_npy(attribution: Tensor) -> tuple[bytes, str]:
+    """``attribution`` as the bytes of a NumPy ``.npy`` file (read with ``numpy.load``) and its dtype:
+    float16 (half the size) when every value fits it, else float32, so that no value turns into an
+    infinity (a model with large logits or gradients easily exceeds ±65504)."""
+    values = attribution.detach().float().cpu().numpy()
+    fits = values.size == 0 or float(np.abs(values).max()) <= FLOAT16_MAX
+    dtype = "float16" if fits else "float32"
     buf = io.BytesIO()
-    np.save(buf, attribution.detach().float().cpu().numpy().astype(dtype))
-    return buf.getvalue()
+    np.save(buf, values.astype(dtype))
+    return buf.getvalue(), dtype
 
 
 def colorize(attribution: Tensor, *, signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0) -> np.ndarray:

@@ -7,6 +7,7 @@ is ``baseline + alpha * (x - baseline)``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -24,16 +25,22 @@ IG_RULES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", 
 PLACEMENTS = ("aligned", "authors")
 
 
-def resolve_baseline(baseline: BaselineLike, x: Tensor) -> Tensor:
-    """``"black"`` (zeros), ``"mean"`` (ImageNet mean colour) or a tensor broadcastable to ``x``."""
+def resolve_baseline(baseline: BaselineLike, x: Tensor, mean: Sequence[float] | None = None) -> Tensor:
+    """``"black"`` (zeros), ``"mean"`` or a tensor broadcastable to ``x``.
+
+    ``"mean"`` is the model's normalisation ``mean`` (per channel, pixels in [0, 1]): zero in the
+    model's normalised space, the IDG authors' baseline. That is the ImageNet mean colour for
+    models normalised with ImageNet statistics and grey for EfficientNet-Lite; without ``mean``
+    (a model that does not say), the ImageNet mean colour. The methods pass their model's
+    ``preprocessing.mean`` when it has one, and so do the service and the evaluation."""
     if isinstance(baseline, str):
         if baseline == "black":
             return torch.zeros_like(x)
         if baseline == "mean":
             if x.shape[-3] != 3:
                 raise ValueError(f"baseline 'mean' needs 3-channel images, got {x.shape[-3]} channels")
-            mean = torch.tensor(IMAGENET_MEAN, dtype=x.dtype, device=x.device).view(3, 1, 1)
-            return mean.expand_as(x).clone()
+            colour = torch.tensor(IMAGENET_MEAN if mean is None else tuple(mean), dtype=x.dtype, device=x.device).view(3, 1, 1)
+            return colour.expand_as(x).clone()
         raise ValueError(f"baseline must be 'black', 'mean' or a tensor, got {baseline!r}")
     if not isinstance(baseline, Tensor):
         raise ValueError(f"baseline must be 'black', 'mean' or a tensor, got {type(baseline).__name__}")
@@ -62,7 +69,8 @@ def ig_rule(rule: str, steps: int) -> tuple[Tensor, Tensor]:
         return torch.linspace(0, 1, n, dtype=torch.float64), w
     if rule == "uniform":
         return torch.linspace(0, 1, n, dtype=torch.float64), torch.full((n,), 1 / n, dtype=torch.float64)
-    raise ValueError(f"rule must be one of {', '.join(IG_RULES[:-1])} here ('adaptive' needs the path: see idg_core.methods.ig); got {rule!r}")
+    raise ValueError(f"rule must be one of {', '.join(IG_RULES[:-1])} here ('adaptive' needs the path: "
+                     f"see idg_core.methods.ig); got {rule!r}")
 
 
 def probe_alphas(probe_steps: int) -> Tensor:

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--rise-step", type=int, default=224)
     p.add_argument("--pic-min-confidence", type=float, default=0.8)
-    p.add_argument("--baseline", default="model_mean", choices=["model_mean", "black"])
+    p.add_argument("--baseline", default="mean", choices=["mean", "black"],
+                   help="mean: the model's normalisation mean (zero in its normalised space), as the service's default")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32 is IEEE (no TF32) also on CUDA")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

@@ -22,9 +22,9 @@ def write_csv(records: list[dict[str, Any]], path: Path) -> None:
         w.writerow(["image", "label", "pred", "prob", "method", "insertion", "deletion", "sic", "aic", "sic_skipped", "aic_skipped"])
         for r in records:
             for name, m in r["methods"].items():
+                pic = ["" if m[k] is None else f"{m[k]:.5f}" for k in ("sic", "aic")]
                 w.writerow([r["image"], r["label"], r["pred"], f"{r['prob']:.4f}", name, f"{m['insertion']:.5f}", f"{m['deletion']:.5f}",
-                            "" if m["sic"] is None else f"{m['sic']:.5f}", "" if m["aic"] is None else f"{m['aic']:.5f}", m["sic_skipped"] or "",
-                            m.get("aic_skipped") or ""])
+                            *pic, m["sic_skipped"] or "", m.get("aic_skipped") or ""])
 
 
 def _skip_lines(records: list[dict[str, Any]]) -> list[str]:
@@ -40,7 +40,8 @@ def _skip_lines(records: list[dict[str, Any]]) -> list[str]:
         for rule, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             values = [v for _, v in items if v is not None]
             span = f" (from {min(values):.2f} to {max(values):.2f})" if values else ""
-            lines.append(f"- {metric.upper()}, {len(items)} images: {SKIP_RULES.get(rule, rule)}{span}: {', '.join(name for name, _ in items)}")
+            names = ", ".join(name for name, _ in items)
+            lines.append(f"- {metric.upper()}, {len(items)} images: {SKIP_RULES.get(rule, rule)}{span}: {names}")
     return lines or ["- none"]
 
 

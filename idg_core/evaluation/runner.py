@@ -30,6 +30,7 @@ from idg_core.metrics import (
     to_uint8,
 )
 from idg_core.models import ImageClassifier, decode_image, imagenet_wnids
+from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class EvalConfig:
 
     model: str = "efficientnet_lite0"
     methods: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=lambda: {**MAIN_METHODS, **ABLATION})
-    baseline: str = "model_mean"
+    baseline: str = "mean"
     rise_step: int = 224
     pic_min_confidence: float = 0.8
     pic_mask_fraction: float = 0.01
@@ -77,6 +78,8 @@ class EvalConfig:
 
     def key(self) -> str:
         fields = asdict(self)
+        if fields["baseline"] == "mean":  # the same baseline, named model_mean before the service and the library shared it
+            fields["baseline"] = "model_mean"
         # caches made before these fields existed were fp32 with every metric: keep their key
         if fields["precision"] == "fp32":
             del fields["precision"]
@@ -86,15 +89,16 @@ class EvalConfig:
 
 
 def _baseline(model: ImageClassifier, x: torch.Tensor, kind: str) -> torch.Tensor:
-    """``model_mean``: zero in the model's normalised space (the authors' baseline); or black."""
-    if kind == "model_mean":
-        return torch.tensor(model.preprocessing.mean, dtype=x.dtype, device=x.device).view(3, 1, 1).expand_as(x).clone()
-    if kind == "black":
-        return torch.zeros_like(x)
-    raise ValueError(f"baseline must be 'model_mean' or 'black', got {kind!r}")
+    """``mean``: zero in the model's normalised space (the authors' baseline, and the service's
+    default: :func:`idg_core.paths.resolve_baseline`); or black."""
+    if kind not in ("mean", "black"):
+        raise ValueError(f"baseline must be 'mean' or 'black', got {kind!r}")
+    return resolve_baseline(kind, x, model.preprocessing.mean)
 
 
-def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: EvalConfig, pool: Executor | None, seed: int) -> dict[str, Any]:
+def evaluate_image(
+    model: ImageClassifier, path: Path, label: int | None, cfg: EvalConfig, pool: Executor | None, seed: int,
+) -> dict[str, Any]:
     """Every method and metric on one image; returns the JSON-ready record."""
     started = time.perf_counter()
     device = next(model.parameters()).device
@@ -104,7 +108,8 @@ def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: E
     pred = int(probs.argmax())
     base = _baseline(model, x, cfg.baseline)
     names = list(cfg.methods)
-    plans = [build_plan(m, x, base, pred, **({"num_classes": model.num_classes} if m == "agi" else {}) | kw) for m, kw in cfg.methods.values()]
+    plans = [build_plan(m, x, base, pred, **({"num_classes": model.num_classes} if m == "agi" else {}) | kw)
+             for m, kw in cfg.methods.values()]
     results = dict(zip(names, run_plans(model, plans, cfg.batch_size), strict=True))
     sal = torch.stack([saliency(results[n].attributions[0]) for n in names]).to(device)
     xs = x.unsqueeze(0).expand(len(names), -1, -1, -1)
@@ -118,15 +123,18 @@ def evaluate_image(model: ImageClassifier, path: Path, label: int | None, cfg: E
         skipped = Skipped(SKIP_RULES["not_requested"], "not_requested")
         pic: dict[str, dict[str, Curve | Skipped]] = {n: {"sic": skipped, "aic": skipped} for n in names}
     elif confidence < cfg.pic_min_confidence:
-        pic = {n: {"sic": Skipped(f"the original prediction {confidence:.2f} is below {cfg.pic_min_confidence}", "low_confidence", confidence)}
-               for n in names}
+        low = Skipped(f"the original prediction {confidence:.2f} is below {cfg.pic_min_confidence}", "low_confidence", confidence)
+        pic = {n: {"sic": low} for n in names}
         for n in names:
             pic[n]["aic"] = pic[n]["sic"]
     else:
         arr = to_uint8(x)
         mask = random_pixel_mask(arr.shape[0], arr.shape[1], cfg.pic_mask_fraction, seed)
         maps = [s.cpu().double().numpy() for s in sal]
-        rebuilt = list(pool.map(pic_rebuilds, [arr] * len(names), maps, [mask] * len(names))) if pool else [pic_rebuilds(arr, m, mask) for m in maps]
+        if pool:
+            rebuilt = list(pool.map(pic_rebuilds, [arr] * len(names), maps, [mask] * len(names)))
+        else:
+            rebuilt = [pic_rebuilds(arr, m, mask) for m in maps]
         pic = {n: pic_scores(model, imgs, info, pred, device) for n, (imgs, info) in zip(names, rebuilt, strict=True)}
     for i, n in enumerate(names):
         entry: dict[str, Any] = {"insertion": ins[i].auc, "deletion": dele[i].auc,

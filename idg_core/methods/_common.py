@@ -42,7 +42,8 @@ def run_method(
 ) -> AttributionResult:
     """Validate, build one plan per image and drive them all through shared model calls
     (``batch_size`` None: :func:`default_batch_size` of the input's device)."""
-    x, base, targets = prepare_batch(x, baseline, target)
+    preprocessing = getattr(model, "preprocessing", None)  # an ImageClassifier's: its "mean" baseline
+    x, base, targets = prepare_batch(x, baseline, target, getattr(preprocessing, "mean", None))
     batch_size = default_batch_size(x.device) if batch_size is None else batch_size
     check_int("batch_size", batch_size, 1)
     plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from idg_core.heatmap import heatmap_png, overlay_png, saliency, scale
+from idg_core.heatmap import attribution_npy, heatmap_png, image_png, overlay_png, saliency, scale
 
 
 def _decode(png: bytes) -> np.ndarray:
@@ -51,3 +51,20 @@ def test_bad_arguments_raise() -> None:
         overlay_png(torch.zeros(3, 2, 2), torch.zeros(3, 2, 2), opacity=2)
     with pytest.raises(ValueError, match="attribution"):
         heatmap_png(torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize(("peak", "dtype"), [(1.0, "float16"), (65504.0, "float16"), (7e4, "float32"), (-3e38, "float32")])
+def test_the_raw_array_is_float16_when_it_fits_and_never_an_infinity(peak: float, dtype: str) -> None:
+    attr = torch.rand(3, 4, 5) * 0.5
+    attr[1, 2, 3] = peak
+    data, kind = attribution_npy(attr)
+    arr = np.load(io.BytesIO(data))
+    assert kind == dtype == arr.dtype.name and arr.shape == (3, 4, 5) and np.isfinite(arr).all()
+    assert float(arr[1, 2, 3]) == pytest.approx(peak, rel=1e-3)
+
+
+def test_the_input_png_is_the_image() -> None:
+    image = torch.rand(3, 6, 7)
+    png = Image.open(io.BytesIO(image_png(image)))
+    assert png.size == (7, 6) and png.mode == "RGB"
+    assert np.abs(np.asarray(png).astype(float) / 255 - image.permute(1, 2, 0).numpy()).max() <= 0.5 / 255 + 1e-6

@@ -3,8 +3,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from idg_core import idg
+from idg_core.models import ImageClassifier, Preprocessing
 from idg_core.paths import allocate_samples, ig_rule, place_samples, probe_alphas, resolve_baseline
-from tests.models import TwoRises
+from tests.models import SmallCNN, TwoRises
 
 
 @settings(max_examples=200, deadline=None)
@@ -61,9 +63,22 @@ def test_quadrature_rules_integrate_linear_functions(rule: str) -> None:
     assert alphas.min() >= 0 and alphas.max() <= 1
 
 
-def test_mean_baseline_is_the_imagenet_mean_colour() -> None:
+def test_mean_baseline_is_the_models_normalisation_mean_else_imagenets() -> None:
     base = resolve_baseline("mean", torch.rand(2, 3, 4, 4))
     assert base[1, :, 2, 3].tolist() == pytest.approx([0.485, 0.456, 0.406])
+    grey = resolve_baseline("mean", torch.rand(2, 3, 4, 4), (0.5, 0.5, 0.5))
+    assert torch.equal(grey, torch.full((2, 3, 4, 4), 0.5))
+
+
+def test_methods_start_the_mean_baseline_at_their_models_mean() -> None:
+    """One definition of "mean" (zero in the model's normalised space) for the library, the
+    service and the evaluation: an ImageClassifier's own mean, grey for EfficientNet-Lite."""
+    grey = Preprocessing(16, 16, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    model = ImageClassifier("lite-like", SmallCNN(), grey, [str(i) for i in range(10)])
+    x = torch.rand(2, 3, 16, 16)
+    by_name = idg(model, x, "mean", [1, 2], steps=6, probe_steps=5)
+    by_value = idg(model, x, torch.full((3, 1, 1), 0.5), [1, 2], steps=6, probe_steps=5)
+    assert torch.equal(by_name.attributions, by_value.attributions)
 
 
 @pytest.mark.parametrize("bad", ["grey", torch.zeros(2, 3, 3), 5])
