@@ -57,7 +57,7 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class CurveArrays:
+class OutputCurve:
     """The output-α curve as arrays (see /docs for each field): ``values`` and ``probe_values`` are
     the target's logit or its probability, as ``output`` says."""
 
@@ -80,7 +80,7 @@ class Attribution:
     heatmap: Image.Image | None
     overlay: Image.Image | None
     attribution: np.ndarray | None
-    curve: CurveArrays
+    curve: OutputCurve
     raw: dict[str, Any]
 
     @property
@@ -123,7 +123,7 @@ def parse_attribution(body: dict[str, Any]) -> Attribution:
     if "values" not in c:  # a server from before `values` / `output`: its "logits" were probabilities for these methods
         c = {**c, "values": c["logits"], "probe_values": c["probe_logits"],
              "output": "probability" if body["method"] in ("guided_ig", "agi") else "logit"}
-    curve = CurveArrays(c["output"], *(np.asarray(c[k], dtype=np.float64)
+    curve = OutputCurve(c["output"], *(np.asarray(c[k], dtype=np.float64)
                                        for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")))
     t = body["target"]
     return Attribution(body["model"], body["method"], ClassScore(t["index"], t["name"], t["probability"]), _scores(body["prediction"]),

@@ -19,8 +19,8 @@ from app.api.routes import attribute, info, predict
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
-from app.core.metrics import Metrics, MetricsMiddleware
-from app.core.models import ModelLoadError, load_models, pick_device, warm_up
+from app.core.model_loading import ModelLoadError, load_models, pick_device, warm_up
+from app.core.prometheus import Metrics, MetricsMiddleware
 from app.core.replica import ReplicaHeaderMiddleware
 from app.service import Service
 from app.worker.engine import Worker

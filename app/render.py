@@ -9,7 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from app.planning import AttributePlan
-from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Curve, Faithfulness, Timings
+from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Timings
 from idg_core.explain import Explanation
 from idg_core.heatmap import attribution_npy, heatmap_png, image_png, overlay_png
 from idg_core.types import AttributionResult
@@ -38,14 +38,14 @@ def _npy(attr: Tensor) -> dict[str, Any]:
     return {"format": "npy", "dtype": dtype, "shape": list(attr.shape), "data": b64(data)}
 
 
-def curve(result: AttributionResult, output: str) -> Curve:
+def curve(result: AttributionResult, output: str) -> OutputCurve:
     """The answer's curve; ``output`` ("logit" or "probability") is what the method differentiated,
     so what ``result.logits`` holds despite its name."""
     def row(t: Tensor) -> list[float]:
         return [float(v) for v in (t[0] if t.dim() == 2 else t)] if t.numel() else []
 
     values, probe_values = row(result.logits), row(result.probe_logits)
-    return Curve.model_validate({
+    return OutputCurve.model_validate({
         "output": output, "probe_alphas": row(result.probe_alphas), "probe_values": probe_values, "alphas": row(result.alphas),
         "values": values, "importance": row(result.importance), "weights": row(result.weights),
         "probe_logits": probe_values, "logits": values,  # deprecated names, same numbers

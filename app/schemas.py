@@ -163,7 +163,7 @@ class PredictResponse(BaseModel):
     explanation: AttributeResponse | None = Field(None, description="The /attribute body for the predicted class, when explain_if held")
 
 
-class Curve(BaseModel):
+class OutputCurve(BaseModel):
     """The output-α curve: F along the path x' + α(x - x') for the target class, where F is the
     target's logit or its softmax probability (``output``: the method's choice)."""
 
@@ -186,7 +186,7 @@ class Cost(BaseModel):
     backward_passes: int = Field(..., description="Images back-propagated for this request")
 
 
-class Attribution(BaseModel):
+class RawAttribution(BaseModel):
     format: Literal["npy"] = Field("npy", description="Encoding of `data`: a NumPy .npy file (read with numpy.load)")
     dtype: Literal["float16", "float32"] = Field("float16", description="Element type of the array in `data`: float16, or "
                                                  "float32 when some value is beyond float16's range (±65504), never an infinity")
@@ -215,8 +215,8 @@ class AttributeResponse(BaseModel):
     heatmap_png: str | None = Field(None, description="Heatmap (model input size), base64 PNG")
     overlay_png: str | None = Field(None, description="Heatmap over the resized input, base64 PNG")
     input_png: str | None = Field(None, description="The resized, cropped input the model saw, base64 PNG, if return_input")
-    attribution: Attribution | None = Field(None, description="Raw attribution, if return_attribution")
-    curve: Curve = Field(..., description="The target output along the path, where the method sampled it")
+    attribution: RawAttribution | None = Field(None, description="Raw attribution, if return_attribution")
+    curve: OutputCurve = Field(..., description="The target output along the path, where the method sampled it")
     cost: Cost = Field(..., description="Model passes this request took")
     faithfulness: Faithfulness | None = Field(None, description="Insertion / deletion AUCs of this map, if faithfulness was asked")
     timings: Timings = Field(..., description="Where the time of this request went, in milliseconds")

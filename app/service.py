@@ -17,7 +17,7 @@ from torch import Tensor
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.images import load_input
-from app.core.metrics import Metrics
+from app.core.prometheus import Metrics
 from app.explain_if import Facts
 from app.planning import AttributePlan, plan_attribute, plan_explain_if
 from app.render import attribute_response, method_label, render

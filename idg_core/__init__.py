@@ -6,7 +6,7 @@ takes a batch of images with one target each and returns an :class:`AttributionR
 
 import logging
 
-from idg_core.evaluator import EvalStats, default_batch_size, evaluate, run_plans
+from idg_core.evaluator import CallStats, default_batch_size, evaluate_queries, run_plans
 from idg_core.heatmap import heatmap_png, overlay_png, saliency
 from idg_core.methods import METHODS, InvalidParameter, Method, agi, guided_ig, idg, ig, left_ig
 from idg_core.paths import allocate_samples, ig_rule, place_samples, resolve_baseline
@@ -18,7 +18,7 @@ __all__ = [
     "METHODS",
     "Answer",
     "AttributionResult",
-    "EvalStats",
+    "CallStats",
     "InvalidParameter",
     "default_batch_size",
     "Method",
@@ -27,7 +27,7 @@ __all__ = [
     "Query",
     "agi",
     "allocate_samples",
-    "evaluate",
+    "evaluate_queries",
     "guided_ig",
     "heatmap_png",
     "idg",

@@ -1,4 +1,4 @@
-"""The one path evaluator: every method's points go through :func:`evaluate`.
+"""The one path evaluator: every method's points go through :func:`evaluate_queries`.
 
 Points of all queries (of all images, targets and methods) are chunked together into model calls
 of at most ``batch_size`` images; forward-only rows run under ``torch.no_grad()``, gradient rows
@@ -30,7 +30,7 @@ def default_batch_size(device: torch.device) -> int:
 
 
 @dataclass
-class EvalStats:
+class CallStats:
     """Cost accounting: model calls, and images per call (forward and with gradient)."""
 
     calls: int = 0
@@ -112,8 +112,8 @@ def _chunks(
             yield chunk
 
 
-def evaluate(
-    model: Model, queries: Sequence[Query], batch_size: int, stats: EvalStats | None = None,
+def evaluate_queries(
+    model: Model, queries: Sequence[Query], batch_size: int, stats: CallStats | None = None,
     skip: Callable[[int], bool] | None = None,
 ) -> list[Answer]:
     """Answer every query; model calls hold at most ``batch_size`` points from any queries.
@@ -149,7 +149,7 @@ def evaluate(
     return answers
 
 
-def run_plans(model: Model, plans: Sequence[Plan], batch_size: int, stats: EvalStats | None = None) -> list[AttributionResult]:
+def run_plans(model: Model, plans: Sequence[Plan], batch_size: int, stats: CallStats | None = None) -> list[AttributionResult]:
     """Drive several plans in lock-step, pooling the points of all of them into shared model calls.
     A plan may yield an empty list (a checkpoint between long host steps); it gets one back."""
     results: list[AttributionResult | None] = [None] * len(plans)
@@ -159,7 +159,7 @@ def run_plans(model: Model, plans: Sequence[Plan], batch_size: int, stats: EvalS
     while pending:
         owners = list(pending)
         flat = [q for i in owners for q in pending[i]]
-        answers = evaluate(model, flat, batch_size, stats)
+        answers = evaluate_queries(model, flat, batch_size, stats)
         pos = 0
         for i in owners:
             k = len(pending[i])

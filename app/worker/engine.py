@@ -32,9 +32,9 @@ from collections.abc import Mapping
 
 import torch
 
-from app.core.metrics import Metrics
+from app.core.prometheus import Metrics
 from app.worker.jobs import Job, JobCancelled, JobStuck
-from idg_core.evaluator import EvalStats, evaluate
+from idg_core.evaluator import CallStats, evaluate_queries
 from idg_core.types import Answer, Model
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Worker:
         self.max_queue = max_queue
         self.max_predict_queue = max_predict_queue
         self.watchdog_grace = watchdog_grace_s
-        self.stats = EvalStats()
+        self.stats = CallStats()
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._active: list[Job] = []
         self._held: set[Job] = set()  # admitted, slot not yet freed
@@ -359,7 +359,7 @@ class Worker:
             before = (len(self.stats.call_sizes), self.stats.forward_images, self.stats.backward_images)
             called = time.perf_counter()
             try:
-                answers = evaluate(model, queries, batch, self.stats, skip=lambda i: self._dropped(owners[i][0]))
+                answers = evaluate_queries(model, queries, batch, self.stats, skip=lambda i: self._dropped(owners[i][0]))
                 break
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()

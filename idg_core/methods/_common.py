@@ -10,7 +10,7 @@ from typing import Any
 from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
-from idg_core.evaluator import EvalStats, default_batch_size, run_plans
+from idg_core.evaluator import CallStats, default_batch_size, run_plans
 from idg_core.methods.params import Params
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
@@ -37,7 +37,7 @@ def run_method(
     baseline: BaselineLike,
     target: int | Tensor | Iterable[int],
     batch_size: int | None,
-    stats: EvalStats | None = None,
+    stats: CallStats | None = None,
     **params: Any,
 ) -> AttributionResult:
     """Validate, build one plan per image and drive them all through shared model calls
@@ -60,7 +60,7 @@ def method_function(
 
     def function(
         model: Model, x: Tensor, baseline: BaselineLike | None, target: int | Tensor | Iterable[int], *,
-        batch_size: int | None = None, stats: EvalStats | None = None, **kwargs: Any,
+        batch_size: int | None = None, stats: CallStats | None = None, **kwargs: Any,
     ) -> AttributionResult:
         if baseline is None:
             if uses_baseline:
@@ -72,7 +72,7 @@ def method_function(
     function.__module__ = plan.__module__
     function.__signature__ = params.signature(inspect.signature(function))  # type: ignore[attr-defined]
     shared = ("    batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); the points of all images are pooled.\n"
-              "    stats: an EvalStats that counts the model calls and passes.")
+              "    stats: an CallStats that counts the model calls and passes.")
     function.__doc__ = f"{doc.strip()}\n\nArgs:\n{params.doc()}\n{shared}\n"
     return function
 

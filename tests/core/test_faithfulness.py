@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from idg_core.evaluator import EvalStats, run_plans
+from idg_core.evaluator import CallStats, run_plans
 from idg_core.faithfulness import faithfulness_plan, forward_cost, parse_metrics, pixels_per_step
 from idg_core.metrics import deletion, insertion
 from idg_core.types import AttributionResult, Plan
@@ -27,7 +27,7 @@ def test_agrees_with_rise_metrics_at_the_same_step_count(steps: int) -> None:
     x = torch.rand(2, 3, 16, 16)
     attrs = torch.randn(2, 3, 16, 16)
     preds = model(x).argmax(1)
-    stats = EvalStats()
+    stats = CallStats()
     out = run_plans(model, [_score_plan(x[i], attrs[i], int(preds[i]), steps=steps) for i in range(2)], 8, stats)
     step = pixels_per_step(16, 16, steps)
     sal = attrs.sum(1).abs()

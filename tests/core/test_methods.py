@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from idg_core import METHODS, EvalStats, agi, evaluate, guided_ig, idg, ig, left_ig
+from idg_core import METHODS, CallStats, agi, evaluate_queries, guided_ig, idg, ig, left_ig
 from idg_core.presets import PRESETS
 from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
 
@@ -180,7 +180,7 @@ def test_authors_placement_matches_a_port_of_the_published_code(seed: int) -> No
 def test_points_of_several_images_share_model_calls() -> None:
     model = Counting(SmallCNN())
     x = torch.rand(2, 3, 16, 16)
-    stats = EvalStats()
+    stats = CallStats()
     both = idg(model, x, "black", [1, 6], steps=10, probe_steps=10, batch_size=64, stats=stats)
     assert model.calls == [20, 20]  # one probe call, one main call, both images in each
     assert stats.calls == 2 and stats.backward_images == 20
@@ -366,7 +366,7 @@ def test_guided_ig_sub_steps_are_bounded_and_checkpointed(monkeypatch: pytest.Mo
                 checkpoints += 1
             else:
                 substeps.append(0)  # a model call: the next step's sub-steps begin after it
-            queries = plan.send(evaluate(model, queries, 8))
+            queries = plan.send(evaluate_queries(model, queries, 8))
     except StopIteration as stop:
         result = stop.value
     assert 0 < max(substeps) <= gig.substep_bound(0.01) == 102

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from idg_core.evaluator import EvalStats, run_plans
+from idg_core.evaluator import CallStats, run_plans
 from idg_core.methods import METHODS
 from idg_core.postprocess import build_plan, idgi
 from idg_core.postprocess.smoothgrad import noisy_copies
@@ -26,7 +26,7 @@ class Quadratic(nn.Module):
 
 
 def _run(model: nn.Module, plan_args: dict, x: Tensor, base: Tensor, target: int = 0, batch: int = 64,
-         stats: EvalStats | None = None) -> torch.Tensor:
+         stats: CallStats | None = None) -> torch.Tensor:
     method = plan_args.pop("method")
     (res,) = run_plans(model, [build_plan(method, x, base, target, **plan_args)], batch, stats)
     return res
@@ -64,7 +64,7 @@ def test_idgi_on_a_quadratic_model_with_idg_and_left_ig() -> None:
 def test_idgi_costs_no_model_pass_and_refuses_non_path_methods() -> None:
     model = SmallCNN()
     x, base = torch.rand(3, 16, 16), torch.zeros(3, 16, 16)
-    plain, post = EvalStats(), EvalStats()
+    plain, post = CallStats(), CallStats()
     _run(model, {"method": "idg", "steps": 6, "probe_steps": 6}, x, base, stats=plain)
     r = _run(model, {"method": "idg", "steps": 6, "probe_steps": 6, "postprocess": "idgi"}, x, base, stats=post)
     assert (post.forward_images, post.backward_images, post.calls) == (plain.forward_images, plain.backward_images, plain.calls)

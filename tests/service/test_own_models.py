@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from app.core.config import Settings
-from app.core.models import ModelLoadError
+from app.core.model_loading import ModelLoadError
 from app.main import create_app
 from idg_core import METHODS
 from tests.service.conftest import image_bytes, serve, tiny_classifier

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from app.core.metrics import Metrics
+from app.core.prometheus import Metrics
 from app.worker.engine import QueueFull, Worker
 from app.worker.jobs import Job, JobCancelled
 from idg_core.explain import explain_plan
