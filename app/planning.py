@@ -32,6 +32,11 @@ def _invalid(message: str) -> ApiError:
     return ApiError(422, message, code="invalid_parameter")
 
 
+def check_top_k(settings: Settings, k: int) -> None:
+    if k > settings.max_top_k:
+        raise _invalid(f"top_k must be <= {settings.max_top_k}, got {k}")
+
+
 def method_params(settings: Settings, params: AttributeCommon, num_classes: int) -> dict[str, Any]:
     """Every parameter the method runs with: the request's, over the preset's, over the method's
     defaults, validated by the method (422 naming what was wrong, or naming the method's

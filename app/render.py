@@ -12,6 +12,7 @@ from app.planning import AttributePlan
 from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Timings
 from idg_core.explain import Explanation
 from idg_core.heatmap import attribution_npy, heatmap_png, image_png, overlay_png
+from idg_core.models import ImageClassifier
 from idg_core.types import AttributionResult
 
 
@@ -52,23 +53,30 @@ def curve(result: AttributionResult, output: str) -> OutputCurve:
     })
 
 
+def top_classes(model: ImageClassifier, probs: Tensor, k: int) -> list[ClassScore]:
+    """The ``k`` most probable classes, best first."""
+    values, idx = probs.topk(min(k, probs.numel()))
+    return [ClassScore(index=int(i), name=model.class_names[int(i)], probability=float(v)) for v, i in zip(values, idx, strict=True)]
+
+
 def method_label(params: AttributeCommon) -> str:
     """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label)."""
     return params.method + ("+idgi" if params.postprocess == "idgi" else "") + (f"+{params.smooth_kind}" if params.smooth_samples else "")
 
 
 def attribute_response(
-    model: str, params: AttributeCommon, planned: AttributePlan, found: Explanation, prediction: list[ClassScore],
-    target: ClassScore, precision: str, timings: Timings, images: dict[str, Any],
+    name: str, model: ImageClassifier, params: AttributeCommon, planned: AttributePlan, found: Explanation, precision: str,
+    timings: Timings, images: dict[str, Any],
 ) -> AttributeResponse:
     """The /attribute answer: what was found, with the parameters it ran with and what it cost."""
+    target = ClassScore(index=found.target, name=model.class_names[found.target], probability=float(found.probs[found.target]))
     faithfulness = None
     if found.scores:
         faithfulness = Faithfulness(insertion=found.scores.get("insertion"), deletion=found.scores.get("deletion"), steps=found.score_steps)
     return AttributeResponse(
-        model=model,
+        model=name,
         method=params.method,
-        prediction=prediction,
+        prediction=top_classes(model, found.probs, params.top_k),
         target=target,
         parameters={**planned.used, "target": found.target},
         precision=precision,

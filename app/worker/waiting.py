@@ -1,0 +1,87 @@
+"""Submitting a plan to the worker and waiting for it honestly: 503 when the queue is full (with
+Retry-After), 504 past the deadline, the job dropped (its slot freed, its work stopped before the
+next model call) when it is late or its client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from app.core.errors import ApiError
+from app.core.prometheus import Metrics
+from app.worker.engine import QueueFull, Worker
+from app.worker.jobs import Job, JobCancelled
+from idg_core.explain import PlanOf
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+IsDisconnected = Callable[[], Awaitable[bool]]
+OnEvent = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """A finished job's result and where its time went."""
+
+    value: T
+    queued_ms: float
+    compute_ms: float
+
+
+async def submit_and_wait(
+    worker: Worker, metrics: Metrics, timeout: float, is_disconnected: IsDisconnected | None, model: str, plan: PlanOf[T], kind: str,
+    *, priority: int, on_event: OnEvent | None = None, cost: float = 1.0,
+) -> Outcome[T]:
+    """Queue a plan (``cost``: its work units at most) and wait for it within the deadline;
+    503 when full, 504 when late. A late or abandoned job frees its slot at once and stops
+    costing before the worker's next model call."""
+    loop = asyncio.get_running_loop()
+    job = Job(model, plan, kind, time.monotonic() + timeout, loop, loop.create_future(), priority, on_event, cost)
+    try:
+        worker.submit(job)
+    except QueueFull as err:
+        plan.close()
+        metrics.rejections.labels(err.reason).inc()
+        raise ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy") from err
+    watcher = asyncio.create_task(_watch(worker, is_disconnected, job)) if is_disconnected is not None else None
+    late = f"the request did not finish within its deadline of {timeout:g} s"
+    try:
+        value = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, job.deadline - time.monotonic()))
+    except TimeoutError as err:
+        worker.cancel(job, "deadline")
+        raise ApiError(504, late, code="deadline") from err
+    except JobCancelled as err:
+        if err.reason in ("deadline", "stuck"):
+            raise ApiError(504, late if err.reason == "deadline" else str(err), code="deadline") from err
+        raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
+    # No ValueError -> 422 here: the parameters were checked before the job was queued (app.planning
+    # runs the methods' validation), so whatever the running plan raises is this request's 500.
+    except Exception as err:  # noqa: BLE001 - the model failed on this request only
+        log.error("job %d (%s) failed: %s", job.id, kind, err)
+        raise ApiError(500, f"the model failed on this request: {err}", code="model_error") from err
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        if not job.future.done():
+            worker.cancel(job, "client_disconnected")
+            job.future.add_done_callback(_consume)  # its error, when the worker ends it, goes unread
+    started = job.started or job.enqueued
+    return Outcome(value, (started - job.enqueued) * 1000, ((job.finished or time.monotonic()) - started) * 1000)
+
+async def _watch(worker: Worker, is_disconnected: IsDisconnected, job: Job) -> None:
+    """Drop the job when its client goes away."""
+    while not job.future.done():
+        if await is_disconnected():
+            log.info("client of job %d went away; dropping it", job.id)
+            worker.cancel(job, "client_disconnected")
+            return
+        await asyncio.sleep(0.2)
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
