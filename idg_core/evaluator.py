@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-from idg_core.types import Answer, AttributionResult, Model, Plan, Query
+from idg_core.types import Answer, Model, Query
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
+PlanOf = Generator[list[Query], list[Answer], R]
+"""A plan whose result is an ``R`` (:data:`idg_core.types.Plan` is ``PlanOf[AttributionResult]``)."""
 
 
 def default_batch_size(device: torch.device) -> int:
@@ -149,30 +153,137 @@ def evaluate_queries(
     return answers
 
 
-def run_plans(model: Model, plans: Sequence[Plan], batch_size: int, stats: CallStats | None = None) -> list[AttributionResult]:
+Rows = list[tuple[int, int, int]]
+"""Rows of a plan's current step: (query index, start, stop)."""
+
+
+class PlanState:
+    """One plan driven a step at a time, by :func:`run_plans` here and by the service's worker
+    (whose jobs are plan states): ``pending`` holds the queries of the current step, ``take``
+    hands out their rows for a model call (all at once, or a budget of one kind), ``part`` makes
+    a query of some rows, ``store`` keeps the model's answer to them, and once the step is
+    answered ``advance`` sends the answers to the plan and takes its next step or its result."""
+
+    def __init__(self, plan: Generator[list[Query], list[Answer], Any]) -> None:
+        self.plan = plan
+        self.pending: list[Query] | None = None
+        self.answers: list[Answer | None] = []
+        self.taken = 0
+        """Rows of ``pending`` already taken into a model call."""
+        self.result: Any = None
+
+    def advance(self, answers: list[Answer] | None = None) -> bool:
+        """Send ``answers`` (None: start the plan); True while it goes on (its next step is
+        pending), False once it returned (its value in ``result``). A plan's error propagates."""
+        try:
+            pending = self.plan.send(answers)  # type: ignore[arg-type]  # None starts a generator
+        except StopIteration as stop:
+            self.pending, self.result = None, stop.value
+            return False
+        self.pending = pending
+        self.answers = [_empty_answer(q) if q.n == 0 else None for q in pending]
+        self.taken = 0
+        return True
+
+    def step_answers(self) -> list[Answer]:
+        return [a for a in self.answers if a is not None]
+
+    @property
+    def rows(self) -> int:
+        """Points of the current step not yet taken into a model call."""
+        return sum(q.n for q in self.pending or []) - self.taken
+
+    @property
+    def step_answered(self) -> bool:
+        return self.rows == 0 and all(a is not None for a in self.answers)
+
+    @property
+    def next_grad(self) -> bool:
+        """Whether the next row not yet taken needs a gradient."""
+        pos = 0
+        for q in self.pending or []:
+            pos += q.n
+            if pos > self.taken:
+                return q.grad
+        return False
+
+    def take(self, budget: int | None = None, grad: bool | None = None) -> Rows:
+        """Up to ``budget`` (None: every) rows of the step not taken yet, in order and, with ``grad``
+        given, while they are of that kind."""
+        out: Rows = []
+        pos = 0
+        for qi, q in enumerate(self.pending or []):
+            start = max(self.taken - pos, 0)
+            pos += q.n
+            if start >= q.n:
+                continue
+            if budget == 0 or (grad is not None and q.grad != grad):
+                break
+            stop = q.n if budget is None else min(q.n, start + budget)
+            out.append((qi, start, stop))
+            if budget is not None:
+                budget -= stop - start
+            self.taken += stop - start
+        return out
+
+    def part(self, qi: int, start: int, stop: int) -> Query:
+        """Rows ``start:stop`` of pending query ``qi`` as a query of their own."""
+        q = (self.pending or [])[qi]
+        if start == 0 and stop == q.n:
+            return q
+        if q.direction is None:
+            return replace(q, origin=q.origin[start:stop], alphas=q.alphas[start:stop])
+        return replace(q, alphas=q.alphas[start:stop])
+
+    def store(self, qi: int, start: int, stop: int, ans: Answer) -> None:
+        """Keep the model's answer to rows ``start:stop`` of pending query ``qi``."""
+        n = (self.pending or [])[qi].n
+        if start == 0 and stop == n:
+            self.answers[qi] = ans
+            return
+        full = self.answers[qi]
+        if full is None:
+            full = self.answers[qi] = Answer(
+                ans.values.new_empty(n), None if ans.grads is None else ans.grads.new_empty((n, *ans.grads.shape[1:])),
+                ans.top1.new_empty(n), None if ans.all_logits is None else ans.all_logits.new_empty((n, ans.all_logits.shape[1])),
+            )
+        full.values[start:stop] = ans.values
+        full.top1[start:stop] = ans.top1
+        if full.grads is not None and ans.grads is not None:
+            full.grads[start:stop] = ans.grads
+        if full.all_logits is not None and ans.all_logits is not None:
+            full.all_logits[start:stop] = ans.all_logits
+
+
+def _empty_answer(q: Query) -> Answer:
+    dev = q.origin.device
+    grads = torch.empty((0, *q.origin.shape[-3:]), device=dev, dtype=q.origin.dtype) if q.grad else None
+    return Answer(torch.empty(0, device=dev), grads, torch.empty(0, dtype=torch.long, device=dev))
+
+
+S = TypeVar("S", bound=PlanState)
+
+
+def answer_rows(
+    model: Model, work: Sequence[tuple[S, Rows]], batch_size: int, stats: CallStats | None = None,
+    skip: Callable[[S], bool] | None = None,
+) -> list[tuple[S, int, int, int, Query, Answer]]:
+    """Evaluate the rows of several plan states in shared model calls (:func:`evaluate_queries`);
+    returns each part with its answer, for the caller to store. ``skip(state)``, asked before every
+    call, drops the remaining rows of a state (their answers are then incomplete)."""
+    owners = [(state, qi, a, b) for state, rows in work for qi, a, b in rows]
+    queries = [state.part(qi, a, b) for state, qi, a, b in owners]
+    answers = evaluate_queries(model, queries, batch_size, stats, None if skip is None else lambda i: skip(owners[i][0]))
+    return [(state, qi, a, b, q, ans) for (state, qi, a, b), q, ans in zip(owners, queries, answers, strict=True)]
+
+
+def run_plans(model: Model, plans: Sequence[PlanOf[R]], batch_size: int, stats: CallStats | None = None) -> list[R]:
     """Drive several plans in lock-step, pooling the points of all of them into shared model calls.
     A plan may yield an empty list (a checkpoint between long host steps); it gets one back."""
-    results: list[AttributionResult | None] = [None] * len(plans)
-    pending: dict[int, list[Query]] = {}
-    for i, _plan in enumerate(plans):
-        _advance(plans, i, None, pending, results)
-    while pending:
-        owners = list(pending)
-        flat = [q for i in owners for q in pending[i]]
-        answers = evaluate_queries(model, flat, batch_size, stats)
-        pos = 0
-        for i in owners:
-            k = len(pending[i])
-            _advance(plans, i, answers[pos : pos + k], pending, results)
-            pos += k
-    return [r for r in results if r is not None]
-
-
-def _advance(
-    plans: Sequence[Plan], i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None],
-) -> None:
-    try:
-        pending[i] = plans[i].send(answers)  # type: ignore[arg-type]
-    except StopIteration as stop:
-        pending.pop(i, None)
-        results[i] = stop.value
+    states = [PlanState(plan) for plan in plans]
+    active = [s for s in states if s.advance()]
+    while active:
+        for state, qi, a, b, _, ans in answer_rows(model, [(s, s.take()) for s in active], batch_size, stats):
+            state.store(qi, a, b, ans)
+        active = [s for s in active if s.advance(s.step_answers())]
+    return [s.result for s in states]

@@ -5,20 +5,16 @@ like any plan."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from idg_core.evaluator import PlanOf
 from idg_core.faithfulness import faithfulness_plan
 from idg_core.postprocess import build_plan
-from idg_core.types import Answer, AttributionResult, Query
-
-T = TypeVar("T")
-PlanOf = Generator[list[Query], list[Answer], T]
-"""A plan whose result is a ``T`` (:data:`idg_core.types.Plan` is ``PlanOf[AttributionResult]``)."""
+from idg_core.types import AttributionResult, Query
 
 
 def predict_plan(x: Tensor) -> PlanOf[Tensor]:

@@ -34,7 +34,7 @@ import torch
 
 from app.core.prometheus import Metrics
 from app.worker.jobs import Job, JobCancelled, JobStuck
-from idg_core.evaluator import CallStats, evaluate_queries
+from idg_core.evaluator import CallStats, answer_rows
 from idg_core.types import Answer, Model
 
 log = logging.getLogger(__name__)
@@ -352,14 +352,12 @@ class Worker:
 
     def _evaluate(self, model: Model, work: list[tuple[Job, list[tuple[int, int, int]]]]) -> float:
         """Answer the rows of ``work`` and store them in their jobs; returns the work units done."""
-        owners = [(job, qi, a, b) for job, rows in work for qi, a, b in rows]
-        queries = [job.part(qi, a, b) for job, qi, a, b in owners]
         batch = min(self.max_batch_images, getattr(model, "max_batch", None) or self.max_batch_images)
         while True:
             before = (len(self.stats.call_sizes), self.stats.forward_images, self.stats.backward_images)
             called = time.perf_counter()
             try:
-                answers = evaluate_queries(model, queries, batch, self.stats, skip=lambda i: self._dropped(owners[i][0]))
+                answered = answer_rows(model, work, batch, self.stats, skip=self._dropped)
                 break
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
@@ -372,7 +370,7 @@ class Worker:
                 for size in self.stats.call_sizes[before[0]:]:
                     self.metrics.batch_images.observe(size)
                 self.metrics.model_calls.labels(work[0][0].model).inc(len(self.stats.call_sizes) - before[0])
-        for (job, qi, a, b), ans, q in zip(owners, answers, queries, strict=True):
+        for job, qi, a, b, q, ans in answered:
             if job.cancel_reason is None:  # a dropped job's answers may be incomplete
                 job.store(qi, a, b, ans)
                 job.done_units += (b - a) * (GRAD_UNITS if q.grad else 1)
@@ -387,11 +385,10 @@ class Worker:
     def _step(self, job: Job, answers: list[Answer] | None) -> bool:
         """Send the answers to the job's plan; close it when it returns or raises. True if it goes on."""
         try:
-            job.begin_step(job.plan.send(answers))  # type: ignore[arg-type]
-            return True
-        except StopIteration as stop:
+            if job.advance(answers):
+                return True
             self._active.remove(job)
-            self._close(job, result=stop.value)
+            self._close(job, result=job.result)
         except Exception as err:  # noqa: BLE001 - the plan's error fails its own request only
             self._active.remove(job)
             self._close(job, err)
@@ -400,8 +397,7 @@ class Worker:
     def _advance(self, job: Job) -> None:
         job.rounds += 1
         done = _labels(job) or job.done_label
-        answers = [a for a in job.answers if a is not None]
-        if self._step(job, answers):
+        if self._step(job, job.step_answers()):
             if job.pending:
                 job.emit({"event": "progress", "round": job.rounds, "done": done, "next": _labels(job), "points": job.rows})
                 job.done_label = ""

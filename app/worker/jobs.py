@@ -8,11 +8,10 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from idg_core.evaluator import PlanState
 from idg_core.types import Answer, Query
 
 _ids = itertools.count(1)
@@ -34,12 +33,10 @@ class JobStuck(JobCancelled):
 
 
 @dataclass(eq=False)
-class Job:
-    """One request in the worker. ``priority`` 0 (predict) runs before 1 (attribute).
-
-    The worker drives the plan a step at a time: ``pending`` are the queries of the current step;
-    each model call takes some of their rows (``take``), the worker stores what the model answered
-    (``store``) and sends the answers to the plan once every row is in."""
+class Job(PlanState):
+    """One request in the worker: its plan's state (:class:`idg_core.evaluator.PlanState`: the
+    current step's queries, the rows taken into rounds, the answers stored) and what the worker needs
+    to schedule and answer it. ``priority`` 0 (predict) runs before 1 (attribute)."""
 
     model: str
     plan: Generator[list[Query], list[Answer], Any]
@@ -56,10 +53,6 @@ class Job:
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None
     finished: float | None = None
-    pending: list[Query] | None = None
-    answers: list[Answer | None] = field(default_factory=list)
-    taken: int = 0
-    """Rows of ``pending`` already taken into a round."""
     done_units: float = 0.0
     passed_over: int = 0
     """Rounds in a row this job had rows ready but was left out for needing the other kind."""
@@ -69,78 +62,12 @@ class Job:
     watchdog_failed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
-    def rows(self) -> int:
-        """Points of the current step not yet taken into a round."""
-        return sum(q.n for q in self.pending or []) - self.taken
+    def __post_init__(self) -> None:
+        PlanState.__init__(self, self.plan)
 
     @property
     def remaining_units(self) -> float:
         return max(self.cost - self.done_units, 1.0)
-
-    def begin_step(self, pending: list[Query]) -> None:
-        self.pending = pending
-        self.answers = [_empty_answer(q) if q.n == 0 else None for q in pending]
-        self.taken = 0
-
-    @property
-    def next_grad(self) -> bool:
-        """Whether the next row not yet taken needs a gradient."""
-        pos = 0
-        for q in self.pending or []:
-            pos += q.n
-            if pos > self.taken:
-                return q.grad
-        return False
-
-    def take(self, budget: int, grad: bool) -> list[tuple[int, int, int]]:
-        """Up to ``budget`` rows of the step not taken yet, in order and while they are of the kind
-        ``grad``, as (query index, start, stop)."""
-        out, pos = [], 0
-        for qi, q in enumerate(self.pending or []):
-            start = max(self.taken - pos, 0)
-            pos += q.n
-            if start >= q.n:
-                continue
-            if budget == 0 or q.grad != grad:
-                break
-            stop = min(q.n, start + budget)
-            out.append((qi, start, stop))
-            budget -= stop - start
-            self.taken += stop - start
-        return out
-
-    def part(self, qi: int, start: int, stop: int) -> Query:
-        """Rows ``start:stop`` of pending query ``qi`` as a query of their own."""
-        q = (self.pending or [])[qi]
-        if start == 0 and stop == q.n:
-            return q
-        if q.direction is None:
-            return replace(q, origin=q.origin[start:stop], alphas=q.alphas[start:stop])
-        return replace(q, alphas=q.alphas[start:stop])
-
-    def store(self, qi: int, start: int, stop: int, ans: Answer) -> None:
-        """Keep the model's answer to rows ``start:stop`` of pending query ``qi``."""
-        n = (self.pending or [])[qi].n
-        if start == 0 and stop == n:
-            self.answers[qi] = ans
-            return
-        full = self.answers[qi]
-        if full is None:
-            full = self.answers[qi] = Answer(
-                ans.values.new_empty(n), None if ans.grads is None else ans.grads.new_empty((n, *ans.grads.shape[1:])),
-                ans.top1.new_empty(n), None if ans.all_logits is None else ans.all_logits.new_empty((n, ans.all_logits.shape[1])),
-            )
-        full.values[start:stop] = ans.values
-        full.top1[start:stop] = ans.top1
-        if full.grads is not None and ans.grads is not None:
-            full.grads[start:stop] = ans.grads
-        if full.all_logits is not None and ans.all_logits is not None:
-            full.all_logits[start:stop] = ans.all_logits
-
-    @property
-    def step_answered(self) -> bool:
-        return self.rows == 0 and all(a is not None for a in self.answers)
 
     def cancel(self, reason: str) -> None:
         """Ask the worker to drop this job (safe from any thread); the first reason stays."""
@@ -165,9 +92,3 @@ class Job:
 
         with contextlib.suppress(RuntimeError):  # the request's event loop is closed: nobody waits for the answer
             self.loop.call_soon_threadsafe(_set)
-
-
-def _empty_answer(q: Query) -> Answer:
-    dev = q.origin.device
-    grads = torch.empty((0, *q.origin.shape[-3:]), device=dev, dtype=q.origin.dtype) if q.grad else None
-    return Answer(torch.empty(0, device=dev), grads, torch.empty(0, dtype=torch.long, device=dev))
