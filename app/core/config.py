@@ -83,9 +83,10 @@ class Settings(BaseSettings):
     cors_origins: Annotated[list[str], NoDecode] = Field(default=[], description="Comma-separated origins allowed by CORS")
     warmup: bool = Field(True, description="Run a forward and backward pass per model before reporting ready")
 
-    def precision_on(self, device: torch.device) -> Precision:
-        """The precision the models run in on ``device`` (``auto`` resolved)."""
-        return default_precision(device) if self.precision == "auto" else self.precision
+    def precision_on(self, device: torch.device, source: str | None = None) -> Precision:
+        """The precision a model from ``source`` runs in on ``device`` by default (``auto`` resolved;
+        the models file may set another per model)."""
+        return default_precision(device, source) if self.precision == "auto" else self.precision
 
     def batch_images(self, device: torch.device) -> int:
         """Images per model call on ``device``: the setting, or what measured fastest there."""

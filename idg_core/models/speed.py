@@ -23,8 +23,16 @@ Precision = Literal["fp32", "tf32", "bf16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
-def default_precision(device: torch.device) -> Precision:
-    """bf16 autocast on CUDA, IEEE fp32 elsewhere.
+BF16_MEASURED = frozenset({"packaged:efficientnet_lite0"})
+"""Model sources whose faithfulness under bf16 was measured (and kept): ``auto`` gives them bf16 on CUDA."""
+
+
+def default_precision(device: torch.device, source: str | None = None) -> Precision:
+    """What ``auto`` means: on CUDA, bf16 autocast for a model whose bf16 faithfulness was measured
+    (:data:`BF16_MEASURED`; ``source`` None: the caller vouches for its model) and IEEE fp32 for any
+    other, since a precision is chosen by faithfulness, not assumed (a ViT's or a user's CNN's under
+    bf16 is not known: measure it with ``benchmarks/gpu_variants.py``, then set it per model in the
+    models file); IEEE fp32 elsewhere.
 
     bf16 is the fastest CUDA setting whose faithfulness stays within noise of (or above) IEEE fp32:
     EfficientNet-Lite0 on 72 ImageNet photos, paired per image, IDG-50/50 insertion +0.011 ± 0.009,
@@ -32,7 +40,9 @@ def default_precision(device: torch.device) -> Precision:
     speed of fp32 on an H100 (``../shared/docs/FACTS.md``; ``benchmarks/gpu_variants.py`` re-measures
     it on the samples where a GPU is lent). On CPUs without bf16 units autocast is slower, not faster.
     """
-    return "bf16" if device.type == "cuda" else "fp32"
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if source is None or source in BF16_MEASURED else "fp32"
 
 
 def set_tf32(enabled: bool) -> None:
@@ -76,7 +86,10 @@ def tune_all(
     chosen: dict[str, Precision] = {}
     for name, model in models.items():
         p = model.speed.get("precision", precision)
-        chosen[name] = default_precision(device) if p == "auto" else p
+        chosen[name] = default_precision(device, model.source) if p == "auto" else p
+        if p == "auto" and device.type == "cuda" and chosen[name] == "fp32":
+            log.info("%s: precision auto is IEEE fp32: its faithfulness under bf16 was not measured (benchmarks/gpu_variants.py); "
+                     "precision = \"bf16\" in its models-file table opts in", name)
     kinds = set(chosen.values())
     if {"tf32", "fp32"} <= kinds:
         tf32 = ", ".join(n for n, p in chosen.items() if p == "tf32")
