@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import get_service, require_api_key
-from app.api.failures import internal_error
+from app.api.failures import alone, internal_error
 from app.api.requests import body_docs, read_batch_request, read_image_request
 from app.core.errors import ApiError
 from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, BatchItem, BatchResponse, ErrorDetail
@@ -33,12 +33,7 @@ async def attribute(request: Request, service: Annotated[Service, Depends(get_se
     (``curl -F file=@photo.jpg -F method=idg -F target=207``) or JSON with a base64 ``image``."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
-    try:
-        return await service.attribute(data, params, received, request.is_disconnected)
-    except ApiError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any other failure is this request's JSON 500, logged once
-        raise internal_error(err, "POST /attribute") from err
+    return await alone(service.attribute(data, params, received, request.is_disconnected), "POST /attribute")
 
 
 def _sse(event: str, payload: dict[str, Any]) -> str:

@@ -8,9 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from app.api.deps import get_service, require_api_key
-from app.api.failures import internal_error
+from app.api.failures import alone
 from app.api.requests import body_docs, read_image_request
-from app.core.errors import ApiError
 from app.schemas import ERROR_RESPONSES, PredictExplainParams, PredictJSON, PredictResponse
 from app.service import Service
 
@@ -26,9 +25,4 @@ async def predict(request: Request, service: Annotated[Service, Depends(get_serv
     predicted class when the condition holds, and only the prediction when it does not."""
     received = time.perf_counter()
     data, params = await read_image_request(request, PredictExplainParams, PredictJSON, service.settings.max_upload_bytes)
-    try:
-        return await service.predict(data, params, received, request.is_disconnected)
-    except ApiError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any other failure is this request's JSON 500, logged once
-        raise internal_error(err, "POST /predict") from err
+    return await alone(service.predict(data, params, received, request.is_disconnected), "POST /predict")
