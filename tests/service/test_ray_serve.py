@@ -124,6 +124,32 @@ def test_health_and_metrics_come_from_the_replicas(cluster: str) -> None:
     assert metrics.status_code == 200 and "idg_" in metrics.text and metrics.headers["x-idg-replica"] in seen
 
 
+def test_a_full_replica_answers_503_with_retry_after_and_a_late_request_504_through_ray(cluster: str) -> None:
+    """Back-pressure stays honest under Serve: Ray's max_ongoing_requests (88) is above the app's own
+    bound, so the app's JSON 503 + Retry-After and its 504 reach the client unchanged. A second
+    application on the same cluster: one replica admitting one request, a 3 s deadline."""
+    from app.ray_serve import IDGReplica
+
+    env = {"PYTHONPATH": str(ROOT), "IDG_WARMUP": "false", "IDG_TORCH_THREADS": "1", "IDG_TEST_DELAY_S": "0.3",
+           "IDG_MAX_QUEUE": "1", "IDG_REQUEST_TIMEOUT_S": "3"}
+    small = IDGReplica.options(num_replicas=1, ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": env}})
+    serve.run(small.bind(factory="tests.service.reliability.server_app:make_app"), name="full", route_prefix="/full")
+    url = cluster + "/full"
+    try:
+        with httpx.Client(timeout=60) as client, cf.ThreadPoolExecutor(4) as pool:
+            slow = {"method": "idg", "steps": "6", "probe_steps": "4"}  # about 4 calls of 0.3 s
+            answers = list(pool.map(lambda i: attribute(url, i, client, **slow), range(4)))
+            statuses = Counter(r.status_code for r in answers)
+            assert statuses[200] >= 1 and statuses[503] >= 1 and set(statuses) <= {200, 503}, [r.text[:120] for r in answers]
+            for r in (r for r in answers if r.status_code == 503):
+                assert r.json()["error"]["code"] == "busy" and int(r.headers["retry-after"]) >= 1
+            late = attribute(url, 99, client, method="idg", steps="80", probe_steps="80")  # ~21 calls of 0.3 s > 3 s
+            assert late.status_code == 504 and late.json()["error"]["code"] == "deadline", late.text
+            assert "x-idg-replica" in late.headers
+    finally:
+        serve.delete("full")
+
+
 def running_ids() -> set[str]:
     """Unique ids of the deployment's live replica actors (named ``SERVE_REPLICA::idg#idg#<id>`` in namespace serve)."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "serve"]
