@@ -130,6 +130,13 @@ def parse_attribution(body: dict[str, Any]) -> Attribution:
                        body["parameters"], _png(body.get("heatmap_png")), _png(body.get("overlay_png")), array, curve, body)
 
 
+def _is_service_error(r: httpx.Response) -> bool:
+    try:
+        return isinstance(r.json().get("error"), dict)
+    except (ValueError, AttributeError):
+        return False
+
+
 def _check(r: httpx.Response) -> dict[str, Any]:
     if r.status_code == 200:
         return r.json()
@@ -141,7 +148,12 @@ def _check(r: httpx.Response) -> dict[str, Any]:
 
 
 def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
-    """Seconds to wait before retrying a 503 (its Retry-After, else backoff), or None."""
+    """Seconds to wait before retrying, or None: a 503 (busy: its Retry-After, else backoff), and a
+    500/502 that is not the service's JSON error, i.e. from a proxy in front of it (a Ray Serve
+    replica that died with the request in flight answers plain "Internal Server Error"): the same
+    request is safe to send again. The service's own JSON 500 (a failure of this request) is not retried."""
+    if r.status_code in (500, 502) and not _is_service_error(r):
+        return min(0.5 * 2**attempt, cap)
     if r.status_code != 503:
         return None
     try:
@@ -152,7 +164,8 @@ def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
 
 
 class Client:
-    """Synchronous client. ``retries``: how often a 503 (busy) is retried, honouring Retry-After."""
+    """Synchronous client. ``retries``: how often a 503 (busy) is retried, honouring Retry-After, and a
+    proxy's plain 500/502 (a replica lost with the request in flight) with backoff."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: str | None = None, timeout: float = 300.0,
                  retries: int = 5, max_wait: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:

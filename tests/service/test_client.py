@@ -86,3 +86,29 @@ def test_cli_says_in_one_line_that_the_service_is_unreachable(tmp_path: Path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"could not reach the service at http://127.0.0.1:{port}" in err and "IDG_URL" in err
     assert "Traceback" not in err
+
+
+def test_a_proxys_plain_500_is_retried_but_the_services_json_500_is_not() -> None:
+    """Ray Serve answers plain 'Internal Server Error' for a request in flight on a replica that died
+    (tests/service/test_ray_serve.py); the same request is safe to resend. The service's own JSON 500
+    is this request's failure: not retried."""
+    import httpx
+
+    ok = {"model": "m", "top_k": [{"index": 1, "name": "b", "probability": 0.9}], "timings": {}}
+    for first, calls_expected, outcome in (
+        (httpx.Response(500, text="Internal Server Error"), 2, "ok"),
+        (httpx.Response(500, json={"error": {"status": 500, "code": "internal", "message": "internal error: X"}}), 1, "error"),
+    ):
+        calls: list[int] = []
+
+        def handler(request: httpx.Request, first: httpx.Response = first, calls: list[int] = calls) -> httpx.Response:
+            calls.append(1)
+            return first if len(calls) == 1 else httpx.Response(200, json=ok)
+
+        with Client("http://svc", transport=httpx.MockTransport(handler), max_wait=0.01) as c:
+            if outcome == "ok":
+                assert c.predict(image_bytes()).top_k[0].index == 1
+            else:
+                with pytest.raises(ServiceError, match="internal error"):
+                    c.predict(image_bytes())
+        assert len(calls) == calls_expected
