@@ -10,7 +10,8 @@ from idg_core.methods import METHODS, Param
 from idg_core.presets import DEFAULT_PRESET, Preset
 
 MethodName = Literal["idg", "ig", "left_ig", "guided_ig", "agi"]
-assert set(get_args(MethodName)) == set(METHODS), "MethodName lists the registry's methods"
+if set(get_args(MethodName)) != set(METHODS):
+    raise TypeError(f"MethodName lists {get_args(MethodName)}, the registry {tuple(METHODS)}")
 
 
 class PredictParams(BaseModel):
@@ -90,7 +91,8 @@ def method_fields() -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for name, declared in uses.items():
         kinds = {p.kind for _, p in declared}
-        assert len(kinds) == 1, f"{name}: one type across methods, got {kinds}"
+        if len(kinds) != 1:  # one request field per name: the methods must agree on its type
+            raise TypeError(f"method parameter {name!r} has different types across methods: {kinds}")
         kind = kinds.pop()
         annotation: Any = kind
         if kind is str:
