@@ -15,7 +15,7 @@ from app.core.errors import ApiError
 from app.explain_if import Condition, parse_condition
 from app.schemas import AttributeCommon, AttributeParams, PredictExplainParams
 from app.worker.engine import work_units
-from idg_core.explain import ExplainOptions, Explanation, PlanOf, explain_plan
+from idg_core.explain import ExplainOptions, Explanation, explain_plan
 from idg_core.faithfulness import forward_cost, parse_metrics
 from idg_core.methods import METHODS, InvalidParameter, WorkBound
 from idg_core.models import ImageClassifier
@@ -23,6 +23,7 @@ from idg_core.paths import resolve_baseline
 from idg_core.postprocess import postprocess_bound
 from idg_core.postprocess.compose import check_postprocess
 from idg_core.presets import preset_params
+from idg_core.types import PlanOf
 
 STEP_PARAMETERS = ("steps", "probe_steps", "max_iter")
 """The parameters bounded by ``IDG_MAX_STEPS``."""
@@ -43,10 +44,10 @@ def method_params(settings: Settings, params: AttributeCommon, num_classes: int)
     parameters when the request gave one it does not take), within the service's bounds."""
     method = METHODS[params.method]
     given = params.method_values()
-    foreign = [k for k in given if k not in method.params]
-    if foreign:
-        own = ", ".join(p.name for p in method.params if p.service)
-        raise _invalid(f"{params.method} takes no parameter {foreign[0]!r}; its parameters are {own}")
+    try:
+        method.params.refuse_unknown(given, [p.name for p in method.params if p.service])  # those a request may give
+    except InvalidParameter as err:
+        raise _invalid(str(err)) from err
     if "seed" in method.params:
         given["seed"] = params.seed
     if "num_classes" in method.params:

@@ -72,7 +72,7 @@ def method_parameters() -> dict[str, list[MethodParameter]]:
         m.name: [
             MethodParameter(name=p.name, type=_JSON_TYPES[p.kind], default=p.default, minimum=p.low,
                             exclusive_minimum=p.low_open, maximum=p.high, choices=list(p.choices), description=p.help)
-            for p in m.params if p.service or p.name in AttributeCommon.model_fields
+            for p in m.params if p.service
         ]
         for m in METHODS.values()
     }

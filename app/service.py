@@ -22,12 +22,15 @@ from app.render import attribute_response, method_label, render, top_classes
 from app.schemas import AttributeCommon, AttributeResponse, PredictExplainParams, PredictResponse, Timings
 from app.worker.engine import Worker
 from app.worker.waiting import IsDisconnected, OnEvent, Outcome, submit_and_wait
-from idg_core.explain import PlanOf, predict_plan
+from idg_core.explain import predict_plan
 from idg_core.models import ImageClassifier
 from idg_core.models.speed import model_precision
+from idg_core.types import PlanOf
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Checked = tuple[str, ImageClassifier, AttributePlan]
+"""A checked attribution request: the model's name, the model, and what the request runs."""
 
 
 class Service:
@@ -48,7 +51,7 @@ class Service:
             raise ApiError(404, f"unknown model {key!r}; loaded: {', '.join(self.models)}", code="unknown_model")
         return key, self.models[key]
 
-    def check_attribute(self, params: AttributeCommon) -> tuple[str, ImageClassifier, AttributePlan]:
+    def check_attribute(self, params: AttributeCommon) -> Checked:
         """Every check of an attribution request that needs no image: 4xx before any work is queued
         or any stream opens. Returns the model and what the request will run."""
         name, model = self.model(params.model)
@@ -63,15 +66,14 @@ class Service:
         name, model = self.model(params.model)
         check_top_k(self.settings, params.top_k)
         condition, explain = plan_explain_if(params)
-        if explain is not None:
-            self.check_attribute(explain)
+        checked = None if explain is None else self.check_attribute(explain)
         x = await load_input(data, model, self.settings, self.device)
         outcome = await self.run(is_disconnected, name, predict_plan(x), "predict", priority=0)
         held = None if condition is None else condition(Facts.of(outcome.value))
         self.metrics.predictions.labels(name, {None: "none", True: "held", False: "not_held"}[held]).inc()
         explanation = None
-        if held and explain is not None:
-            explanation = await self.explain(x, explain, received, is_disconnected, probs=outcome.value)
+        if held and explain is not None and checked is not None:
+            explanation = await self.explain(x, explain, checked, received, is_disconnected, probs=outcome.value)
             self.metrics.explanations.labels(name).inc()
         return PredictResponse(
             model=name,
@@ -83,19 +85,20 @@ class Service:
 
     async def attribute(
         self, data: bytes, params: AttributeCommon, received: float, is_disconnected: IsDisconnected | None = None,
-        on_event: OnEvent | None = None,
+        on_event: OnEvent | None = None, checked: Checked | None = None,
     ) -> AttributeResponse:
-        """Check, decode, queue, wait and render one attribution; raises :class:`ApiError`."""
-        _, model, _ = self.check_attribute(params)
-        x = await load_input(data, model, self.settings, self.device)
-        return await self.explain(x, params, received, is_disconnected, on_event)
+        """Check (unless the route did: ``checked``), decode, queue, wait and render one attribution;
+        raises :class:`ApiError`."""
+        checked = checked or self.check_attribute(params)
+        x = await load_input(data, checked[1], self.settings, self.device)
+        return await self.explain(x, params, checked, received, is_disconnected, on_event)
 
     async def explain(
-        self, x: Tensor, params: AttributeCommon, received: float, is_disconnected: IsDisconnected | None = None,
+        self, x: Tensor, params: AttributeCommon, checked: Checked, received: float, is_disconnected: IsDisconnected | None = None,
         on_event: OnEvent | None = None, probs: Tensor | None = None,
     ) -> AttributeResponse:
-        """:meth:`attribute` of a decoded input ``x``; with ``probs`` (from /predict) no prediction pass."""
-        name, model, planned = self.check_attribute(params)
+        """:meth:`attribute` of a decoded input ``x``, checked; with ``probs`` (from /predict) no prediction pass."""
+        name, model, planned = checked
         plan = planned.plan(x, params, probs)
         outcome = await self.run(is_disconnected, name, plan, "attribute", priority=1, on_event=on_event, cost=planned.cost(x, probs))
         found = outcome.value

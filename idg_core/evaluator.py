@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-from idg_core.types import Answer, Model, Query
+from idg_core.types import Answer, Model, PlanOf, Query
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-PlanOf = Generator[list[Query], list[Answer], R]
-"""A plan whose result is an ``R`` (:data:`idg_core.types.Plan` is ``PlanOf[AttributionResult]``)."""
 
 
 def default_batch_size(device: torch.device) -> int:
@@ -164,7 +162,7 @@ class PlanState:
     a query of some rows, ``store`` keeps the model's answer to them, and once the step is
     answered ``advance`` sends the answers to the plan and takes its next step or its result."""
 
-    def __init__(self, plan: Generator[list[Query], list[Answer], Any]) -> None:
+    def __init__(self, plan: PlanOf[Any]) -> None:
         self.plan = plan
         self.pending: list[Query] | None = None
         self.answers: list[Answer | None] = []

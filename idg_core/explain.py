@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from idg_core.evaluator import PlanOf
 from idg_core.faithfulness import faithfulness_plan
+from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.postprocess import build_plan
-from idg_core.types import AttributionResult, Query
+from idg_core.types import AttributionResult, PlanOf, Query
 
 
 def predict_plan(x: Tensor) -> PlanOf[Tensor]:
@@ -33,8 +33,8 @@ class ExplainOptions:
     post: dict[str, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
     steps: int = 28
-    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
-    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
 
 
 @dataclass

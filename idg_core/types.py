@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -118,5 +118,8 @@ class Answer:
     all_logits: Tensor | None = None
 
 
-Plan = Generator[list[Query], list[Answer], AttributionResult]
+R = TypeVar("R")
+PlanOf = Generator[list[Query], list[Answer], R]
+"""A plan whose result is an ``R``: a prediction's, an explanation's (:mod:`idg_core.explain`)."""
+Plan = PlanOf[AttributionResult]
 """A method's computation for one image; see the module docstring."""

@@ -7,12 +7,12 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from idg_core.evaluator import PlanState
-from idg_core.types import Answer, Query
+from idg_core.types import PlanOf
 
 _ids = itertools.count(1)
 
@@ -39,7 +39,7 @@ class Job(PlanState):
     to schedule and answer it. ``priority`` 0 (predict) runs before 1 (attribute)."""
 
     model: str
-    plan: Generator[list[Query], list[Answer], Any]
+    plan: PlanOf[Any]
     """Any plan: a method's (an AttributionResult), a prediction's, an explanation's."""
     kind: str
     deadline: float

@@ -15,7 +15,7 @@ from app.core.errors import ApiError
 from app.core.prometheus import Metrics
 from app.worker.engine import QueueFull, Worker
 from app.worker.jobs import Job, JobCancelled
-from idg_core.explain import PlanOf
+from idg_core.types import PlanOf
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

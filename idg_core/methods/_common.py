@@ -72,7 +72,7 @@ def method_function(
     function.__module__ = plan.__module__
     function.__signature__ = params.signature(inspect.signature(function))  # type: ignore[attr-defined]
     shared = ("    batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); the points of all images are pooled.\n"
-              "    stats: an CallStats that counts the model calls and passes.")
+              "    stats: a CallStats that counts the model calls and passes.")
     function.__doc__ = f"{doc.strip()}\n\nArgs:\n{params.doc()}\n{shared}\n"
     return function
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,13 +128,18 @@ class Params:
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.items}
 
+    def refuse_unknown(self, given: Iterable[str], listed: Iterable[str] | None = None) -> None:
+        """:class:`InvalidParameter` for the first name the method does not take; the message lists
+        ``listed`` as its parameters (default: all of them; the service lists those it exposes)."""
+        unknown = [k for k in given if k not in self]
+        if unknown:
+            names = ", ".join(self.names if listed is None else listed)
+            raise InvalidParameter(unknown[0], f"{self.method} takes no parameter {unknown[0]!r}; its parameters are {names}")
+
     def validate(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every parameter's value (``given`` over the defaults), checked; :class:`InvalidParameter`
         for an unknown name (naming the method's parameters) or a bad value (naming it)."""
-        unknown = [k for k in given if k not in self]
-        if unknown:
-            raise InvalidParameter(unknown[0], f"{self.method} takes no parameter {unknown[0]!r}; its parameters are "
-                                               f"{', '.join(self.names)}")
+        self.refuse_unknown(given)
         values = {p.name: p.check(given[p.name]) if p.name in given else p.default for p in self.items}
         if self.joint is not None:
             self.joint(values)

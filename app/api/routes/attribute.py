@@ -54,13 +54,13 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
     connection cancels the work."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
-    service.check_attribute(params)  # a bad parameter is a 422, not a stream that opens to say so
+    checked = service.check_attribute(params)  # a bad parameter is a 422, not a stream that opens to say so
     events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
 
     async def work() -> None:
         try:
             result = await service.attribute(data, params, received, request.is_disconnected,
-                                           on_event=lambda e: events.put_nowait((e.pop("event"), e)))
+                                           on_event=lambda e: events.put_nowait((e.pop("event"), e)), checked=checked)
             events.put_nowait(("result", result.model_dump(mode="json")))
         except Exception as err:  # noqa: BLE001 - whatever fails, the stream ends with an ``error`` event
             api = err if isinstance(err, ApiError) else internal_error(err, "POST /attribute/stream")
@@ -88,11 +88,12 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
     images go through the same queue and share model calls."""
     received = time.perf_counter()
     files, params = await read_batch_request(request, service.settings.max_upload_bytes, service.settings.max_batch_files)
-    service.check_attribute(params)  # shared by every image: one 422 for the batch
+    checked = service.check_attribute(params)  # shared by every image: one 422 for the batch
 
     async def one(name: str, data: bytes) -> BatchItem:
         try:
-            return BatchItem(filename=name, status=200, result=await service.attribute(data, params, received, request.is_disconnected))
+            result = await service.attribute(data, params, received, request.is_disconnected, checked=checked)
+            return BatchItem(filename=name, status=200, result=result)
         except Exception as err:  # noqa: BLE001 - whatever fails, it fails this item only
             api = err if isinstance(err, ApiError) else internal_error(err, f"POST /attribute/batch item {name!r}")
             return BatchItem(filename=name, status=api.status, error=ErrorDetail(status=api.status, code=api.code, message=api.message))
