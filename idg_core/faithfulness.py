@@ -19,7 +19,7 @@ from torch import Tensor
 
 from idg_core.heatmap import saliency
 from idg_core.metrics.curves import auc_trapezoid
-from idg_core.metrics.rise import gaussian_blur
+from idg_core.metrics.rise import gaussian_blur, moved_at
 from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Answer, Query
 
@@ -55,12 +55,8 @@ def game_images(start: Tensor, finish: Tensor, sal: Tensor, step: int) -> Tensor
     pixels of ``sal (H, W)`` at a time (ties by index), as :mod:`idg_core.metrics.rise` does."""
     c, h, w = start.shape
     n = math.ceil(h * w / step) + 1
-    order = torch.argsort(sal.flatten(), descending=True, stable=True).to(start.device)
-    pos = torch.empty_like(order)
-    pos[order] = torch.arange(h * w, device=start.device)
-    moved_at = (pos // step + 1).view(1, 1, h, w)
     ks = torch.arange(n, device=start.device).view(-1, 1, 1, 1)
-    mask = (moved_at <= ks).to(start.dtype)  # (n, 1, H, W)
+    mask = (moved_at(sal.unsqueeze(0).to(start.device), step) <= ks).to(start.dtype)  # (n, 1, H, W)
     return start.unsqueeze(0) * (1 - mask) + finish.unsqueeze(0) * mask
 
 

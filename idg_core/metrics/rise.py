@@ -37,25 +37,26 @@ def gaussian_blur(x: Tensor, mean: Sequence[float] = IMAGENET_MEAN, std: Sequenc
     return blurred * s + m
 
 
-def _rank(saliency: Tensor) -> Tensor:
-    """Pixel indices, most salient first (ties broken by index, stable)."""
-    return torch.argsort(saliency.flatten(), descending=True, stable=True)
-
-
-def _scores(model: Model, start: Tensor, finish: Tensor, order: Tensor, step: int, cls: Tensor, batch_size: int) -> Tensor:
-    """Probabilities of ``cls`` along the game for each image: ``(B, n_steps + 1)``."""
-    b, c, h, w = start.shape
-    n = math.ceil(h * w / step) + 1
-    # rank position of every pixel: pixel p moves at step ceil((pos+1)/step)
+def moved_at(saliency: Tensor, step: int) -> Tensor:
+    """``(B, 1, H, W)``: the game step at which each pixel of ``saliency (B, H, W)`` moves, the
+    ``step`` most salient first (ties broken by index, stable): pixel p moves at ceil((rank+1)/step)."""
+    b, h, w = saliency.shape
+    order = torch.argsort(saliency.flatten(1), dim=1, descending=True, stable=True)
     pos = torch.empty_like(order)
     pos.scatter_(1, order, torch.arange(h * w, device=order.device).expand(b, -1))
-    moved_at = (pos // step + 1).view(b, 1, h, w)  # (B, 1, H, W)
+    return (pos // step + 1).view(b, 1, h, w)
+
+
+def _scores(model: Model, start: Tensor, finish: Tensor, moved: Tensor, step: int, cls: Tensor, batch_size: int) -> Tensor:
+    """Probabilities of ``cls`` along the game for each image (``moved``: :func:`moved_at`): ``(B, n_steps + 1)``."""
+    b, c, h, w = start.shape
+    n = math.ceil(h * w / step) + 1
     out = torch.empty(b * n, device=start.device)  # row j is image j // n at step j % n
     with torch.no_grad():
         for lo in range(0, b * n, batch_size):
             rows = torch.arange(lo, min(lo + batch_size, b * n), device=start.device)
             idx, ks = rows // n, (rows % n).view(-1, 1, 1, 1)
-            mask = (moved_at[idx] <= ks).to(start.dtype)  # (chunk, 1, H, W): 1 where moved
+            mask = (moved[idx] <= ks).to(start.dtype)  # (chunk, 1, H, W): 1 where moved
             imgs = start[idx] * (1 - mask) + finish[idx] * mask
             out[rows] = torch.softmax(model(imgs), 1).gather(1, cls[idx].view(-1, 1)).squeeze(1)
     return out.view(b, n)
@@ -77,12 +78,11 @@ def deletion(model: Model, x: Tensor, saliency: Tensor, *, substrate: Sequence[f
     """Deletion: from the image, replace the most salient pixels by ``substrate`` (zeros in the
     model's normalised space = its mean colour). ``x (B, C, H, W)``, ``saliency (B, H, W)``. Lower AUC is better."""
     finish = torch.tensor(substrate, dtype=x.dtype, device=x.device).view(1, -1, 1, 1).expand_as(x)
-    order = torch.stack([_rank(s) for s in saliency])
-    return _curves(_scores(model, x, finish, order, step, _predicted(model, x), batch_size))
+    return _curves(_scores(model, x, finish, moved_at(saliency.to(x.device), step), step, _predicted(model, x), batch_size))
 
 
 def insertion(model: Model, x: Tensor, saliency: Tensor, *, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
               step: int = 224, batch_size: int = 64) -> list[Curve]:
     """Insertion: from the blurred image, put back the most salient pixels first. Higher AUC is better."""
-    order = torch.stack([_rank(s) for s in saliency])
-    return _curves(_scores(model, gaussian_blur(x, mean, std), x, order, step, _predicted(model, x), batch_size))
+    moved = moved_at(saliency.to(x.device), step)
+    return _curves(_scores(model, gaussian_blur(x, mean, std), x, moved, step, _predicted(model, x), batch_size))
