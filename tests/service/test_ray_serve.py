@@ -124,6 +124,45 @@ def test_health_and_metrics_come_from_the_replicas(cluster: str) -> None:
     assert metrics.status_code == 200 and "idg_" in metrics.text and metrics.headers["x-idg-replica"] in seen
 
 
+def scrape_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` in one Prometheus text page."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def replica_targets(url: str) -> dict[str, str]:
+    """replica -> its metrics address, from ``GET /metrics/targets`` (Prometheus HTTP service discovery format)."""
+    answer = httpx.get(url + "/metrics/targets", timeout=10)
+    assert answer.status_code == 200, answer.text
+    groups = answer.json()
+    assert all(len(g["targets"]) == 1 and set(g["labels"]) == {"replica"} for g in groups), groups
+    return {g["labels"]["replica"]: g["targets"][0] for g in groups}
+
+
+def test_each_replica_is_its_own_scrape_target(cluster: str) -> None:
+    """``/metrics/targets`` lists one address per replica; scraping each gives that replica's own idg_*
+    registry, and across them the new requests add up exactly (none counted twice, none lost)."""
+    targets = replica_targets(cluster)
+    assert len(targets) == 2 and len(set(targets.values())) == 2, targets
+    assert all(re.fullmatch(r"idg#\w+", r) for r in targets), targets
+
+    def attributed() -> dict[str, float]:
+        return {r: scrape_sum(httpx.get(f"http://{a}/metrics", timeout=10).text, "idg_http_requests_total", route="/attribute",
+                              status="200") for r, a in targets.items()}
+
+    before = attributed()
+    with httpx.Client() as client, cf.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda i: attribute(cluster, i, client), range(12)))
+    assert [r.status_code for r in answers] == [200] * 12
+    served = Counter(r.headers["x-idg-replica"] for r in answers)
+    after = attributed()
+    assert {r: after[r] - before[r] for r in targets} == {r: float(served[r]) for r in targets}, (before, after, served)
+
+
 def test_a_full_replica_answers_503_with_retry_after_and_a_late_request_504_through_ray(cluster: str) -> None:
     """Back-pressure stays honest under Serve: Ray's max_ongoing_requests (88) is above the app's own
     bound, so the app's JSON 503 + Retry-After and its 504 reach the client unchanged. A second
@@ -198,6 +237,10 @@ def test_killing_a_replica_loses_only_its_in_flight_requests_and_it_comes_back(c
         if r.status_code == 200:
             seen.add(r.headers["x-idg-replica"])
     assert f"idg#{replacement}" in seen, seen
+    # The scrape targets follow: the replacement registers, the dead replica ages out (it cannot unregister).
+    while time.monotonic() < deadline + 30 and set(replica_targets(cluster)) != {f"idg#{r}" for r in now}:
+        time.sleep(1)
+    assert set(replica_targets(cluster)) == {f"idg#{r}" for r in now}
 
 
 def test_serve_run_the_config_file_as_a_user_would(tmp_path: Path) -> None:
@@ -233,6 +276,9 @@ def test_serve_run_the_config_file_as_a_user_would(tmp_path: Path) -> None:
         assert "HTTP/1.1 200" in head, head + body[:500]
         assert re.search(r"(?im)^x-idg-replica: idg#\w+", head), head
         assert '"model":"efficientnet_lite0"' in body and '"heatmap_png":"' in body
+        replica = re.search(r"(?im)^x-idg-replica: (\S+)", head).group(1)  # type: ignore[union-attr]  # asserted above
+        scraped = httpx.get(f"http://{replica_targets(url)[replica]}/metrics", timeout=10).text  # that replica's own registry
+        assert scrape_sum(scraped, "idg_http_requests_total", route="/attribute", status="200") == 1
     finally:
         proc.send_signal(2)  # Ctrl-C: serve run tears the app and its local Ray down
         try:
