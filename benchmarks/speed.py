@@ -7,6 +7,8 @@ library; it computes IG, which needs no probe pass, so IDG costs ~1.33x its pass
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import os
 import platform
@@ -116,10 +118,14 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
               ceiling_tflops: float | None = None, captum_batch: int | None = None) -> list[dict[str, Any]]:
     """Seconds per attribution of: ours at the library's default (IDG, ``fast`` preset), ours IDG-50/50
     (the paper), ours IG-50, Captum IG-50 at ``captum_batch`` images per call (its internal batch; default
-    ours) and the authors' one-image-at-a-time way, all on the same images in one run."""
+    ours) on the same tuned model as ours (same precision), Captum IG-50 at PyTorch's defaults (the
+    untuned float32 model, TF32 convolutions: what a Captum user gets without thinking; CUDA only,
+    on the CPU it is the same as the previous) and the authors' one-image-at-a-time way, all on the
+    same images in one run."""
     from captum.attr import IntegratedGradients
 
     captum_ig = IntegratedGradients(model)
+    captum_plain = IntegratedGradients(plain_copy(model))
     size = images.shape[-1]
     fwd = forward_flops(model, size, device)
     rows = []
@@ -136,12 +142,18 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
             "captum_ig": partial(captum_ig.attribute, x, base, target=t, n_steps=50, internal_batch_size=captum_batch or batch_size),
             "authors_way_idg": authors_way,
         }
+        if device.type == "cuda":
+            def captum_default(x: Tensor = x, base: Tensor = base, t: list[int] = t) -> Any:
+                with pytorch_default_tf32():
+                    return captum_plain.attribute(x, base, target=t, n_steps=50, internal_batch_size=captum_batch or batch_size)
+            runs["captum_ig_default"] = captum_default
         fast = preset_params("idg")
         flops = {
             "ours_default": fwd * (fast["probe_steps"] + 3 * fast["steps"]),
             "ours_idg": fwd * (50 + 3 * 50),
             "ours_ig": fwd * 3 * 50,
             "captum_ig": fwd * 3 * 50,
+            "captum_ig_default": fwd * 3 * 50,
             "authors_way_idg": fwd * (50 + 3 * 50),
         }
         row: dict[str, Any] = {"batch": b}
@@ -153,6 +165,8 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
             row[f"{name}_peak_mib"] = _peak_memory(fn, device)
             log.info("batch %d %s: %.3f s per attribution", b, name, seconds / b)
         row["default_vs_captum_ig"] = row["captum_ig_s_per_attr"] / row["ours_default_s_per_attr"]
+        if "captum_ig_default_s_per_attr" in row:
+            row["default_vs_captum_default"] = row["captum_ig_default_s_per_attr"] / row["ours_default_s_per_attr"]
         row["idg_vs_captum_ig"] = row["captum_ig_s_per_attr"] / row["ours_idg_s_per_attr"]
         row["ig_vs_captum_ig"] = row["captum_ig_s_per_attr"] / row["ours_ig_s_per_attr"]
         row["idg_vs_authors_way"] = row["authors_way_idg_s_per_attr"] / row["ours_idg_s_per_attr"]
@@ -162,6 +176,25 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
             row["idg_share_of_ceiling"] = row["ours_idg_tflops"] / ceiling_tflops
         rows.append(row)
     return rows
+
+
+@contextlib.contextmanager
+def pytorch_default_tf32() -> Any:
+    """PyTorch's own TF32 switches for the duration (TF32 convolutions, IEEE matrix products): what a
+    Captum user gets without touching anything. Restores the switches that were set."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def plain_copy(model: ImageClassifier) -> ImageClassifier:
+    """``model`` without the speed settings of ``tune`` (float32, no autocast): Captum's user's model."""
+    plain = copy.deepcopy(model)
+    plain.autocast_dtype = None
+    return plain
 
 
 def machine() -> dict[str, Any]:
