@@ -44,7 +44,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         device = pick_device(settings.device)
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device, settings.models_file)
         try:
-            loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile)
+            loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile,
+                              fold_bn=settings.fold_bn)
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
         if settings.warmup:

@@ -17,7 +17,7 @@ import torch
 from benchmarks.service_load import run_load
 from benchmarks.speed import SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
-from idg_core.models import PRECISIONS, default_precision, load_model, tune
+from idg_core.models import PRECISIONS, default_channels_last, default_precision, load_model, tune
 from idg_core.presets import preset_params
 
 log = logging.getLogger("benchmarks")
@@ -34,7 +34,8 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     peak = meta.get("peak_tflops")
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
              f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}"
-             f"{' channels-last' if meta.get('channels_last') else ''}, evaluator batch {meta['batch_size']}. "
+             f"{' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}, "
+             f"evaluator batch {meta['batch_size']}. "
              "Each figure is the best of the repeats; every column of a row was measured in the same run on the same images."
              + (f" {meta['note'][0].upper()}{meta['note'][1:]}." if meta.get("note") else ""), ""]
     if peak or ceiling:
@@ -64,8 +65,8 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
                      f"{r['idg_vs_captum_ig']:.2f}x | {r['ig_vs_captum_ig']:.2f}x | "
                      f"{r['idg_vs_authors_way']:.2f}x | {r['ours_idg_tflops']:.3f} | {share} | {of_ceiling} | {mem_text} |")
     lines += ["", "Captum IG-50 runs on the same model as ours in this run's precision; \"at PyTorch's defaults\" is the untuned "
-              "float32 model with PyTorch's own switches (TF32 convolutions, IEEE matrix products), what a Captum user gets "
-              "without thinking (CUDA only). "
+              "model as loaded (float32, no speed settings) with PyTorch's own switches (on CUDA: TF32 convolutions, IEEE matrix "
+              "products), what a Captum user gets without thinking. "
               "IDG does a probe pass (50 forwards) before its main pass, so at equal steps it costs about 1.33x IG's passes: "
               "IDG vs Captum IG near 0.75x is the expected price of adaptive sampling, IG vs Captum IG compares the engines. "
               "Captum's `internal_batch_size` cannot be smaller than the number of images it is given (it then uses that number), "
@@ -103,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="Captum's internal batch (default: 512 on CUDA as in the issue's reference, ours on CPU)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="default: the service's (bf16 on CUDA, fp32 on CPU); see benchmarks/gpu_variants.py")
-    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--channels-last", choices=["auto", "true", "false"], default="auto",
+                   help="default: the service's (auto: on for the CPU and for bf16 on CUDA)")
+    p.add_argument("--no-fold-bn", action="store_true", help="keep batch norm unfolded (the service folds it by default)")
     p.add_argument("--images", type=Path, default=SAMPLES, help="folder of WNID_*.JPEG images")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
@@ -117,21 +120,24 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     args.precision = args.precision or default_precision(device)
     args.batch_size = args.batch_size or default_batch_size(device)
-    model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last)
+    args.channels_last = default_channels_last(device, args.precision) if args.channels_last == "auto" else args.channels_last == "true"
+    model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last,
+                 fold_bn=not args.no_fold_bn)
     images, targets, _ = sample_batch(model, args.images, max(args.batch_sizes))
     ceiling = matmul_tflops(device)  # under the TF32 switches that tune() set for this precision
     log.info("measured fp32 matrix-product ceiling: %.2f TFLOP/s", ceiling)
     speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,
                       repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling,
-                      captum_batch=args.captum_batch or (512 if device.type == "cuda" else None))
+                      captum_batch=args.captum_batch or (512 if device.type == "cuda" else None),
+                      plain_model=load_model(args.model, args.weights).to(device).eval())
     fields = {"method": "idg", "preset": args.load_preset, "return_overlay": "false"}
     env = {"IDG_MODELS": args.model if args.weights is None else f"{args.model}={args.weights}", "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
            "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8), "IDG_PRECISION": args.precision,
-           "IDG_CHANNELS_LAST": str(args.channels_last).lower()}
+           "IDG_CHANNELS_LAST": str(args.channels_last).lower(), "IDG_FOLD_BN": str(not args.no_fold_bn).lower()}
     load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
-            "precision": args.precision, "channels_last": args.channels_last,
+            "precision": args.precision, "channels_last": args.channels_last, "fold_bn": not args.no_fold_bn,
             "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")),
             "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)

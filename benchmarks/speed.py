@@ -8,7 +8,6 @@ library; it computes IG, which needs no probe pass, so IDG costs ~1.33x its pass
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import platform
@@ -115,17 +114,18 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype = torch.float32, n: i
 
 def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_sizes: list[int], *, device: torch.device,
               batch_size: int = 32, repeats: int = 1, peak_tflops: float | None = None,
-              ceiling_tflops: float | None = None, captum_batch: int | None = None) -> list[dict[str, Any]]:
+              ceiling_tflops: float | None = None, captum_batch: int | None = None,
+              plain_model: ImageClassifier | None = None) -> list[dict[str, Any]]:
     """Seconds per attribution of: ours at the library's default (IDG, ``fast`` preset), ours IDG-50/50
     (the paper), ours IG-50, Captum IG-50 at ``captum_batch`` images per call (its internal batch; default
-    ours) on the same tuned model as ours (same precision), Captum IG-50 at PyTorch's defaults (the
-    untuned float32 model, TF32 convolutions: what a Captum user gets without thinking; CUDA only,
-    on the CPU it is the same as the previous) and the authors' one-image-at-a-time way, all on the
-    same images in one run."""
+    ours) on the same tuned model as ours, Captum IG-50 at PyTorch's defaults (``plain_model``, the
+    model as loaded, without :func:`~idg_core.models.tune`, under PyTorch's own TF32 switches: what a
+    Captum user gets without thinking) and the authors' one-image-at-a-time way, all on the same
+    images in one run."""
     from captum.attr import IntegratedGradients
 
     captum_ig = IntegratedGradients(model)
-    captum_plain = IntegratedGradients(plain_copy(model))
+    captum_plain = IntegratedGradients(plain_model) if plain_model is not None else None
     size = images.shape[-1]
     fwd = forward_flops(model, size, device)
     rows = []
@@ -142,10 +142,10 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
             "captum_ig": partial(captum_ig.attribute, x, base, target=t, n_steps=50, internal_batch_size=captum_batch or batch_size),
             "authors_way_idg": authors_way,
         }
-        if device.type == "cuda":
-            def captum_default(x: Tensor = x, base: Tensor = base, t: list[int] = t) -> Any:
+        if captum_plain is not None:
+            def captum_default(x: Tensor = x, base: Tensor = base, t: list[int] = t, explainer: Any = captum_plain) -> Any:
                 with pytorch_default_tf32():
-                    return captum_plain.attribute(x, base, target=t, n_steps=50, internal_batch_size=captum_batch or batch_size)
+                    return explainer.attribute(x, base, target=t, n_steps=50, internal_batch_size=captum_batch or batch_size)
             runs["captum_ig_default"] = captum_default
         fast = preset_params("idg")
         flops = {
@@ -188,13 +188,6 @@ def pytorch_default_tf32() -> Any:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
-def plain_copy(model: ImageClassifier) -> ImageClassifier:
-    """``model`` without the speed settings of ``tune`` (float32, no autocast): Captum's user's model."""
-    plain = copy.deepcopy(model)
-    plain.autocast_dtype = None
-    return plain
 
 
 def machine() -> dict[str, Any]:

@@ -32,7 +32,11 @@ class Settings(BaseSettings):
     precision: Precision | Literal["auto"] = Field(
         "auto", description="Arithmetic of the models: auto (bf16 autocast on CUDA, IEEE fp32 on CPU: "
         "idg_core.models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) or bf16 autocast")
-    channels_last: bool = Field(False, description="Run convolutions in channels-last memory format (faster on CUDA tensor cores)")
+    channels_last: bool | Literal["auto"] = Field(
+        "auto", description="Run convolutions in channels-last memory format: auto (on the CPU, and on CUDA with bf16: "
+        "idg_core.models.default_channels_last), true or false")
+    fold_bn: bool = Field(True, description="Fold eval-mode batch norm into the convolution before it at start-up (the same "
+                          "function up to float rounding, without batch norm's passes; idg_core.models.fold_batchnorm)")
     compile: bool = Field(False, description="torch.compile the models at start-up (slower start; see results/benchmarks)")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
     max_batch_images: int | None = Field(

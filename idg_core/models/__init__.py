@@ -3,7 +3,7 @@
 from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.preprocess import ImageDecodeError, ImageTooLargeError, decode_image, resize_crop, to_rgb, to_tensor
 from idg_core.models.sources import ModelSpec, load_source, parse_spec
-from idg_core.models.speed import PRECISIONS, Precision, default_precision, set_tf32, tune
+from idg_core.models.speed import PRECISIONS, Precision, default_channels_last, default_precision, fold_batchnorm, set_tf32, tune
 from idg_core.models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
@@ -26,7 +26,9 @@ __all__ = [
     "ModelSpec",
     "ImageTooLargeError",
     "Precision",
+    "default_channels_last",
     "default_precision",
+    "fold_batchnorm",
     "Preprocessing",
     "decode_image",
     "efficientnet_lite",

@@ -13,6 +13,7 @@
     max_batch = 16                    # most images in one model call
     precision = "bf16"                # fp32, tf32, bf16 or auto (default: the service's IDG_PRECISION)
     channels_last = true              # default: IDG_CHANNELS_LAST
+    fold_bn = true                    # fold batch norm into convolutions; default: IDG_FOLD_BN
     compile = false                   # torch.compile at start-up; default: IDG_COMPILE
 
 A key given here overrides what the source says. ``crop_size`` is a synonym of ``input_size``;
@@ -50,6 +51,7 @@ class ModelSettings:
     precision: str | None = None
     channels_last: bool | None = None
     compile: bool | None = None
+    fold_bn: bool | None = None
 
 
 KEYS = (*(f.name for f in fields(ModelSettings)), "crop_size")
@@ -108,7 +110,7 @@ def parse_table(where: str, table: Any, base: Path) -> ModelSettings:
         if table["precision"] not in PRECISION_CHOICES:
             raise ValueError(f"{where}: precision must be one of {', '.join(PRECISION_CHOICES)}, got {table['precision']!r}")
         out["precision"] = table["precision"]
-    for key in ("channels_last", "compile"):
+    for key in ("channels_last", "compile", "fold_bn"):
         if key in table:
             if not isinstance(table[key], bool):
                 raise ValueError(f"{where}: {key} must be true or false, got {table[key]!r}")

@@ -392,6 +392,6 @@ def load_source(spec: ModelSpec, settings: ModelSettings | None = None, device: 
     model.class_names = names
     model.source = spec.source
     model.max_batch = s.max_batch
-    speed = {"precision": s.precision, "channels_last": s.channels_last, "compile": s.compile}
+    speed = {"precision": s.precision, "channels_last": s.channels_last, "compile": s.compile, "fold_bn": s.fold_bn}
     model.speed = {k: v for k, v in speed.items() if v is not None}
     return model

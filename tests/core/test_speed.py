@@ -75,3 +75,96 @@ def test_default_precision_is_bf16_on_cuda_only_where_measured_and_ieee_fp32_els
     for unmeasured in ("timm:vit_base_patch16_224:/w.safetensors", "hf:/models/vit", "torchvision:resnet101:/w.pth", "torchscript:/m.ts"):
         assert default_precision(cuda, unmeasured) == "fp32", unmeasured
     assert default_precision(cuda) == "bf16"  # no source: the caller vouches for its model
+
+
+class BNNet(torch.nn.Module):
+    """conv -> BN (with and without conv bias, affine and not), a conv whose output has two users
+    (its BN must stay), a same-padding conv subclass like EfficientNet's, and data-independent flow."""
+
+    class PaddedConv(torch.nn.Conv2d):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.conv2d(torch.nn.functional.pad(x, (0, 1, 0, 1)), self.weight, self.bias, self.stride)
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.c1, self.b1 = torch.nn.Conv2d(3, 6, 3, padding=1, bias=False), torch.nn.BatchNorm2d(6)
+        self.c2, self.b2 = self.PaddedConv(6, 6, 3, stride=2), torch.nn.BatchNorm2d(6, affine=False)
+        self.c3, self.b3 = torch.nn.Conv2d(6, 6, 1), torch.nn.BatchNorm2d(6)
+        self.head = torch.nn.Linear(6, 5)
+        for bn in (self.b1, self.b2, self.b3):  # running statistics far from the identity
+            bn.running_mean.copy_(torch.randn(6, generator=g))
+            bn.running_var.copy_(torch.rand(6, generator=g) * 3 + 0.2)
+            if bn.affine:
+                bn.weight.data.copy_(torch.randn(6, generator=g))
+                bn.bias.data.copy_(torch.randn(6, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.b1(self.c1(x)))
+        x = torch.nn.functional.relu6(self.b2(self.c2(x)))
+        y = self.c3(x)
+        x = self.b3(y) + y  # c3's output has two users: b3 cannot go into it
+        return self.head(x.mean((2, 3)))
+
+
+def test_folding_batch_norm_keeps_the_function_and_its_input_gradient() -> None:
+    from idg_core.models import fold_batchnorm
+
+    net = BNNet().eval()
+    folded = fold_batchnorm(net)
+    kinds = [type(m) for m in folded.modules()]
+    assert kinds.count(torch.nn.BatchNorm2d) == 1  # b1 and b2 folded, b3 kept
+    assert [type(m) for m in net.modules()].count(torch.nn.BatchNorm2d) == 3  # the original is untouched
+    x = torch.rand(4, 3, 12, 12, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    out, out2 = net(x), folded(x2)
+    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
+    (g,) = torch.autograd.grad(out[:, 1].sum(), x)
+    (g2,) = torch.autograd.grad(out2[:, 1].sum(), x2)
+    torch.testing.assert_close(g2, g, rtol=1e-4, atol=1e-6)
+    model = ImageClassifier("bn", BNNet().eval(), Preprocessing(12, 12), [f"c{i}" for i in range(5)])
+    plain = idg(model, x.detach(), "mean", [0, 1, 2, 3], steps=12, probe_steps=8)
+    fast = idg(tune(model, fold_bn=True), x.detach(), "mean", [0, 1, 2, 3], steps=12, probe_steps=8)
+    assert [type(m) for m in model.net.modules()].count(torch.nn.BatchNorm2d) == 1
+    torch.testing.assert_close(fast.attributions, plain.attributions, rtol=1e-4, atol=1e-6)
+
+
+def test_folding_leaves_untraceable_and_training_networks_alone() -> None:
+    from idg_core.models import fold_batchnorm
+
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c, self.b = torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.c(x)) if x.sum() > 0 else x  # data-dependent: torch.fx cannot trace it
+
+    net = Branchy().eval()
+    assert fold_batchnorm(net) is net
+    plain = SmallCNN(0).eval()  # no batch norm at all
+    assert fold_batchnorm(plain) is plain
+    with pytest.raises(ValueError, match="eval mode"):
+        fold_batchnorm(BNNet().train())
+
+
+def test_packaged_lite0_folds_every_batch_norm_and_predicts_the_same() -> None:
+    from idg_core.models import fold_batchnorm, load_model
+
+    model = load_model("efficientnet_lite0").eval()
+    x = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before = model(x)
+        model.net = fold_batchnorm(model.net)
+        after = model(x)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.net.modules())
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
+def test_channels_last_auto_is_on_for_the_cpu_and_for_bf16_on_cuda() -> None:
+    from idg_core.models import default_channels_last
+
+    assert default_channels_last(torch.device("cpu"), "fp32")
+    assert default_channels_last(torch.device("cuda", 0), "bf16")
+    assert not default_channels_last(torch.device("cuda", 0), "fp32")
+    assert not default_channels_last(torch.device("cuda", 0), "tf32")
