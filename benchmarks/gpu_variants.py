@@ -11,6 +11,9 @@ matrix-product ceilings, so the share of the compute limit is against what this 
 
     python -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65   # faithfulness + speed
     python -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --no-faithfulness  # speed only
+    python -m benchmarks.gpu_variants --device cpu --model efficientnet_lite0 --weights none --images 16 --batch-size 8 \
+        --rise-step 896 --repeats 2 --batch-sizes 8 --label cpu-variants-efficientnet_lite0 \
+        --variants fp32 fp32+channels_last fp32+fold_bn fp32+channels_last+fold_bn   # the CPU's settings
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("fp32+channels_last", {"precision": "fp32", "channels_last": True}),
     ("tf32+channels_last", {"precision": "tf32", "channels_last": True}),
     ("bf16+channels_last", {"precision": "bf16", "channels_last": True}),
+    ("fp32+fold_bn", {"precision": "fp32", "fold_bn": True}),
+    ("fp32+channels_last+fold_bn", {"precision": "fp32", "channels_last": True, "fold_bn": True}),  # the CPU default
+    ("bf16+channels_last+fold_bn", {"precision": "bf16", "channels_last": True, "fold_bn": True}),  # Lite0's CUDA default
     ("bf16+channels_last+compile", {"precision": "bf16", "channels_last": True, "compile": True}),
     ("tf32+channels_last+compile", {"precision": "tf32", "channels_last": True, "compile": True}),
 ]
@@ -70,12 +76,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="evaluator batch sizes to sweep (best variant)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", nargs="*", default=[name for name, _ in VARIANTS])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu only for a dry run")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu: the CPU's settings (channels-last, fold_bn); no matrix-product ceilings there")
     p.add_argument("--label", default=None)
     p.add_argument("--no-faithfulness", action="store_true", help="skip insertion/deletion (random-weight models: speed only)")
     p.add_argument("--rise-step", type=int, default=224, help="pixels moved per insertion/deletion step")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
     args = p.parse_args(argv)
+    if args.render:
+        data = json.loads(args.render.read_text())
+        args.render.with_suffix(".md").write_text(_markdown(data["meta"], data["variants"], data["failed"], data["batch_sweep"]))
+        return 0
     weights = None if args.weights == "none" else args.weights
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = torch.device(args.device)
@@ -194,18 +206,20 @@ def _paired_cell(v: list[float] | tuple[float, float, int] | None) -> str:
         return "n/a"
     mean, half = v[0], v[1]
     mark = "**" if abs(mean) > half else ""
-    return f"{mark}{mean:+.3f} ± {half:.3f}{mark}"
+    digits = 3 if max(abs(mean), half) >= 5e-4 else 6  # rounding-level differences (CPU memory formats) stay visible
+    return f"{mark}{mean:+.{digits}f} ± {half:.{digits}f}{mark}"
 
 
 def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dict[str, str]], sweep: list[dict[str, Any]]) -> str:
     c = meta["matmul_ceilings_tflops"]
-    lines = [f"# GPU speed settings, `{meta['model']}` ({meta['weights']} weights)", "",
-             f"Measured {meta['date']} on: {meta['machine'].get('gpu', '?')} "
+    lines = [f"# Speed settings, `{meta['model']}` ({meta['weights']} weights)", "",
+             f"Measured {meta['date']} on: {meta['machine'].get('gpu') or meta['machine'].get('cpu', '?')} "
              f"({meta['machine']['platform']}, torch {meta['machine']['torch']}).", "",
              f"IDG-50/50 on {meta['images']} sample images, evaluator batch {meta['batch_size']}; "
              f"{meta['forward_gflops']:.2f} GFLOP per forward pass (PyTorch's counter), "
              f"{meta['flops_per_attribution'] / 1e12:.2f} TFLOP per attribution.",
-             f"Measured 8192³ matrix-product ceilings: fp32 {c['fp32']:.0f}, tf32 {c['tf32']:.0f}, bf16 {c['bf16']:.0f} TFLOP/s.", "",
+             (f"Measured 8192³ matrix-product ceilings: fp32 {c['fp32']:.0f}, tf32 {c['tf32']:.0f}, bf16 {c['bf16']:.0f} TFLOP/s."
+              if c["fp32"] == c["fp32"] else "No matrix-product ceilings on the CPU (the share-of-ceiling column is nan)."), "",
              "Faithfulness against IEEE fp32, paired per image: mean of (setting − fp32) in insertion and deletion (RISE step "
              f"{meta.get('rise_step', 224)}, scored in the setting's own precision) ± half-width of the 95% interval, signed so that "
              "> 0 favours the setting (lower deletion is better); bold where the interval excludes 0. Secondary, pixel-level: "

@@ -70,8 +70,9 @@ class _ConvLeafTracer(fx.Tracer):
 
 def fold_batchnorm(net: nn.Module) -> nn.Module:
     """``net`` with every eval-mode ``BatchNorm2d`` that only follows a ``Conv2d`` folded into it
-    (``W' = W * g / sqrt(v + e)``, ``b' = (b - m) * g / sqrt(v + e) + beta``, per output channel), as
-    a ``torch.fx.GraphModule``; ``net`` itself is left as it was. A network that ``torch.fx`` cannot
+    (``W' = W * g / sqrt(v + e)``, ``b' = (b - m) * g / sqrt(v + e) + beta``, per output channel), and
+    symmetric fixed zero padding before a convolution made the convolution's own (:func:`_with_own_padding`),
+    as a ``torch.fx.GraphModule``; ``net`` itself is left as it was. A network that ``torch.fx`` cannot
     trace, or that has no such pair, comes back unchanged (logged): folding is only a speed-up."""
     if net.training:
         raise ValueError("fold_batchnorm needs a model in eval mode (training-mode batch norm uses batch statistics)")
@@ -103,14 +104,41 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
         folded += 1
-    if not folded:
+    padded = 0
+    for name, conv in list(gm.named_modules()):
+        plain = _with_own_padding(conv)
+        if plain is not None:
+            _set_submodule(gm, name, plain)
+            padded += 1
+    if not folded and not padded:
         log.info("batch norm not folded: %s has no convolution followed by eval-mode batch norm", type(net).__name__)
         return net
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
-    log.info("folded %d batch norms into their convolutions", folded)
+    log.info("folded %d batch norms and %d zero paddings into their convolutions", folded, padded)
     return gm
+
+
+def _with_own_padding(conv: nn.Module) -> nn.Conv2d | None:
+    """A TensorFlow-style "same" convolution of an EfficientNet port (a ``Conv2d`` subclass that runs a
+    fixed ``static_padding = ZeroPad2d(...)`` before its convolution) whose padding is symmetric, as a
+    plain ``Conv2d`` with that padding: no padded copy of the input (and of its gradient) per convolution.
+    The copies were 12% of a profiled Lite0 forward-and-gradient pass on this CPU, but the measured
+    gain is small (IDG ``fast``, one image: 0.69-0.76 s -> 0.69-0.72 s) and the map identical.
+    Asymmetric ones (stride 2) stay. None: not such a module."""
+    pad = getattr(conv, "static_padding", None)
+    if type(conv) is nn.Conv2d or not isinstance(conv, nn.Conv2d) or not isinstance(pad, nn.ZeroPad2d):
+        return None
+    left, right, top, bottom = pad.padding
+    if left != right or top != bottom or tuple(conv.padding) != (0, 0) or conv.padding_mode != "zeros":
+        return None
+    plain = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,  # type: ignore[arg-type]
+                      padding=(top, left), dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,  # type: ignore[arg-type]
+                      device=conv.weight.device, dtype=conv.weight.dtype)
+    plain.weight = conv.weight
+    plain.bias = conv.bias
+    return plain
 
 
 def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:

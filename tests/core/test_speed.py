@@ -158,6 +158,7 @@ def test_packaged_lite0_folds_every_batch_norm_and_predicts_the_same() -> None:
         model.net = fold_batchnorm(model.net)
         after = model(x)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.net.modules())
+    assert sum(isinstance(m, torch.nn.ZeroPad2d) for m in model.net.modules()) < 17  # its symmetric paddings went into the convolutions
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
 
 
@@ -168,3 +169,31 @@ def test_channels_last_auto_is_on_for_the_cpu_and_for_bf16_on_cuda() -> None:
     assert default_channels_last(torch.device("cuda", 0), "bf16")
     assert not default_channels_last(torch.device("cuda", 0), "fp32")
     assert not default_channels_last(torch.device("cuda", 0), "tf32")
+
+
+class SameConv(torch.nn.Conv2d):
+    """An EfficientNet port's "same" convolution: a fixed zero padding, then an unpadded convolution."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int, pad: tuple[int, int, int, int]) -> None:
+        super().__init__(cin, cout, k, stride)
+        self.static_padding = torch.nn.ZeroPad2d(pad)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(self.static_padding(x), self.weight, self.bias, self.stride)
+
+
+def test_symmetric_same_padding_becomes_the_convolutions_own_and_asymmetric_stays() -> None:
+    from idg_core.models import fold_batchnorm
+
+    with torch.random.fork_rng():
+        torch.manual_seed(6)
+        net = torch.nn.Sequential(SameConv(3, 4, 3, 1, (1, 1, 1, 1)), torch.nn.ReLU(), SameConv(4, 4, 3, 2, (0, 1, 0, 1)),
+                                  SameConv(4, 4, 5, 1, (2, 2, 2, 2)), torch.nn.Flatten(), torch.nn.LazyLinear(3)).eval()
+        x = torch.rand(2, 3, 10, 10, requires_grad=True)
+        out = net(x)
+    folded = fold_batchnorm(net)
+    assert [type(m).__name__ for m in folded.modules() if isinstance(m, torch.nn.Conv2d)] == ["Conv2d", "SameConv", "Conv2d"]
+    x2 = x.detach().clone().requires_grad_(True)
+    out2 = folded(x2)
+    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(out2.sum(), x2)[0], torch.autograd.grad(out.sum(), x)[0], rtol=1e-5, atol=1e-6)
