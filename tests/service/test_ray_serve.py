@@ -189,6 +189,33 @@ def test_a_full_replica_answers_503_with_retry_after_and_a_late_request_504_thro
         serve.delete("full")
 
 
+def test_when_rays_own_queue_is_full_it_answers_503_with_retry_after_and_loses_nothing_else(cluster: str) -> None:
+    """Ray's backstop (deploy/ray/serve.yaml: max_queued_requests, backpressure_config 503 + Retry-After):
+    a replica taking one request at a time with one queued in Ray, six sent at once. The ones Ray
+    refuses get its 503 with Retry-After at once, without reaching a replica; the others are served."""
+    from app.ray_serve import IDGReplica
+
+    env = {"PYTHONPATH": str(ROOT), "IDG_WARMUP": "false", "IDG_TORCH_THREADS": "1", "IDG_TEST_DELAY_S": "0.3"}
+    tight = IDGReplica.options(num_replicas=1, max_ongoing_requests=1, max_queued_requests=1,
+                               backpressure_config={"status_code": 503, "retry_after_s": 5},
+                               ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": env}})
+    serve.run(tight.bind(factory="tests.service.reliability.server_app:make_app"), name="tight", route_prefix="/tight")
+    url = cluster + "/tight"
+    try:
+        with httpx.Client(timeout=60) as client, cf.ThreadPoolExecutor(6) as pool:
+            slow = {"method": "idg", "steps": "6", "probe_steps": "4"}  # about 4 calls of 0.3 s each
+            answers = list(pool.map(lambda i: attribute(url, i, client, **slow), range(6)))
+        statuses = Counter(r.status_code for r in answers)
+        assert statuses[200] >= 2 and statuses[503] >= 1 and set(statuses) <= {200, 503}, [r.text[:120] for r in answers]
+        for r in answers:
+            if r.status_code == 503:  # Ray's own answer: no replica saw it, so no X-IDG-Replica and not the app's JSON body
+                assert r.headers["retry-after"] == "5" and "x-idg-replica" not in r.headers, (r.headers, r.text)
+            else:
+                assert re.fullmatch(r"idg#\w+", r.headers["x-idg-replica"]), r.headers
+    finally:
+        serve.delete("tight")
+
+
 def running_ids() -> set[str]:
     """Unique ids of the deployment's live replica actors (named ``SERVE_REPLICA::idg#idg#<id>`` in namespace serve)."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "serve"]
