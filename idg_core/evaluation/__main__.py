@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from idg_core.evaluation.cost import COST_GRID, write_cost_report
-from idg_core.evaluation.report import write_report
+from idg_core.evaluation.report import merge_earlier, write_report
 from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, VARIANTS, EvalConfig, evaluate_folder
 from idg_core.models import PRECISIONS, load_model, tune
 
@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default="mean", choices=["mean", "black"],
                    help="mean: the model's normalisation mean (zero in its normalised space), as the service's default")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32 is IEEE (no TF32) also on CUDA")
+    p.add_argument("--pair-with", type=Path, default=None,
+                   help="an earlier run's per_image.csv with the same model and settings: its other methods (e.g. IDG, AGI) "
+                        "join the report, paired by image, without being computed again")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     metrics: tuple[str, ...]
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite == "cost":
         path = write_cost_report(records, args.out, machine=machine, date=date, model=args.model, rise_step=args.rise_step)
     else:
-        path = write_report(records, args.out, machine=machine, date=date, model=args.model, total_images=total)
+        earlier = (args.pair_with, merge_earlier(records, args.pair_with)) if args.pair_with else None
+        path = write_report(records, args.out, machine=machine, date=date, model=args.model, total_images=total, earlier=earlier)
     logging.getLogger("idg_core.evaluation").info("wrote %s", path)
     return 0
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from idg_core.evaluation.runner import MAIN_METHODS, mean_ci
+from idg_core.evaluation.runner import MAIN_METHODS, VARIANTS, mean_ci
 from idg_core.metrics.curves import SKIP_RULES
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,32 @@ def write_csv(records: list[dict[str, Any]], path: Path) -> None:
                 pic = ["" if m[k] is None else f"{m[k]:.5f}" for k in ("sic", "aic")]
                 w.writerow([r["image"], r["label"], r["pred"], f"{r['prob']:.4f}", name, f"{m['insertion']:.5f}", f"{m['deletion']:.5f}",
                             *pic, m["sic_skipped"] or "", m.get("aic_skipped") or ""])
+
+
+def merge_earlier(records: list[dict[str, Any]], csv_path: Path) -> list[str]:
+    """Add to each record the methods of an earlier run's ``per_image.csv`` (same model and settings)
+    that this run did not evaluate, so they pair by image with this run's; returns their names.
+    Each image must be in that file with the same prediction, or the runs are not comparable."""
+    rows: dict[str, dict[str, dict[str, str]]] = {}
+    preds: dict[str, str] = {}
+    with csv_path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            rows.setdefault(row["image"], {})[row["method"]] = row
+            preds[row["image"]] = row["pred"]
+    added: list[str] = []
+    for r in records:
+        if r["image"] not in rows:
+            raise ValueError(f"{csv_path} has no row for {r['image']}: not the same images")
+        if preds[r["image"]] != str(r["pred"]):
+            raise ValueError(f"{r['image']}: predicted {r['pred']} here but {preds[r['image']]} in {csv_path}: not the same model")
+        for name, row in rows[r["image"]].items():
+            if name in r["methods"]:
+                continue
+            r["methods"][name] = {**{k: float(row[k]) if row[k] else None for k in ("insertion", "deletion", "sic", "aic")},
+                                  "sic_skipped": row["sic_skipped"] or None, "aic_skipped": row["aic_skipped"] or None}
+            if name not in added:
+                added.append(name)
+    return added
 
 
 def _skip_lines(records: list[dict[str, Any]]) -> list[str]:
@@ -63,16 +89,19 @@ def _table(records: list[dict[str, Any]], names: list[str]) -> tuple[list[str], 
 
 
 def _paired(records: list[dict[str, Any]], names: list[str], ref: str = "IDG") -> list[str]:
-    """IDG minus each other method on the same images: mean paired difference and its 95% interval,
-    signed so that > 0 means IDG is better. Pairing removes the image-to-image spread that makes
+    """``ref`` minus each other method on the same images: mean paired difference and its 95% interval,
+    signed so that > 0 means ``ref`` is better. Pairing removes the image-to-image spread that makes
     the per-method intervals above overlap."""
-    others = [n for n in names if n != ref]
-    if ref not in names or not others:
+    return _paired_pairs(records, [(ref, n) for n in names if n != ref] if ref in names else [])
+
+
+def _paired_pairs(records: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[str]:
+    if not pairs:
         return []
-    lines = ["| metric | " + " | ".join(f"IDG vs {n}" for n in others) + " |", "|---|" + "---|" * len(others)]
+    lines = ["| metric | " + " | ".join(f"{ref} vs {n}" for ref, n in pairs) + " |", "|---|" + "---|" * len(pairs)]
     for metric, arrow in METRICS:
         cells = []
-        for n in others:
+        for ref, n in pairs:
             diffs = [(a - b) * (1 if arrow == "↑" else -1) for r in records if ref in r["methods"] and n in r["methods"]
                      for a, b in [(r["methods"][ref][metric], r["methods"][n][metric])] if a is not None and b is not None]
             mean, half, count = mean_ci(diffs)
@@ -83,12 +112,14 @@ def _paired(records: list[dict[str, Any]], names: list[str], ref: str = "IDG") -
     return lines
 
 
-def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date: str, model: str, total_images: int) -> Path:
-    """``summary.md``, ``per_image.csv``, ``curves.png`` and ``idg_curves.png`` under ``out``."""
+def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date: str, model: str, total_images: int,
+                 earlier: tuple[Path, list[str]] | None = None) -> Path:
+    """``summary.md``, ``per_image.csv``, ``curves.png`` and ``idg_curves.png`` under ``out``.
+    ``earlier``: the file and methods :func:`merge_earlier` took from an earlier run (said in the report)."""
     out.mkdir(parents=True, exist_ok=True)
     write_csv(records, out / "per_image.csv")
     names = list(records[0]["methods"]) if records else []
-    main = [n for n in names if n in MAIN_METHODS]
+    main = [n for n in names if n in MAIN_METHODS] + [n for n in names if n in VARIANTS]
     ablation = [n for n in ("IG", "IG-adaptive", "IDG-uniform", "IDG", "IDG-authors-placement", "IDG-exact-IF") if n in names]
     correct = sum(1 for r in records if r["correct"])
     lines = [f"# Evaluation: {model}, {len(records)} of {total_images} images", "",
@@ -100,7 +131,17 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     table, ranks = _table(records, main)
     lines += table + ["", "Rank of IDG per metric (1 = best): " + ", ".join(
         f"{m}: {ranks[m].index('IDG') + 1} of {len(ranks[m])}" for m, _ in METRICS if "IDG" in ranks[m]), ""]
-    paired = _paired(records, main)
+    variants = [n for n in main if n in VARIANTS]
+    if earlier:
+        lines += [f"{', '.join(earlier[1])}: per-image scores of an earlier run with the same model and settings "
+                  f"(`{earlier[0]}`, same predictions checked image by image), paired with this run's by image.", ""]
+    if variants:
+        refs = [r for r in ("IDG", "AGI") if r in main]
+        lines += ["### Post-steps and smoothing against IDG and AGI, paired by image", "",
+                  "Mean of (variant − other) per image, signed so that > 0 favours the variant, ± half-width of its 95% "
+                  "interval; bold where the interval excludes 0.", "",
+                  *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]
+    paired = _paired(records, [n for n in main if n not in VARIANTS])
     if paired:
         lines += ["### IDG against each method, paired by image", "",
                   "Mean of (IDG − other) per image, signed so that > 0 favours IDG, ± half-width of its 95% interval; "
@@ -137,6 +178,8 @@ def _plots(records: list[dict[str, Any]], names: list[str], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, metric in zip(axes, ("insertion", "deletion"), strict=True):
         for n in names:
+            if any(f"{metric}_curve" not in r["methods"][n] for r in records):
+                continue  # scores taken from an earlier run's CSV carry no curves
             curves = np.array([r["methods"][n][f"{metric}_curve"] for r in records])
             ax.plot(np.linspace(0, 1, curves.shape[1]), curves.mean(0), label=f"{n} ({curves.mean(0).mean():.3f})")
         ax.set(title=f"mean {metric} curve", xlabel="fraction of pixels", ylabel="p(predicted class)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from idg_core.evaluation import EvalConfig, evaluate_folder, write_report
@@ -68,3 +69,28 @@ def test_paired_differences_favour_the_better_method_with_the_right_sign() -> No
     assert rows["deletion"].startswith("**+0.050 ± 0.000**") and "wins 10/10" in rows["deletion"]  # lower deletion is better
     assert rows["sic"] == "n/a"
     assert rows["aic"].startswith("+0.000") and "wins 5/10" in rows["aic"] and "**" not in rows["aic"]
+
+
+def test_a_variant_run_pairs_with_an_earlier_runs_scores_by_image(tmp_path: Path) -> None:
+    """``--pair-with``: IDG and AGI scored once; a later run of a post-step is paired with them image by image."""
+    from idg_core.evaluation.report import merge_earlier
+
+    model = tiny_classifier()
+    images = _images(tmp_path)
+    kw = {"rise_step": 128, "pic_min_confidence": 0.0, "batch_size": 16}
+    first = evaluate_folder(model, images, tmp_path / "a", EvalConfig(model="tiny", methods={
+        "IDG": ("idg", {"steps": 4, "probe_steps": 4}), "AGI": ("agi", {"epsilon": 0.05, "max_iter": 3, "seed": 0})}, **kw),
+        workers=0, progress=False)
+    write_report(first, tmp_path / "a", machine="test", date="today", model="tiny", total_images=3)
+    later = evaluate_folder(model, images, tmp_path / "b", EvalConfig(model="tiny", methods={
+        "IDG+IDGI": ("idg", {"steps": 4, "probe_steps": 4, "postprocess": "idgi"})}, **kw), workers=0, progress=False)
+    added = merge_earlier(later, tmp_path / "a" / "per_image.csv")
+    assert added == ["IDG", "AGI"]
+    for old, new in zip(first, later, strict=True):  # the earlier scores, to the CSV's 5 decimals
+        assert abs(new["methods"]["IDG"]["insertion"] - old["methods"]["IDG"]["insertion"]) < 1e-5
+    text = write_report(later, tmp_path / "b", machine="test", date="today", model="tiny", total_images=3,
+                        earlier=(tmp_path / "a" / "per_image.csv", added)).read_text()
+    assert "| metric | IDG+IDGI vs IDG | IDG+IDGI vs AGI |" in text and "IDG, AGI: per-image scores of an earlier run" in text
+    other_prediction = {**later[0], "pred": later[0]["pred"] + 1, "methods": {}}
+    with pytest.raises(ValueError, match="not the same model"):
+        merge_earlier([other_prediction], tmp_path / "a" / "per_image.csv")
