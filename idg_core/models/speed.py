@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections import Counter
 from typing import Literal, get_args
 
 import torch
@@ -83,6 +84,7 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
         return net
     gm = fx.GraphModule(net, graph)  # shares net's parameters: the folded convolutions below are copies
     modules = dict(gm.named_modules())
+    calls = Counter(node.target for node in gm.graph.nodes if node.op == "call_module")
     folded = 0
     for node in list(gm.graph.nodes):
         bn = modules.get(node.target) if node.op == "call_module" else None
@@ -90,8 +92,8 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
             continue
         prev = node.args[0]
         conv = modules.get(prev.target) if isinstance(prev, fx.Node) and prev.op == "call_module" else None
-        if not isinstance(conv, nn.Conv2d) or len(prev.users) != 1:
-            continue
+        if not isinstance(conv, nn.Conv2d) or len(prev.users) != 1 or calls[prev.target] != 1:
+            continue  # its output feeds more than the BN, or the same convolution runs elsewhere too (shared weights)
         assert bn.running_mean is not None and bn.running_var is not None  # track_running_stats
         scale = torch.rsqrt(bn.running_var + bn.eps) * (bn.weight if bn.weight is not None else 1)
         shift = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)

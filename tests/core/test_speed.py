@@ -197,3 +197,26 @@ def test_symmetric_same_padding_becomes_the_convolutions_own_and_asymmetric_stay
     out2 = folded(x2)
     torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.autograd.grad(out2.sum(), x2)[0], torch.autograd.grad(out.sum(), x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_convolution_run_twice_keeps_its_batch_norms() -> None:
+    """Shared weights: folding one call's batch norm into the convolution would change its other call."""
+    from idg_core.models import fold_batchnorm
+
+    class Shared(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.b1, self.b2 = torch.nn.Conv2d(3, 3, 3, padding=1), torch.nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+            g = torch.Generator().manual_seed(7)
+            for bn in (self.b1, self.b2):
+                bn.running_mean.copy_(torch.randn(3, generator=g))
+                bn.running_var.copy_(torch.rand(3, generator=g) + 0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b2(self.conv(torch.relu(self.b1(self.conv(x)))))
+
+    net = Shared().eval()
+    x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(8))
+    folded = fold_batchnorm(net)
+    assert folded is net  # nothing could be folded
+    torch.testing.assert_close(folded(x), net(x))
