@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,7 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dic
              f"{meta['forward_gflops']:.2f} GFLOP per forward pass (PyTorch's counter), "
              f"{meta['flops_per_attribution'] / 1e12:.2f} TFLOP per attribution.",
              (f"Measured 8192³ matrix-product ceilings: fp32 {c['fp32']:.0f}, tf32 {c['tf32']:.0f}, bf16 {c['bf16']:.0f} TFLOP/s."
-              if c["fp32"] == c["fp32"] else "No matrix-product ceilings on the CPU (the share-of-ceiling column is nan)."), "",
+              if not math.isnan(c["fp32"]) else "No matrix-product ceilings on the CPU (the share-of-ceiling column is nan)."), "",
              "Faithfulness against IEEE fp32, paired per image: mean of (setting − fp32) in insertion and deletion (RISE step "
              f"{meta.get('rise_step', 224)}, scored in the setting's own precision) ± half-width of the 95% interval, signed so that "
              "> 0 favours the setting (lower deletion is better); bold where the interval excludes 0. Secondary, pixel-level: "

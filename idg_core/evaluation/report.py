@@ -32,17 +32,16 @@ def merge_earlier(records: list[dict[str, Any]], csv_path: Path) -> list[str]:
     that this run did not evaluate, so they pair by image with this run's; returns their names.
     Each image must be in that file with the same prediction, or the runs are not comparable."""
     rows: dict[str, dict[str, dict[str, str]]] = {}
-    preds: dict[str, str] = {}
     with csv_path.open(newline="") as f:
         for row in csv.DictReader(f):
             rows.setdefault(row["image"], {})[row["method"]] = row
-            preds[row["image"]] = row["pred"]
     added: list[str] = []
     for r in records:
         if r["image"] not in rows:
             raise ValueError(f"{csv_path} has no row for {r['image']}: not the same images")
-        if preds[r["image"]] != str(r["pred"]):
-            raise ValueError(f"{r['image']}: predicted {r['pred']} here but {preds[r['image']]} in {csv_path}: not the same model")
+        pred = next(iter(rows[r["image"]].values()))["pred"]  # every method's row of an image has its prediction
+        if pred != str(r["pred"]):
+            raise ValueError(f"{r['image']}: predicted {r['pred']} here but {pred} in {csv_path}: not the same model")
         for name, row in rows[r["image"]].items():
             if name in r["methods"]:
                 continue
@@ -119,7 +118,8 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     out.mkdir(parents=True, exist_ok=True)
     write_csv(records, out / "per_image.csv")
     names = list(records[0]["methods"]) if records else []
-    main = [n for n in names if n in MAIN_METHODS] + [n for n in names if n in VARIANTS]
+    variants = [n for n in names if n in VARIANTS]
+    main = [n for n in names if n in MAIN_METHODS] + variants
     ablation = [n for n in ("IG", "IG-adaptive", "IDG-uniform", "IDG", "IDG-authors-placement", "IDG-exact-IF") if n in names]
     correct = sum(1 for r in records if r["correct"])
     lines = [f"# Evaluation: {model}, {len(records)} of {total_images} images", "",
@@ -131,7 +131,6 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     table, ranks = _table(records, main)
     lines += table + ["", "Rank of IDG per metric (1 = best): " + ", ".join(
         f"{m}: {ranks[m].index('IDG') + 1} of {len(ranks[m])}" for m, _ in METRICS if "IDG" in ranks[m]), ""]
-    variants = [n for n in main if n in VARIANTS]
     if earlier:
         lines += [f"{', '.join(earlier[1])}: per-image scores of an earlier run with the same model and settings "
                   f"(`{earlier[0]}`, same predictions checked image by image), paired with this run's by image.", ""]
@@ -141,7 +140,7 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
                   "Mean of (variant − other) per image, signed so that > 0 favours the variant, ± half-width of its 95% "
                   "interval; bold where the interval excludes 0.", "",
                   *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]
-    paired = _paired(records, [n for n in main if n not in VARIANTS])
+    paired = _paired(records, [n for n in main if n not in variants])
     if paired:
         lines += ["### IDG against each method, paired by image", "",
                   "Mean of (IDG − other) per image, signed so that > 0 favours IDG, ± half-width of its 95% interval; "
