@@ -25,6 +25,7 @@ from app.core.replica import ReplicaHeaderMiddleware
 from app.service import Service
 from app.worker.engine import Worker
 from idg_core.models import ImageClassifier
+from idg_core.models.compiled import compiled_part
 from idg_core.models.speed import tune_all
 
 log = logging.getLogger("app")
@@ -45,11 +46,14 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device, settings.models_file)
         try:
             loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile,
-                              fold_bn=settings.fold_bn)
+                              fold_bn=settings.fold_bn, compile_sizes=settings.compile_sizes, batch_images=settings.batch_images(device))
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
-        if settings.warmup:
-            await asyncio.to_thread(warm_up, loaded, settings.batch_images(device))
+        # compiled graphs are made before ready even with IDG_WARMUP=false: else the first requests would wait for them
+        await asyncio.to_thread(warm_up, loaded, settings.batch_images(device), settings.warmup)
+        for name, model in loaded.items():
+            if (part := compiled_part(model)) is not None:
+                metrics.track_compiled(name, part)
         worker = Worker(
             loaded, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
             batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.max_predict_queue,

@@ -242,6 +242,9 @@ class ModelInfo(BaseModel):
     precision: str = Field("fp32", description="Arithmetic the model runs in: fp32, tf32 or bf16 (autocast)")
     max_batch: int | None = Field(None, description="Most images in one call of this model (the models file's max_batch); "
                                   "null: the service's IDG_MAX_BATCH_IMAGES")
+    compile_sizes: list[int] = Field(default_factory=list, description="Batch sizes the model was compiled at (IDG_COMPILE; "
+                                     "calls are padded to the nearest); empty: not compiled")
+    compile_seconds: float | None = Field(None, description="Start-up seconds its compilation took; null: not compiled")
 
 
 class MethodParameter(BaseModel):

@@ -18,6 +18,7 @@ from benchmarks.service_load import run_load
 from benchmarks.speed import SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
 from idg_core.models import PRECISIONS, default_channels_last, default_precision, load_model, tune
+from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 from idg_core.presets import preset_params
 
 log = logging.getLogger("benchmarks")
@@ -28,13 +29,21 @@ def _machine_line(m: dict) -> str:
     return f"{where} ({m.get('platform', '?')}, Python {m.get('python', '?')}, torch {m.get('torch', '?')})"
 
 
+def _compiled_text(meta: dict) -> str:
+    if not meta.get("compile_sizes"):
+        return ""
+    return (f", torch.compile at batch sizes {', '.join(map(str, meta['compile_sizes']))} "
+            f"(compiling them took {meta['compile_seconds']:.0f} s before the first measurement)")
+
+
 def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     """The Markdown report of one run (also: ``python -m benchmarks.run --render results/benchmarks/X.json``)."""
     ceiling = meta.get("ceiling_tflops")
     peak = meta.get("peak_tflops")
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
              f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}"
-             f"{' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}, "
+             f"{' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}"
+             f"{_compiled_text(meta)}, "
              f"evaluator batch {meta['batch_size']}. "
              "Each figure is the best of the repeats; every column of a row was measured in the same run on the same images."
              + (f" {meta['note'][0].upper()}{meta['note'][1:]}." if meta.get("note") else ""), ""]
@@ -107,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channels-last", choices=["auto", "true", "false"], default="auto",
                    help="default: the service's (auto: on for the CPU and for bf16 on CUDA)")
     p.add_argument("--no-fold-bn", action="store_true", help="keep batch norm unfolded (the service folds it by default)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile ours at the service's batch sizes for --batch-size (IDG_COMPILE); start-up cost reported")
     p.add_argument("--images", type=Path, default=SAMPLES, help="folder of WNID_*.JPEG images")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
@@ -122,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args.batch_size = args.batch_size or default_batch_size(device)
     args.channels_last = default_channels_last(device, args.precision) if args.channels_last == "auto" else args.channels_last == "true"
     model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last,
-                 fold_bn=not args.no_fold_bn)
+                 fold_bn=not args.no_fold_bn, compile=args.compile, compile_sizes=default_compile_sizes(args.batch_size))
+    compile_seconds = warm_up_compiled(model, model.preprocessing.crop_size) if args.compile else None
     images, targets, _ = sample_batch(model, args.images, max(args.batch_sizes))
     ceiling = matmul_tflops(device)  # under the TF32 switches that tune() set for this precision
     log.info("measured fp32 matrix-product ceiling: %.2f TFLOP/s", ceiling)
@@ -134,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     env = {"IDG_MODELS": args.model if args.weights is None else f"{args.model}={args.weights}", "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
            "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8), "IDG_PRECISION": args.precision,
-           "IDG_CHANNELS_LAST": str(args.channels_last).lower(), "IDG_FOLD_BN": str(not args.no_fold_bn).lower()}
+           "IDG_CHANNELS_LAST": str(args.channels_last).lower(), "IDG_FOLD_BN": str(not args.no_fold_bn).lower(),
+           "IDG_COMPILE": str(args.compile).lower()}
     load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
             "precision": args.precision, "channels_last": args.channels_last, "fold_bn": not args.no_fold_bn,
+            "compile_sizes": list(default_compile_sizes(args.batch_size)) if args.compile else None, "compile_seconds": compile_seconds,
             "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")),
             "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,12 @@ class Settings(BaseSettings):
         "idg_core.models.default_channels_last), true or false")
     fold_bn: bool = Field(True, description="Fold eval-mode batch norm into the convolution before it at start-up (the same "
                           "function up to float rounding, without batch norm's passes; idg_core.models.fold_batchnorm)")
-    compile: bool = Field(False, description="torch.compile the models at start-up (slower start; see results/benchmarks)")
+    compile: bool = Field(
+        False, description="torch.compile the models during warm-up, before ready, once per batch size of compile_sizes (calls "
+        "are padded to the nearest, so traffic never compiles); slower start, see results/benchmarks")
+    compile_sizes: Annotated[list[int], NoDecode] = Field(
+        default=[], description="Comma-separated batch sizes to compile (each is 2 graphs: forward, and forward for a gradient); "
+        "default: the largest model call and its halves, at most 5 (8 -> 1,2,4,8; 128 -> 8,...,128)")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
     max_batch_images: int | None = Field(
         None, ge=1, le=4096, description="Most images (path points) in one model call; default 8 on CPU (small batches stay in "
@@ -99,11 +104,18 @@ class Settings(BaseSettings):
     def round_images(self, device: torch.device) -> int:
         return self.max_round_images or max(64, 4 * self.batch_images(device))
 
-    @field_validator("models", "cors_origins", mode="before")
+    @field_validator("models", "cors_origins", "compile_sizes", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("compile_sizes")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(v < 1 for v in value):
+            raise ValueError(f"IDG_COMPILE_SIZES must be positive batch sizes, got {value}")
         return value
 
     @field_validator("models")

@@ -14,6 +14,7 @@ import torch
 
 from idg_core import idg
 from idg_core.models import ImageClassifier
+from idg_core.models.compiled import compiled_part, warm_up_compiled
 from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.sources import ModelSpec, load_source, parse_spec
 
@@ -64,10 +65,16 @@ def load_models(specs: list[str], device: torch.device, models_file: Path | None
     return models
 
 
-def warm_up(models: dict[str, ImageClassifier], batch_images: int) -> None:
-    """One IDG run per model at the worker's full batch size, forward and backward, so the first
-    request does not pay for the allocator's and the kernels' first use (about 3 s on a CPU)."""
+def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool = True) -> None:
+    """Compile the graphs of every compiled model (:func:`~idg_core.models.compiled.warm_up_compiled`),
+    then, if ``run_idg``, one IDG run per model at the worker's full batch size, forward and backward,
+    so the first request does not pay for the allocator's and the kernels' first use (about 3 s on a CPU)."""
     for name, model in models.items():
+        if compiled_part(model) is not None:
+            seconds = warm_up_compiled(model, model.preprocessing.crop_size)
+            log.info("%s: torch.compile start-up cost %.1f s", name, seconds)
+        if not run_idg:
+            continue
         started = time.perf_counter()
         size = model.preprocessing.crop_size
         x = torch.rand(1, 3, size, size, device=model.mean.device)

@@ -8,6 +8,8 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from idg_core.models.compiled import FixedBatchCompiled
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
@@ -42,6 +44,16 @@ class Metrics:
         self.read_timeouts = Counter(
             "idg_read_timeouts", "Connections closed because the client was too slow sending its request, by phase (headers, body)",
             ["phase"], registry=r)
+        self.compile_seconds = Gauge("idg_compile_seconds", "Start-up seconds spent compiling a model's graphs (IDG_COMPILE)",
+                                     ["model"], registry=r)
+        self.compile_late_graphs = Gauge(
+            "idg_compile_late_graphs", "Graphs compiled after warm-up, under traffic (should stay 0: calls are padded to the "
+            "compiled batch sizes)", ["model"], registry=r)
+
+    def track_compiled(self, model: str, part: FixedBatchCompiled) -> None:
+        """Export a compiled model's start-up cost and its count of graphs compiled under traffic."""
+        self.compile_seconds.labels(model).set(part.compile_seconds or 0.0)
+        self.compile_late_graphs.labels(model).set_function(lambda: part.late_graphs)
 
     def sample_device_memory(self, device: torch.device) -> None:
         if device.type == "cuda":

@@ -18,11 +18,13 @@ from __future__ import annotations
 import copy
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 import torch
 from torch import fx, nn
 
+from idg_core.models.compiled import FixedBatchCompiled, default_compile_sizes
 from idg_core.models.zoo import ImageClassifier
 
 log = logging.getLogger(__name__)
@@ -155,9 +157,12 @@ def set_tf32(enabled: bool) -> None:
 
 
 def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool = False, compile: bool = False,
-         fold_bn: bool = False) -> ImageClassifier:
+         fold_bn: bool = False, compile_sizes: Sequence[int] | None = None) -> ImageClassifier:
     """Apply speed settings to ``model`` in place (and return it). Call after moving it to its device
-    and putting it in eval mode."""
+    and putting it in eval mode. ``compile``: the network becomes a
+    :class:`~idg_core.models.compiled.FixedBatchCompiled` at ``compile_sizes`` (default: from the
+    model's ``max_batch``, else 8); compile its graphs before traffic with
+    :func:`~idg_core.models.compiled.warm_up_compiled`."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
     device = model.mean.device
@@ -171,8 +176,10 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
     if channels_last:
         model.net = model.net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # accepted at run time; torch's stubs omit it
     if compile:
-        model.net = torch.compile(model.net)  # type: ignore[assignment]
-    log.info("%s: precision %s, channels_last %s, fold_bn %s, compile %s", model.name, precision, channels_last, fold_bn, compile)
+        sizes = tuple(compile_sizes) if compile_sizes else default_compile_sizes(model.max_batch or 8)
+        model.net = FixedBatchCompiled(model.net, sizes)
+    log.info("%s: precision %s, channels_last %s, fold_bn %s, compile %s", model.name, precision, channels_last, fold_bn,
+             model.net.sizes if isinstance(model.net, FixedBatchCompiled) else False)
     return model
 
 
@@ -186,9 +193,12 @@ def model_precision(model: ImageClassifier, device: torch.device) -> Precision:
 def tune_all(
     models: dict[str, ImageClassifier], device: torch.device, *, precision: Precision | Literal["auto"] = "auto",
     channels_last: bool | Literal["auto"] = "auto", compile: bool = False, fold_bn: bool = True,
+    compile_sizes: Sequence[int] | None = None, batch_images: int | None = None,
 ) -> dict[str, ImageClassifier]:
     """Move every model to ``device`` and :func:`tune` it with its own speed keys (``model.speed``,
-    from the models file) over these defaults. TF32 is one switch for the whole process, so a
+    from the models file) over these defaults. A compiled model's batch sizes are ``compile_sizes``,
+    else :func:`~idg_core.models.compiled.default_compile_sizes` of its largest call (its
+    ``max_batch``, at most ``batch_images``). TF32 is one switch for the whole process, so a
     ``tf32`` model beside an ``fp32`` one is a ``ValueError`` that says so (bf16 mixes with either)."""
     chosen: dict[str, Precision] = {}
     for name, model in models.items():
@@ -206,8 +216,10 @@ def tune_all(
     tuned = {}
     for name, model in models.items():
         layout = model.speed.get("channels_last", channels_last)
+        largest_call = min(filter(None, (model.max_batch, batch_images)), default=8)
         tuned[name] = tune(model.to(device).eval(), precision=chosen[name],
                            channels_last=default_channels_last(device, chosen[name]) if layout == "auto" else layout,
-                           compile=model.speed.get("compile", compile), fold_bn=model.speed.get("fold_bn", fold_bn))
+                           compile=model.speed.get("compile", compile), fold_bn=model.speed.get("fold_bn", fold_bn),
+                           compile_sizes=compile_sizes or default_compile_sizes(largest_call))
     set_tf32("tf32" in kinds)
     return tuned

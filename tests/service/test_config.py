@@ -24,7 +24,13 @@ def test_explicit_batch_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.batch_images(CPU), s.round_images(CUDA)) == (24, 48)
 
 
-@pytest.mark.parametrize(("name", "value"), [("IDG_PRECISION", "fp8"), ("IDG_MAX_BATCH_IMAGES", "0"), ("IDG_CHANNELS_LAST", "maybe")])
+def test_compile_sizes_are_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IDG_COMPILE_SIZES", "64, 16,128")
+    assert Settings().compile_sizes == [64, 16, 128]
+
+
+@pytest.mark.parametrize(("name", "value"), [("IDG_PRECISION", "fp8"), ("IDG_MAX_BATCH_IMAGES", "0"), ("IDG_CHANNELS_LAST", "maybe"),
+                                             ("IDG_COMPILE_SIZES", "0,8"), ("IDG_COMPILE_SIZES", "eight")])
 def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError, match=name.removeprefix("IDG_").lower()):

@@ -12,6 +12,7 @@ from app.api.deps import get_service, require_api_key
 from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, method_parameters
 from app.service import Service
 from idg_core import METHODS
+from idg_core.models.compiled import compiled_part
 from idg_core.models.speed import model_precision
 
 router = APIRouter()
@@ -25,7 +26,9 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
         ModelInfo(name=n, classes=m.num_classes, input_size=m.preprocessing.crop_size, resize_size=m.preprocessing.resize_size,
                   interpolation=m.preprocessing.interpolation, default=i == 0, source=m.source, class_names=m.class_names[:5],
                   resize_mode=m.preprocessing.resize_mode, mean=list(m.preprocessing.mean), std=list(m.preprocessing.std),
-                  precision=model_precision(m, service.device), max_batch=m.max_batch)
+                  precision=model_precision(m, service.device), max_batch=m.max_batch,
+                  compile_sizes=list(part.sizes) if (part := compiled_part(m)) else [],
+                  compile_seconds=part.compile_seconds if part else None)
         for i, (n, m) in enumerate(service.models.items())
     ]
     return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()}, method_parameters=method_parameters(),
