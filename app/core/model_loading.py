@@ -71,7 +71,11 @@ def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool
     so the first request does not pay for the allocator's and the kernels' first use (about 3 s on a CPU)."""
     for name, model in models.items():
         if compiled_part(model) is not None:
-            seconds = warm_up_compiled(model, model.preprocessing.crop_size)
+            try:
+                seconds = warm_up_compiled(model, model.preprocessing.crop_size)
+            except Exception as err:  # noqa: BLE001 - dynamo/inductor raise many kinds (no C++ compiler, unsupported op)
+                raise ModelLoadError(f"cannot torch.compile model {name!r}: {type(err).__name__}: {str(err)[:500]} "
+                                     "(IDG_COMPILE=false, or compile = false in its models-file table, serves it uncompiled)") from err
             log.info("%s: torch.compile start-up cost %.1f s", name, seconds)
         if not run_idg:
             continue

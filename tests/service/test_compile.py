@@ -13,6 +13,7 @@ import pytest
 import torch._dynamo
 
 from app.core.config import Settings
+from app.core.model_loading import ModelLoadError
 from app.main import create_app
 from idg_core.models import ImageClassifier, Preprocessing, compiled
 from idg_core.models.compiled import compiled_part
@@ -62,3 +63,13 @@ async def test_compiled_app_makes_its_graphs_before_ready_and_none_under_traffic
         want = await attributions(client, 5)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-2, atol=1e-3)
+
+
+async def test_a_model_that_does_not_compile_stops_start_up_with_a_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(compiled, "DEFAULT_BACKEND", broken)
+    with pytest.raises(ModelLoadError, match=r"(?s)cannot torch.compile model .small.*no C\+\+ compiler.*IDG_COMPILE=false"):
+        async with serve(app(compile=True)):
+            pass
