@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
-#   bash benchmarks/gpu_run.sh [tests] [variants] [resnet101] [lite0] [eval]
+#   bash benchmarks/gpu_run.sh [tests] [variants] [resnet101] [resnet101-compile] [lite0] [eval]
 # (default: all but eval; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model).
 # Preparing an offline machine whose Python already has CUDA torch and torchvision (both ignored by git):
@@ -26,7 +26,8 @@ steps=("$@")
 for step in "${steps[@]}"; do
 case "$step" in
 tests)
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/core/test_speed.py tests/service/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.txt"
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/core/test_speed.py tests/core/test_compiled.py tests/service/test_gpu.py 2>&1 \
+        | tee "$OUT/gpu-tests.txt"
     ;;
 variants)
     python3 -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --image-dir "$IMAGES" --out "$OUT" 2>&1 | tail -20
@@ -35,7 +36,13 @@ variants)
     ;;
 resnet101)
     python3 -m benchmarks.run --label h100-resnet101 --model resnet101 --weights random --device cuda --images "$IMAGES" \
-        --batch-sizes 1 8 32 --batch-size 128 --repeats 3 --peak-tflops "${PEAK_FP32_TFLOPS:-67}" --load-levels 1 8 32 --per-client 2 --out "$OUT" 2>&1 | tail -20
+        --batch-sizes 1 8 32 --batch-size 128 --repeats 3 --peak-tflops "${PEAK_FP32_TFLOPS:-67}" --load-levels 1 8 32 128 --per-client 2 \
+        --out "$OUT" 2>&1 | tail -20
+    ;;
+resnet101-compile)  # the same with IDG_COMPILE (compiled at 8..128 before the first measurement; start-up cost in the report)
+    python3 -m benchmarks.run --label h100-resnet101-compile --model resnet101 --weights random --device cuda --images "$IMAGES" \
+        --batch-sizes 1 8 32 --batch-size 128 --repeats 3 --peak-tflops "${PEAK_FP32_TFLOPS:-67}" --load-levels 1 8 32 128 --per-client 2 \
+        --compile --out "$OUT" 2>&1 | tail -20
     ;;
 lite0)
     python3 -m benchmarks.run --label h100-efficientnet_lite0 --model efficientnet_lite0 --device cuda --images "$IMAGES" \

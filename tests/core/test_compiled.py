@@ -120,3 +120,20 @@ def test_inductor_compiles_once_per_size_and_matches_eager() -> None:
     want = idg(classifier(), x, "mean", [0, 1, 2], steps=6, probe_steps=4, batch_size=4)
     torch.testing.assert_close(got.attributions, want.attributions, rtol=1e-3, atol=1e-5)
     assert part.late_graphs == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_on_cuda_in_bf16_matches_eager_with_no_late_graph() -> None:
+    model = tune(ImageClassifier("small", SmallCNN(0).eval(), Preprocessing(18, 16), [f"c{i}" for i in range(10)]).cuda(),
+                 precision="bf16", channels_last=True, compile=True, compile_sizes=[4, 8])
+    warm_up_compiled(model, 16)
+    x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(6)).cuda()
+    got = idg(model, x, "mean", [0, 1, 2], steps=9, probe_steps=5, batch_size=8)
+    plain = tune(ImageClassifier("small", SmallCNN(0).eval(), Preprocessing(18, 16), [f"c{i}" for i in range(10)]).cuda(),
+                 precision="bf16", channels_last=True)
+    want = idg(plain, x, "mean", [0, 1, 2], steps=9, probe_steps=5, batch_size=8)
+    cos = torch.nn.functional.cosine_similarity(got.attributions.flatten(1), want.attributions.flatten(1))
+    assert bool((cos > 0.99).all()), cos
+    part = compiled_part(model)
+    assert part is not None and part.graphs == 4 and part.late_graphs == 0
