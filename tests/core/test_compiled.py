@@ -13,9 +13,9 @@ from torch import Tensor
 
 from idg_core import idg
 from idg_core.evaluator import CallStats
-from idg_core.models import ImageClassifier, Preprocessing, tune
+from idg_core.models import ImageClassifier, tune
 from idg_core.models.compiled import FixedBatchCompiled, compiled_part, default_compile_sizes, warm_up_compiled
-from tests.models import SmallCNN
+from tests.models import SmallCNN, small_classifier
 
 
 class Recorder:
@@ -36,8 +36,7 @@ def fresh_dynamo() -> None:
 
 
 def classifier(backend: Recorder | None = None, sizes: tuple[int, ...] = (2, 4, 8), channels_last: bool = False) -> ImageClassifier:
-    model = tune(ImageClassifier("small", SmallCNN(0).eval(), Preprocessing(18, 16), [f"c{i}" for i in range(10)]),
-                 channels_last=channels_last)
+    model = tune(small_classifier(), channels_last=channels_last)
     if backend is not None:
         model.net = FixedBatchCompiled(model.net, sizes, backend=backend)
     return model
@@ -102,16 +101,14 @@ def test_a_graph_made_after_warm_up_is_counted() -> None:
 
 
 def test_tune_compiles_at_the_given_sizes() -> None:
-    model = tune(ImageClassifier("small", SmallCNN(0).eval(), Preprocessing(18, 16), [f"c{i}" for i in range(10)]),
-                 compile=True, compile_sizes=[4, 2])
+    model = tune(small_classifier(), compile=True, compile_sizes=[4, 2])
     part = compiled_part(model)
     assert part is not None and part.sizes == (2, 4)
 
 
 @pytest.mark.slow
 def test_inductor_compiles_once_per_size_and_matches_eager() -> None:
-    model = tune(ImageClassifier("small", SmallCNN(0).eval(), Preprocessing(18, 16), [f"c{i}" for i in range(10)]),
-                 compile=True, compile_sizes=[2, 4])
+    model = tune(small_classifier(), compile=True, compile_sizes=[2, 4])
     warm_up_compiled(model, 16)
     part = compiled_part(model)
     assert part is not None and part.graphs == 4
@@ -125,13 +122,11 @@ def test_inductor_compiles_once_per_size_and_matches_eager() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_inductor_on_cuda_in_bf16_matches_eager_with_no_late_graph() -> None:
-    model = tune(ImageClassifier("small", SmallCNN(0).eval(), Preprocessing(18, 16), [f"c{i}" for i in range(10)]).cuda(),
-                 precision="bf16", channels_last=True, compile=True, compile_sizes=[4, 8])
+    model = tune(small_classifier().cuda(), precision="bf16", channels_last=True, compile=True, compile_sizes=[4, 8])
     warm_up_compiled(model, 16)
     x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(6)).cuda()
     got = idg(model, x, "mean", [0, 1, 2], steps=9, probe_steps=5, batch_size=8)
-    plain = tune(ImageClassifier("small", SmallCNN(0).eval(), Preprocessing(18, 16), [f"c{i}" for i in range(10)]).cuda(),
-                 precision="bf16", channels_last=True)
+    plain = tune(small_classifier().cuda(), precision="bf16", channels_last=True)
     want = idg(plain, x, "mean", [0, 1, 2], steps=9, probe_steps=5, batch_size=8)
     cos = torch.nn.functional.cosine_similarity(got.attributions.flatten(1), want.attributions.flatten(1))
     assert bool((cos > 0.99).all()), cos
