@@ -11,7 +11,7 @@ from torch import Tensor
 from app.planning import AttributePlan
 from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Timings
 from idg_core.explain import Explanation
-from idg_core.heatmap import attribution_npy, heatmap_png, image_png, overlay_png
+from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, image_png
 from idg_core.models import ImageClassifier
 from idg_core.types import AttributionResult
 
@@ -24,12 +24,14 @@ def render(x: Tensor, result: AttributionResult, params: AttributeCommon) -> dic
     """The images and the optional raw array the request asked for, as base64 response fields."""
     attr = result.attributions[0].detach().float().cpu()
     image = x.detach().float().cpu()
-    signed, perc = params.signed, params.outlier_perc
+    heatmap, overlay = None, None
+    if params.return_heatmap or params.return_overlay:
+        heatmap, overlay = heatmap_and_overlay_png(image, attr, heatmap=params.return_heatmap, overlay=params.return_overlay,
+                                                   opacity=params.opacity, signed=params.signed, outlier_perc=params.outlier_perc)
     return {
         "input_png": b64(image_png(image)) if params.return_input else None,
-        "heatmap_png": b64(heatmap_png(attr, signed=signed, outlier_perc=perc)) if params.return_heatmap else None,
-        "overlay_png": b64(overlay_png(image, attr, opacity=params.opacity, signed=signed, outlier_perc=perc))
-        if params.return_overlay else None,
+        "heatmap_png": None if heatmap is None else b64(heatmap),
+        "overlay_png": None if overlay is None else b64(overlay),
         "attribution": _npy(attr) if params.return_attribution else None,
     }
 

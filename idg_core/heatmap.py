@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -19,13 +20,16 @@ _ANCHORS = {
 COLORMAPS = tuple(_ANCHORS)
 
 
+@functools.cache
 def _lut(name: str) -> np.ndarray:
     if name not in _ANCHORS:
         raise ValueError(f"colormap must be one of {', '.join(COLORMAPS)}; got {name!r}")
     anchors = np.asarray(_ANCHORS[name], dtype=np.float64)
     pos = np.linspace(0, 1, len(anchors))
     t = np.linspace(0, 1, 256)
-    return np.stack([np.interp(t, pos, anchors[:, c]) for c in range(3)], axis=1).astype(np.uint8)
+    lut = np.stack([np.interp(t, pos, anchors[:, c]) for c in range(3)], axis=1).astype(np.uint8)
+    lut.flags.writeable = False  # shared by every call
+    return lut
 
 
 def saliency(attribution: Tensor, signed: bool = False) -> Tensor:
@@ -36,27 +40,44 @@ def saliency(attribution: Tensor, signed: bool = False) -> Tensor:
     return total if signed else total.abs()
 
 
+def _check_outlier_perc(outlier_perc: float) -> None:
+    if not 0 <= outlier_perc < 100:
+        raise ValueError(f"outlier_perc must be in [0, 100), got {outlier_perc}")
+
+
+def _scaled(values: np.ndarray, outlier_perc: float) -> np.ndarray:
+    """:func:`scale` on a NumPy array, as float32 (NumPy's sort is about 20x faster than torch's on
+    one CPU thread for a 224² map: 0.2 ms against 4.5 ms)."""
+    _check_outlier_perc(outlier_perc)
+    v = values.astype(np.float64, copy=False)
+    ordered = np.sort(np.abs(v), axis=None)
+    cums = np.cumsum(ordered)
+    total = float(cums[-1]) if cums.size else 0.0
+    if total <= 0:
+        return np.zeros(values.shape, dtype=np.float32)
+    idx = int(np.searchsorted(cums, total * (100 - outlier_perc) / 100))
+    threshold = float(ordered[min(idx, ordered.size - 1)])
+    if threshold <= 0:
+        threshold = float(ordered[-1])
+    return np.clip(v / threshold, -1, 1).astype(np.float32)
+
+
 def scale(values: Tensor, outlier_perc: float = 2.0) -> Tensor:
     """Divide by the value below which ``100 - outlier_perc`` % of the |mass| lies (Captum's
     cumulative-sum threshold) and clip to [-1, 1]. An all-zero map stays zero."""
-    if not 0 <= outlier_perc < 100:
-        raise ValueError(f"outlier_perc must be in [0, 100), got {outlier_perc}")
-    mags = values.abs().flatten().double()
-    ordered = torch.sort(mags).values
-    cums = torch.cumsum(ordered, 0)
-    total = float(cums[-1]) if cums.numel() else 0.0
-    if total <= 0:
-        return torch.zeros_like(values, dtype=torch.float32)
-    idx = int(torch.searchsorted(cums, total * (100 - outlier_perc) / 100))
-    threshold = float(ordered[min(idx, ordered.numel() - 1)])
-    if threshold <= 0:
-        threshold = float(ordered[-1])
-    return (values.double() / threshold).clamp(-1, 1).float()
+    _check_outlier_perc(outlier_perc)
+    return torch.from_numpy(_scaled(values.detach().cpu().double().numpy(), outlier_perc))
+
+
+PNG_LEVEL = 1
+"""zlib level of every PNG answered. Measured on a 224² IDG heatmap of a sample photo (one CPU thread):
+level 1 takes 4.4 ms and 85 KB, Pillow's default 6 takes 11.7 ms and 89 KB (the overlay: 5.6 ms and
+108 KB against 12.0 ms and 103 KB). Encoding is most of a rendered answer's CPU time."""
 
 
 def _png(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG", optimize=False)
+    Image.fromarray(array).save(buf, format="PNG", compress_level=PNG_LEVEL)
     return buf.getvalue()
 
 
@@ -81,18 +102,38 @@ def attribution_npy(attribution: Tensor) -> tuple[bytes, str]:
     return buf.getvalue(), dtype
 
 
+def _colour(scaled: np.ndarray, signed: bool, colormap: str | None) -> np.ndarray:
+    """Scaled ``(H, W)`` values in [-1, 1] -> ``(H, W, 3)`` uint8 through the colormap."""
+    lut = _lut(colormap or ("coolwarm" if signed else "inferno"))
+    unit = (scaled + 1) / 2 if signed else scaled
+    return lut[np.rint(unit * 255).astype(np.intp)]
+
+
 def colorize(attribution: Tensor, *, signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0) -> np.ndarray:
     """``(C, H, W)`` attribution -> ``(H, W, 3)`` uint8 heatmap; signed maps use a diverging map."""
-    cmap = colormap or ("coolwarm" if signed else "inferno")
-    scaled = scale(saliency(attribution, signed), outlier_perc)
-    unit = (scaled + 1) / 2 if signed else scaled
-    idx = (unit.numpy() * 255).round().astype(np.int64)
-    return _lut(cmap)[idx]
+    return _colour(_scaled(saliency(attribution, signed).numpy(), outlier_perc), signed, colormap)
 
 
 def heatmap_png(attribution: Tensor, *, signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0) -> bytes:
     """The heatmap alone, as PNG bytes."""
     return _png(colorize(attribution, signed=signed, colormap=colormap, outlier_perc=outlier_perc))
+
+
+def _blend(image: Tensor, scaled: np.ndarray, heat: np.ndarray, opacity: float) -> np.ndarray:
+    """``heat`` over ``image`` with per-pixel weight ``opacity`` x sqrt(|scaled|), as uint8."""
+    weight = np.sqrt(np.abs(scaled))[..., None] * np.float32(opacity)
+    photo = image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * np.float32(255)
+    if photo.shape[2] == 1:
+        photo = np.repeat(photo, 3, axis=2)
+    blended = photo * (1 - weight) + heat * weight
+    return np.rint(blended).clip(0, 255).astype(np.uint8)
+
+
+def _check_overlay(image: Tensor, attribution: Tensor, opacity: float) -> None:
+    if not 0 <= opacity <= 1:
+        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
+    if image.dim() != 3 or image.shape[1:] != attribution.shape[1:]:
+        raise ValueError(f"image must be (3, H, W) matching the attribution, got {tuple(image.shape)}")
 
 
 def overlay_png(
@@ -102,14 +143,20 @@ def overlay_png(
     """The heatmap blended over ``image (3, H, W)`` in [0, 1]; each pixel's blend weight is
     ``opacity`` times the square root of its scaled saliency (attribution maps are sparse), so
     unimportant pixels show the photo."""
-    if not 0 <= opacity <= 1:
-        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
-    if image.dim() != 3 or image.shape[1:] != attribution.shape[1:]:
-        raise ValueError(f"image must be (3, H, W) matching the attribution, got {tuple(image.shape)}")
-    heat = colorize(attribution, signed=signed, colormap=colormap, outlier_perc=outlier_perc).astype(np.float64)
-    weight = scale(saliency(attribution, signed), outlier_perc).abs().sqrt().numpy()[..., None] * opacity
-    photo = image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255
-    if photo.shape[2] == 1:
-        photo = np.repeat(photo, 3, axis=2)
-    blended = photo * (1 - weight) + heat * weight
-    return _png(blended.round().clip(0, 255).astype(np.uint8))
+    _, png = heatmap_and_overlay_png(image, attribution, heatmap=False, opacity=opacity, signed=signed, colormap=colormap,
+                                     outlier_perc=outlier_perc)
+    assert png is not None
+    return png
+
+
+def heatmap_and_overlay_png(
+    image: Tensor, attribution: Tensor, *, heatmap: bool = True, overlay: bool = True, opacity: float = 0.6,
+    signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0,
+) -> tuple[bytes | None, bytes | None]:
+    """:func:`heatmap_png` and :func:`overlay_png` (each only if asked) from one saliency map and one
+    scaling: what an answer with both costs, at about half of calling the two."""
+    if overlay:
+        _check_overlay(image, attribution, opacity)
+    scaled = _scaled(saliency(attribution, signed).numpy(), outlier_perc)
+    heat = _colour(scaled, signed, colormap)
+    return (_png(heat) if heatmap else None), (_png(_blend(image, scaled, heat, opacity)) if overlay else None)

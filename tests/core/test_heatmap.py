@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from idg_core.heatmap import attribution_npy, heatmap_png, image_png, overlay_png, saliency, scale
+from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, heatmap_png, image_png, overlay_png, saliency, scale
 
 
 def _decode(png: bytes) -> np.ndarray:
@@ -68,3 +68,26 @@ def test_the_input_png_is_the_image() -> None:
     png = Image.open(io.BytesIO(image_png(image)))
     assert png.size == (7, 6) and png.mode == "RGB"
     assert np.abs(np.asarray(png).astype(float) / 255 - image.permute(1, 2, 0).numpy()).max() <= 0.5 / 255 + 1e-6
+
+
+def test_scale_is_the_cumulative_mass_threshold_of_a_float64_sort() -> None:
+    """The NumPy scaling against the definition written out in torch, on a map with ties and signs."""
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(40, 50, generator=g).round(decimals=1)
+    for perc in (0.0, 2.0, 37.5):
+        mags = v.abs().flatten().double().sort().values
+        cums = mags.cumsum(0)
+        threshold = float(mags[min(int(torch.searchsorted(cums, cums[-1] * (100 - perc) / 100)), mags.numel() - 1)])
+        assert torch.allclose(scale(v, perc), (v.double() / threshold).clamp(-1, 1).float(), atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_heatmap_and_overlay_together_are_the_two_alone(signed: bool) -> None:
+    g = torch.Generator().manual_seed(4)
+    image, attr = torch.rand(3, 17, 23, generator=g), torch.randn(3, 17, 23, generator=g)
+    heat, over = heatmap_and_overlay_png(image, attr, opacity=0.4, signed=signed, outlier_perc=5.0)
+    assert heat == heatmap_png(attr, signed=signed, outlier_perc=5.0)
+    assert over == overlay_png(image, attr, opacity=0.4, signed=signed, outlier_perc=5.0)
+    assert heatmap_and_overlay_png(image, attr, heatmap=False, overlay=False) == (None, None)
+    with pytest.raises(ValueError, match="opacity"):
+        heatmap_and_overlay_png(image, attr, heatmap=False, opacity=1.5)
