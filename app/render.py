@@ -45,7 +45,7 @@ def curve(result: AttributionResult, output: str) -> OutputCurve:
     """The answer's curve; ``output`` ("logit" or "probability") is what the method differentiated,
     so what ``result.logits`` holds despite its name."""
     def row(t: Tensor) -> list[float]:
-        return [float(v) for v in (t[0] if t.dim() == 2 else t)] if t.numel() else []
+        return [float(v) for v in (t[0] if t.dim() == 2 else t).tolist()] if t.numel() else []
 
     values, probe_values = row(result.logits), row(result.probe_logits)
     return OutputCurve.model_validate({
@@ -58,7 +58,7 @@ def curve(result: AttributionResult, output: str) -> OutputCurve:
 def top_classes(model: ImageClassifier, probs: Tensor, k: int) -> list[ClassScore]:
     """The ``k`` most probable classes, best first."""
     values, idx = probs.topk(min(k, probs.numel()))
-    return [ClassScore(index=int(i), name=model.class_names[int(i)], probability=float(v)) for v, i in zip(values, idx, strict=True)]
+    return [ClassScore(index=i, name=model.class_names[i], probability=v) for v, i in zip(values.tolist(), idx.tolist(), strict=True)]
 
 
 def method_label(params: AttributeCommon) -> str:

@@ -1,4 +1,5 @@
-"""Route dependencies: the service object and the optional API key."""
+"""Route dependencies: the service object and the optional API key. Both are `async def` though they
+never wait: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request for nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from app.core.errors import ApiError
 from app.service import Service
 
 
-def get_service(request: Request) -> Service:
+async def get_service(request: Request) -> Service:
     """The service, or 503: while starting, and once a shutdown began (new work goes elsewhere)."""
     state = request.app.state
     if getattr(state, "draining", False):
@@ -23,7 +24,7 @@ def get_service(request: Request) -> Service:
     return service
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     """401 unless the configured key comes as ``X-API-Key`` or ``Authorization: Bearer``."""
     expected = request.app.state.settings.api_key
     if not expected:
