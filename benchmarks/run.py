@@ -83,13 +83,20 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     if load:
         fields = ", ".join(f"{k}={v}" for k, v in meta["load_fields"].items())
         lines += ["", f"## Service under load (`POST /attribute`, {fields}; real server process on loopback)", "",
-                  "| clients | requests | ok | 503 | p50 s | p95 s | p99 s | attributions/s | model calls | images/call | device busy |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| clients | requests | ok | 503 | p50 s | p95 s | p99 s | attributions/s | model calls | images/call | device busy "
+                  "| host CPU ms/attribution | of it, event loop |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in load:
             busy = f"{r['device_busy_fraction']:.0%}" if "device_busy_fraction" in r else "n/a"
+            host = f"{r['host_cpu_ms_per_attr']:.1f}" if "host_cpu_ms_per_attr" in r else "n/a"
+            loop = f"{r['event_loop_cpu_ms_per_attr']:.1f}" if "event_loop_cpu_ms_per_attr" in r else "n/a"
             lines.append(f"| {r['clients']} | {r['requests']} | {r['ok']} | {r['rejected_503']} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
                          f"{r['p99_s']:.2f} | {r['throughput_per_s']:.3f} | {r['model_calls']} | {r['mean_images_per_call']:.1f} | "
-                         f"{busy} |")
+                         f"{busy} | {host} | {loop} |")
+        lines += ["", "Host CPU: what the server process used in all its threads per attribution answered (on a CPU device this "
+                  "includes the model calls; on a GPU it is the host's share: decode, plan bookkeeping, kernel launches, rendering, "
+                  "HTTP). The event loop is one thread under the GIL: at E ms per attribution it alone caps the service at "
+                  "1000 / E attributions/s."]
     return "\n".join(lines) + "\n"
 
 

@@ -65,6 +65,20 @@ def _counter(text: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def host_cpu_s(pid: int) -> tuple[float, float] | None:
+    """CPU seconds (user + system) the server process has used in all its threads, and in its main
+    thread, which runs the event loop (HTTP, routing, the answer's JSON); None off Linux. The rest
+    of the process's time is the worker thread's and the decode/render threads'."""
+    def used(stat: Path) -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    try:
+        return used(Path(f"/proc/{pid}/stat")), used(Path(f"/proc/{pid}/task/{pid}/stat"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], lat: list[float], codes: list[int]) -> None:
     async with httpx.AsyncClient(timeout=600) as client:
         for i in range(n):
@@ -76,7 +90,11 @@ async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], 
                 lat.append(time.perf_counter() - started)
 
 
-async def load_level(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str]) -> dict[str, Any]:
+async def load_level(
+    url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str], pid: int | None = None,
+) -> dict[str, Any]:
+    """One load level; with the server's ``pid``, also its host CPU per attribution (:func:`host_cpu_s`)."""
+    cpu_before = None if pid is None else host_cpu_s(pid)
     text = httpx.get(f"{url}/metrics").text
     before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
     lat: list[float] = []
@@ -87,13 +105,19 @@ async def load_level(url: str, images: list[Path], clients: int, per_client: int
     text = httpx.get(f"{url}/metrics").text
     after, busy = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total") - busy_before
     calls = after["count"] - before["count"]
+    cpu_after = None if pid is None else host_cpu_s(pid)
+    ok = codes.count(200)
+    host = {}
+    if cpu_before is not None and cpu_after is not None and ok:
+        host = {"host_cpu_ms_per_attr": 1000 * (cpu_after[0] - cpu_before[0]) / ok,
+                "event_loop_cpu_ms_per_attr": 1000 * (cpu_after[1] - cpu_before[1]) / ok}
     return {
         "clients": clients, "requests": len(codes), "ok": codes.count(200), "rejected_503": codes.count(503),
         "other_errors": len(codes) - codes.count(200) - codes.count(503),
         "p50_s": float(np.percentile(lat, 50)) if lat else None, "p95_s": float(np.percentile(lat, 95)) if lat else None,
         "p99_s": float(np.percentile(lat, 99)) if lat else None, "throughput_per_s": codes.count(200) / wall,
         "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
-        "wall_s": wall, "device_busy_fraction": busy / wall,
+        "wall_s": wall, "device_busy_fraction": busy / wall, **host,
     }
 
 
@@ -104,7 +128,7 @@ def run_load(images: list[Path], levels: list[int], per_client: int, fields: dic
         asyncio.run(load_level(url, images, 1, 1, fields))
         rows = []
         for clients in levels:
-            row = asyncio.run(load_level(url, images, clients, per_client, fields))
+            row = asyncio.run(load_level(url, images, clients, per_client, fields, pid=proc.pid))
             log.info("%d clients: %s", clients, row)
             rows.append(row)
         return rows

@@ -1,0 +1,38 @@
+"""The load benchmark's host CPU accounting (benchmarks/service_load.py) and its report columns."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from benchmarks.run import render
+from benchmarks.service_load import host_cpu_s
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@linux_only
+def test_host_cpu_counts_the_main_threads_work() -> None:
+    before = host_cpu_s(os.getpid())
+    assert before is not None
+    end = time.thread_time() + 0.3
+    while time.thread_time() < end:  # 0.3 s of CPU on this (the main) thread
+        pass
+    after = host_cpu_s(os.getpid())
+    assert after is not None
+    process, main = after[0] - before[0], after[1] - before[1]
+    assert 0.2 <= main <= process + 0.02  # clock ticks are 10 ms; the main thread is part of the process
+    assert host_cpu_s(2**22 + 12345) is None  # above Linux's pid_max: no such process
+
+
+def test_the_report_shows_host_cpu_per_attribution() -> None:
+    meta = {"label": "x", "date": "today", "machine": {"cpu": "c"}, "model": "m", "device": "cpu", "batch_size": 8,
+            "load_fields": {"method": "idg"}}
+    row = {"clients": 8, "requests": 8, "ok": 8, "rejected_503": 0, "p50_s": 1.0, "p95_s": 1.0, "p99_s": 1.0, "throughput_per_s": 2.0,
+           "model_calls": 4, "mean_images_per_call": 8.0, "device_busy_fraction": 0.5, "host_cpu_ms_per_attr": 12.34,
+           "event_loop_cpu_ms_per_attr": 5.67}
+    text = render(meta, [], [row])
+    assert "| 50% | 12.3 | 5.7 |" in text and "1000 / E" in text
+    older = {k: v for k, v in row.items() if not k.endswith("per_attr")}  # a run from before these columns
+    assert "| 50% | n/a | n/a |" in render(meta, [], [older])
