@@ -7,8 +7,9 @@ import io
 
 import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
+
+from idg_core.png import FILTER_NONE, FILTER_UP, encode_png
 
 # Anchor colours (0..255) of the colormaps, interpolated linearly to 256 entries.
 _ANCHORS = {
@@ -69,22 +70,10 @@ def scale(values: Tensor, outlier_perc: float = 2.0) -> Tensor:
     return torch.from_numpy(_scaled(values.detach().cpu().double().numpy(), outlier_perc))
 
 
-PNG_LEVEL = 1
-"""zlib level of every PNG answered. Measured on a 224² IDG heatmap of a sample photo (one CPU thread):
-level 1 takes 4.4 ms and 85 KB, Pillow's default 6 takes 11.7 ms and 89 KB (the overlay: 5.6 ms and
-108 KB against 12.0 ms and 103 KB). Encoding is most of a rendered answer's CPU time."""
-
-
-def _png(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG", compress_level=PNG_LEVEL)
-    return buf.getvalue()
-
-
 def image_png(image: Tensor) -> bytes:
     """``image (3, H, W)`` in [0, 1] (grey ``(1, H, W)`` too) as PNG bytes."""
     photo = (image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-    return _png(photo[..., 0] if photo.shape[2] == 1 else photo)
+    return encode_png(photo[..., 0] if photo.shape[2] == 1 else photo, FILTER_UP)
 
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
@@ -116,7 +105,7 @@ def colorize(attribution: Tensor, *, signed: bool = False, colormap: str | None 
 
 def heatmap_png(attribution: Tensor, *, signed: bool = False, colormap: str | None = None, outlier_perc: float = 2.0) -> bytes:
     """The heatmap alone, as PNG bytes."""
-    return _png(colorize(attribution, signed=signed, colormap=colormap, outlier_perc=outlier_perc))
+    return encode_png(colorize(attribution, signed=signed, colormap=colormap, outlier_perc=outlier_perc), FILTER_NONE)
 
 
 def _blend(image: Tensor, scaled: np.ndarray, heat: np.ndarray, opacity: float) -> np.ndarray:
@@ -159,4 +148,5 @@ def heatmap_and_overlay_png(
         _check_overlay(image, attribution, opacity)
     scaled = _scaled(saliency(attribution, signed).numpy(), outlier_perc)
     heat = _colour(scaled, signed, colormap)
-    return (_png(heat) if heatmap else None), (_png(_blend(image, scaled, heat, opacity)) if overlay else None)
+    heat_png = encode_png(heat, FILTER_NONE) if heatmap else None
+    return heat_png, (encode_png(_blend(image, scaled, heat, opacity), FILTER_UP) if overlay else None)
