@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
-#   bash benchmarks/gpu_run.sh [tests] [variants] [resnet101] [resnet101-compile] [lite0] [eval]
+#   bash benchmarks/gpu_run.sh [tests] [variants] [resnet101] [resnet101-compile] [lite0] [host] [eval]
 # (default: all but eval; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model).
 # Preparing an offline machine whose Python already has CUDA torch and torchvision (both ignored by git):
@@ -22,7 +22,7 @@ IMAGES=${IMAGES:-shared/data/imagenet-samples}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)" | tee -a "$OUT/gpu.txt"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests variants resnet101 lite0)
+[ ${#steps[@]} -eq 0 ] && steps=(tests variants resnet101 lite0 host)
 for step in "${steps[@]}"; do
 case "$step" in
 tests)
@@ -47,6 +47,9 @@ resnet101-compile)  # the same with IDG_COMPILE (compiled at 8..128 before the f
 lite0)
     python3 -m benchmarks.run --label h100-efficientnet_lite0 --model efficientnet_lite0 --device cuda --images "$IMAGES" \
         --batch-sizes 1 8 32 --batch-size 128 --repeats 3 --peak-tflops "${PEAK_FP32_TFLOPS:-67}" --load-levels --out "$OUT" 2>&1 | tail -12
+    ;;
+host)  # the host's cost per attribution outside the model (decode, render, answer), on that machine's CPU
+    python3 -m benchmarks.host_cost --label h100-host-cost --images "$IMAGES" --out "$OUT" 2>&1 | tail -3
     ;;
 eval)
     model=${EVAL_MODEL:-efficientnet_lite2}
