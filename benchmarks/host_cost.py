@@ -170,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    torch.set_num_threads(1)
-    model = load_model(args.model)
-    rows = measure(model, sorted(args.images.glob("*.JPEG"))[: args.photos], args.repeats, args.threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core's cost per stage
+    try:
+        model = load_model(args.model)
+        rows = measure(model, sorted(args.images.glob("*.JPEG"))[: args.photos], args.repeats, args.threads)
+    finally:
+        torch.set_num_threads(threads)
     meta = {"label": args.label, "date": date.today().isoformat(), "machine": machine(), "model": args.model, "repeats": args.repeats}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

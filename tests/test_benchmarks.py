@@ -1,13 +1,18 @@
-"""The load benchmark's host CPU accounting (benchmarks/service_load.py) and its report columns."""
+"""The benchmarks' own logic: the load benchmark's host CPU accounting and report columns, the host-cost script."""
 
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
+from benchmarks import host_cost
 from benchmarks.run import render
 from benchmarks.service_load import host_cpu_s
+from benchmarks.speed import SAMPLES
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -36,3 +41,19 @@ def test_the_report_shows_host_cpu_per_attribution() -> None:
     assert "| 50% | 12.3 | 5.7 |" in text and "1000 / E" in text
     older = {k: v for k, v in row.items() if not k.endswith("per_attr")}  # a run from before these columns
     assert "| 50% | n/a | n/a |" in render(meta, [], [older])
+
+
+def test_the_host_cost_benchmark_runs_the_services_own_stages(tmp_path: Path) -> None:
+    """One photo, one repeat: the script still drives the service's decode, render and answer (an
+    API change there breaks this, not a GPU run months later), and its report adds up."""
+    photo = sorted(SAMPLES.glob("*.JPEG"))[:1]
+    if not photo:
+        pytest.skip(f"no sample photos in {SAMPLES}")
+    threads = torch.get_num_threads()
+    assert host_cost.main(["--photos", "1", "--repeats", "1", "--threads", "2", "--out", str(tmp_path), "--label", "t"]) == 0
+    assert torch.get_num_threads() == threads  # the rest of the test session keeps its threads
+    (row,) = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert row["photo"] == photo[0].name and min(row["decode_ms"], row["render_ms"], row["answer_json_ms"]) > 0
+    assert row["passes"] == {"forward_passes": 25, "backward_passes": 16}  # the fast preset's IDG 8/16 and the prediction
+    total = row["decode_ms"] + row["render_ms"] + row["answer_json_ms"]
+    assert f"**{total:.2f}**" in (tmp_path / "t.md").read_text()
