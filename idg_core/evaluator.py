@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from idg_core.types import Answer, Model, PlanOf, Query
+from idg_core.types import Answer, Model, PlanOf, Query, to_device
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -50,7 +50,8 @@ class CallStats:
 @dataclass(frozen=True)
 class _Rows:
     """What a model call selects per row, known on the host (so the hot path never waits on the
-    device to decide): target classes, which rows want a probability, and their extremes."""
+    device to decide): target classes, which rows want a probability, and their extremes; sent to
+    the device without a synchronisation (:func:`idg_core.types.to_device`)."""
 
     targets: Tensor  # (rows,) long, on the device
     is_prob: Tensor | None  # (rows,) bool on the device, None when no row wants a probability
@@ -60,8 +61,8 @@ class _Rows:
     def of(queries: Sequence[Query], chunk: list[tuple[int, int, int]], device: torch.device) -> _Rows:
         targets = [queries[qi].target for qi, a, b in chunk for _ in range(b - a)]
         probs = [queries[qi].output == "probability" for qi, a, b in chunk for _ in range(b - a)]
-        is_prob = torch.tensor(probs, device=device) if any(probs) else None
-        return _Rows(torch.tensor(targets, dtype=torch.long, device=device), is_prob, max(targets))
+        is_prob = to_device(torch.tensor(probs), device) if any(probs) else None
+        return _Rows(to_device(torch.tensor(targets, dtype=torch.long), device), is_prob, max(targets))
 
 
 def _select(logits: Tensor, rows: _Rows) -> Tensor:

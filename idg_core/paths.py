@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from idg_core.types import BaselineLike
+from idg_core.types import BaselineLike, to_device
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def resolve_baseline(baseline: BaselineLike, x: Tensor, mean: Sequence[float] | 
         if baseline == "mean":
             if x.shape[-3] != 3:
                 raise ValueError(f"baseline 'mean' needs 3-channel images, got {x.shape[-3]} channels")
-            colour = torch.tensor(IMAGENET_MEAN if mean is None else tuple(mean), dtype=x.dtype, device=x.device).view(3, 1, 1)
+            colour = to_device(torch.tensor(IMAGENET_MEAN if mean is None else tuple(mean), dtype=x.dtype), x.device).view(3, 1, 1)
             return colour.expand_as(x).clone()
         raise ValueError(f"baseline must be 'black', 'mean' or a tensor, got {baseline!r}")
     if not isinstance(baseline, Tensor):

@@ -26,6 +26,19 @@ def _empty() -> Tensor:
     return torch.empty(0)
 
 
+def to_device(values: Tensor, device: torch.device) -> Tensor:
+    """A small host tensor (path positions, target classes) on ``device`` without waiting for the
+    device. PyTorch's plain host-to-CUDA copy synchronises the stream (``memcpy_and_sync``): the
+    host would wait for the previous model call to finish before it can prepare the next, so the
+    GPU idles while Python launches every call. Staged through pinned memory the copy is queued
+    behind the running work instead (PyTorch keeps the pinned block until the copy is done)."""
+    if values.device == device:
+        return values
+    if device.type != "cuda" or values.device.type != "cpu":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class AttributionResult:
     """What every method returns. Fields that do not apply to a method are empty tensors.
@@ -100,7 +113,7 @@ class Query:
         """The points ``start:stop`` as a ``(stop - start, C, H, W)`` tensor."""
         if self.direction is None:
             return self.origin[start:stop]
-        a = self.alphas[start:stop].to(self.origin.device, self.origin.dtype)
+        a = to_device(self.alphas[start:stop].to(self.origin.dtype), self.origin.device)
         return self.origin.unsqueeze(0) + a.view(-1, 1, 1, 1) * self.direction.unsqueeze(0)
 
 

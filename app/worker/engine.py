@@ -358,6 +358,8 @@ class Worker:
             called = time.perf_counter()
             try:
                 answered = answer_rows(model, work, batch, self.stats, skip=self._dropped)
+                if self.device.type == "cuda":  # the calls are queued without waits; busy time ends when their results are in
+                    torch.cuda.synchronize(self.device)
                 break
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from idg_core import idg, ig
+from idg_core import evaluate_queries, idg, ig
 from idg_core.models import ImageClassifier, Preprocessing, set_tf32, tune
+from idg_core.types import Query, to_device
 from tests.models import SmallCNN, small_classifier
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -217,3 +218,39 @@ def test_a_convolution_run_twice_keeps_its_batch_norms() -> None:
     folded = fold_batchnorm(net)
     assert folded is net  # nothing could be folded
     torch.testing.assert_close(folded(x), net(x))
+
+
+def _queries(x: torch.Tensor) -> list[Query]:
+    """Path queries of three images, one asking a probability, longer than a model call."""
+    base = torch.zeros_like(x[0])
+    alphas = torch.linspace(0, 1, 11, dtype=torch.float64)
+    return [Query.path(base, x[i] - base, alphas, target=i, grad=grad, output="probability" if i == 1 else "logit")
+            for i in range(3) for grad in (False, True)]
+
+
+def test_to_device_leaves_a_tensor_where_it_is() -> None:
+    t = torch.arange(4)
+    assert to_device(t, torch.device("cpu")) is t
+
+
+@pytest.mark.gpu
+@cuda
+def test_model_calls_never_wait_for_the_device() -> None:
+    """No model call's preparation synchronises with the GPU (PyTorch's sync debug mode raises on a
+    blocking copy or a stream sync), and the answers equal the CPU's."""
+    x = images()
+    cpu = evaluate_queries(tune(small_classifier(), precision="fp32"), _queries(x), batch_size=8)
+    model = tune(small_classifier().cuda(), precision="fp32")
+    queries = _queries(x.cuda())
+    evaluate_queries(model, queries, batch_size=8)  # warm-up: first-call allocations may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gpu = evaluate_queries(model, queries, batch_size=8)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for c, g in zip(cpu, gpu, strict=True):
+        torch.testing.assert_close(g.values.cpu(), c.values, rtol=1e-4, atol=1e-6)
+        if c.grads is not None:
+            assert g.grads is not None
+            torch.testing.assert_close(g.grads.cpu(), c.grads, rtol=1e-3, atol=1e-6)
