@@ -28,6 +28,7 @@ from idg_core.models.preprocess import (
     decode_image,
     open_image,
 )
+from idg_core.types import to_device
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 LARGE_DECODE_PIXELS = 4_000_000
@@ -91,7 +92,7 @@ def model_input(data: bytes, model: ImageClassifier, settings: Settings, device:
     p = model.preprocessing
     img = decode_upload(data, settings.max_image_pixels, max_side=settings.max_image_side,
                         max_aspect_ratio=settings.max_aspect_ratio, min_side=p.resize_size)
-    return model.prepare(img).to(device)
+    return to_device(model.prepare(img), device)  # queued behind the running model call, not waiting for it
 
 
 async def load_input(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device) -> Tensor:
