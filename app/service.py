@@ -21,7 +21,7 @@ from app.planning import AttributePlan, check_top_k, plan_attribute, plan_explai
 from app.render import attribute_response, method_label, render, top_classes
 from app.schemas import AttributeCommon, AttributeResponse, PredictExplainParams, PredictResponse, Timings
 from app.worker.engine import Worker
-from app.worker.waiting import IsDisconnected, OnEvent, Outcome, submit_and_wait
+from app.worker.waiting import OnEvent, Outcome, UntilDisconnected, submit_and_wait
 from idg_core.explain import predict_plan
 from idg_core.models import ImageClassifier
 from idg_core.models.speed import model_precision
@@ -59,7 +59,7 @@ class Service:
         return name, model, plan_attribute(self.settings, params, model)
 
     async def predict(
-        self, data: bytes, params: PredictExplainParams, received: float, is_disconnected: IsDisconnected | None = None,
+        self, data: bytes, params: PredictExplainParams, received: float, until_disconnected: UntilDisconnected | None = None,
     ) -> PredictResponse:
         """Decode, queue, wait: the top classes, and with ``explain_if`` the explanation of the
         predicted class when the condition holds (its parameters checked before any work)."""
@@ -68,12 +68,12 @@ class Service:
         condition, explain = plan_explain_if(params)
         checked = None if explain is None else self.check_attribute(explain)
         x = await load_input(data, model, self.settings, self.device)
-        outcome = await self.run(is_disconnected, name, predict_plan(x), "predict", priority=0)
+        outcome = await self.run(until_disconnected, name, predict_plan(x), "predict", priority=0)
         held = None if condition is None else condition(Facts.of(outcome.value))
         self.metrics.predictions.labels(name, {None: "none", True: "held", False: "not_held"}[held]).inc()
         explanation = None
         if held and explain is not None and checked is not None:
-            explanation = await self.explain(x, explain, checked, received, is_disconnected, probs=outcome.value)
+            explanation = await self.explain(x, explain, checked, received, until_disconnected, probs=outcome.value)
             self.metrics.explanations.labels(name).inc()
         return PredictResponse(
             model=name,
@@ -84,23 +84,23 @@ class Service:
         )
 
     async def attribute(
-        self, data: bytes, params: AttributeCommon, received: float, is_disconnected: IsDisconnected | None = None,
+        self, data: bytes, params: AttributeCommon, received: float, until_disconnected: UntilDisconnected | None = None,
         on_event: OnEvent | None = None, checked: Checked | None = None,
     ) -> AttributeResponse:
         """Check (unless the route did: ``checked``), decode, queue, wait and render one attribution;
         raises :class:`ApiError`."""
         checked = checked or self.check_attribute(params)
         x = await load_input(data, checked[1], self.settings, self.device)
-        return await self.explain(x, params, checked, received, is_disconnected, on_event)
+        return await self.explain(x, params, checked, received, until_disconnected, on_event)
 
     async def explain(
-        self, x: Tensor, params: AttributeCommon, checked: Checked, received: float, is_disconnected: IsDisconnected | None = None,
+        self, x: Tensor, params: AttributeCommon, checked: Checked, received: float, until_disconnected: UntilDisconnected | None = None,
         on_event: OnEvent | None = None, probs: Tensor | None = None,
     ) -> AttributeResponse:
         """:meth:`attribute` of a decoded input ``x``, checked; with ``probs`` (from /predict) no prediction pass."""
         name, model, planned = checked
         plan = planned.plan(x, params, probs)
-        outcome = await self.run(is_disconnected, name, plan, "attribute", priority=1, on_event=on_event, cost=planned.cost(x, probs))
+        outcome = await self.run(until_disconnected, name, plan, "attribute", priority=1, on_event=on_event, cost=planned.cost(x, probs))
         found = outcome.value
         for metric, value in found.scores.items():
             self.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
@@ -111,9 +111,9 @@ class Service:
         return attribute_response(name, model, params, planned, found, model_precision(model, self.device), timings, images)
 
     async def run(
-        self, is_disconnected: IsDisconnected | None, model: str, plan: PlanOf[T], kind: str, *, priority: int,
+        self, until_disconnected: UntilDisconnected | None, model: str, plan: PlanOf[T], kind: str, *, priority: int,
         on_event: OnEvent | None = None, cost: float = 1.0,
     ) -> Outcome[T]:
         """Submit ``plan`` to the worker and wait for it within the request deadline (:func:`submit_and_wait`)."""
-        return await submit_and_wait(self.worker, self.metrics, self.settings.request_timeout_s, is_disconnected, model, plan, kind,
+        return await submit_and_wait(self.worker, self.metrics, self.settings.request_timeout_s, until_disconnected, model, plan, kind,
                                      priority=priority, on_event=on_event, cost=cost)

@@ -19,7 +19,9 @@ from idg_core.types import PlanOf
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-IsDisconnected = Callable[[], Awaitable[bool]]
+UntilDisconnected = Callable[[], Awaitable[None]]
+"""Returns once the request's client has gone away (never, while it stays): see
+:func:`app.api.requests.until_disconnected`."""
 OnEvent = Callable[[dict[str, Any]], None]
 
 
@@ -33,7 +35,7 @@ class Outcome(Generic[T]):
 
 
 async def submit_and_wait(
-    worker: Worker, metrics: Metrics, timeout: float, is_disconnected: IsDisconnected | None, model: str, plan: PlanOf[T], kind: str,
+    worker: Worker, metrics: Metrics, timeout: float, until_disconnected: UntilDisconnected | None, model: str, plan: PlanOf[T], kind: str,
     *, priority: int, on_event: OnEvent | None = None, cost: float = 1.0,
 ) -> Outcome[T]:
     """Queue a plan (``cost``: its work units at most) and wait for it within the deadline;
@@ -47,7 +49,7 @@ async def submit_and_wait(
         plan.close()
         metrics.rejections.labels(err.reason).inc()
         raise ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy") from err
-    watcher = asyncio.create_task(_watch(worker, is_disconnected, job)) if is_disconnected is not None else None
+    watcher = asyncio.create_task(_watch(worker, until_disconnected, job)) if until_disconnected is not None else None
     late = f"the request did not finish within its deadline of {timeout:g} s"
     try:
         value = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, job.deadline - time.monotonic()))
@@ -72,14 +74,17 @@ async def submit_and_wait(
     started = job.started or job.enqueued
     return Outcome(value, (started - job.enqueued) * 1000, ((job.finished or time.monotonic()) - started) * 1000)
 
-async def _watch(worker: Worker, is_disconnected: IsDisconnected, job: Job) -> None:
-    """Drop the job when its client goes away."""
-    while not job.future.done():
-        if await is_disconnected():
-            log.info("client of job %d went away; dropping it", job.id)
-            worker.cancel(job, "client_disconnected")
-            return
-        await asyncio.sleep(0.2)
+async def _watch(worker: Worker, until_disconnected: UntilDisconnected, job: Job) -> None:
+    """Drop the job when its client goes away. It waits for the disconnect, it does not poll: a
+    request waiting in a long queue costs the event loop nothing."""
+    try:
+        await until_disconnected()
+    except Exception:  # noqa: BLE001 - a server whose receive fails: this job is just not watched
+        log.debug("cannot watch the client of job %d", job.id, exc_info=True)
+        return
+    if not job.future.done():
+        log.info("client of job %d went away; dropping it", job.id)
+        worker.cancel(job, "client_disconnected")
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

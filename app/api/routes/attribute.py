@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from app.api.deps import get_service, require_api_key
 from app.api.failures import alone, internal_error
-from app.api.requests import body_docs, read_batch_request, read_image_request
+from app.api.requests import body_docs, read_batch_request, read_image_request, until_disconnected
 from app.core.errors import ApiError
 from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, BatchItem, BatchResponse, ErrorDetail
 from app.service import Service
@@ -33,7 +33,7 @@ async def attribute(request: Request, service: Annotated[Service, Depends(get_se
     (``curl -F file=@photo.jpg -F method=idg -F target=207``) or JSON with a base64 ``image``."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
-    return await alone(service.attribute(data, params, received, request.is_disconnected), "POST /attribute")
+    return await alone(service.attribute(data, params, received, until_disconnected(request)), "POST /attribute")
 
 
 def _sse(event: str, payload: dict[str, Any]) -> str:
@@ -59,7 +59,7 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
 
     async def work() -> None:
         try:
-            result = await service.attribute(data, params, received, request.is_disconnected,
+            result = await service.attribute(data, params, received, until_disconnected(request),
                                            on_event=lambda e: events.put_nowait((e.pop("event"), e)), checked=checked)
             events.put_nowait(("result", result.model_dump(mode="json")))
         except Exception as err:  # noqa: BLE001 - whatever fails, the stream ends with an ``error`` event
@@ -92,7 +92,7 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
 
     async def one(name: str, data: bytes) -> BatchItem:
         try:
-            result = await service.attribute(data, params, received, request.is_disconnected, checked=checked)
+            result = await service.attribute(data, params, received, until_disconnected(request), checked=checked)
             return BatchItem(filename=name, status=200, result=result)
         except Exception as err:  # noqa: BLE001 - whatever fails, it fails this item only
             api = err if isinstance(err, ApiError) else internal_error(err, f"POST /attribute/batch item {name!r}")

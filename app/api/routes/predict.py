@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 
 from app.api.deps import get_service, require_api_key
 from app.api.failures import alone
-from app.api.requests import body_docs, read_image_request
+from app.api.requests import body_docs, read_image_request, until_disconnected
 from app.schemas import ERROR_RESPONSES, PredictExplainParams, PredictJSON, PredictResponse
 from app.service import Service
 
@@ -25,4 +25,4 @@ async def predict(request: Request, service: Annotated[Service, Depends(get_serv
     predicted class when the condition holds, and only the prediction when it does not."""
     received = time.perf_counter()
     data, params = await read_image_request(request, PredictExplainParams, PredictJSON, service.settings.max_upload_bytes)
-    return await alone(service.predict(data, params, received, request.is_disconnected), "POST /predict")
+    return await alone(service.predict(data, params, received, until_disconnected(request)), "POST /predict")

@@ -155,3 +155,24 @@ def test_a_client_leaving_while_its_job_runs_counts_499_not_503(served: Served) 
     assert served.metric(sample % 503) == 0
     assert served.metric(sample % 500) == 0
     assert "Traceback" not in served.log()
+
+
+def test_a_client_that_leaves_while_its_attribution_waits_has_its_work_dropped(served: Served) -> None:
+    """The socket closes while the attribution is in the worker: its job is dropped within a
+    moment (not at its deadline), so at most the model call already running touches it."""
+    calls = 'idg_model_calls_total{model="tiny"}'
+    body = json.dumps({"image": base64.b64encode(image_bytes()).decode(), "method": "idg", "steps": 64, "probe_steps": 8}).encode()
+    sock = _connect(served)
+    sock.sendall(b"POST /attribute HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    _metric_becomes(served, "idg_queue_depth", 1.0, limit_s=MARGIN_S)  # admitted: 9 model calls of MODEL_S each to go
+    sock.close()
+    left = time.monotonic()
+    _metric_becomes(served, "idg_queue_depth", 0.0, limit_s=MARGIN_S)
+    assert time.monotonic() - left < MARGIN_S
+    after = served.metric(calls)
+    time.sleep(2.5 * MODEL_S)
+    assert served.metric(calls) <= after + 1  # the call running when it left, at most
+    log = served.log()
+    assert "went away; dropping it" in log
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
