@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from app.planning import AttributePlan
@@ -20,9 +21,19 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+class NonFiniteAttribution(ValueError):
+    """The attribution holds a NaN or an infinity: the model's outputs or gradients overflowed."""
+
+
 def render(x: Tensor, result: AttributionResult, params: AttributeCommon) -> dict[str, Any]:
-    """The images and the optional raw array the request asked for, as base64 response fields."""
+    """The images and the optional raw array the request asked for, as base64 response fields;
+    :class:`NonFiniteAttribution` instead of a heatmap of NaNs."""
     attr = result.attributions[0].detach().float().cpu()
+    if not bool(torch.isfinite(attr).all()):
+        bad = int((~torch.isfinite(attr)).sum())
+        raise NonFiniteAttribution(
+            f"the attribution is not finite at {bad} of {attr.numel()} values (NaN or infinity): the model's outputs or "
+            "gradients overflowed on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
     image = x.detach().float().cpu()
     heatmap, overlay = None, None
     if params.return_heatmap or params.return_overlay:

@@ -18,7 +18,7 @@ from app.core.images import load_input
 from app.core.prometheus import Metrics
 from app.explain_if import Facts
 from app.planning import AttributePlan, check_top_k, plan_attribute, plan_explain_if
-from app.render import attribute_response, method_label, render, top_classes
+from app.render import NonFiniteAttribution, attribute_response, method_label, render, top_classes
 from app.schemas import AttributeCommon, AttributeResponse, PredictExplainParams, PredictResponse, Timings
 from app.worker.engine import Worker
 from app.worker.waiting import OnEvent, Outcome, UntilDisconnected, submit_and_wait
@@ -105,7 +105,10 @@ class Service:
         for metric, value in found.scores.items():
             self.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
         rendered_at = time.perf_counter()
-        images = await asyncio.to_thread(render, x, found.result, params)
+        try:
+            images = await asyncio.to_thread(render, x, found.result, params)
+        except NonFiniteAttribution as err:
+            raise ApiError(500, str(err), code="model_error") from err
         timings = Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, render_ms=(time.perf_counter() - rendered_at) * 1000,
                           total_ms=(time.perf_counter() - received) * 1000)
         return attribute_response(name, model, params, planned, found, model_precision(model, self.device), timings, images)
