@@ -51,6 +51,13 @@ def test_bad_arguments_raise() -> None:
         overlay_png(torch.zeros(3, 2, 2), torch.zeros(3, 2, 2), opacity=2)
     with pytest.raises(ValueError, match="attribution"):
         heatmap_png(torch.zeros(2, 2))
+    for bad in (float("nan"), float("inf")):
+        attr = torch.ones(3, 4, 4)
+        attr[1, 2, 3] = bad
+        with pytest.raises(ValueError, match="not finite"):
+            heatmap_png(attr)
+        with pytest.raises(ValueError, match="not finite"):
+            overlay_png(torch.zeros(3, 4, 4), attr)
 
 
 @pytest.mark.parametrize(("peak", "dtype"), [(1.0, "float16"), (65504.0, "float16"), (7e4, "float32"), (-3e38, "float32")])
