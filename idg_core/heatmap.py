@@ -68,13 +68,17 @@ def _scaled(values: np.ndarray, outlier_perc: float) -> np.ndarray:
 def scale(values: Tensor, outlier_perc: float = 2.0) -> Tensor:
     """Divide by the value below which ``100 - outlier_perc`` % of the |mass| lies (Captum's
     cumulative-sum threshold) and clip to [-1, 1]. An all-zero map stays zero."""
-    _check_outlier_perc(outlier_perc)
     return torch.from_numpy(_scaled(values.detach().cpu().double().numpy(), outlier_perc))
+
+
+def _photo(image: Tensor) -> np.ndarray:
+    """``image (C, H, W)`` in [0, 1] as an ``(H, W, C)`` float32 array of 0..255 values."""
+    return image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * np.float32(255)
 
 
 def image_png(image: Tensor) -> bytes:
     """``image (3, H, W)`` in [0, 1] (grey ``(1, H, W)`` too) as PNG bytes."""
-    photo = (image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    photo = _photo(image).round().astype(np.uint8)
     return encode_png(photo[..., 0] if photo.shape[2] == 1 else photo, FILTER_UP)
 
 
@@ -113,7 +117,7 @@ def heatmap_png(attribution: Tensor, *, signed: bool = False, colormap: str | No
 def _blend(image: Tensor, scaled: np.ndarray, heat: np.ndarray, opacity: float) -> np.ndarray:
     """``heat`` over ``image`` with per-pixel weight ``opacity`` x sqrt(|scaled|), as uint8."""
     weight = np.sqrt(np.abs(scaled))[..., None] * np.float32(opacity)
-    photo = image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * np.float32(255)
+    photo = _photo(image)
     if photo.shape[2] == 1:
         photo = np.repeat(photo, 3, axis=2)
     blended = photo * (1 - weight) + heat * weight

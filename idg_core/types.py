@@ -27,8 +27,8 @@ def _empty() -> Tensor:
 
 
 def to_device(values: Tensor, device: torch.device) -> Tensor:
-    """A small host tensor (path positions, target classes) on ``device`` without waiting for the
-    device. PyTorch's plain host-to-CUDA copy synchronises the stream (``memcpy_and_sync``): the
+    """A host tensor (path positions, target classes, an upload) on ``device`` without waiting for
+    the device. PyTorch's plain host-to-CUDA copy synchronises the stream (``memcpy_and_sync``): the
     host would wait for the previous model call to finish before it can prepare the next, so the
     GPU idles while Python launches every call. Staged through pinned memory the copy is queued
     behind the running work instead (PyTorch keeps the pinned block until the copy is done)."""
