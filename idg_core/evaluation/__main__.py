@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from idg_core.evaluation.cost import COST_GRID, write_cost_report
+from idg_core.evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
 from idg_core.evaluation.report import merge_earlier, write_report
 from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, VARIANTS, EvalConfig, evaluate_folder
 from idg_core.models import PRECISIONS, load_model, tune
@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", default="paper", choices=["paper", "cost"],
                    help="paper: the paper's methods and ablation with all four metrics; cost: IDG and IG over a grid of "
                         "step counts, insertion and deletion only (the table the presets come from)")
-    p.add_argument("--methods", nargs="+", default=None, help=f"subset of {', '.join([*MAIN_METHODS, *ABLATION, *VARIANTS])} (paper suite)")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help=f"paper suite: a subset of {', '.join([*MAIN_METHODS, *ABLATION, *VARIANTS])}; cost suite: rows of its grid "
+                        f"({', '.join(REFERENCES.get(n, n) for n in COST_GRID)}; IG-50 and IDG-50/50 are always kept)")
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
     p.add_argument("--limit", type=int, default=None, help="first N images only")
     p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default="mean", choices=["mean", "black"],
                    help="mean: the model's normalisation mean (zero in its normalised space), as the service's default")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="fp32 is IEEE (no TF32) also on CUDA")
+    p.add_argument("--fold-bn", action="store_true", help="fold batch norm into the convolutions, as the service does")
+    p.add_argument("--channels-last", action="store_true", help="channels-last memory format (the service's CPU default)")
     p.add_argument("--pair-with", type=Path, default=None,
                    help="an earlier run's per_image.csv with the same model and settings: its other methods (e.g. IDG, AGI) "
                         "join the report, paired by image, without being computed again")
@@ -56,14 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     metrics: tuple[str, ...]
     if args.suite == "cost":
-        chosen, metrics = COST_GRID, ("insertion", "deletion")
+        try:
+            chosen, metrics = cost_grid(args.methods), ("insertion", "deletion")
+        except ValueError as exc:
+            p.error(str(exc))
     else:
         catalogue = {**MAIN_METHODS, **({} if args.no_ablation else ABLATION)}
         chosen, metrics = {n: {**catalogue, **VARIANTS}[n] for n in (args.methods or catalogue)}, ALL_METRICS
     cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
                      pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision,
-                     metrics=metrics)
-    model = tune(load_model(args.model, args.weights).to(args.device).eval(), precision=args.precision)
+                     metrics=metrics, fold_bn=args.fold_bn, channels_last=args.channels_last)
+    model = tune(load_model(args.model, args.weights).to(args.device).eval(), precision=args.precision,
+                 fold_bn=args.fold_bn, channels_last=args.channels_last)
     images = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpeg", ".jpg", ".png"))
     total = len(images)
     images = images[: args.limit] if args.limit else images

@@ -37,6 +37,20 @@ def _label(name: str) -> str:
     return REFERENCES.get(name, name)
 
 
+def cost_grid(names: list[str] | None = None) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The grid, or the rows ``names`` picks from it (a table for a costlier model at a fraction of the
+    time). Names as the table prints them (``IDG-8/16``, ``IG-50``, ``IDG-50/50``); the two references are
+    always kept, since every paired column is against them."""
+    if not names:
+        return dict(COST_GRID)
+    by_label = {_label(n): n for n in COST_GRID}
+    unknown = [n for n in names if n not in by_label and n not in COST_GRID]
+    if unknown:
+        raise ValueError(f"not in the cost grid: {', '.join(unknown)} (choose from {', '.join(by_label)})")
+    keep = {by_label.get(n, n) for n in names} | set(REFERENCES)
+    return {n: spec for n, spec in COST_GRID.items() if n in keep}
+
+
 def paired(records: list[dict[str, Any]], name: str, ref: str, metric: str) -> tuple[float, float, int]:
     """Mean of (name − ref) per image, signed so that > 0 means ``name`` is better (lower deletion
     is better), its 95% half-width and n."""

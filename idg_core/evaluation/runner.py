@@ -75,6 +75,8 @@ class EvalConfig:
     batch_size: int = 32
     precision: str = "fp32"
     metrics: tuple[str, ...] = ALL_METRICS
+    fold_bn: bool = False  # the service's CPU settings (IDG_FOLD_BN, IDG_CHANNELS_LAST): the same function up to rounding
+    channels_last: bool = False
 
     def key(self) -> str:
         fields = asdict(self)
@@ -85,6 +87,9 @@ class EvalConfig:
             del fields["precision"]
         if tuple(fields["metrics"]) == ALL_METRICS:
             del fields["metrics"]
+        for speed in ("fold_bn", "channels_last"):
+            if not fields[speed]:
+                del fields[speed]
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from idg_core.evaluation.cost import COST_GRID, choose_fast, cost_rows, write_cost_report
 
 
@@ -47,3 +49,24 @@ def test_the_paper_setting_is_the_fallback_and_nothing_passes_when_idg_loses_to_
     assert choose_fast(cost_rows(records)) is None
     text = write_cost_report(records, tmp_path, machine="test", date="today", model="tiny").read_text()
     assert "No IDG row meets the rule" in text and "| IDG-8/8 | 16 / 8 |" in text
+
+
+def test_a_subset_of_the_grid_keeps_both_references_and_names_unknown_rows() -> None:
+    from idg_core.evaluation.cost import cost_grid
+
+    assert list(cost_grid(["IDG-8/16"])) == ["IDG-8/16", "IDG", "IG"]
+    assert list(cost_grid(["IG-50", "IDG-8/8", "IDG-50/50"])) == ["IDG-8/8", "IDG", "IG"]
+    assert cost_grid() == COST_GRID and cost_grid() is not COST_GRID
+    with pytest.raises(ValueError, match=r"IDG-8/12 \(choose from IDG-4/4, IDG-8/8, IDG-8/16"):
+        cost_grid(["IDG-8/12"])
+
+
+def test_the_cost_cache_keeps_its_key_and_the_cpu_settings_get_their_own() -> None:
+    """A new field must not orphan the cache the Lite0 table was made from (a run resumes from it); a run with the service's
+    CPU settings (folded batch norm, channels-last) must not mix its rows into an unfolded cache."""
+    from idg_core.evaluation.runner import EvalConfig
+
+    cfg = EvalConfig(methods=dict(COST_GRID), rise_step=896, batch_size=8, metrics=("insertion", "deletion"))
+    assert cfg.key() == "773ce62bdb"
+    folded = EvalConfig(methods=dict(COST_GRID), rise_step=896, batch_size=8, metrics=("insertion", "deletion"), fold_bn=True)
+    assert folded.key() != cfg.key()
