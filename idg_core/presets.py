@@ -3,10 +3,10 @@
 ``paper`` is the paper's setting for every method (IDG N = M = 50, 50 steps elsewhere). ``fast``
 is the cheapest IDG whose insertion and deletion stay within noise of IDG-50/50 and are not worse
 than IG-50, paired per image on the 65 sample photos (``python -m idg_core.evaluation --suite cost``;
-table in ``results/cost-efficientnet_lite0/cost.md``). On EfficientNet-Lite0 (44 of the samples, IEEE fp32)
-IDG 8 probe / 16 main steps is that row: against IDG-50/50 insertion −0.002 ± 0.007 and deletion −0.002 ± 0.005
-(> 0 favours 8/16), against IG-50 +0.039 ± 0.021 and +0.022 ± 0.013, at 24 forward + 16 gradient passes instead
-of 100 + 50; IDG 8/8 loses insertion to IDG-50/50 (−0.010 ± 0.007). Only IDG was measured for ``fast``: the
+table in ``results/cost-efficientnet_lite0/cost.md``). On EfficientNet-Lite0 (all 65 samples, IEEE fp32)
+IDG 8 probe / 16 main steps is that row: against IDG-50/50 insertion −0.003 ± 0.006 and deletion −0.002 ± 0.005
+(> 0 favours 8/16), against IG-50 +0.032 ± 0.017 and +0.023 ± 0.012, at 24 forward + 16 gradient passes instead
+of 100 + 50; IDG 8/8 loses insertion to IDG-50/50 (−0.012 ± 0.007). Only IDG was measured for ``fast``: the
 other methods keep their paper settings under it. Explicit ``steps``/``probe_steps`` override a preset.
 """
 

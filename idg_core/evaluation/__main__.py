@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -76,9 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     total = len(images)
     images = images[: args.limit] if args.limit else images
     records = evaluate_folder(model, images, args.out, cfg, workers=args.workers)
-    machine, date = f"{_machine()}, precision {args.precision}", time.strftime("%Y-%m-%d")
+    speed = "".join(f", {flag}" for flag, on in (("batch norm folded", args.fold_bn), ("channels-last", args.channels_last)) if on)
+    machine, date = f"{_machine()}, precision {args.precision}{speed}", time.strftime("%Y-%m-%d")
     if args.suite == "cost":
-        path = write_cost_report(records, args.out, machine=machine, date=date, model=args.model, rise_step=args.rise_step)
+        command = " ".join(["python -m idg_core.evaluation", *(sys.argv[1:] if argv is None else argv)])
+        path = write_cost_report(records, args.out, machine=machine, date=date, model=args.model, rise_step=args.rise_step,
+                                 command=command)
     else:
         earlier = (args.pair_with, merge_earlier(records, args.pair_with)) if args.pair_with else None
         path = write_report(records, args.out, machine=machine, date=date, model=args.model, total_images=total, earlier=earlier)

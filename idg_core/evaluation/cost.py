@@ -80,7 +80,8 @@ def cost_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_cost_report(records: list[dict[str, Any]], out: Path, *, machine: str, date: str, model: str, rise_step: int = 224) -> Path:
+def write_cost_report(records: list[dict[str, Any]], out: Path, *, machine: str, date: str, model: str, rise_step: int = 224,
+                      command: str | None = None) -> Path:
     """``cost.md`` (the table) and ``cost.png`` (insertion and deletion against model passes)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = cost_rows(records)
@@ -95,6 +96,7 @@ def write_cost_report(records: list[dict[str, Any]], out: Path, *, machine: str,
              f"space; RISE step {rise_step} pixels. Paired columns: mean of (row − reference) per image ± half-width of the 95% "
              "interval, signed so that > 0 means the row is **better** (for deletion: lower); bold where the interval "
              "excludes 0. Passes are per image: forward passes (including the probe) / passes with an input gradient.", "",
+             *([f"Made with `{command}` (it resumes from its cache).", ""] if command else []),
              "| method | forward / gradient passes | insertion ↑ | deletion ↓ | insertion vs IG-50 | deletion vs IG-50 "
              "| insertion vs IDG-50/50 | deletion vs IDG-50/50 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

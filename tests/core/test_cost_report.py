@@ -48,7 +48,9 @@ def test_the_paper_setting_is_the_fallback_and_nothing_passes_when_idg_loses_to_
         r["methods"]["IDG"]["deletion"] = 0.35  # now worse than IG-50 on deletion
     assert choose_fast(cost_rows(records)) is None
     text = write_cost_report(records, tmp_path, machine="test", date="today", model="tiny").read_text()
-    assert "No IDG row meets the rule" in text and "| IDG-8/8 | 16 / 8 |" in text
+    assert "No IDG row meets the rule" in text and "| IDG-8/8 | 16 / 8 |" in text and "Made with" not in text
+    text = write_cost_report(records, tmp_path, machine="test", date="today", model="tiny", command="python -m x --suite cost").read_text()
+    assert "Made with `python -m x --suite cost`" in text
 
 
 def test_a_subset_of_the_grid_keeps_both_references_and_names_unknown_rows() -> None:
