@@ -6,7 +6,9 @@ than IG-50, paired per image on the 65 sample photos (``python -m idg_core.evalu
 table in ``results/cost-efficientnet_lite0/cost.md``). On EfficientNet-Lite0 (all 65 samples, IEEE fp32)
 IDG 8 probe / 16 main steps is that row: against IDG-50/50 insertion −0.003 ± 0.006 and deletion −0.002 ± 0.005
 (> 0 favours 8/16), against IG-50 +0.032 ± 0.017 and +0.023 ± 0.012, at 24 forward + 16 gradient passes instead
-of 100 + 50; IDG 8/8 loses insertion to IDG-50/50 (−0.012 ± 0.007). Only IDG was measured for ``fast``: the
+of 100 + 50; IDG 8/8 loses insertion to IDG-50/50 (−0.012 ± 0.007). On Lite1 and Lite2 (65 samples each,
+``results/cost-efficientnet_lite1|2/``) 8/16 meets the rule too, and 8/8 fails it on Lite2: 8/16 is the cheapest
+setting that passes on all three. Only IDG was measured for ``fast``: the
 other methods keep their paper settings under it. Explicit ``steps``/``probe_steps`` override a preset.
 """
 
