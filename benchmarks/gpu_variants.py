@@ -175,23 +175,24 @@ def main(argv: list[str] | None = None) -> int:
                  row["spearman_mean"], row["spearman_min"])
         rows.append(row)
 
-    best = min((r for r in rows if keeps_faithfulness(r, args.no_faithfulness)), key=lambda r: r["s_per_attr"], default=rows[0])
-    best_speed = dict(VARIANTS)[best["variant"]]
+    kept = [r for r in rows if keeps_faithfulness(r, args.no_faithfulness)]
+    best = min(kept, key=lambda r: r["s_per_attr"]) if kept else (rows[0] if rows else None)
     sweep: list[dict[str, Any]] = []
-    model = fresh(max(args.batch_sizes), **best_speed)
-    warm_up_compiled(model, x.shape[-1])
-    for bs in args.batch_sizes:
-        run = lambda bs=bs: idg(model, x, "mean", targets, steps=50, probe_steps=50, batch_size=bs)  # noqa: E731
-        seconds = _timed(run, device, args.repeats, warm=True)
-        sweep.append({"variant": best["variant"], "batch_size": bs, "s_per_attr": seconds / len(files)})
-        log.info("%s batch %d: %.4f s/attr", best["variant"], bs, seconds / len(files))
+    if best is not None and args.batch_sizes:  # `--batch-sizes` with no values: the variants' table only
+        model = fresh(max(args.batch_sizes), **dict(VARIANTS)[best["variant"]])
+        warm_up_compiled(model, x.shape[-1])
+        for bs in args.batch_sizes:
+            run = lambda bs=bs: idg(model, x, "mean", targets, steps=50, probe_steps=50, batch_size=bs)  # noqa: E731
+            seconds = _timed(run, device, args.repeats, warm=True)
+            sweep.append({"variant": best["variant"], "batch_size": bs, "s_per_attr": seconds / len(files)})
+            log.info("%s batch %d: %.4f s/attr", best["variant"], bs, seconds / len(files))
 
     label = args.label or f"gpu-variants-{args.model}"
     weights_label = "packaged" if weights is None else weights
     meta = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "weights": weights_label,
             "faithfulness": not args.no_faithfulness, "rise_step": args.rise_step,
             "images": len(files), "batch_size": args.batch_size, "forward_gflops": fwd / 1e9, "flops_per_attribution": flops_per_attr,
-            "matmul_ceilings_tflops": ceilings, "kept": best["variant"]}
+            "matmul_ceilings_tflops": ceilings, "kept": best["variant"] if best else None}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{label}.json").write_text(json.dumps({"meta": meta, "variants": rows, "failed": failed, "batch_sweep": sweep}, indent=1))
     (args.out / f"{label}.md").write_text(_markdown(meta, rows, failed, sweep))
@@ -242,9 +243,11 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dic
     lines += [f"| {f['variant']} | failed: {f['error']} |" + " |" * 11 for f in failed]
     rule = ("both paired intervals include 0 or favour it" if meta.get("faithfulness", False)
             else "worst-image Spearman >= 0.99 (no faithfulness scores: random weights)")
-    lines += ["", f"Kept (fastest whose {rule}): **{meta['kept']}**. Evaluator batch sweep with it:", "",
-              "| evaluator batch | ms per attribution |", "|---|---|"]
-    lines += [f"| {s['batch_size']} | {s['s_per_attr'] * 1e3:.1f} |" for s in sweep]
+    lines += ["", f"Kept (fastest whose {rule}): **{meta['kept'] or 'none: every variant failed'}**."]
+    if sweep:
+        lines[-1] += " Evaluator batch sweep with it:"
+        lines += ["", "| evaluator batch | ms per attribution |", "|---|---|"]
+        lines += [f"| {s['batch_size']} | {s['s_per_attr'] * 1e3:.1f} |" for s in sweep]
     return "\n".join(lines) + "\n"
 
 

@@ -57,3 +57,18 @@ def test_the_host_cost_benchmark_runs_the_services_own_stages(tmp_path: Path) ->
     assert row["passes"] == {"forward_passes": 25, "backward_passes": 16}  # the fast preset's IDG 8/16 and the prediction
     total = row["decode_ms"] + row["render_ms"] + row["answer_json_ms"]
     assert f"**{total:.2f}**" in (tmp_path / "t.md").read_text()
+
+
+def test_speed_settings_benchmark_without_a_batch_sweep_writes_its_table(tmp_path: Path) -> None:
+    """`--batch-sizes` with no values (gpu_run.sh's Lite steps) is the variants' table alone: it used to end in
+    max() of an empty list after every variant had been measured, and wrote nothing."""
+    from benchmarks import gpu_variants
+
+    argv = ["--device", "cpu", "--model", "efficientnet_lite0", "--weights", "none", "--images", "1", "--batch-size", "50",
+            "--variants", "fp32", "--batch-sizes", "--repeats", "1", "--no-faithfulness", "--label", "t", "--out", str(tmp_path)]
+    assert gpu_variants.main(argv) == 0
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert [r["variant"] for r in data["variants"]] == ["fp32"] and data["batch_sweep"] == [] and data["meta"]["kept"] == "fp32"
+    assert data["variants"][0]["spearman_min"] > 0.999  # the reference against itself
+    text = (tmp_path / "t.md").read_text()
+    assert f"**{data['meta']['kept']}**." in text and "Evaluator batch sweep" not in text
