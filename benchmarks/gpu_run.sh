@@ -32,13 +32,13 @@ tests)
     ;;
 variants)
     python3 -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --image-dir "$IMAGES" --out "$OUT" 2>&1 | tail -20
-    python3 -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 32 --image-dir "$IMAGES" --out "$OUT" \
-        --variants fp32 tf32 bf16 fp32+channels_last tf32+channels_last bf16+channels_last --batch-sizes 2>&1 | tail -12
+    python3 -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65 --image-dir "$IMAGES" --out "$OUT" \
+        --variants fp32 tf32 bf16 fp32+channels_last tf32+channels_last bf16+channels_last --batch-sizes --pic 2>&1 | tail -12
     ;;
 variants-lite12)  # bf16's faithfulness on Lite1/Lite2 over the 65 samples: precision auto keeps them IEEE fp32 until this is read
     for model in efficientnet_lite1 efficientnet_lite2; do
         python3 -m benchmarks.gpu_variants --model "$model" --weights none --images 65 --image-dir "$IMAGES" --out "$OUT" \
-            --variants fp32 bf16 bf16+channels_last+fold_bn --batch-sizes 2>&1 | tail -8
+            --variants fp32 bf16 bf16+channels_last+fold_bn --batch-sizes --pic 2>&1 | tail -8
     done
     ;;
 resnet101)

@@ -9,11 +9,11 @@ Spearman correlation with the fp32 maps stays as a secondary column (it says lit
 random-weight networks, whose input gradients are chaotic). Also measures the device's
 matrix-product ceilings, so the share of the compute limit is against what this card does.
 
-    python -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65   # faithfulness + speed
+    python -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65 --pic  # faithfulness (+ SIC/AIC) + speed
     python -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --no-faithfulness  # speed only
-    python -m benchmarks.gpu_variants --device cpu --model efficientnet_lite0 --weights none --images 16 --batch-size 8 \
-        --rise-step 896 --repeats 2 --batch-sizes 8 --label cpu-variants-efficientnet_lite0 \
-        --variants fp32 fp32+channels_last fp32+fold_bn fp32+channels_last+fold_bn   # the CPU's settings
+    python -m benchmarks.gpu_variants --device cpu --model efficientnet_lite0 --weights none --images 65 --batch-size 8 \
+        --rise-step 896 --repeats 1 --batch-sizes --label cpu-variants-efficientnet_lite0 --variants fp32 \
+        fp32+channels_last fp32+fold_bn fp32+channels_last+fold_bn bf16+channels_last+fold_bn  # the CPU's settings (~65 min)
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import argparse
 import json
 import logging
 import math
+import os
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,16 @@ from benchmarks.speed import SAMPLES, _timed, forward_flops, machine, matmul_tfl
 from idg_core import idg
 from idg_core.evaluation.runner import mean_ci
 from idg_core.heatmap import saliency
-from idg_core.metrics import deletion, insertion
+from idg_core.metrics import (
+    Skipped,
+    deletion,
+    insertion,
+    original_confidence,
+    pic_rebuilds,
+    pic_scores,
+    random_pixel_mask,
+    to_uint8,
+)
 from idg_core.models import load_model, set_tf32, tune
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 
@@ -83,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default=None)
     p.add_argument("--no-faithfulness", action="store_true", help="skip insertion/deletion (random-weight models: speed only)")
     p.add_argument("--rise-step", type=int, default=224, help="pixels moved per insertion/deletion step")
+    p.add_argument("--pic", action="store_true",
+                   help="also SIC and AIC (PIC), paired against fp32 on the images fp32 predicts with confidence >= 0.8; reported, "
+                        "not part of the keep rule; the blurred rebuilds run in --workers processes")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="processes for PIC's rebuilds (--pic)")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
     args = p.parse_args(argv)
@@ -104,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             targets = probe.to(device).eval()(x).argmax(1).tolist()
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
     flops_per_attr = fwd * (50 + 3 * 50)  # probe forward + main pass (forward + backward ~ 3 forwards)
+    pool: Executor | None = ProcessPoolExecutor(args.workers) if args.pic and args.workers > 1 else None
+    pic_images = [to_uint8(xi) for xi in x] if args.pic else []
+    pic_masks = [random_pixel_mask(a.shape[0], a.shape[1], 0.01, seed=i) for i, a in enumerate(pic_images)]
+    pic_todo = ([i for i in range(len(files)) if original_confidence(probe.to(device).eval(), x[i], targets[i]) >= 0.8]
+                if args.pic and not args.no_faithfulness else [])
     ceilings = ({"fp32": ceiling(torch.float32, False), "tf32": ceiling(torch.float32, True),
                  "bf16": ceiling(torch.bfloat16, False)} if cuda else {"fp32": float("nan"), "tf32": float("nan"), "bf16": float("nan")})
     log.info("matmul ceilings (TFLOP/s): %s", ceilings)
@@ -116,15 +136,27 @@ def main(argv: list[str] | None = None) -> int:
         return tune(m.to(device).eval(), compile_sizes=sizes, **speed)
 
     reference: list[Tensor] = []
-    ref_scores: list[dict[str, list[float]] | None] = []
+    ref_scores: list[dict[str, list[float | None]] | None] = []
 
-    def faithfulness(model: torch.nn.Module, attributions: Tensor) -> dict[str, list[float]]:
-        """Insertion and deletion AUC per image of these maps, scored by ``model`` (its own precision)."""
+    def faithfulness(model: torch.nn.Module, attributions: Tensor) -> dict[str, list[float | None]]:
+        """Insertion and deletion AUC per image of these maps (and SIC, AIC with --pic), scored by ``model`` (its own precision)."""
         p: Any = model.preprocessing  # an ImageClassifier's, kept by tune()
         sal = torch.stack([saliency(a) for a in attributions]).to(device)
         ins = insertion(model, x, sal, mean=p.mean, std=p.std, step=args.rise_step, batch_size=args.batch_size)
         dele = deletion(model, x, sal, substrate=p.mean, step=args.rise_step, batch_size=args.batch_size)
-        return {"insertion": [c.auc for c in ins], "deletion": [c.auc for c in dele]}
+        scores: dict[str, list[float | None]] = {"insertion": [c.auc for c in ins], "deletion": [c.auc for c in dele]}
+        return scores | (pic(model, sal) if args.pic else {})
+
+    def pic(model: torch.nn.Module, sal: Tensor) -> dict[str, list[float | None]]:
+        """SIC and AIC per image (None where fp32 was unsure or PIC skips the image), scored by ``model``."""
+        maps = [sal[i].cpu().double().numpy() for i in pic_todo]
+        args_ = ([pic_images[i] for i in pic_todo], maps, [pic_masks[i] for i in pic_todo])
+        rebuilt = list(pool.map(pic_rebuilds, *args_) if pool else map(pic_rebuilds, *args_))
+        out: dict[str, list[float | None]] = {"sic": [None] * len(files), "aic": [None] * len(files)}
+        for i, (imgs, info) in zip(pic_todo, rebuilt, strict=True):
+            for kind, res in pic_scores(model, imgs, info, targets[i], device).items():
+                out[kind][i] = None if isinstance(res, Skipped) else res.auc
+        return out
 
     def measure(name: str, speed: dict[str, Any]) -> dict[str, Any]:
         model = fresh(**speed)
@@ -148,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         rel = ((maps - reference[0]).norm(dim=1) / reference[0].norm(dim=1)).max()
         ref = ref_scores[0]
         paired = {} if scores is None or ref is None else {
-            f"{metric}_vs_fp32": mean_ci([(1.0 if metric == "insertion" else -1.0) * (a - b)
-                                          for a, b in zip(scores[metric], ref[metric], strict=True)])
-            for metric in ("insertion", "deletion")}
+            f"{metric}_vs_fp32": mean_ci([(-1.0 if metric == "deletion" else 1.0) * (a - b)
+                                          for a, b in zip(scores[metric], ref[metric], strict=True) if a is not None and b is not None])
+            for metric in scores}
         ceiling = ceilings[speed["precision"]]
         tflops = flops_per_attr * len(files) / seconds / 1e12
         del model, run, result
@@ -175,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                  row["spearman_mean"], row["spearman_min"])
         rows.append(row)
 
+    if pool:
+        pool.shutdown()
     kept = [r for r in rows if keeps_faithfulness(r, args.no_faithfulness)]
     best = min(kept, key=lambda r: r["s_per_attr"]) if kept else (rows[0] if rows else None)
     sweep: list[dict[str, Any]] = []
@@ -191,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     weights_label = "packaged" if weights is None else weights
     meta = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "weights": weights_label,
             "faithfulness": not args.no_faithfulness, "rise_step": args.rise_step,
+            "pic_images": len(pic_todo) if args.pic else None,
             "images": len(files), "batch_size": args.batch_size, "forward_gflops": fwd / 1e9, "flops_per_attribution": flops_per_attr,
             "matmul_ceilings_tflops": ceilings, "kept": best["variant"] if best else None}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -230,17 +265,24 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dic
              "Faithfulness against IEEE fp32, paired per image: mean of (setting − fp32) in insertion and deletion (RISE step "
              f"{meta.get('rise_step', 224)}, scored in the setting's own precision) ± half-width of the 95% interval, signed so that "
              "> 0 favours the setting (lower deletion is better); bold where the interval excludes 0. Secondary, pixel-level: "
-             "Spearman rank correlation of the channel-summed maps (mean, worst image) and worst relative L2.", "",
-             "| variant | ms per attribution | attributions/s | speed-up vs fp32 | insertion vs fp32 | deletion vs fp32 | TFLOP/s "
-             "| share of measured ceiling | peak MiB | first run s | Spearman mean (secondary) | Spearman min | rel. L2 max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Spearman rank correlation of the channel-summed maps (mean, worst image) and worst relative L2.", ""]
+    pic = meta.get("pic_images") is not None
+    if pic:
+        lines[-1:] = [f"SIC and AIC (PIC, > 0 favours the setting) are paired on the images that fp32 predicts with confidence >= 0.8 "
+                      f"({meta['pic_images']} of {meta['images']}), less any PIC skips; reported, not part of the keep rule.", ""]
+    pic_head, pic_rule = (" SIC vs fp32 | AIC vs fp32 |", "---|---|") if pic else ("", "")
+    lines += ["| variant | ms per attribution | attributions/s | speed-up vs fp32 | insertion vs fp32 | deletion vs fp32 |" + pic_head +
+              " TFLOP/s | share of measured ceiling | peak MiB | first run s | Spearman mean (secondary) | Spearman min | rel. L2 max |",
+              "|---|---|---|---|---|---|" + pic_rule + "---|---|---|---|---|---|---|"]
     base = rows[0]["s_per_attr"]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['s_per_attr'] * 1e3:.1f} | {r['attr_per_s']:.1f} | {base / r['s_per_attr']:.2f}x | "
-                     f"{_paired_cell(r.get('insertion_vs_fp32'))} | {_paired_cell(r.get('deletion_vs_fp32'))} | {r['tflops']:.1f} | "
+                     f"{_paired_cell(r.get('insertion_vs_fp32'))} | {_paired_cell(r.get('deletion_vs_fp32'))} | "
+                     + (f"{_paired_cell(r.get('sic_vs_fp32'))} | {_paired_cell(r.get('aic_vs_fp32'))} | " if pic else "") +
+                     f"{r['tflops']:.1f} | "
                      f"{r['share_of_measured_ceiling']:.1%} | {r['peak_mib']:.0f} | {r['first_run_s']:.1f} | {r['spearman_mean']:.4f} | "
                      f"{r['spearman_min']:.4f} | {r['rel_l2_max']:.3f} |")
-    lines += [f"| {f['variant']} | failed: {f['error']} |" + " |" * 11 for f in failed]
+    lines += [f"| {f['variant']} | failed: {f['error']} |" + " |" * (13 if pic else 11) for f in failed]
     rule = ("both paired intervals include 0 or favour it" if meta.get("faithfulness", False)
             else "worst-image Spearman >= 0.99 (no faithfulness scores: random weights)")
     lines += ["", f"Kept (fastest whose {rule}): **{meta['kept'] or 'none: every variant failed'}**."]

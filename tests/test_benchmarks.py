@@ -61,14 +61,24 @@ def test_the_host_cost_benchmark_runs_the_services_own_stages(tmp_path: Path) ->
 
 def test_speed_settings_benchmark_without_a_batch_sweep_writes_its_table(tmp_path: Path) -> None:
     """`--batch-sizes` with no values (gpu_run.sh's Lite steps) is the variants' table alone: it used to end in
-    max() of an empty list after every variant had been measured, and wrote nothing."""
+    max() of an empty list after every variant had been measured, and wrote nothing. With `--pic`, SIC and AIC
+    are paired like insertion and deletion, on the images fp32 predicts confidently (the jay: 0.98)."""
     from benchmarks import gpu_variants
 
-    argv = ["--device", "cpu", "--model", "efficientnet_lite0", "--weights", "none", "--images", "1", "--batch-size", "50",
-            "--variants", "fp32", "--batch-sizes", "--repeats", "1", "--no-faithfulness", "--label", "t", "--out", str(tmp_path)]
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "n01580077_jay.JPEG").symlink_to(SAMPLES / "n01580077_jay.JPEG")
+    argv = ["--device", "cpu", "--model", "efficientnet_lite0", "--weights", "none", "--images", "1", "--image-dir", str(images),
+            "--batch-size", "50", "--variants", "fp32", "--batch-sizes", "--repeats", "1", "--rise-step", "12544",
+            "--pic", "--workers", "1", "--label", "t", "--out", str(tmp_path)]
     assert gpu_variants.main(argv) == 0
     data = json.loads((tmp_path / "t.json").read_text())
     assert [r["variant"] for r in data["variants"]] == ["fp32"] and data["batch_sweep"] == [] and data["meta"]["kept"] == "fp32"
-    assert data["variants"][0]["spearman_min"] > 0.999  # the reference against itself
+    row = data["variants"][0]
+    assert row["spearman_min"] > 0.999  # the reference against itself
+    assert data["meta"]["pic_images"] == 1
+    for metric in ("insertion", "deletion", "sic", "aic"):
+        assert row[f"{metric}_vs_fp32"][0] == 0.0 and row[f"{metric}_vs_fp32"][2] == 1, metric  # paired against itself, 1 image
     text = (tmp_path / "t.md").read_text()
     assert f"**{data['meta']['kept']}**." in text and "Evaluator batch sweep" not in text
+    assert "| SIC vs fp32 | AIC vs fp32 |" in text and "confidence >= 0.8 (1 of 1)" in text
