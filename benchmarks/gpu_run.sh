@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
-#   bash benchmarks/gpu_run.sh [tests] [variants] [variants-lite12] [resnet101] [resnet101-compile] [lite0] [host] [eval]
-# (default: all but variants-lite12 and eval; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
+#   bash benchmarks/gpu_run.sh [tests] [variants] [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval]
+# (default: all but variants-lite12, variants-pic and eval; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model).
 # Preparing an offline machine whose Python already has CUDA torch and torchvision (both ignored by git):
 #   cp -r ../shared/data shared/
@@ -33,13 +33,19 @@ tests)
 variants)
     python3 -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --image-dir "$IMAGES" --out "$OUT" 2>&1 | tail -20
     python3 -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65 --image-dir "$IMAGES" --out "$OUT" \
-        --variants fp32 tf32 bf16 fp32+channels_last tf32+channels_last bf16+channels_last --batch-sizes --pic 2>&1 | tail -12
+        --variants fp32 tf32 bf16 fp32+channels_last tf32+channels_last bf16+channels_last --batch-sizes 2>&1 | tail -12
     ;;
 variants-lite12)  # bf16's faithfulness on Lite1/Lite2 over the 65 samples: precision auto keeps them IEEE fp32 until this is read
     for model in efficientnet_lite1 efficientnet_lite2; do
         python3 -m benchmarks.gpu_variants --model "$model" --weights none --images 65 --image-dir "$IMAGES" --out "$OUT" \
-            --variants fp32 bf16 bf16+channels_last+fold_bn --batch-sizes --pic 2>&1 | tail -8
+            --variants fp32 bf16 bf16+channels_last+fold_bn --batch-sizes 2>&1 | tail -8
     done
+    ;;
+variants-pic)  # SIC/AIC of Lite0's CUDA default against IEEE fp32 (PIC's rebuilds: 4-11 s per image and setting on one core
+    # of the 2-core VM, in 15 processes here; bounded by PIC_TIMEOUT so one device call cannot overrun)
+    timeout "${PIC_TIMEOUT:-560}" python3 -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65 \
+        --image-dir "$IMAGES" --out "$OUT" --variants fp32 bf16+channels_last+fold_bn --batch-sizes --pic --workers 15 \
+        --label gpu-variants-pic-efficientnet_lite0 2>&1 | tail -6
     ;;
 resnet101)
     python3 -m benchmarks.run --label h100-resnet101 --model resnet101 --weights random --device cuda --images "$IMAGES" \
