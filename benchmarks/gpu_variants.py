@@ -33,15 +33,14 @@ from torch import Tensor
 
 from benchmarks.speed import SAMPLES, _timed, forward_flops, machine, matmul_tflops, sample_batch
 from idg_core import idg
-from idg_core.evaluation.runner import mean_ci
+from idg_core.evaluation.runner import EvalConfig, mean_ci
 from idg_core.heatmap import saliency
 from idg_core.metrics import (
     Skipped,
     deletion,
     insertion,
     original_confidence,
-    pic_rebuilds,
-    pic_scores,
+    pic_many,
     random_pixel_mask,
     to_uint8,
 )
@@ -120,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
     flops_per_attr = fwd * (50 + 3 * 50)  # probe forward + main pass (forward + backward ~ 3 forwards)
     pool: Executor | None = ProcessPoolExecutor(args.workers) if args.pic and args.workers > 1 else None
-    pic_images = [to_uint8(xi) for xi in x] if args.pic else []
-    pic_masks = [random_pixel_mask(a.shape[0], a.shape[1], 0.01, seed=i) for i, a in enumerate(pic_images)]
-    pic_todo = ([i for i in range(len(files)) if original_confidence(probe.to(device).eval(), x[i], targets[i]) >= 0.8]
+    pic_rule = EvalConfig()  # the evaluation's confidence floor and mask size, so both score PIC alike
+    pic_todo = ([i for i in range(len(files)) if original_confidence(probe, x[i], targets[i]) >= pic_rule.pic_min_confidence]
                 if args.pic and not args.no_faithfulness else [])
+    pic_images = [to_uint8(x[i]) for i in pic_todo]
+    pic_masks = [random_pixel_mask(a.shape[0], a.shape[1], pic_rule.pic_mask_fraction, seed=i)
+                 for i, a in zip(pic_todo, pic_images, strict=True)]
     ceilings = ({"fp32": ceiling(torch.float32, False), "tf32": ceiling(torch.float32, True),
                  "bf16": ceiling(torch.bfloat16, False)} if cuda else {"fp32": float("nan"), "tf32": float("nan"), "bf16": float("nan")})
     log.info("matmul ceilings (TFLOP/s): %s", ceilings)
@@ -150,11 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     def pic(model: torch.nn.Module, sal: Tensor) -> dict[str, list[float | None]]:
         """SIC and AIC per image (None where fp32 was unsure or PIC skips the image), scored by ``model``."""
         maps = [sal[i].cpu().double().numpy() for i in pic_todo]
-        args_ = ([pic_images[i] for i in pic_todo], maps, [pic_masks[i] for i in pic_todo])
-        rebuilt = list(pool.map(pic_rebuilds, *args_) if pool else map(pic_rebuilds, *args_))
+        curves = pic_many(model, pic_images, maps, pic_masks, [targets[i] for i in pic_todo], device, pool)
         out: dict[str, list[float | None]] = {"sic": [None] * len(files), "aic": [None] * len(files)}
-        for i, (imgs, info) in zip(pic_todo, rebuilt, strict=True):
-            for kind, res in pic_scores(model, imgs, info, targets[i], device).items():
+        for i, scores in zip(pic_todo, curves, strict=True):
+            for kind, res in scores.items():
                 out[kind][i] = None if isinstance(res, Skipped) else res.auc
         return out
 

@@ -24,8 +24,7 @@ from idg_core.metrics import (
     deletion,
     insertion,
     original_confidence,
-    pic_rebuilds,
-    pic_scores,
+    pic_many,
     random_pixel_mask,
     to_uint8,
 )
@@ -136,11 +135,8 @@ def evaluate_image(
         arr = to_uint8(x)
         mask = random_pixel_mask(arr.shape[0], arr.shape[1], cfg.pic_mask_fraction, seed)
         maps = [s.cpu().double().numpy() for s in sal]
-        if pool:
-            rebuilt = list(pool.map(pic_rebuilds, [arr] * len(names), maps, [mask] * len(names)))
-        else:
-            rebuilt = [pic_rebuilds(arr, m, mask) for m in maps]
-        pic = {n: pic_scores(model, imgs, info, pred, device) for n, (imgs, info) in zip(names, rebuilt, strict=True)}
+        k = len(names)
+        pic = dict(zip(names, pic_many(model, [arr] * k, maps, [mask] * k, [pred] * k, device, pool), strict=True))
     for i, n in enumerate(names):
         entry: dict[str, Any] = {"insertion": ins[i].auc, "deletion": dele[i].auc,
                                  "insertion_curve": ins[i].y.tolist(), "deletion_curve": dele[i].y.tolist(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from concurrent.futures import Executor
 
 import numpy as np
 import torch
@@ -102,6 +103,16 @@ def pic_scores(
         pred = probs if kind == "sic" else (logits.argmax(1) == target).to(probs.dtype)
         out[kind] = _curve(info_arr, pred.cpu().double().numpy(), points)
     return out
+
+
+def pic_many(
+    model: Model, images: Sequence[np.ndarray], maps: Sequence[np.ndarray], masks: Sequence[np.ndarray], targets: Sequence[int],
+    device: torch.device | str = "cpu", pool: Executor | None = None,
+) -> list[dict[str, Curve | Skipped]]:
+    """SIC and AIC for several (uint8 image, saliency map, known-pixel mask, target) rows: the
+    CPU-bound rebuilds in ``pool`` when one is given (else here), then the model half per row."""
+    rebuilt = pool.map(pic_rebuilds, images, maps, masks) if pool else map(pic_rebuilds, images, maps, masks)
+    return [pic_scores(model, imgs, info, t, device) for (imgs, info), t in zip(rebuilt, targets, strict=True)]
 
 
 def _curve(info: np.ndarray, pred: np.ndarray, points: int) -> Curve | Skipped:

@@ -178,3 +178,24 @@ def test_sic_and_aic_from_shared_rebuilds_match_pic_curve() -> None:
         assert shared.auc == pytest.approx(alone.auc)
         assert np.array_equal(shared.x, alone.x) and np.allclose(shared.y, alone.y)
         assert shared.auc == pytest.approx(_reference_pic(Brightness(), img, sal.numpy(), mask, 0, REFERENCE_THRESHOLDS, kind), abs=1e-9)
+
+
+def test_pic_of_several_rows_matches_each_alone_with_or_without_a_pool() -> None:
+    """pic_many (the evaluation's and the speed benchmark's PIC) scores each row as pic_curve does, in order,
+    whether the rebuilds run here or in a pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from idg_core.metrics import pic_many, to_uint8
+
+    rng = np.random.default_rng(4)
+    images = [torch.from_numpy((rng.random((24, 24, 3)) * 255).astype(np.uint8)).permute(2, 0, 1).float() / 255 for _ in range(3)]
+    maps = [rng.random((24, 24)) for _ in images]
+    masks = [random_pixel_mask(24, 24, seed=i) for i in range(3)]
+    rows = ([to_uint8(i) for i in images], maps, masks, [0, 0, 0])
+    inline = pic_many(Brightness(), *rows)
+    with ThreadPoolExecutor(2) as pool:
+        pooled = pic_many(Brightness(), *rows, pool=pool)
+    for image, sal, mask, here, there in zip(images, maps, masks, inline, pooled, strict=True):
+        alone = pic_curve(Brightness(), image, torch.from_numpy(sal), 0, mask, kind="sic", min_confidence=0.0)
+        assert isinstance(alone, Curve) and isinstance(here["sic"], Curve) and isinstance(there["sic"], Curve)
+        assert here["sic"].auc == pytest.approx(alone.auc) and there["sic"].auc == here["sic"].auc
