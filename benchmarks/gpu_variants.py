@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import time
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from idg_core.metrics import (
     insertion,
     original_confidence,
     pic_many,
+    pic_pool,
     random_pixel_mask,
     to_uint8,
 )
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             targets = probe.to(device).eval()(x).argmax(1).tolist()
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
     flops_per_attr = fwd * (50 + 3 * 50)  # probe forward + main pass (forward + backward ~ 3 forwards)
-    pool: Executor | None = ProcessPoolExecutor(args.workers) if args.pic and args.workers > 1 else None
+    pool: Executor | None = pic_pool(args.workers) if args.pic else None
     pic_rule = EvalConfig()  # the evaluation's confidence floor and mask size, so both score PIC alike
     pic_todo = ([i for i in range(len(files)) if original_confidence(probe, x[i], targets[i]) >= pic_rule.pic_min_confidence]
                 if args.pic and not args.no_faithfulness else [])

@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import time
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from idg_core.metrics import (
     insertion,
     original_confidence,
     pic_many,
+    pic_pool,
     random_pixel_mask,
     to_uint8,
 )
@@ -166,7 +167,7 @@ def evaluate_folder(model: ImageClassifier, images: list[Path], out: Path, cfg: 
     (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     wnids = imagenet_wnids()
     records = []
-    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    pool = pic_pool(workers)
     try:
         bar = _progress(images, progress)
         for i, path in enumerate(bar):

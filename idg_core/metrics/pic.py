@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ProcessPoolExecutor
 
 import numpy as np
 import torch
 from PIL import Image
 from scipy import interpolate
+from threadpoolctl import threadpool_limits
 
 from idg_core.metrics.curves import SKIP_RULES, Curve, Skipped
 from idg_core.types import Model
@@ -103,6 +104,19 @@ def pic_scores(
         pred = probs if kind == "sic" else (logits.argmax(1) == target).to(probs.dtype)
         out[kind] = _curve(info_arr, pred.cpu().double().numpy(), points)
     return out
+
+
+def _one_blas_thread() -> None:
+    """Pool initializer: one BLAS thread per rebuild process. Each rebuild's interpolator calls
+    LAPACK (scipy's OpenBLAS) per triangle; with one OpenBLAS pool per process, their spinning
+    threads outnumber the cores and the processes wait on each other: a 0.4 s rebuild took
+    3 to 144 s in a 2-process pool on this 2-core VM, and 0.35-0.5 s with one thread each."""
+    threadpool_limits(1)
+
+
+def pic_pool(workers: int) -> ProcessPoolExecutor | None:
+    """A process pool for PIC's rebuilds (:func:`pic_many`), or None to run them inline (``workers <= 1``)."""
+    return ProcessPoolExecutor(workers, initializer=_one_blas_thread) if workers > 1 else None
 
 
 def pic_many(

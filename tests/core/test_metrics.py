@@ -199,3 +199,32 @@ def test_pic_of_several_rows_matches_each_alone_with_or_without_a_pool() -> None
         alone = pic_curve(Brightness(), image, torch.from_numpy(sal), 0, mask, kind="sic", min_confidence=0.0)
         assert isinstance(alone, Curve) and isinstance(here["sic"], Curve) and isinstance(there["sic"], Curve)
         assert here["sic"].auc == pytest.approx(alone.auc) and there["sic"].auc == here["sic"].auc
+
+
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+def test_pic_pool_gives_each_rebuild_process_one_blas_thread_and_scores_as_inline() -> None:
+    """The evaluation's and the speed benchmark's pool: several OpenBLAS thread pools spinning at once
+    made a 0.4 s rebuild take up to 144 s on 2 cores, so each process gets one BLAS thread."""
+    from idg_core.metrics import pic_many, pic_pool
+
+    assert pic_pool(1) is None and pic_pool(0) is None
+    rng = np.random.default_rng(5)
+    images = [(rng.random((24, 24, 3)) * 255).astype(np.uint8) for _ in range(2)]
+    rows = (images, [rng.random((24, 24)) for _ in images], [random_pixel_mask(24, 24, seed=i) for i in range(2)], [0, 0])
+    pool = pic_pool(2)
+    assert pool is not None
+    try:
+        threads = pool.submit(_blas_threads).result(timeout=120)
+        pooled = pic_many(Brightness(), *rows, pool=pool)
+    finally:
+        pool.shutdown()
+    assert threads and set(threads) == {1}, threads
+    inline = pic_many(Brightness(), *rows)
+    for here, there in zip(inline, pooled, strict=True):
+        assert isinstance(here["sic"], Curve) and isinstance(there["sic"], Curve)
+        assert there["sic"].auc == here["sic"].auc
