@@ -41,7 +41,7 @@ variants-lite12)  # bf16's faithfulness on Lite1/Lite2 over the 65 samples: prec
             --variants fp32 bf16 bf16+channels_last+fold_bn --batch-sizes 2>&1 | tail -8
     done
     ;;
-variants-pic)  # SIC/AIC of Lite0's CUDA default against IEEE fp32 (PIC's rebuilds: 4-11 s per image and setting on one core
+variants-pic)  # SIC/AIC of Lite0's CUDA default against IEEE fp32 (PIC's rebuilds: ~5 s per image and setting on one core
     # of the 2-core VM, in 15 processes here; bounded by PIC_TIMEOUT so one device call cannot overrun)
     timeout "${PIC_TIMEOUT:-560}" python3 -m benchmarks.gpu_variants --model efficientnet_lite0 --weights none --images 65 \
         --image-dir "$IMAGES" --out "$OUT" --variants fp32 bf16+channels_last+fold_bn --batch-sizes --pic --workers 15 \

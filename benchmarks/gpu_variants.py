@@ -14,6 +14,9 @@ matrix-product ceilings, so the share of the compute limit is against what this 
     python -m benchmarks.gpu_variants --device cpu --model efficientnet_lite0 --weights none --images 65 --batch-size 8 \
         --rise-step 896 --repeats 1 --batch-sizes --label cpu-variants-efficientnet_lite0 --variants fp32 \
         fp32+channels_last fp32+fold_bn fp32+channels_last+fold_bn bf16+channels_last+fold_bn  # the CPU's settings (~65 min)
+    python -m benchmarks.gpu_variants --device cpu --model efficientnet_lite0 --weights none --images 65 --batch-size 8 \
+        --rise-step 896 --repeats 1 --batch-sizes --label cpu-variants-pic-efficientnet_lite0 --variants fp32 \
+        fp32+channels_last+fold_bn bf16+channels_last+fold_bn --pic --workers 2  # with SIC/AIC (~50 min)
 """
 
 from __future__ import annotations
