@@ -17,6 +17,8 @@ matrix-product ceilings, so the share of the compute limit is against what this 
     python -m benchmarks.gpu_variants --device cpu --model efficientnet_lite0 --weights none --images 65 --batch-size 8 \
         --rise-step 896 --repeats 1 --batch-sizes --label cpu-variants-pic-efficientnet_lite0 --variants fp32 \
         fp32+channels_last+fold_bn bf16+channels_last+fold_bn --pic --workers 2  # with SIC/AIC (~50 min)
+    python -m benchmarks.gpu_variants --model cnn=torchscript:/models/cnn.ts --models-file /models/models.toml \
+        --images 65 --variants fp32 bf16  # your own model (any IDG_MODELS entry): may it be served in bf16?
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from idg_core.metrics import (
     random_pixel_mask,
     to_uint8,
 )
-from idg_core.models import load_model, set_tf32, tune
+from idg_core.models import load_entry, set_tf32, tune
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 
 log = logging.getLogger("benchmarks.gpu_variants")
@@ -83,8 +85,13 @@ def spearman(a: Tensor, b: Tensor) -> Tensor:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnet101")
-    p.add_argument("--weights", default="random", help="a weights file, 'random', or 'none' for packaged models")
+    p.add_argument("--model", default="resnet101",
+                   help="a packaged name, a torchvision ARCH (file from --weights), or any IDG_MODELS entry such as "
+                        "NAME=torchscript:PATH or NAME=timm:ARCH:PATH: measure your own model before you serve it in bf16")
+    p.add_argument("--weights", default="random", help="a torchvision ARCH's weights file or 'random'; packaged names and "
+                                                       "NAME=SOURCE entries ignore it ('none')")
+    p.add_argument("--models-file", type=Path, default=None,
+                   help="the service's IDG_MODELS_FILE: input size, mean, std and labels for a NAME=SOURCE entry")
     p.add_argument("--images", type=int, default=32)
     p.add_argument("--image-dir", type=Path, default=SAMPLES)
     p.add_argument("--batch-size", type=int, default=128, help="evaluator images per model call")
@@ -108,16 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(args.render.read_text())
         args.render.with_suffix(".md").write_text(_markdown(data["meta"], data["variants"], data["failed"], data["batch_sweep"]))
         return 0
-    weights = None if args.weights == "none" else args.weights
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.manual_seed(0)
-    probe = load_model(args.model, weights)
+    probe = load_entry(args.model, args.weights, args.models_file)
     x, targets, files = sample_batch(probe, args.image_dir, args.images)
     x = x.to(device)
     state = {k: v.clone() for k, v in probe.state_dict().items()}
-    if not args.no_faithfulness:  # explain (and score) what the model predicts, as the evaluation does
+    if not args.no_faithfulness or probe.num_classes != 1000:  # explain (and score) what the model predicts, as the evaluation does
         with torch.no_grad():
             targets = probe.to(device).eval()(x).argmax(1).tolist()
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def fresh(largest_call: int = args.batch_size, **speed: Any) -> torch.nn.Module:
         """The model with these speed settings; compiled ones at the service's batch sizes for ``largest_call``."""
-        m = load_model(args.model, weights)
+        m = load_entry(args.model, args.weights, args.models_file)
         m.load_state_dict(state)
         sizes = default_compile_sizes(largest_call) if speed.get("compile") else None
         return tune(m.to(device).eval(), compile_sizes=sizes, **speed)
@@ -226,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             log.info("%s batch %d: %.4f s/attr", best["variant"], bs, seconds / len(files))
 
     label = args.label or f"gpu-variants-{args.model}"
-    weights_label = "packaged" if weights is None else weights
+    source: str = probe.source  # packaged:NAME, torchvision:ARCH:FILE|random, torchscript:PATH, ...
+    weights_label = "packaged" if source.startswith("packaged:") else "random" if source.endswith(":random") else source
     meta = {"label": label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "weights": weights_label,
             "faithfulness": not args.no_faithfulness, "rise_step": args.rise_step,
             "pic_images": len(pic_todo) if args.pic else None,
@@ -258,7 +265,8 @@ def _paired_cell(v: list[float] | tuple[float, float, int] | None) -> str:
 
 def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]], failed: list[dict[str, str]], sweep: list[dict[str, Any]]) -> str:
     c = meta["matmul_ceilings_tflops"]
-    lines = [f"# Speed settings, `{meta['model']}` ({meta['weights']} weights)", "",
+    weights = f"{meta['weights']} weights" if meta["weights"] in ("packaged", "random") else meta["weights"]  # else the source
+    lines = [f"# Speed settings, `{meta['model']}` ({weights})", "",
              f"Measured {meta['date']} on: {meta['machine'].get('gpu') or meta['machine'].get('cpu', '?')} "
              f"({meta['machine']['platform']}, torch {meta['machine']['torch']}).", "",
              f"IDG-50/50 on {meta['images']} sample images, evaluator batch {meta['batch_size']}; "

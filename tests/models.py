@@ -5,10 +5,14 @@ Building one never touches the global random state: seeded models draw their wei
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import Tensor, nn
@@ -117,3 +121,14 @@ class TinyNet(nn.Module):
 def tiny_classifier(delay_s: float = 0.0) -> ImageClassifier:
     """The service tests' model "tiny": :class:`TinyNet` behind 36 -> 32 preprocessing, ImageNet's names."""
     return ImageClassifier("tiny", TinyNet(delay_s), Preprocessing(36, 32), imagenet_class_names())
+
+
+def tiny_model_maker() -> ModuleType:
+    """``scripts/make_tiny_models.py`` as a module: saves tiny models of each source as a user would."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_models.py"
+    spec = importlib.util.spec_from_file_location("make_tiny_models", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_tiny_models"] = module
+    spec.loader.exec_module(module)
+    return module

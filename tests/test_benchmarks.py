@@ -82,3 +82,24 @@ def test_speed_settings_benchmark_without_a_batch_sweep_writes_its_table(tmp_pat
     text = (tmp_path / "t.md").read_text()
     assert f"**{data['meta']['kept']}**." in text and "Evaluator batch sweep" not in text
     assert "| SIC vs fp32 | AIC vs fp32 |" in text and "confidence >= 0.8 (1 of 1)" in text
+
+
+def test_speed_settings_benchmark_measures_a_users_own_model(tmp_path: Path) -> None:
+    """`--model NAME=SOURCE --models-file`: a user's 10-class TorchScript CNN is measured like a packaged model
+    (it used to accept only our names, and explained the photos' ImageNet classes, out of a 10-class range)."""
+    from benchmarks import gpu_variants
+    from tests.models import tiny_model_maker
+
+    photos = sorted(SAMPLES.glob("*.JPEG"))[:2]
+    if len(photos) < 2:
+        pytest.skip(f"no sample photos in {SAMPLES}")
+    entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
+    common = ["--device", "cpu", "--model", entry, "--models-file", str(tmp_path / "models.toml"), "--images", "2",
+              "--batch-size", "50", "--batch-sizes", "--repeats", "1", "--rise-step", "1152", "--out", str(tmp_path)]
+    assert gpu_variants.main([*common, "--variants", "fp32", "bf16", "--label", "own"]) == 0
+    data = json.loads((tmp_path / "own.json").read_text())
+    assert data["meta"]["weights"] == f"torchscript:{tmp_path / 'cnn.ts'}" and data["meta"]["model"] == entry
+    assert [r["variant"] for r in data["variants"]] == ["fp32", "bf16"] and data["failed"] == []
+    assert data["variants"][1]["insertion_vs_fp32"][2] == 2  # bf16 paired with fp32 on both photos
+    assert gpu_variants.main([*common, "--variants", "fp32", "--no-faithfulness", "--label", "speed"]) == 0  # targets: its own classes
+    assert json.loads((tmp_path / "speed.json").read_text())["variants"][0]["s_per_attr"] > 0

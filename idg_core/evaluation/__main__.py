@@ -17,7 +17,7 @@ import torch
 from idg_core.evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
 from idg_core.evaluation.report import merge_earlier, write_report
 from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, VARIANTS, EvalConfig, evaluate_folder
-from idg_core.models import PRECISIONS, load_model, tune
+from idg_core.models import PRECISIONS, load_entry, tune
 
 
 def _machine() -> str:
@@ -34,8 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=Path, required=True, help="folder of images named WNID_*.JPEG (labels from the WNID)")
     p.add_argument("--out", type=Path, default=Path("results/evaluation"))
-    p.add_argument("--model", default="efficientnet_lite0")
-    p.add_argument("--weights", default=None, help="weights file for torchvision architectures")
+    p.add_argument("--model", default="efficientnet_lite0",
+                   help="a packaged name, a torchvision ARCH (file from --weights), or any IDG_MODELS entry "
+                        "(NAME=torchscript:PATH, NAME=timm:ARCH:PATH, NAME=hf:FOLDER, ...): evaluate your own model")
+    p.add_argument("--weights", default=None, help="weights file for a bare torchvision ARCH")
+    p.add_argument("--models-file", type=Path, default=None,
+                   help="the service's IDG_MODELS_FILE: input size, mean, std and labels for a NAME=SOURCE entry")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--suite", default="paper", choices=["paper", "cost"],
                    help="paper: the paper's methods and ablation with all four metrics; cost: IDG and IG over a grid of "
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
                      pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision,
                      metrics=metrics, fold_bn=args.fold_bn, channels_last=args.channels_last)
-    model = tune(load_model(args.model, args.weights).to(args.device).eval(), precision=args.precision,
+    model = tune(load_entry(args.model, args.weights, args.models_file, torch.device(args.device)), precision=args.precision,
                  fold_bn=args.fold_bn, channels_last=args.channels_last)
     images = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpeg", ".jpg", ".png"))
     total = len(images)

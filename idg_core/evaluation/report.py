@@ -121,10 +121,12 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     variants = [n for n in names if n in VARIANTS]
     main = [n for n in names if n in MAIN_METHODS] + variants
     ablation = [n for n in ("IG", "IG-adaptive", "IDG-uniform", "IDG", "IDG-authors-placement", "IDG-exact-IF") if n in names]
-    correct = sum(1 for r in records if r["correct"])
+    labelled = [r for r in records if r["correct"] is not None]
+    top1 = (f"Top-1 of the model on these images: {sum(1 for r in labelled if r['correct'])}/{len(labelled)}. " if labelled
+            else "Top-1 not known: the file names do not name this model's classes. ")
     lines = [f"# Evaluation: {model}, {len(records)} of {total_images} images", "",
              f"Measured {date} on {machine}. Mean ± half-width of the 95% normal interval over images (n). "
-             f"Best per row in bold. Top-1 of the model on these images: {correct}/{len(records)}. "
+             f"Best per row in bold. {top1}"
              "Targets are the predicted classes. Settings: the paper's (50 steps, N = M = 50, baseline = zero in the model's "
              "normalised space, Guided IG fraction 0.5 / max_dist 1.0, AGI one seeded adversarial class, RISE step 224, "
              "PIC thresholds of the reference library and its 0.8 confidence rule).", "", "## Main comparison", ""]

@@ -176,7 +176,7 @@ def evaluate_folder(model: ImageClassifier, images: list[Path], out: Path, cfg: 
                 records.append(json.loads(target.read_text()))
                 continue
             wnid = path.name.split("_")[0]
-            label = wnids.index(wnid) if wnid in wnids else None
+            label = wnids.index(wnid) if wnid in wnids and model.num_classes == len(wnids) else None  # ImageNet's index
             record = evaluate_image(model, path, label, cfg, pool, seed=i)
             tmp = target.with_suffix(".tmp")
             tmp.write_text(json.dumps(record))

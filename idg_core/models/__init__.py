@@ -2,7 +2,7 @@
 
 from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.preprocess import ImageDecodeError, ImageTooLargeError, decode_image, resize_crop, to_rgb, to_tensor
-from idg_core.models.sources import ModelSpec, load_source, parse_spec
+from idg_core.models.sources import ModelSpec, load_entry, load_source, parse_spec
 from idg_core.models.speed import PRECISIONS, Precision, default_channels_last, default_precision, fold_batchnorm, set_tf32, tune
 from idg_core.models.zoo import (
     LITE_SIZES,
@@ -34,6 +34,7 @@ __all__ = [
     "efficientnet_lite",
     "imagenet_class_names",
     "imagenet_wnids",
+    "load_entry",
     "load_model",
     "load_source",
     "parse_spec",

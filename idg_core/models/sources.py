@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from idg_core.models.models_file import ModelSettings
+from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
@@ -395,3 +395,19 @@ def load_source(spec: ModelSpec, settings: ModelSettings | None = None, device: 
     speed = {"precision": s.precision, "channels_last": s.channels_last, "compile": s.compile, "fold_bn": s.fold_bn}
     model.speed = {k: v for k, v in speed.items() if v is not None}
     return model
+
+
+def load_entry(entry: str, weights: str | None = None, models_file: str | Path | None = None,
+               device: torch.device | None = None) -> ImageClassifier:
+    """One model as the service would load it, for the command-line tools (evaluation, benchmarks).
+
+    ``entry`` is anything ``IDG_MODELS`` accepts (a packaged name, ``ARCH=/path``, ``NAME=KIND:...``);
+    a bare torchvision ``ARCH`` takes its file from ``weights`` (``"random"``: random weights, for speed
+    only), which packaged names and ``NAME=...`` entries ignore (``None`` or ``"none"``). The models
+    file's table for the entry's name supplies what the source does not say (input size, mean, std,
+    labels); its speed settings are recorded on the model, not applied (the tools apply their own)."""
+    if "=" not in entry and entry in TORCHVISION_ARCHS and weights not in (None, "none"):
+        entry = f"{entry}={weights}"
+    spec = parse_spec(entry)
+    settings = read_models_file(models_file).get(spec.name, ModelSettings()) if models_file is not None else ModelSettings()
+    return load_source(spec, settings, device)

@@ -44,6 +44,7 @@ def test_evaluation_writes_the_report_and_resumes(tmp_path: Path) -> None:
 
     summary = write_report(records, tmp_path / "report", machine="test", date="today", model="tiny", total_images=3)
     text = summary.read_text()
+    assert "Top-1 of the model on these images: " in text
     assert "3 of 3 images" in text and "| insertion ↑ |" in text and "Rank of IDG" in text
     with (tmp_path / "report" / "per_image.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 3 * 3
@@ -94,3 +95,25 @@ def test_a_variant_run_pairs_with_an_earlier_runs_scores_by_image(tmp_path: Path
     other_prediction = {**later[0], "pred": later[0]["pred"] + 1, "methods": {}}
     with pytest.raises(ValueError, match="not the same model"):
         merge_earlier([other_prediction], tmp_path / "a" / "per_image.csv")
+
+
+def test_the_evaluation_command_takes_a_users_own_model(tmp_path: Path) -> None:
+    """`python -m idg_core.evaluation --model NAME=SOURCE --models-file F`: a 10-class TorchScript CNN, scored on
+    its own predictions; the photos' WNIDs name ImageNet classes, not its, so no accuracy is claimed."""
+    from idg_core.evaluation.__main__ import main
+    from tests.models import tiny_model_maker
+
+    entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    _images(folder)
+    out = tmp_path / "out"
+    argv = ["--images", str(folder), "--out", str(out), "--model", entry, "--models-file", str(tmp_path / "models.toml"),
+            "--device", "cpu", "--methods", "IG", "IDG", "--no-ablation", "--rise-step", "576", "--workers", "0"]
+    assert main(argv) == 0
+    with (out / "per_image.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {r["image"] for r in rows} == {p.name for p in folder.iterdir()} and all(r["label"] == "" for r in rows)
+    assert all(0 <= int(r["pred"]) < 10 for r in rows)
+    summary = (out / "summary.md").read_text()
+    assert {r["method"] for r in rows} == {"IG", "IDG"} and entry in summary and "Top-1 not known" in summary

@@ -96,3 +96,25 @@ def test_squash_crop_ignores_the_aspect_ratio() -> None:
     out = squash_crop(img, 64, 64, "bilinear")
     assert out.size == (64, 64) and out.getpixel((4, 32))[2] > 200 and out.getpixel((40, 32))[0] > 200
     assert squash_crop(img, 72, 64).size == (64, 64)
+
+
+def test_load_entry_loads_a_users_model_as_the_service_would(tmp_path: Path) -> None:
+    """The command-line tools take any IDG_MODELS entry: a saved TorchScript CNN with its models file
+    gives the file's logits, labels and input size; a bare torchvision ARCH takes --weights."""
+    import torch
+
+    from idg_core.models import load_entry
+    from tests.models import tiny_model_maker
+
+    entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
+    with pytest.raises(ValueError, match=r"give input_size, mean, std in the models file"):
+        load_entry(entry)
+    model = load_entry(entry, "none", tmp_path / "models.toml")
+    assert (model.name, model.source) == ("scripted", f"torchscript:{tmp_path / 'cnn.ts'}")
+    assert model.num_classes == 10 and model.class_names[2] == "bird" and model.preprocessing.crop_size == 48
+    x = torch.rand(2, 3, 48, 48)
+    saved = torch.jit.load(str(tmp_path / "cnn.ts"))
+    torch.testing.assert_close(model(x), saved((x - 0.5) / 0.25))  # the models file's mean and std, then the file's net
+    assert load_entry("resnet50", "random").source == "torchvision:resnet50:random"
+    with pytest.raises(ValueError, match="needs a local weights file"):
+        load_entry("resnet50")

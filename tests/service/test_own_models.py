@@ -9,7 +9,6 @@ import importlib.util
 import io
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from app.core.config import Settings
 from app.core.model_loading import ModelLoadError
 from app.main import create_app
 from idg_core import METHODS
+from tests.models import tiny_model_maker
 from tests.service.conftest import image_bytes, serve, tiny_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,20 +30,11 @@ METHOD_ARGS = {"idg": {"steps": "4", "probe_steps": "4"}, "ig": {"steps": "4"}, 
                "guided_ig": {"steps": "4"}, "agi": {"max_iter": "3", "adversarial_classes": "2"}}
 
 
-def _maker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "scripts" / "make_tiny_models.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_tiny_models"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """Every source whose extra is installed: {kind: IDG_MODELS entry}, and the folder (models.toml)."""
     out = tmp_path_factory.mktemp("models")
-    maker = _maker()
+    maker = tiny_model_maker()
     specs = {kind: maker.MAKERS[kind](out) for kind, extra in EXTRAS.items() if extra is None or importlib.util.find_spec(extra)}
     return out, specs
 
