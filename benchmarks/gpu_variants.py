@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-file", type=Path, default=None,
                    help="the service's IDG_MODELS_FILE: input size, mean, std and labels for a NAME=SOURCE entry")
     p.add_argument("--images", type=int, default=32)
-    p.add_argument("--image-dir", type=Path, default=SAMPLES)
+    p.add_argument("--image-dir", type=Path, default=SAMPLES,
+                   help="the photos (JPEG, PNG, WebP; the first --images by name); default: the 65 ImageNet samples")
     p.add_argument("--batch-size", type=int, default=128, help="evaluator images per model call")
     p.add_argument("--batch-sizes", type=int, nargs="*", default=[32, 64, 128, 256, 512],
                    help="evaluator batch sizes to sweep (best variant)")
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     x, targets, files = sample_batch(probe, args.image_dir, args.images)
     x = x.to(device)
     state = {k: v.clone() for k, v in probe.state_dict().items()}
-    if not args.no_faithfulness or probe.num_classes != 1000:  # explain (and score) what the model predicts, as the evaluation does
+    if not args.no_faithfulness:  # explain (and score) what the model predicts, as the evaluation does
         with torch.no_grad():
             targets = probe.to(device).eval()(x).argmax(1).tolist()
     fwd = forward_flops(probe.to(device).eval(), x.shape[-1], device)

@@ -31,13 +31,26 @@ log = logging.getLogger(__name__)
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
 
 
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".webp")
+
+
 def sample_batch(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, list[int], list[Path]]:
-    """The first ``n`` ``WNID_*.JPEG`` images of ``folder`` as the model's input, their labels
-    (class index from the WNID) and their paths."""
-    files = sorted(folder.glob("*.JPEG"))[:n]
+    """The first ``n`` images of ``folder`` (by name) as the model's input, their labels and their paths.
+
+    A label is the ImageNet class of a ``WNID_*`` file name for a 1000-class model; otherwise (your
+    model's classes, your photos) it is the model's own prediction, so every target is in range."""
+    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)[:n]
+    if not files:
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
     images = torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files])
     wnids = imagenet_wnids()
-    return images, [wnids.index(f.name.split("_")[0]) for f in files], files
+    named = [f.name.split("_")[0] for f in files]
+    if model.num_classes == len(wnids) and all(w in wnids for w in named):
+        return images, [wnids.index(w) for w in named], files
+    device = next(model.parameters(), torch.empty(0)).device  # a model without parameters runs where it is
+    with torch.no_grad():
+        predicted = torch.cat([model(chunk.to(device)).argmax(1).cpu() for chunk in images.split(16)])
+    return images, predicted.tolist(), files
 
 
 def forward_flops(model: torch.nn.Module, size: int, device: torch.device) -> int:

@@ -1,5 +1,6 @@
 """The benchmarks' own logic: the load benchmark's host CPU accounting and report columns, the host-cost script."""
 
+import io
 import json
 import os
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from benchmarks import host_cost
 from benchmarks.run import render
@@ -103,3 +105,41 @@ def test_speed_settings_benchmark_measures_a_users_own_model(tmp_path: Path) -> 
     assert data["variants"][1]["insertion_vs_fp32"][2] == 2  # bf16 paired with fp32 on both photos
     assert gpu_variants.main([*common, "--variants", "fp32", "--no-faithfulness", "--label", "speed"]) == 0  # targets: its own classes
     assert json.loads((tmp_path / "speed.json").read_text())["variants"][0]["s_per_attr"] > 0
+
+
+def test_sample_batch_takes_a_users_photos_and_labels_what_it_can(tmp_path: Path) -> None:
+    """ImageNet WNIDs label a 1000-class model's samples; a user's PNGs and JPEGs with other names, or a model with
+    other classes, are labelled with the model's own predictions (always in range), in file-name order."""
+    from benchmarks.speed import sample_batch
+    from idg_core.models import imagenet_wnids, load_entry
+    from tests.models import tiny_classifier, tiny_model_maker
+
+    photos = sorted(SAMPLES.glob("*.JPEG"))[:2]
+    if len(photos) < 2:
+        pytest.skip(f"no sample photos in {SAMPLES}")
+    imagenet = tiny_classifier()  # 1000 classes
+    _, labels, files = sample_batch(imagenet, SAMPLES, 2)
+    assert files == photos and labels == [imagenet_wnids().index(p.name.split("_")[0]) for p in photos]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "b_cat.png").write_bytes(_png(photos[0]))
+    (mine / "a_dog.jpg").write_bytes(photos[1].read_bytes())
+    (mine / "notes.txt").write_text("not an image")
+    x, labels, files = sample_batch(imagenet, mine, 5)
+    assert [f.name for f in files] == ["a_dog.jpg", "b_cat.png"]
+    with torch.no_grad():
+        assert labels == imagenet(x).argmax(1).tolist()
+    entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
+    ten = load_entry(entry, models_file=tmp_path / "models.toml")
+    x, labels, _ = sample_batch(ten, SAMPLES, 2)  # WNID names, but not this model's classes
+    with torch.no_grad():
+        assert labels == ten(x).argmax(1).tolist() and max(labels) < 10
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no images"):
+        sample_batch(ten, tmp_path / "empty", 1)
+
+
+def _png(photo: Path) -> bytes:
+    out = io.BytesIO()
+    Image.open(photo).convert("RGB").save(out, format="PNG")
+    return out.getvalue()
