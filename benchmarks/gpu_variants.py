@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the service's IDG_MODELS_FILE: input size, mean, std and labels for a NAME=SOURCE entry")
     p.add_argument("--images", type=int, default=32)
     p.add_argument("--image-dir", type=Path, default=SAMPLES,
-                   help="the photos (JPEG, PNG, WebP; the first --images by name); default: the 65 ImageNet samples")
+                   help="the photos (JPEG, PNG; the first --images by name); default: the 65 ImageNet samples")
     p.add_argument("--batch-size", type=int, default=128, help="evaluator images per model call")
     p.add_argument("--batch-sizes", type=int, nargs="*", default=[32, 64, 128, 256, 512],
                    help="evaluator batch sizes to sweep (best variant)")

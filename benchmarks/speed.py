@@ -24,14 +24,11 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from idg_core import idg, ig, resolve_baseline
-from idg_core.models import ImageClassifier, decode_image, imagenet_wnids
+from idg_core.models import ImageClassifier, decode_image, image_files, imagenet_label
 from idg_core.presets import preset_params
 
 log = logging.getLogger(__name__)
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
-
-
-IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".webp")
 
 
 def sample_batch(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, list[int], list[Path]]:
@@ -39,14 +36,13 @@ def sample_batch(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, 
 
     A label is the ImageNet class of a ``WNID_*`` file name for a 1000-class model; otherwise (your
     model's classes, your photos) it is the model's own prediction, so every target is in range."""
-    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)[:n]
+    files = image_files(folder)[:n]
     if not files:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
+        raise ValueError(f"no images (JPEG, PNG) in {folder}")
     images = torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files])
-    wnids = imagenet_wnids()
-    named = [f.name.split("_")[0] for f in files]
-    if model.num_classes == len(wnids) and all(w in wnids for w in named):
-        return images, [wnids.index(w) for w in named], files
+    known = [label for f in files if (label := imagenet_label(f.name, model.num_classes)) is not None]
+    if len(known) == len(files):
+        return images, known, files
     device = next(model.parameters(), torch.empty(0)).device  # a model without parameters runs where it is
     with torch.no_grad():
         predicted = torch.cat([model(chunk.to(device)).argmax(1).cpu() for chunk in images.split(16)])

@@ -17,7 +17,7 @@ import torch
 from idg_core.evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
 from idg_core.evaluation.report import merge_earlier, write_report
 from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, VARIANTS, EvalConfig, evaluate_folder
-from idg_core.models import PRECISIONS, load_entry, tune
+from idg_core.models import PRECISIONS, image_files, load_entry, tune
 
 
 def _machine() -> str:
@@ -32,7 +32,8 @@ def _machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=Path, required=True, help="folder of images named WNID_*.JPEG (labels from the WNID)")
+    p.add_argument("--images", type=Path, required=True,
+                   help="folder of JPEG/PNG photos; a WNID_* name gives an ImageNet model's label (for Top-1 only)")
     p.add_argument("--out", type=Path, default=Path("results/evaluation"))
     p.add_argument("--model", default="efficientnet_lite0",
                    help="a packaged name, a torchvision ARCH (file from --weights), or any IDG_MODELS entry "
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                      metrics=metrics, fold_bn=args.fold_bn, channels_last=args.channels_last)
     model = tune(load_entry(args.model, args.weights, args.models_file, torch.device(args.device)), precision=args.precision,
                  fold_bn=args.fold_bn, channels_last=args.channels_last)
-    images = sorted(f for f in args.images.iterdir() if f.suffix.lower() in (".jpeg", ".jpg", ".png"))
+    images = image_files(args.images)
     total = len(images)
     images = images[: args.limit] if args.limit else images
     records = evaluate_folder(model, images, args.out, cfg, workers=args.workers)

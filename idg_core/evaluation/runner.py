@@ -29,7 +29,7 @@ from idg_core.metrics import (
     random_pixel_mask,
     to_uint8,
 )
-from idg_core.models import ImageClassifier, decode_image, imagenet_wnids
+from idg_core.models import ImageClassifier, decode_image, imagenet_label
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan
 
@@ -165,7 +165,6 @@ def evaluate_folder(model: ImageClassifier, images: list[Path], out: Path, cfg: 
     cache = out / "cache" / cfg.key()
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    wnids = imagenet_wnids()
     records = []
     pool = pic_pool(workers)
     try:
@@ -175,9 +174,7 @@ def evaluate_folder(model: ImageClassifier, images: list[Path], out: Path, cfg: 
             if target.is_file():
                 records.append(json.loads(target.read_text()))
                 continue
-            wnid = path.name.split("_")[0]
-            label = wnids.index(wnid) if wnid in wnids and model.num_classes == len(wnids) else None  # ImageNet's index
-            record = evaluate_image(model, path, label, cfg, pool, seed=i)
+            record = evaluate_image(model, path, imagenet_label(path.name, model.num_classes), cfg, pool, seed=i)
             tmp = target.with_suffix(".tmp")
             tmp.write_text(json.dumps(record))
             tmp.replace(target)  # atomic: an interrupted write never leaves half a record

@@ -1,7 +1,15 @@
 """Pretrained classifiers (pixel space in, logits out) and the image preprocessing they need."""
 
 from idg_core.models.models_file import ModelSettings, read_models_file
-from idg_core.models.preprocess import ImageDecodeError, ImageTooLargeError, decode_image, resize_crop, to_rgb, to_tensor
+from idg_core.models.preprocess import (
+    ImageDecodeError,
+    ImageTooLargeError,
+    decode_image,
+    image_files,
+    resize_crop,
+    to_rgb,
+    to_tensor,
+)
 from idg_core.models.sources import ModelSpec, load_entry, load_source, parse_spec
 from idg_core.models.speed import PRECISIONS, Precision, default_channels_last, default_precision, fold_batchnorm, set_tf32, tune
 from idg_core.models.zoo import (
@@ -11,6 +19,7 @@ from idg_core.models.zoo import (
     Preprocessing,
     efficientnet_lite,
     imagenet_class_names,
+    imagenet_label,
     imagenet_wnids,
     load_model,
     torchvision_classifier,
@@ -32,7 +41,9 @@ __all__ = [
     "Preprocessing",
     "decode_image",
     "efficientnet_lite",
+    "image_files",
     "imagenet_class_names",
+    "imagenet_label",
     "imagenet_wnids",
     "load_entry",
     "load_model",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -103,6 +104,15 @@ def _draft(img: Image.Image, min_side: int) -> None:
         if min(w, h) >= scale * DRAFT_GAP * min_side and w % scale == 0 and h % scale == 0:
             img.draft(None, (w // scale, h // scale))
             return
+
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+"""The files the command-line tools read from a folder of photos (any case)."""
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The photos in ``folder`` (by :data:`IMAGE_SUFFIXES`), sorted by name."""
+    return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
 
 
 def decode_image(

@@ -46,6 +46,14 @@ def imagenet_wnids() -> list[str]:
     return [r["wnid"] for r in _class_table()]
 
 
+def imagenet_label(file_name: str, num_classes: int) -> int | None:
+    """The ImageNet class that a ``WNID_*`` file name names, for a model with ImageNet's 1000 classes;
+    ``None`` for another name or another model's classes (a WNID says nothing about those)."""
+    wnids = imagenet_wnids()
+    wnid = file_name.split("_")[0]
+    return wnids.index(wnid) if num_classes == len(wnids) and wnid in wnids else None
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """Resize the shorter side to ``resize_size`` (``resize_mode="squash"``: the whole image to
