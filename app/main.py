@@ -24,7 +24,7 @@ from app.core.prometheus import Metrics, MetricsMiddleware
 from app.core.replica import ReplicaHeaderMiddleware
 from app.service import Service
 from app.worker.engine import Worker
-from idg_core.models import ImageClassifier
+from idg_core.models import ImageClassifier, keep_freed_memory
 from idg_core.models.compiled import compiled_part
 from idg_core.models.speed import tune_all
 
@@ -42,6 +42,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
+        if settings.keep_freed_memory:
+            keep_freed_memory()
         device = pick_device(settings.device)
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device, settings.models_file)
         try:

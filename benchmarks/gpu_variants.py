@@ -50,7 +50,7 @@ from idg_core.metrics import (
     random_pixel_mask,
     to_uint8,
 )
-from idg_core.models import load_entry, set_tf32, tune
+from idg_core.models import keep_freed_memory, load_entry, set_tf32, tune
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 
 log = logging.getLogger("benchmarks.gpu_variants")
@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         args.render.with_suffix(".md").write_text(_markdown(data["meta"], data["variants"], data["failed"], data["batch_sweep"]))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    keep_freed_memory()  # as the service does by default (IDG_KEEP_FREED_MEMORY)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.manual_seed(0)

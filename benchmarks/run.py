@@ -17,7 +17,7 @@ import torch
 from benchmarks.service_load import run_load
 from benchmarks.speed import SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
-from idg_core.models import PRECISIONS, default_channels_last, default_precision, load_model, tune
+from idg_core.models import PRECISIONS, default_channels_last, default_precision, keep_freed_memory, load_model, tune
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 from idg_core.presets import preset_params
 
@@ -43,6 +43,7 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
              f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}"
              f"{' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}"
+             f"{', malloc keeps freed memory' if meta.get('keep_freed_memory') else ''}"
              f"{_compiled_text(meta)}, "
              f"evaluator batch {meta['batch_size']}. "
              "Each figure is the best of the repeats; every column of a row was measured in the same run on the same images."
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch.compile ours at the service's batch sizes for --batch-size (IDG_COMPILE); start-up cost reported")
     p.add_argument("--images", type=Path, default=SAMPLES, help="folder of WNID_*.JPEG images")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    p.add_argument("--no-keep-freed-memory", action="store_true",
+                   help="leave glibc's malloc at its defaults, here and in the service (IDG_KEEP_FREED_MEMORY=false)")
     p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         args.render.with_suffix(".md").write_text(render(data["meta"], data["speed"], data["load"]))
         return 0
 
+    kept = False if args.no_keep_freed_memory else keep_freed_memory()  # as the service does by default
     device = torch.device(args.device)
     args.precision = args.precision or default_precision(device)
     args.batch_size = args.batch_size or default_batch_size(device)
@@ -154,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
            "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8), "IDG_PRECISION": args.precision,
            "IDG_CHANNELS_LAST": str(args.channels_last).lower(), "IDG_FOLD_BN": str(not args.no_fold_bn).lower(),
-           "IDG_COMPILE": str(args.compile).lower()}
+           "IDG_COMPILE": str(args.compile).lower(), "IDG_KEEP_FREED_MEMORY": str(not args.no_keep_freed_memory).lower()}
     load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
             "precision": args.precision, "channels_last": args.channels_last, "fold_bn": not args.no_fold_bn,
+            "keep_freed_memory": kept,
             "compile_sizes": list(default_compile_sizes(args.batch_size)) if args.compile else None, "compile_seconds": compile_seconds,
             "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")),
             "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}

@@ -17,7 +17,7 @@ import torch
 from idg_core.evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
 from idg_core.evaluation.report import merge_earlier, write_report
 from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, VARIANTS, EvalConfig, evaluate_folder
-from idg_core.models import PRECISIONS, image_files, load_entry, tune
+from idg_core.models import PRECISIONS, image_files, keep_freed_memory, load_entry, tune
 
 
 def _machine() -> str:
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                         "join the report, paired by image, without being computed again")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    keep_freed_memory()  # as the service does by default: fewer page faults on the CPU, same results
     metrics: tuple[str, ...]
     if args.suite == "cost":
         try:

@@ -11,7 +11,16 @@ from idg_core.models.preprocess import (
     to_tensor,
 )
 from idg_core.models.sources import ModelSpec, load_entry, load_source, parse_spec
-from idg_core.models.speed import PRECISIONS, Precision, default_channels_last, default_precision, fold_batchnorm, set_tf32, tune
+from idg_core.models.speed import (
+    PRECISIONS,
+    Precision,
+    default_channels_last,
+    default_precision,
+    fold_batchnorm,
+    keep_freed_memory,
+    set_tf32,
+    tune,
+)
 from idg_core.models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
@@ -38,6 +47,7 @@ __all__ = [
     "default_channels_last",
     "default_precision",
     "fold_batchnorm",
+    "keep_freed_memory",
     "Preprocessing",
     "decode_image",
     "efficientnet_lite",

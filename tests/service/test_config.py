@@ -7,6 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from app.core.config import Settings
+from tests.service.conftest import AppFactory, serve
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -35,3 +36,13 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError, match=name.removeprefix("IDG_").lower()):
         Settings()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+async def test_start_up_keeps_freed_memory_unless_told_not_to(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch,
+                                                              keep: bool) -> None:
+    calls: list[None] = []
+    monkeypatch.setattr("app.main.keep_freed_memory", lambda: calls.append(None) or True)
+    async with serve(tiny_app(keep_freed_memory=keep)) as client:
+        assert (await client.get("/health/ready")).status_code == 200
+    assert len(calls) == int(keep)
