@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.service_load import run_load
-from benchmarks.speed import SAMPLES, machine, matmul_tflops, run_speed, sample_batch
+from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
 from idg_core.models import PRECISIONS, default_channels_last, default_precision, keep_freed_memory, load_model, tune
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
@@ -64,7 +64,8 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
         share = f"{r['idg_share_of_peak']:.1%}" if r.get("idg_share_of_peak") else "n/a"
         of_ceiling = f"{r['idg_share_of_ceiling']:.1%}" if r.get("idg_share_of_ceiling") else "n/a"
         mem = r.get("ours_idg_peak_mib")
-        mem_text = "n/a" if mem is None else f"{mem:.0f}" + (" (RSS growth, a lower bound)" if meta["device"] == "cpu" else "")
+        measured = f" ({meta.get('cpu_memory', 'RSS growth')}, a lower bound)" if meta["device"] == "cpu" else ""
+        mem_text = "n/a" if mem is None else f"{mem:.0f}{measured}"
         default = f"{r['ours_default_s_per_attr']:.3f}" if "ours_default_s_per_attr" in r else "n/a"
         default_ratio = f"{r['default_vs_captum_ig']:.2f}x" if "default_vs_captum_ig" in r else "n/a"
         plain = f"{r['captum_ig_default_s_per_attr']:.3f}" if "captum_ig_default_s_per_attr" in r else "n/a"
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
     meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
             "precision": args.precision, "channels_last": args.channels_last, "fold_bn": not args.no_fold_bn,
-            "keep_freed_memory": kept,
+            "keep_freed_memory": kept, "cpu_memory": CPU_MEMORY,
             "compile_sizes": list(default_compile_sizes(args.batch_size)) if args.compile else None, "compile_seconds": compile_seconds,
             "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")),
             "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}

@@ -8,6 +8,7 @@ library; it computes IG, which needs no probe pass, so IDG costs ~1.33x its pass
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import platform
@@ -77,17 +78,44 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _malloc_in_use() -> Callable[[], int] | None:
+    """glibc's bytes in use (heap blocks + mmapped blocks, all arenas) as a function, or None off glibc 2.33+.
+    Unlike the resident set it falls when tensors are freed, also where ``malloc`` keeps the memory."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype, mallinfo2.argtypes = _MallInfo2, []
+
+    def in_use() -> int:
+        info = mallinfo2()
+        return int(info.uordblks + info.hblkhd)
+
+    return in_use
+
+
+CPU_MEMORY = "malloc in use" if _malloc_in_use() is not None else "RSS growth"
+"""What :func:`_peak_memory` measures on the CPU here."""
+
+
 def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
     """Peak memory in MiB that ``fn`` adds: CUDA's allocator peak over what was allocated before;
-    on the CPU, the peak growth of the process's resident set, sampled every 2 ms (None where
-    /proc is missing)."""
+    on the CPU, the peak growth of glibc's bytes in use (else of the resident set, which cannot fall
+    back once ``malloc`` keeps freed memory), sampled every 2 ms: a lower bound. None where neither
+    can be read."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         fn()
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    read = _malloc_in_use() or _rss_bytes
     try:
-        base = _rss_bytes()
+        base = read()
     except OSError:
         return None
     peak = [base]
@@ -95,7 +123,7 @@ def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
 
     def sample() -> None:
         while not done.wait(0.002):
-            peak[0] = max(peak[0], _rss_bytes())
+            peak[0] = max(peak[0], read())
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -104,7 +132,7 @@ def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
     finally:
         done.set()
         sampler.join()
-    return (max(peak[0], _rss_bytes()) - base) / 2**20
+    return (max(peak[0], read()) - base) / 2**20
 
 
 def matmul_tflops(device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None) -> float:
