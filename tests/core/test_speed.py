@@ -186,21 +186,31 @@ class SameConv(torch.nn.Conv2d):
         return torch.nn.functional.conv2d(self.static_padding(x), self.weight, self.bias, self.stride)
 
 
-def test_symmetric_same_padding_becomes_the_convolutions_own_and_asymmetric_stays() -> None:
+@pytest.mark.parametrize("size", [16, 17])
+def test_same_padding_becomes_the_convolutions_own_with_a_zero_widened_kernel_where_it_is_asymmetric(size: int) -> None:
+    """TensorFlow's "same" padding puts the odd pixel at the end (stride 2 on an even size: 0 before, 1
+    after); as a symmetric padding of 1 with a 4x4 kernel whose first row and column are 0, every output
+    reads the same inputs with the same weights. More padding before than after is left as it was."""
     from idg_core.models import fold_batchnorm
 
     with torch.random.fork_rng():
         torch.manual_seed(6)
         net = torch.nn.Sequential(SameConv(3, 4, 3, 1, (1, 1, 1, 1)), torch.nn.ReLU(), SameConv(4, 4, 3, 2, (0, 1, 0, 1)),
-                                  SameConv(4, 4, 5, 1, (2, 2, 2, 2)), torch.nn.Flatten(), torch.nn.LazyLinear(3)).eval()
-        x = torch.rand(2, 3, 10, 10, requires_grad=True)
+                                  SameConv(4, 4, 5, 1, (2, 2, 2, 2)), SameConv(4, 6, 5, 2, (1, 2, 1, 2)),
+                                  SameConv(6, 6, 3, 1, (0, 1, 1, 1)), SameConv(6, 5, 3, 1, (1, 0, 1, 0)),
+                                  torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(20, 3)).eval()
+        x = torch.rand(2, 3, size, size, requires_grad=True)
         out = net(x)
     folded = fold_batchnorm(net)
-    assert [type(m).__name__ for m in folded.modules() if isinstance(m, torch.nn.Conv2d)] == ["Conv2d", "SameConv", "Conv2d"]
+    convs = [m for m in folded.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [type(m).__name__ for m in convs] == ["Conv2d"] * 5 + ["SameConv"]
+    assert [(tuple(m.kernel_size), tuple(m.padding)) for m in convs[:5]] == [((3, 3), (1, 1)), ((4, 4), (1, 1)), ((5, 5), (2, 2)),
+                                                                           ((6, 6), (2, 2)), ((3, 4), (1, 1))]
     x2 = x.detach().clone().requires_grad_(True)
     out2 = folded(x2)
     torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.autograd.grad(out2.sum(), x2)[0], torch.autograd.grad(out.sum(), x)[0], rtol=1e-5, atol=1e-6)
+    assert net[2].weight.shape == (4, 4, 3, 3)  # the original network is left as it was
 
 
 def test_a_convolution_run_twice_keeps_its_batch_norms() -> None:
