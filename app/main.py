@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -51,17 +52,18 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
                               fold_bn=settings.fold_bn, compile_sizes=settings.compile_sizes, batch_images=settings.batch_images(device))
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
-        # compiled graphs are made before ready even with IDG_WARMUP=false: else the first requests would wait for them
-        await asyncio.to_thread(warm_up, loaded, settings.batch_images(device), settings.warmup)
-        for name, model in loaded.items():
-            if (part := compiled_part(model)) is not None:
-                metrics.track_compiled(name, part)
         worker = Worker(
             loaded, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
             batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.max_predict_queue,
             watchdog_grace_s=settings.watchdog_grace_s,
         )
-        worker.start()
+        # on the worker's own thread, where requests run: its malloc arena is the one the first request would grow
+        # (170,000 page faults, 0.69 s against 0.57 s for the next, Lite0 on the CPU, when the warm-up ran elsewhere).
+        # Compiled graphs are made before ready even with IDG_WARMUP=false: else the first requests would wait for them
+        await asyncio.to_thread(worker.start, partial(warm_up, loaded, settings.batch_images(device), settings.warmup))
+        for name, model in loaded.items():
+            if (part := compiled_part(model)) is not None:
+                metrics.track_compiled(name, part)
         app.state.service = Service(settings, loaded, worker, metrics, device)
         app.state.ready = True
         metrics.ready.set(1)

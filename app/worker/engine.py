@@ -28,7 +28,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -94,12 +94,23 @@ class Worker:
         self._last_model: str | None = None  # the model of the last round: rounds go round-robin between models
         self._rate_seconds = 0.0  # worker seconds and work units of recent rounds, decayed together
         self._rate_units = 0.0
+        self._warm_up: Callable[[], None] | None = None
+        self._warm_up_error: BaseException | None = None
+        self._warmed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="idg-worker", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="idg-watchdog", daemon=True)
 
     # -- event-loop side -------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, warm_up: Callable[[], None] | None = None) -> None:
+        """Start the worker thread and the watchdog. ``warm_up``, if given, runs first on the worker's own
+        thread, where the requests will run (its malloc arena, thread-local caches), and this returns only
+        once it has; if it raises, the worker does not start and the exception is raised here."""
+        self._warm_up = warm_up
         self._thread.start()
+        self._warmed.wait()
+        if self._warm_up_error is not None:
+            self._thread.join()
+            raise self._warm_up_error
         self._watchdog.start()
 
     @property
@@ -197,6 +208,14 @@ class Worker:
 
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            if self._warm_up is not None:
+                self._warm_up()
+        except BaseException as err:  # noqa: BLE001 - handed to start(), which raises it on its caller's thread
+            self._warm_up_error = err
+            return
+        finally:
+            self._warmed.set()
         log.info("worker started on %s", self.device)
         while not self._stop.is_set():
             chosen: list[tuple[Job, list[tuple[int, int, int]]]] = []

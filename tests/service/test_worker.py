@@ -4,6 +4,7 @@ job's forward pass not starved by an older job's run of gradient steps."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Generator
 from typing import Any
@@ -96,3 +97,32 @@ async def test_a_newer_jobs_forward_pass_takes_its_turn_between_an_older_jobs_gr
     finally:
         worker.cancel(older, "client_disconnected")
         await asyncio.to_thread(worker.stop, 1)
+
+
+def test_warm_up_runs_on_the_worker_thread_before_start_returns() -> None:
+    """The requests' thread is the one warmed (its malloc arena grows there, not on the first request)."""
+    model = tiny_classifier(0.0)
+    w = Worker({"tiny": model}, torch.device("cpu"), Metrics(), max_batch_images=8, max_round_images=8, batch_wait_ms=0, max_queue=8)
+    seen: list[str] = []
+
+    def warm() -> None:
+        time.sleep(0.2)
+        seen.append(threading.current_thread().name)
+        model(torch.rand(2, 3, 32, 32))
+
+    w.start(warm)
+    assert seen == ["idg-worker"]  # done by the time start returned
+    assert len(model.net.calls) == 1
+    w.stop(1)
+
+
+def test_a_failed_warm_up_is_raised_and_the_worker_takes_nothing() -> None:
+    w = Worker({"tiny": tiny_classifier(0.0)}, torch.device("cpu"), Metrics(), max_batch_images=8, max_round_images=8,
+               batch_wait_ms=0, max_queue=8)
+
+    def warm() -> None:
+        raise RuntimeError("no compiler")
+
+    with pytest.raises(RuntimeError, match="no compiler"):
+        w.start(warm)
+    assert not w._thread.is_alive()
