@@ -27,6 +27,7 @@ import torch
 from torch import fx, nn
 
 from idg_core.models.compiled import FixedBatchCompiled, default_compile_sizes
+from idg_core.models.fuse import fuse_conv_activations
 from idg_core.models.zoo import ImageClassifier
 
 log = logging.getLogger(__name__)
@@ -141,9 +142,14 @@ def _with_own_padding(conv: nn.Module) -> nn.Conv2d | None:
     interleaved; the symmetric ones alone had measured 0.69-0.76 -> 0.69-0.72 s). None: not such a
     module, or more padding at the start than at the end."""
     pad = getattr(conv, "static_padding", None)
-    if type(conv) is nn.Conv2d or not isinstance(conv, nn.Conv2d) or not isinstance(pad, nn.ZeroPad2d):
+    if type(conv) is nn.Conv2d or not isinstance(conv, nn.Conv2d) or not isinstance(pad, nn.Module):
         return None
-    left, right, top, bottom = pad.padding
+    if isinstance(pad, nn.ZeroPad2d):
+        left, right, top, bottom = pad.padding
+    elif _passes_through(pad):  # the ports' own Identity where no padding is needed (1x1 convolutions)
+        left = right = top = bottom = 0
+    else:
+        return None
     extra_h, extra_w = bottom - top, right - left
     if (min(extra_h, extra_w) < 0 or tuple(conv.padding) != (0, 0) or conv.padding_mode != "zeros"
             or tuple(conv.dilation) != (1, 1)):
@@ -161,6 +167,17 @@ def _with_own_padding(conv: nn.Module) -> nn.Conv2d | None:
         plain.weight = conv.weight
     plain.bias = conv.bias
     return plain
+
+
+def _passes_through(module: nn.Module) -> bool:
+    """A module without parameters or buffers that returns its input itself."""
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        return False
+    probe = torch.zeros(1)
+    try:
+        return module(probe) is probe
+    except Exception:  # noqa: BLE001 - any module that cannot take a plain tensor is not a pass-through
+        return False
 
 
 def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -225,6 +242,9 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
     model.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
     if fold_bn:
         model.net = fold_batchnorm(model.net)
+        if isinstance(model.net, fx.GraphModule) and device.type == "cpu" and precision == "fp32" and not compile:
+            fused = fuse_conv_activations(model.net)
+            log.info("%s: %d convolutions fused with their activation (oneDNN)", model.name, fused)
     model.channels_last = channels_last
     if channels_last:
         model.net = model.net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # accepted at run time; torch's stubs omit it

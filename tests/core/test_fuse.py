@@ -1,0 +1,90 @@
+"""Convolution + activation fused into one oneDNN call (idg_core.models.fuse): the same function and
+input gradient, only where the pre-activation has no other use, and the plain path wherever the fused
+call does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from idg_core import idg
+from idg_core.models import fold_batchnorm, load_model, tune
+from idg_core.models.fuse import FusedConvActivation, fusion_available
+from idg_core.models.zoo import ImageClassifier, Preprocessing
+
+pytestmark = pytest.mark.skipif(not fusion_available(), reason="needs PyTorch's oneDNN (x86 CPU builds)")
+
+
+class Net(nn.Module):
+    """conv->ReLU6 (fusable), conv->ReLU (fusable), conv->BN->ReLU6 (fusable once folded), a conv whose output
+    also feeds a residual (not), an in-place ReLU (not), a convolution called twice (not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.act_a = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU6()
+        self.b, self.act_b = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), nn.ReLU()
+        self.c, self.bn_c, self.act_c = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6()
+        self.d, self.act_d = nn.Conv2d(8, 8, 3, padding=1), nn.ReLU6()
+        self.e, self.act_e = nn.Conv2d(8, 8, 1), nn.ReLU(inplace=True)
+        self.shared, self.act_s = nn.Conv2d(8, 8, 1), nn.ReLU()
+        self.head = nn.Linear(8, 5)
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            self.bn_c.running_mean.uniform_(-0.5, 0.5, generator=g)
+            self.bn_c.running_var.uniform_(0.5, 2.0, generator=g)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act_a(self.a(x)) * 4  # scaled so that some values pass 6 and ReLU6's upper bound matters
+        x = self.act_b(self.b(x))
+        x = self.act_c(self.bn_c(self.c(x)))
+        y = self.d(x)
+        x = self.act_d(y) + y
+        x = self.act_e(self.e(x))
+        x = self.act_s(self.shared(self.shared(x)))
+        return self.head(x.mean((2, 3)))
+
+
+def classifier() -> ImageClassifier:
+    return ImageClassifier("net", Net(), Preprocessing(16, 16), [f"c{i}" for i in range(5)]).eval()
+
+
+def test_fused_network_gives_the_same_logits_and_input_gradients() -> None:
+    x = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    plain, fused = classifier(), tune(classifier(), precision="fp32", channels_last=True, fold_bn=True)
+    kinds = [type(m).__name__ for m in fused.net.modules() if isinstance(m, (nn.Conv2d, FusedConvActivation))]
+    assert kinds.count("FusedConvActivation") == 3, kinds  # a, b, c (after folding its batch norm); not d, e, shared
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out_plain, out_fused = plain(xa), fused(xb)
+    torch.testing.assert_close(out_fused, out_plain, rtol=1e-5, atol=1e-5)
+    grad_plain = torch.autograd.grad(out_plain[:, 2].sum(), xa)[0]
+    grad_fused = torch.autograd.grad(out_fused[:, 2].sum(), xb)[0]
+    assert grad_plain.abs().sum() > 0
+    torch.testing.assert_close(grad_fused, grad_plain, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), out_plain.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_module_runs_plainly_where_onednn_does_not_apply() -> None:
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    module = FusedConvActivation(conv, nn.ReLU6())
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2)) * 8
+    expected = torch.clamp(conv(x), 0, 6).detach()
+    torch.testing.assert_close(module(x), expected)
+    torch.testing.assert_close(module.double()(x.double()), expected.double(), rtol=1e-5, atol=1e-5)  # float64: plain path
+    assert not any(True for _ in module.parameters())  # the weights are buffers: no gradient is ever made for them
+
+
+def test_packaged_lite0_fuses_every_activation_and_explains_the_same() -> None:
+    x = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    fused = tune(load_model("efficientnet_lite0").eval(), precision="fp32", channels_last=True, fold_bn=True)
+    folded = load_model("efficientnet_lite0").eval()  # folded the same way, without the fusion tune() adds on the CPU
+    folded.net = fold_batchnorm(folded.net).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    assert sum(isinstance(m, FusedConvActivation) for m in fused.net.modules()) == 33  # stem, 16 depthwise, 15 expansions, head
+    assert not any(isinstance(m, nn.ReLU6) for m in fused.net.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), folded(x), rtol=1e-5, atol=1e-5)
+    a, b = idg(fused, x, "mean", [1, 2], steps=6, probe_steps=4), idg(folded, x, "mean", [1, 2], steps=6, probe_steps=4)
+    torch.testing.assert_close(a.attributions, b.attributions, rtol=1e-4, atol=1e-7)
