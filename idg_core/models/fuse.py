@@ -92,8 +92,8 @@ def _fusable(conv: nn.Module | None) -> bool:
 
 
 def fuse_conv_activations(gm: fx.GraphModule) -> int:
-    """Replace, in place, each plain ``Conv2d`` whose only user is a ``ReLU6`` or ``ReLU`` module (not
-    in-place) by a :class:`FusedConvActivation`; returns how many. Meant for the graph
+    """Replace, in place, each plain ``Conv2d`` whose only user is a ``ReLU6`` or ``ReLU`` module (in-place
+    or not: nothing else reads the convolution's output) by a :class:`FusedConvActivation`; returns how many. Meant for the graph
     :func:`~idg_core.models.fold_batchnorm` made (its convolutions already own their padding)."""
     if not fusion_available():
         return 0
@@ -101,7 +101,7 @@ def fuse_conv_activations(gm: fx.GraphModule) -> int:
     fused = 0
     for node in list(gm.graph.nodes):
         act = modules.get(str(node.target)) if node.op == "call_module" else None
-        if type(act) not in _ACTIVATIONS or getattr(act, "inplace", False) or len(node.args) != 1:
+        if type(act) not in _ACTIVATIONS or len(node.args) != 1:  # in-place too: the convolution's output has no other use
             continue
         prev = node.args[0]
         if not isinstance(prev, fx.Node) or prev.op != "call_module" or len(prev.users) != 1:

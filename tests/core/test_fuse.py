@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(not fusion_available(), reason="needs PyTorch's 
 
 class Net(nn.Module):
     """conv->ReLU6 (fusable), conv->ReLU (fusable), conv->BN->ReLU6 (fusable once folded), a conv whose output
-    also feeds a residual (not), an in-place ReLU (not), a convolution called twice (not)."""
+    also feeds a residual (not), an in-place ReLU (fusable: nothing else reads the conv's output), a
+    convolution called twice (not)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -51,11 +52,12 @@ def classifier() -> ImageClassifier:
     return ImageClassifier("net", Net(), Preprocessing(16, 16), [f"c{i}" for i in range(5)]).eval()
 
 
-def test_fused_network_gives_the_same_logits_and_input_gradients() -> None:
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_fused_network_gives_the_same_logits_and_input_gradients(channels_last: bool) -> None:
     x = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    plain, fused = classifier(), tune(classifier(), precision="fp32", channels_last=True, fold_bn=True)
+    plain, fused = classifier(), tune(classifier(), precision="fp32", channels_last=channels_last, fold_bn=True)
     kinds = [type(m).__name__ for m in fused.net.modules() if isinstance(m, (nn.Conv2d, FusedConvActivation))]
-    assert kinds.count("FusedConvActivation") == 3, kinds  # a, b, c (after folding its batch norm); not d, e, shared
+    assert kinds.count("FusedConvActivation") == 4, kinds  # a, b, c (after folding its batch norm), e; not d, shared
     xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     out_plain, out_fused = plain(xa), fused(xb)
     torch.testing.assert_close(out_fused, out_plain, rtol=1e-5, atol=1e-5)
