@@ -90,3 +90,12 @@ def test_packaged_lite0_fuses_every_activation_and_explains_the_same() -> None:
         torch.testing.assert_close(fused(x), folded(x), rtol=1e-5, atol=1e-5)
     a, b = idg(fused, x, "mean", [1, 2], steps=6, probe_steps=4), idg(folded, x, "mean", [1, 2], steps=6, probe_steps=4)
     torch.testing.assert_close(a.attributions, b.attributions, rtol=1e-4, atol=1e-7)
+
+
+def test_the_benchmarks_flop_counter_counts_fused_convolutions() -> None:
+    from benchmarks.speed import forward_flops
+
+    cpu = torch.device("cpu")
+    fused = tune(classifier(), precision="fp32", channels_last=True, fold_bn=True)
+    assert any(isinstance(m, FusedConvActivation) for m in fused.net.modules())
+    assert forward_flops(fused, 16, cpu) == forward_flops(classifier(), 16, cpu) > 0
