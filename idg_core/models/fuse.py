@@ -91,13 +91,32 @@ def _fusable(conv: nn.Module | None) -> bool:
     return isinstance(conv, nn.Conv2d) and type(conv) is nn.Conv2d and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
 
 
-def fuse_conv_activations(gm: fx.GraphModule) -> int:
-    """Replace, in place, each plain ``Conv2d`` whose only user is a ``ReLU6`` or ``ReLU`` module (in-place
-    or not: nothing else reads the convolution's output) by a :class:`FusedConvActivation`; returns how many. Meant for the graph
-    :func:`~idg_core.models.fold_batchnorm` made (its convolutions already own their padding)."""
+class ConvLeafTracer(fx.Tracer):
+    """Keeps every convolution (subclasses with their own padding too) one node, so conv -> BN and conv ->
+    activation pairs show."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, nn.Conv2d) or super().is_leaf_module(m, module_qualified_name)
+
+
+def fuse_conv_activations(net: nn.Module) -> tuple[nn.Module, int]:
+    """``net`` with each plain ``Conv2d`` whose only user is a ``ReLU6`` or ``ReLU`` module (in-place or
+    not: nothing else reads the convolution's output) replaced by a :class:`FusedConvActivation`, and how
+    many. A ``torch.fx.GraphModule`` (as :func:`~idg_core.models.fold_batchnorm` makes) is changed in
+    place; another network is traced first, and comes back as it was where it cannot be traced or has no
+    such pair."""
     if not fusion_available():
-        return 0
+        return net, 0
+    if isinstance(net, fx.GraphModule):
+        gm = net
+    else:
+        try:
+            gm = fx.GraphModule(net, ConvLeafTracer().trace(net))
+        except Exception as err:  # noqa: BLE001 - any tracing failure means: run it as it is
+            log.info("no convolution fused: torch.fx cannot trace %s (%s)", type(net).__name__, type(err).__name__)
+            return net, 0
     modules = dict(gm.named_modules())
+    calls = [str(n.target) for n in gm.graph.nodes if n.op == "call_module"]
     fused = 0
     for node in list(gm.graph.nodes):
         act = modules.get(str(node.target)) if node.op == "call_module" else None
@@ -107,7 +126,7 @@ def fuse_conv_activations(gm: fx.GraphModule) -> int:
         if not isinstance(prev, fx.Node) or prev.op != "call_module" or len(prev.users) != 1:
             continue
         conv = modules.get(str(prev.target))
-        if not _fusable(conv) or sum(n.target == prev.target for n in gm.graph.nodes if n.op == "call_module") != 1:
+        if not _fusable(conv) or calls.count(str(prev.target)) != 1:
             continue  # not a plain convolution, or called elsewhere too (shared weights)
         assert isinstance(conv, nn.Conv2d) and act is not None
         parent, _, name = str(prev.target).rpartition(".")
@@ -115,8 +134,9 @@ def fuse_conv_activations(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
         fused += 1
-    if fused:
-        gm.graph.eliminate_dead_code()
-        gm.delete_all_unused_submodules()
-        gm.recompile()
-    return fused
+    if not fused:
+        return net, 0
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm, fused

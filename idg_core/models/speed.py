@@ -27,7 +27,7 @@ import torch
 from torch import fx, nn
 
 from idg_core.models.compiled import FixedBatchCompiled, default_compile_sizes
-from idg_core.models.fuse import fuse_conv_activations
+from idg_core.models.fuse import ConvLeafTracer, fuse_conv_activations
 from idg_core.models.zoo import ImageClassifier
 
 log = logging.getLogger(__name__)
@@ -67,13 +67,6 @@ def default_channels_last(device: torch.device, precision: str) -> bool:
     return device.type == "cpu" or precision == "bf16"
 
 
-class _ConvLeafTracer(fx.Tracer):
-    """Keeps every convolution (subclasses with their own padding too) one node, so conv -> BN pairs show."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, nn.Conv2d) or super().is_leaf_module(m, module_qualified_name)
-
-
 def fold_batchnorm(net: nn.Module) -> nn.Module:
     """``net`` with every eval-mode ``BatchNorm2d`` that only follows a ``Conv2d`` folded into it
     (``W' = W * g / sqrt(v + e)``, ``b' = (b - m) * g / sqrt(v + e) + beta``, per output channel), and
@@ -83,7 +76,7 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
     if net.training:
         raise ValueError("fold_batchnorm needs a model in eval mode (training-mode batch norm uses batch statistics)")
     try:
-        graph = _ConvLeafTracer().trace(net)
+        graph = ConvLeafTracer().trace(net)
     except Exception as err:  # noqa: BLE001  # any tracing failure (data-dependent control flow, ...) means: run it as it is
         log.info("batch norm not folded: torch.fx cannot trace %s (%s: %s)", type(net).__name__, type(err).__name__, err)
         return net
@@ -229,7 +222,8 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
 def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool = False, compile: bool = False,
          fold_bn: bool = False, compile_sizes: Sequence[int] | None = None) -> ImageClassifier:
     """Apply speed settings to ``model`` in place (and return it). Call after moving it to its device
-    and putting it in eval mode. ``compile``: the network becomes a
+    and putting it in eval mode. ``fold_bn``: :func:`fold_batchnorm`, then, on the CPU in fp32 without
+    ``compile``, :func:`~idg_core.models.fuse.fuse_conv_activations` (a network without batch norm too). ``compile``: the network becomes a
     :class:`~idg_core.models.compiled.FixedBatchCompiled` at ``compile_sizes`` (default: from the
     model's ``max_batch``, else 8); compile its graphs before traffic with
     :func:`~idg_core.models.compiled.warm_up_compiled`."""
@@ -242,8 +236,8 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
     model.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
     if fold_bn:
         model.net = fold_batchnorm(model.net)
-        if isinstance(model.net, fx.GraphModule) and device.type == "cpu" and precision == "fp32" and not compile:
-            fused = fuse_conv_activations(model.net)
+        if device.type == "cpu" and precision == "fp32" and not compile:
+            model.net, fused = fuse_conv_activations(model.net)
             log.info("%s: %d convolutions fused with their activation (oneDNN)", model.name, fused)
     model.channels_last = channels_last
     if channels_last:

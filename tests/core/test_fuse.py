@@ -10,7 +10,7 @@ from torch import nn
 
 from idg_core import idg
 from idg_core.models import fold_batchnorm, load_model, tune
-from idg_core.models.fuse import FusedConvActivation, fusion_available
+from idg_core.models.fuse import FusedConvActivation, fuse_conv_activations, fusion_available
 from idg_core.models.zoo import ImageClassifier, Preprocessing
 
 pytestmark = pytest.mark.skipif(not fusion_available(), reason="needs PyTorch's oneDNN (x86 CPU builds)")
@@ -99,3 +99,14 @@ def test_the_benchmarks_flop_counter_counts_fused_convolutions() -> None:
     fused = tune(classifier(), precision="fp32", channels_last=True, fold_bn=True)
     assert any(isinstance(m, FusedConvActivation) for m in fused.net.modules())
     assert forward_flops(fused, 16, cpu) == forward_flops(classifier(), 16, cpu) > 0
+
+
+def test_a_network_without_batch_norm_is_fused_too_and_an_untraceable_one_is_left_alone() -> None:
+    from tests.models import small_classifier
+
+    x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(4))
+    plain, tuned = small_classifier(), tune(small_classifier(), precision="fp32", fold_bn=True)
+    assert sum(isinstance(m, FusedConvActivation) for m in tuned.net.modules()) == 1  # conv -> ReLU; conv -> Softplus stays
+    torch.testing.assert_close(tuned(x), plain(x), rtol=1e-5, atol=1e-6)
+    scripted = torch.jit.script(small_classifier().net)
+    assert fuse_conv_activations(scripted) == (scripted, 0)
