@@ -132,8 +132,9 @@ def _with_own_padding(conv: nn.Module) -> nn.Conv2d | None:
     its input gradient are the same up to the order of float additions (Lite0's logits came out equal).
     The padded copies were 12-15% of a profiled Lite0 forward-and-gradient pass on this CPU, mostly the
     five stride-2 ones: with those folded too, IDG ``fast`` on one image went 0.40 -> 0.37 s (min of 14,
-    interleaved; the symmetric ones alone had measured 0.69-0.76 -> 0.69-0.72 s). None: not such a
-    module, or more padding at the start than at the end."""
+    interleaved; the symmetric ones alone had measured 0.69-0.76 -> 0.69-0.72 s). The widening is done
+    on the CPU only, where it was measured. None: not such a module, more padding at the start than at
+    the end, or an asymmetric one off the CPU."""
     pad = getattr(conv, "static_padding", None)
     if type(conv) is nn.Conv2d or not isinstance(conv, nn.Conv2d) or not isinstance(pad, nn.Module):
         return None
@@ -147,6 +148,8 @@ def _with_own_padding(conv: nn.Module) -> nn.Conv2d | None:
     if (min(extra_h, extra_w) < 0 or tuple(conv.padding) != (0, 0) or conv.padding_mode != "zeros"
             or tuple(conv.dilation) != (1, 1)):
         return None
+    if (extra_h or extra_w) and conv.weight.device.type != "cpu":
+        return None  # measured on the CPU only; cuDNN's depthwise kernels are made for odd sizes, so a GPU keeps the copy
     kh, kw = conv.kernel_size
     plain = nn.Conv2d(conv.in_channels, conv.out_channels, (kh + extra_h, kw + extra_w), conv.stride,  # type: ignore[arg-type]
                       padding=(bottom, right), groups=conv.groups, bias=conv.bias is not None,

@@ -313,3 +313,13 @@ def test_keeping_freed_memory_stops_page_faults_in_repeated_passes() -> None:
         pytest.skip("not glibc's malloc")
     assert default > 10_000, default  # the premise: glibc's defaults fault every pass
     assert kept < default / 4, (kept, default)
+
+
+def test_asymmetric_padding_is_widened_into_the_kernel_only_on_the_cpu() -> None:
+    from idg_core.models.speed import _with_own_padding
+
+    on_cpu = _with_own_padding(SameConv(4, 4, 3, 2, (0, 1, 0, 1)))
+    assert on_cpu is not None and tuple(on_cpu.kernel_size) == (4, 4)
+    assert _with_own_padding(SameConv(4, 4, 3, 2, (0, 1, 0, 1)).to("meta")) is None  # measured on the CPU only
+    elsewhere = _with_own_padding(SameConv(4, 4, 3, 1, (1, 1, 1, 1)).to("meta"))  # symmetric: any device
+    assert elsewhere is not None and tuple(elsewhere.padding) == (1, 1)
