@@ -106,7 +106,7 @@ def evaluate_image(
 ) -> dict[str, Any]:
     """Every method and metric on one image; returns the JSON-ready record."""
     started = time.perf_counter()
-    device = next(model.parameters()).device
+    device = model.mean.device  # its buffers: a fused network may keep its weights as buffers only
     x = model.prepare(decode_image(path.read_bytes())).to(device)
     with torch.no_grad():
         probs = torch.softmax(model(x.unsqueeze(0)), 1)[0]
