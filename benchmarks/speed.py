@@ -45,7 +45,7 @@ def sample_batch(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, 
     known = [label for f in files if (label := imagenet_label(f.name, model.num_classes)) is not None]
     if len(known) == len(files):
         return images, known, files
-    device = next(model.parameters(), torch.empty(0)).device  # a model without parameters runs where it is
+    device = model.mean.device  # its buffers: a fused network may keep its weights as buffers only
     with torch.no_grad():
         predicted = torch.cat([model(chunk.to(device)).argmax(1).cpu() for chunk in images.split(16)])
     return images, predicted.tolist(), files
@@ -108,7 +108,8 @@ def _malloc_in_use() -> Callable[[], int] | None:
     return in_use
 
 
-CPU_MEMORY = "malloc in use" if _malloc_in_use() is not None else "RSS growth"
+_CPU_BYTES: Callable[[], int] = _malloc_in_use() or _rss_bytes
+CPU_MEMORY = "RSS growth" if _CPU_BYTES is _rss_bytes else "malloc in use"
 """What :func:`_peak_memory` measures on the CPU here."""
 
 
@@ -122,7 +123,7 @@ def _peak_memory(fn: Callable[[], Any], device: torch.device) -> float | None:
         base = torch.cuda.memory_allocated(device)
         fn()
         return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    read = _malloc_in_use() or _rss_bytes
+    read = _CPU_BYTES
     try:
         base = read()
     except OSError:

@@ -27,7 +27,7 @@ import torch
 from torch import fx, nn
 
 from idg_core.models.compiled import FixedBatchCompiled, default_compile_sizes
-from idg_core.models.fuse import ConvLeafTracer, fuse_conv_activations
+from idg_core.models.fuse import ConvLeafTracer, fuse_conv_activations, set_submodule
 from idg_core.models.zoo import ImageClassifier
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
             new.weight = nn.Parameter(conv.weight * scale.reshape(-1, 1, 1, 1), requires_grad=conv.weight.requires_grad)
             old_bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
             new.bias = nn.Parameter((old_bias - bn.running_mean) * scale + shift, requires_grad=conv.weight.requires_grad)
-        _set_submodule(gm, str(prev.target), new)
+        set_submodule(gm, str(prev.target), new)
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
         folded += 1
@@ -108,7 +108,7 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
     for name, conv in list(gm.named_modules()):
         plain = _with_own_padding(conv)
         if plain is not None:
-            _set_submodule(gm, name, plain)
+            set_submodule(gm, name, plain)
             padded += 1
     if not folded and not padded:
         log.info("batch norm not folded: %s has no convolution followed by eval-mode batch norm", type(net).__name__)
@@ -122,8 +122,9 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
 
 def _with_own_padding(conv: nn.Module) -> nn.Conv2d | None:
     """A TensorFlow-style "same" convolution of an EfficientNet port (a ``Conv2d`` subclass that runs a
-    fixed ``static_padding = ZeroPad2d(...)`` before its convolution) as a plain ``Conv2d`` with its own
-    symmetric padding: no padded copy of the input (and of its gradient) per convolution.
+    fixed ``static_padding = ZeroPad2d(...)``, or a pass-through where it needs none, before its convolution)
+    as a plain ``Conv2d`` with its own symmetric padding: no padded copy of the input (and of its gradient)
+    per convolution.
 
     Symmetric padding is taken over as it is. Padding with more at the end than at the start (stride 2
     on an even size: 0 before, 1 after) becomes the larger amount on both sides with the kernel widened
@@ -174,11 +175,6 @@ def _passes_through(module: nn.Module) -> bool:
         return module(probe) is probe
     except Exception:  # noqa: BLE001 - any module that cannot take a plain tensor is not a pass-through
         return False
-
-
-def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, name, module)
 
 
 def set_tf32(enabled: bool) -> None:
