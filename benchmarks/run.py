@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import time
@@ -17,7 +18,7 @@ import torch
 from benchmarks.service_load import run_load
 from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
-from idg_core.models import PRECISIONS, default_channels_last, default_precision, keep_freed_memory, load_model, tune
+from idg_core.models import PRECISIONS, default_channels_last, default_precision, image_files, keep_freed_memory, load_entry, tune
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 from idg_core.presets import preset_params
 
@@ -27,6 +28,16 @@ log = logging.getLogger("benchmarks")
 def _machine_line(m: dict) -> str:
     where = m.get("gpu") or f"{m.get('cpu', '?')}, {m.get('threads', '?')} threads, no GPU"
     return f"{where} ({m.get('platform', '?')}, Python {m.get('python', '?')}, torch {m.get('torch', '?')})"
+
+
+def _precision_note(meta: dict) -> str:
+    if "precision_set" not in meta:  # runs before 2026-11-24 did not record it
+        return ""
+    if not meta["precision_set"]:
+        return " (the service's auto for this model)"
+    if meta["precision"] == meta["auto_precision"]:
+        return " (set; the same as the service's auto for this model)"
+    return f" (set for this run; the service's auto gives this model {meta['auto_precision']})"
 
 
 def _compiled_text(meta: dict) -> str:
@@ -41,7 +52,7 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     ceiling = meta.get("ceiling_tflops")
     peak = meta.get("peak_tflops")
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
-             f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}"
+             f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}{_precision_note(meta)}"
              f"{' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}"
              f"{', malloc keeps freed memory' if meta.get('keep_freed_memory') else ''}"
              f"{_compiled_text(meta)}, "
@@ -49,8 +60,9 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
              "Each figure is the best of the repeats; every column of a row was measured in the same run on the same images."
              + (f" {meta['note'][0].upper()}{meta['note'][1:]}." if meta.get("note") else ""), ""]
     if peak or ceiling:
-        peak_text = f"datasheet fp32 peak {peak:.0f} TFLOP/s" if peak else "no datasheet peak given"
-        ceiling_text = (f"measured fp32 matrix-product ceiling {ceiling:.2f} TFLOP/s{meta.get('ceiling_note', '')}" if ceiling
+        arithmetic = meta["precision"] if "precision_set" in meta else "fp32"  # runs before 2026-11-24 measured fp32 products
+        peak_text = f"datasheet peak given {peak:.0f} TFLOP/s" if peak else "no datasheet peak given"
+        ceiling_text = (f"measured {arithmetic} matrix-product ceiling {ceiling:.2f} TFLOP/s{meta.get('ceiling_note', '')}" if ceiling
                         else "no measured ceiling")
         lines += [f"Compute limit: {peak_text}; {ceiling_text}. "
                   "FLOPs from PyTorch's counter: (probe forward + 3 x main-pass forward) x points.", ""]
@@ -102,18 +114,27 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(out: Path, label: str, meta: dict, speed: list[dict], load: list[dict]) -> None:
+    (out / f"{label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))
+    (out / f"{label}.md").write_text(render(meta, speed, load))
+    log.info("wrote %s/%s.{json,md}", out, label)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--label", default="cpu-efficientnet_lite0")
     p.add_argument("--model", default="efficientnet_lite0")
-    p.add_argument("--weights", default=None)
+    p.add_argument("--weights", default=None,
+                   help="a torchvision ARCH's weights file or 'random'; --model also takes any IDG_MODELS entry (NAME=SOURCE)")
+    p.add_argument("--models-file", type=Path, default=None, help="the IDG_MODELS_FILE for --model's entry (input size, labels)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--batch-size", type=int, default=None,
                    help="images per model call, ours and Captum's internal batch "
                         "(default: idg_core.default_batch_size, 8 on CPU, 128 on CUDA)")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--peak-tflops", type=float, default=None, help="the device's fp32 peak, for the share of peak")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's datasheet peak in the run's precision (TFLOP/s), for the share of peak")
     p.add_argument("--load-levels", type=int, nargs="*", default=[1, 8, 32, 128])
     p.add_argument("--per-client", type=int, default=1)
     p.add_argument("--load-preset", default="fast", choices=["fast", "paper"],
@@ -121,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--captum-batch", type=int, default=None,
                    help="Captum's internal batch (default: 512 on CUDA as in the issue's reference, ours on CPU)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="default: the service's (bf16 on CUDA, fp32 on CPU); see benchmarks/gpu_variants.py")
+                   help="default: what the service's auto gives the model (bf16 on CUDA for a model whose bf16 faithfulness "
+                        "was measured, else IEEE fp32); see benchmarks/gpu_variants.py")
     p.add_argument("--channels-last", choices=["auto", "true", "false"], default="auto",
                    help="default: the service's (auto: on for the CPU and for bf16 on CUDA)")
     p.add_argument("--no-fold-bn", action="store_true", help="keep batch norm unfolded (the service folds it by default)")
@@ -141,36 +163,52 @@ def main(argv: list[str] | None = None) -> int:
 
     kept = False if args.no_keep_freed_memory else keep_freed_memory()  # as the service does by default
     device = torch.device(args.device)
-    args.precision = args.precision or default_precision(device)
+    loaded = load_entry(args.model, args.weights, args.models_file).to(device).eval()
+    auto_precision = default_precision(device, loaded.source)  # what the service's IDG_PRECISION=auto gives this model
+    precision_set = args.precision is not None
+    args.precision = args.precision or auto_precision
     args.batch_size = args.batch_size or default_batch_size(device)
     args.channels_last = default_channels_last(device, args.precision) if args.channels_last == "auto" else args.channels_last == "true"
-    model = tune(load_model(args.model, args.weights).to(device).eval(), precision=args.precision, channels_last=args.channels_last,
+    model = tune(loaded, precision=args.precision, channels_last=args.channels_last,
                  fold_bn=not args.no_fold_bn, compile=args.compile, compile_sizes=default_compile_sizes(args.batch_size))
     compile_seconds = warm_up_compiled(model, model.preprocessing.crop_size) if args.compile else None
     images, targets, _ = sample_batch(model, args.images, max(args.batch_sizes))
-    ceiling = matmul_tflops(device)  # under the TF32 switches that tune() set for this precision
-    log.info("measured fp32 matrix-product ceiling: %.2f TFLOP/s", ceiling)
+    # the ceiling in the run's arithmetic: bf16 products for bf16, else fp32 under the TF32 switches tune() set
+    ceiling_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    ceiling = matmul_tflops(device, ceiling_dtype)
+    log.info("measured %s matrix-product ceiling: %.2f TFLOP/s", args.precision, ceiling)
+    plain_model = load_entry(args.model, args.weights, args.models_file).to(device).eval()
     speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,
                       repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling,
-                      captum_batch=args.captum_batch or (512 if device.type == "cuda" else None),
-                      plain_model=load_model(args.model, args.weights).to(device).eval())
+                      captum_batch=args.captum_batch or (512 if device.type == "cuda" else None), plain_model=plain_model)
+    entry = args.model if "=" in args.model or args.weights in (None, "none") else f"{args.model}={args.weights}"
     fields = {"method": "idg", "preset": args.load_preset, "return_overlay": "false"}
-    env = {"IDG_MODELS": args.model if args.weights is None else f"{args.model}={args.weights}", "IDG_DEVICE": args.device,
+    env = {"IDG_MODELS": entry, "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
            "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8), "IDG_PRECISION": args.precision,
            "IDG_CHANNELS_LAST": str(args.channels_last).lower(), "IDG_FOLD_BN": str(not args.no_fold_bn).lower(),
            "IDG_COMPILE": str(args.compile).lower(), "IDG_KEEP_FREED_MEMORY": str(not args.no_keep_freed_memory).lower()}
-    load = run_load(sorted(args.images.glob("*.JPEG")), args.load_levels, args.per_client, fields, env) if args.load_levels else []
-    meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "device": str(device),
-            "precision": args.precision, "channels_last": args.channels_last, "fold_bn": not args.no_fold_bn,
+    if args.models_file is not None:
+        env["IDG_MODELS_FILE"] = str(args.models_file.resolve())
+    meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model, "source": loaded.source,
+            "device": str(device), "precision": args.precision, "precision_set": precision_set, "auto_precision": auto_precision,
+            "channels_last": args.channels_last, "fold_bn": not args.no_fold_bn,
             "keep_freed_memory": kept, "cpu_memory": CPU_MEMORY,
             "compile_sizes": list(default_compile_sizes(args.batch_size)) if args.compile else None, "compile_seconds": compile_seconds,
             "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")),
             "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))
-    (args.out / f"{args.label}.md").write_text(render(meta, speed, load))
-    log.info("wrote %s/%s.{json,md}", args.out, args.label)
+    _write(args.out, args.label, meta, speed, [])  # the speed table is kept even if the service then fails to start
+    load = []
+    if args.load_levels:
+        # the server shares this device: give back what the measurements here hold (on CUDA, Captum's
+        # 512-image batches on the untuned model leave most of the GPU in this process's cache)
+        del model, plain_model, loaded, images
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        load = run_load(image_files(args.images), args.load_levels, args.per_client, fields, env)
+        _write(args.out, args.label, meta, speed, load)
     return 0
 
 

@@ -26,6 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from idg_core import idg, ig, resolve_baseline
 from idg_core.models import ImageClassifier, decode_image, image_files, imagenet_label
+from idg_core.models.compiled import compiled_part
 from idg_core.models.fuse import fusion_available
 from idg_core.presets import preset_params
 
@@ -59,11 +60,15 @@ def _fused_conv_flop(x_shape: list[int], w_shape: list[int], *args: Any, out_sha
 
 def forward_flops(model: torch.nn.Module, size: int, device: torch.device) -> int:
     """FLOPs of one image's forward pass (PyTorch's FLOP counter, taught the fused convolution of
-    :mod:`idg_core.models.fuse`, which it would count as 0)."""
+    :mod:`idg_core.models.fuse`, which it would count as 0). A compiled model is counted on its
+    uncompiled network: its graphs pad one image to their smallest batch size (and counting through
+    them would count the padding)."""
     mapping = {torch.ops.mkldnn._convolution_pointwise: _fused_conv_flop} if fusion_available() else {}
     counter = FlopCounterMode(display=False, custom_mapping=mapping)
+    part = compiled_part(model)
+    net = model if part is None else part.net
     with counter, torch.no_grad():
-        model(torch.rand(1, 3, size, size, device=device))
+        net(torch.rand(1, 3, size, size, device=device))
     return int(counter.get_total_flops())
 
 

@@ -143,3 +143,52 @@ def _png(photo: Path) -> bytes:
     out = io.BytesIO()
     Image.open(photo).convert("RGB").save(out, format="PNG")
     return out.getvalue()
+
+
+def test_the_benchmark_measures_a_users_own_model_and_serves_it_under_load(tmp_path: Path) -> None:
+    """`make bench`'s command end to end on a user's 10-class TorchScript CNN (it took only our zoo's names): every
+    attribution row against Captum, the precision the service's auto gives the model, the ceiling measured in that
+    arithmetic, and the real server process loaded with the same entry and models file under one client."""
+    pytest.importorskip("captum")
+    from benchmarks import run
+    from tests.models import tiny_model_maker
+
+    photos = sorted(SAMPLES.glob("*.JPEG"))[:2]
+    if len(photos) < 2:
+        pytest.skip(f"no sample photos in {SAMPLES}")
+    images = tmp_path / "images"
+    images.mkdir()
+    for p in photos:
+        (images / p.name).symlink_to(p)
+    entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
+    argv = ["--device", "cpu", "--model", entry, "--models-file", str(tmp_path / "models.toml"), "--images", str(images),
+            "--batch-sizes", "1", "2", "--repeats", "1", "--load-levels", "1", "--label", "own", "--out", str(tmp_path)]
+    assert run.main(argv) == 0
+    data = json.loads((tmp_path / "own.json").read_text())
+    meta = data["meta"]
+    assert meta["source"] == f"torchscript:{tmp_path / 'cnn.ts'}"
+    assert (meta["precision"], meta["precision_set"], meta["auto_precision"]) == ("fp32", False, "fp32")
+    assert [r["batch"] for r in data["speed"]] == [1, 2]
+    for row in data["speed"]:
+        for name in ("ours_default", "ours_idg", "ours_ig", "captum_ig", "captum_ig_default", "authors_way_idg"):
+            assert row[f"{name}_s_per_attr"] > 0, name
+        assert row["default_vs_captum_default"] == pytest.approx(row["captum_ig_default_s_per_attr"] / row["ours_default_s_per_attr"])
+    (load,) = data["load"]
+    assert (load["clients"], load["ok"], load["other_errors"]) == (1, 1, 0) and load["model_calls"] >= 1
+    text = (tmp_path / "own.md").read_text()
+    assert "precision fp32 (the service's auto for this model)" in text
+    assert "measured fp32 matrix-product ceiling" in text and "| 1 | 1 | 1 | 0 |" in text
+
+
+def test_a_compiled_models_flops_are_one_images_not_its_padded_batchs() -> None:
+    """A compiled network pads one image to its smallest batch size; counting through it gave 4x here (8x for the
+    service's sizes on CUDA) and so overstated the compiled run's TFLOP/s and share of peak."""
+    from benchmarks.speed import forward_flops
+    from idg_core.models.compiled import FixedBatchCompiled
+    from tests.models import small_classifier
+
+    cpu = torch.device("cpu")
+    plain = forward_flops(small_classifier(), 16, cpu)
+    compiled = small_classifier()
+    compiled.net = FixedBatchCompiled(compiled.net, (4, 8), backend="eager")
+    assert plain > 0 and forward_flops(compiled, 16, cpu) == plain
