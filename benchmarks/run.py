@@ -2,6 +2,7 @@
 
     python -m benchmarks.run [--label cpu-efficientnet_lite0] [--batch-sizes 1 8 32] [--load-levels 1 8 32]
     python -m benchmarks.run --model resnet101 --weights random --device cuda --batch-sizes 1 8 32 --load-levels 1 8 32
+    python -m benchmarks.run --model cnn=torchscript:/models/cnn.ts --models-file /models/models.toml --images /my/photos
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     peak = meta.get("peak_tflops")
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
              f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}{_precision_note(meta)}"
-             f"{' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}"
+             f"{(',' if _precision_note(meta) else '') + ' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}"
              f"{', malloc keeps freed memory' if meta.get('keep_freed_memory') else ''}"
              f"{_compiled_text(meta)}, "
              f"evaluator batch {meta['batch_size']}. "
