@@ -52,9 +52,11 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     """The Markdown report of one run (also: ``python -m benchmarks.run --render results/benchmarks/X.json``)."""
     ceiling = meta.get("ceiling_tflops")
     peak = meta.get("peak_tflops")
+    note = _precision_note(meta)
+    layout = ("," if note else "") + " channels-last" if meta.get("channels_last") else ""
     lines = [f"# Benchmark `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine_line(meta['machine'])}.", "",
-             f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}{_precision_note(meta)}"
-             f"{(',' if _precision_note(meta) else '') + ' channels-last' if meta.get('channels_last') else ''}{', batch norm folded' if meta.get('fold_bn') else ''}"
+             f"Model {meta['model']}, device {meta['device']}, precision {meta.get('precision', 'fp32')}{note}{layout}"
+             f"{', batch norm folded' if meta.get('fold_bn') else ''}"
              f"{', malloc keeps freed memory' if meta.get('keep_freed_memory') else ''}"
              f"{_compiled_text(meta)}, "
              f"evaluator batch {meta['batch_size']}. "
