@@ -21,6 +21,7 @@ from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_sp
 from idg_core import default_batch_size
 from idg_core.models import PRECISIONS, default_channels_last, default_precision, image_files, keep_freed_memory, load_entry, tune
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
+from idg_core.models.sources import entry_with_weights
 from idg_core.presets import preset_params
 
 log = logging.getLogger("benchmarks")
@@ -184,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,
                       repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling,
                       captum_batch=args.captum_batch or (512 if device.type == "cuda" else None), plain_model=plain_model)
-    entry = args.model if "=" in args.model or args.weights in (None, "none") else f"{args.model}={args.weights}"
     fields = {"method": "idg", "preset": args.load_preset, "return_overlay": "false"}
-    env = {"IDG_MODELS": entry, "IDG_DEVICE": args.device,
+    env = {"IDG_MODELS": entry_with_weights(args.model, args.weights), "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
            "IDG_MAX_ROUND_IMAGES": str(args.batch_size * 8), "IDG_PRECISION": args.precision,
            "IDG_CHANNELS_LAST": str(args.channels_last).lower(), "IDG_FOLD_BN": str(not args.no_fold_bn).lower(),

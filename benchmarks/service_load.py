@@ -26,11 +26,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(env: dict[str, str], ready_within_s: float | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """A real server process with ``env``, once ready: within ``ready_within_s`` (default 150 s, 900 s
-    with ``IDG_COMPILE``, whose graphs compile before readiness: minutes for a large network on CUDA)."""
-    if ready_within_s is None:
-        ready_within_s = 900.0 if env.get("IDG_COMPILE", "").lower() == "true" else 150.0
+def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """A real server process with ``env``, once ready: within 150 s, or 900 s with ``IDG_COMPILE``,
+    whose graphs compile before readiness (minutes for a large network on CUDA)."""
+    ready_within_s = 900.0 if env.get("IDG_COMPILE", "").lower() == "true" else 150.0
     port = _free_port()
     # a pipe nobody reads would fill and stall the server; the server keeps writing to its own copy
     # of the descriptor after this function closes ours

@@ -397,6 +397,14 @@ def load_source(spec: ModelSpec, settings: ModelSettings | None = None, device: 
     return model
 
 
+def entry_with_weights(entry: str, weights: str | None) -> str:
+    """The ``IDG_MODELS`` entry that the command-line tools' ``--model entry --weights W`` name: a bare
+    torchvision ``ARCH`` takes ``W`` (``ARCH=W``); any other entry stays as it is (``W`` ignored)."""
+    if "=" not in entry and entry in TORCHVISION_ARCHS and weights not in (None, "none"):
+        return f"{entry}={weights}"
+    return entry
+
+
 def load_entry(entry: str, weights: str | None = None, models_file: str | Path | None = None,
                device: torch.device | None = None) -> ImageClassifier:
     """One model as the service would load it, for the command-line tools (evaluation, benchmarks).
@@ -406,8 +414,6 @@ def load_entry(entry: str, weights: str | None = None, models_file: str | Path |
     only), which packaged names and ``NAME=...`` entries ignore (``None`` or ``"none"``). The models
     file's table for the entry's name supplies what the source does not say (input size, mean, std,
     labels); its speed settings are recorded on the model, not applied (the tools apply their own)."""
-    if "=" not in entry and entry in TORCHVISION_ARCHS and weights not in (None, "none"):
-        entry = f"{entry}={weights}"
-    spec = parse_spec(entry)
+    spec = parse_spec(entry_with_weights(entry, weights))
     settings = read_models_file(models_file).get(spec.name, ModelSettings()) if models_file is not None else ModelSettings()
     return load_source(spec, settings, device)
