@@ -245,6 +245,11 @@ class ModelInfo(BaseModel):
     compile_sizes: list[int] = Field(default_factory=list, description="Batch sizes the model was compiled at (IDG_COMPILE; "
                                      "calls are padded to the nearest); empty: not compiled")
     compile_seconds: float | None = Field(None, description="Start-up seconds its compilation took; null: not compiled")
+    call_sizes: list[int] = Field(default_factory=list, description="Batch sizes every call of this model runs at, padded up "
+                                  "(IDG_FIXED_CALL_SIZES; each warmed forward and with a gradient before ready); empty: any size")
+    warm_seconds: float | None = Field(None, description="Start-up seconds the warm-up of its call sizes took")
+    unwarmed_calls: int = Field(0, description="Model calls since ready at a batch size the warm-up did not run (stays 0 with "
+                                "fixed call sizes)")
 
 
 class MethodParameter(BaseModel):

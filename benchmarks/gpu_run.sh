@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
-#   bash benchmarks/gpu_run.sh [tests] [variants] [variants-compile] [variants-lite12] [variants-pic] [resnet101] [resnet101-compile]
-#                              [lite0] [host] [eval]
+#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [simulated] [variants] [variants-compile]
+#                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model). One step per 10-minute device call: each fits, the compile steps only just.
 # The ResNet-101 steps run bf16 as the targets do (the service's auto gives a torchvision model IEEE fp32 until
@@ -35,6 +35,31 @@ case "$step" in
 tests)
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/core/test_speed.py tests/core/test_compiled.py tests/service/test_gpu.py 2>&1 \
         | tee "$OUT/gpu-tests.txt"
+    python3 -m pytest -q -p no:cacheprovider tests/service/test_call_pipeline.py 2>&1 | tail -3 | tee -a "$OUT/gpu-tests.txt"
+    python3 -m benchmarks.compiled_check --out "$OUT" 2>&1 | tail -14
+    ;;
+service)  # the service as users get it: Lite0 at every default, 8/32/128 clients x 6 requests, the first request vs the next 99
+    python3 -m benchmarks.load --label h100-service-lite0 --images "$IMAGES" --levels 8 32 128 --per-client 6 --serial 99 \
+        --out "$OUT" 2>&1 | grep "^|"
+    ;;
+service-resnet101)  # ResNet-101 (random weights) at precision auto and at bf16, 128 clients x 6
+    for precision in auto bf16; do
+        python3 -m benchmarks.load --label "h100-service-resnet101-$precision" --images "$IMAGES" --levels 32 128 --per-client 6 \
+            --env IDG_MODELS=resnet101=random IDG_PRECISION=$precision --out "$OUT" 2>&1 | grep "^|"
+    done
+    ;;
+service-ab)  # what the defaults are made of, each against the default in the same call: cudnn.benchmark, no pipeline,
+    # no fixed sizes (the old service), two server processes on one GPU (half the clients each)
+    for variant in IDG_CUDNN_BENCHMARK=true IDG_PIPELINE_DEPTH=1 IDG_FIXED_CALL_SIZES=false; do
+        python3 -m benchmarks.load --label "h100-service-lite0-${variant%%=*}" --images "$IMAGES" --levels 128 --per-client 6 \
+            --env "$variant" --out "$OUT" 2>&1 | grep "^|" | tail -1
+    done
+    python3 -m benchmarks.two_servers --label h100-service-lite0-two-processes --images "$IMAGES" --clients 128 --per-client 6 \
+        --out "$OUT" 2>&1 | tail -3
+    ;;
+simulated)  # the simulated device (benchmarks/load.py --simulated-ms) on this host's CPU, for comparison with the VM's
+    python3 -m benchmarks.load --label gpu-host-simulated-20ms --simulated-ms 20 --levels 8 32 128 --per-client 6 --images "$IMAGES" \
+        --out "$OUT" 2>&1 | grep "^|"
     ;;
 variants)  # random weights: speed only; Lite0 (trained): speed and faithfulness against IEEE fp32, with its CUDA default
     python3 -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --image-dir "$IMAGES" --out "$OUT" \

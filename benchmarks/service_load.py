@@ -101,13 +101,18 @@ async def load_level(
     cpu_before = None if pid is None else host_cpu_s(pid)
     text = httpx.get(f"{url}/metrics").text
     before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
+    rows_before = _rows(text)
     lat: list[float] = []
     codes: list[int] = []
+    dmon = SmMonitor()
     started = time.perf_counter()
     await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
     wall = time.perf_counter() - started
+    sm = dmon.stop()
     text = httpx.get(f"{url}/metrics").text
     after, busy = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total") - busy_before
+    rows_after = _rows(text)
+    real, padding = rows_after[0] - rows_before[0], rows_after[1] - rows_before[1]
     calls = after["count"] - before["count"]
     cpu_after = None if pid is None else host_cpu_s(pid)
     ok = codes.count(200)
@@ -121,18 +126,59 @@ async def load_level(
         "p50_s": float(np.percentile(lat, 50)) if lat else None, "p95_s": float(np.percentile(lat, 95)) if lat else None,
         "p99_s": float(np.percentile(lat, 99)) if lat else None, "throughput_per_s": codes.count(200) / wall,
         "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
-        "wall_s": wall, "device_busy_fraction": busy / wall, **host,
+        "wall_s": wall, "device_busy_fraction": busy / wall, "padded_per_real_row": padding / real if real else None,
+        "unwarmed_calls": _counter(text, "idg_unwarmed_calls"), "gpu_sm_util_mean": sm, **host,
     }
 
 
-def run_load(images: list[Path], levels: list[int], per_client: int, fields: dict[str, str], env: dict[str, str]) -> list[dict[str, Any]]:
+def _rows(text: str) -> tuple[float, float]:
+    """Real and padding rows of model calls so far (``idg_call_rows_total``), all models."""
+    real = sum(float(v) for v in re.findall(r'idg_call_rows_total{kind="real"[^}]*} ([0-9.e+]+)', text))
+    pad = sum(float(v) for v in re.findall(r'idg_call_rows_total{kind="padding"[^}]*} ([0-9.e+]+)', text))
+    return real, pad
+
+
+class SmMonitor:
+    """``nvidia-smi dmon -s u`` in the background while a load level runs: the GPU's SM utilisation as the
+    driver samples it (each second), beside the service's own device-busy counter. None without nvidia-smi."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop(), after the level
+        try:
+            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                ["nvidia-smi", "dmon", "-s", "u", "-d", "1"], stdout=self._file, stderr=subprocess.DEVNULL)
+        except OSError:
+            self._proc = None
+
+    def stop(self) -> float | None:
+        """Mean SM utilisation (percent) over the samples taken, or None."""
+        if self._proc is None:
+            return None
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+        self._file.seek(0)
+        values = []
+        for line in self._file.read().decode(errors="replace").splitlines():
+            parts = line.split()
+            if parts and not line.startswith("#") and len(parts) > 1 and parts[1].isdigit():
+                values.append(float(parts[1]))
+        self._file.close()
+        return sum(values) / len(values) if values else None
+
+
+def run_load(images: list[Path], levels: list[int], per_client: int, fields: dict[str, str], env: dict[str, str],
+             serial: int = 0) -> list[dict[str, Any]]:
+    """Load levels against a fresh server; the first row is the first request after ready, then (with
+    ``serial``) that many more one at a time, so "the first is as fast as the hundredth" can be read."""
     proc, url = start_server(env)
     try:
-        # warm the worker once
-        asyncio.run(load_level(url, images, 1, 1, fields))
-        rows = []
+        rows = [{**asyncio.run(load_level(url, images, 1, 1, fields)), "clients": "first after ready"}]
+        if serial:
+            rows.append({**asyncio.run(load_level(url, images, 1, serial, fields)), "clients": f"1 (next {serial})"})
         for clients in levels:
             row = asyncio.run(load_level(url, images, clients, per_client, fields, pid=proc.pid))
+            lat_p50, lat_p99 = row.get("p50_s"), row.get("p99_s")
+            row["p99_over_p50"] = lat_p99 / lat_p50 if lat_p50 and lat_p99 else None
             log.info("%d clients: %s", clients, row)
             rows.append(row)
         return rows

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from idg_core.call_shapes import CallShapes, pad_rows
 from idg_core.types import Answer, Model, PlanOf, Query, to_device
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class CallStats:
 
 
 @dataclass(frozen=True)
-class _Rows:
+class RowSelect:
     """What a model call selects per row, known on the host (so the hot path never waits on the
     device to decide): target classes, which rows want a probability, and their extremes; sent to
     the device without a synchronisation (:func:`idg_core.types.to_device`)."""
@@ -58,14 +59,14 @@ class _Rows:
     max_target: int
 
     @staticmethod
-    def of(queries: Sequence[Query], chunk: list[tuple[int, int, int]], device: torch.device) -> _Rows:
+    def of(queries: Sequence[Query], chunk: list[tuple[int, int, int]], device: torch.device) -> RowSelect:
         targets = [queries[qi].target for qi, a, b in chunk for _ in range(b - a)]
         probs = [queries[qi].output == "probability" for qi, a, b in chunk for _ in range(b - a)]
         is_prob = to_device(torch.tensor(probs), device) if any(probs) else None
-        return _Rows(to_device(torch.tensor(targets, dtype=torch.long), device), is_prob, max(targets))
+        return RowSelect(to_device(torch.tensor(targets, dtype=torch.long), device), is_prob, max(targets))
 
 
-def _select(logits: Tensor, rows: _Rows) -> Tensor:
+def _select(logits: Tensor, rows: RowSelect) -> Tensor:
     """Per row: the target's logit, or its softmax probability where the row asks for one."""
     if rows.max_target >= logits.shape[1]:
         raise ValueError(f"target must be < {logits.shape[1]} (the model's classes), got {rows.max_target}")
@@ -76,18 +77,68 @@ def _select(logits: Tensor, rows: _Rows) -> Tensor:
     return chosen
 
 
-def _run_chunk(model: Model, inputs: Tensor, rows: _Rows, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
-    """One model call: selected outputs, their input gradients (or None) and all logits."""
+def run_call(model: Model, inputs: Tensor, rows: RowSelect, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """One model call on ``inputs`` (``(size, C, H, W)``, possibly padded past the ``n`` rows of
+    ``rows``): the selected outputs of the ``n`` real rows, their input gradients (or None) and their
+    logits. Padding rows are computed but never read, and take no part in the gradient."""
+    n = rows.targets.shape[0]
     if not grad:
         with torch.no_grad():
-            logits = model(inputs)
+            logits = model(inputs)[:n]
             return _select(logits, rows).detach(), None, logits.detach()
     inputs = inputs.detach().requires_grad_(True)
     with torch.enable_grad():
-        logits = model(inputs)
+        logits = model(inputs)[:n]
         chosen = _select(logits, rows)
         (grads,) = torch.autograd.grad(chosen.sum(), inputs)
-    return chosen.detach(), grads.detach(), logits.detach()
+    return chosen.detach(), grads[:n].detach(), logits.detach()
+
+
+@dataclass
+class PreparedCall:
+    """A model call made ready on the host side: its inputs gathered (and padded to a fixed size),
+    what it selects per row, and where each row's answer goes (``chunk``: query, start, stop)."""
+
+    inputs: Tensor
+    rows: RowSelect
+    grad: bool
+    chunk: list[tuple[int, int, int]]
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.targets.shape[0])
+
+    @property
+    def size(self) -> int:
+        return int(self.inputs.shape[0])
+
+
+def prepare_call(queries: Sequence[Query], chunk: list[tuple[int, int, int]], grad: bool,
+                 shapes: CallShapes | None = None) -> PreparedCall:
+    """Gather the points of ``chunk`` into one batch, padded to ``shapes``' size for it."""
+    inputs = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])  # (rows, C, H, W) from several queries
+    n = inputs.shape[0]
+    if shapes is not None and shapes.fixed:
+        inputs = pad_rows(inputs, shapes.size_for(n))
+    return PreparedCall(inputs, RowSelect.of(queries, chunk, inputs.device), grad, chunk)
+
+
+def book_call(call: PreparedCall, queries: Sequence[Query], answers: Sequence[Answer],
+              out: tuple[Tensor, Tensor | None, Tensor]) -> None:
+    """Store a call's outputs (from :func:`run_call`) into the answers of its queries."""
+    values, grads, logits = out
+    top1 = logits.argmax(1)
+    row = 0
+    for qi, a, b in call.chunk:
+        ans = answers[qi]
+        ans.values[a:b] = values[row : row + b - a].to(ans.values.dtype)
+        ans.top1[a:b] = top1[row : row + b - a]
+        if grads is not None and ans.grads is not None:
+            ans.grads[a:b] = grads[row : row + b - a]
+        if queries[qi].full:
+            part = logits[row : row + b - a]
+            ans.all_logits = part if ans.all_logits is None else torch.cat([ans.all_logits, part])
+        row += b - a
 
 
 def _chunks(
@@ -115,40 +166,39 @@ def _chunks(
             yield chunk
 
 
-def evaluate_queries(
-    model: Model, queries: Sequence[Query], batch_size: int, stats: CallStats | None = None,
-    skip: Callable[[int], bool] | None = None,
-) -> list[Answer]:
-    """Answer every query; model calls hold at most ``batch_size`` points from any queries.
-
-    ``skip(i)``, if given, is called before every model call for each query ``i`` that still has
-    rows to evaluate; once it returns True no more of that query's rows are evaluated, and its
-    :class:`Answer` is left incomplete (the caller must drop it). Rows already in the call run."""
+def empty_answers(queries: Sequence[Query]) -> list[Answer]:
+    """Answers of the right shapes for ``queries``, to be filled by :func:`book_call`."""
     answers: list[Answer] = []
     for q in queries:
         dev = q.origin.device
         grads = torch.empty((q.n, *q.origin.shape[-3:]), device=dev, dtype=q.origin.dtype) if q.grad else None
         answers.append(Answer(torch.empty(q.n, device=dev), grads, torch.empty(q.n, dtype=torch.long, device=dev)))
+    return answers
+
+
+def evaluate_queries(
+    model: Model, queries: Sequence[Query], batch_size: int, stats: CallStats | None = None,
+    skip: Callable[[int], bool] | None = None, shapes: CallShapes | None = None,
+) -> list[Answer]:
+    """Answer every query; model calls hold at most ``batch_size`` points from any queries (with
+    ``shapes`` fixed: at most its largest size, each call padded to one of its sizes).
+
+    ``skip(i)``, if given, is called before every model call for each query ``i`` that still has
+    rows to evaluate; once it returns True no more of that query's rows are evaluated, and its
+    :class:`Answer` is left incomplete (the caller must drop it). Rows already in the call run."""
+    answers = empty_answers(queries)
+    if shapes is not None and shapes.largest is not None:
+        batch_size = min(batch_size, shapes.largest)
     for grad in (False, True):
         index = [i for i, q in enumerate(queries) if q.grad == grad and q.n > 0]
         for chunk in _chunks(queries, index, batch_size, skip):
-            # inputs: (rows, C, H, W) gathered from the segments of several queries
-            inputs = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])
-            values, grads, logits = _run_chunk(model, inputs, _Rows.of(queries, chunk, inputs.device), grad)
-            top1 = logits.argmax(1)
+            call = prepare_call(queries, chunk, grad, shapes)
+            out = run_call(model, call.inputs, call.rows, grad)
             if stats is not None:
-                stats.record(inputs.shape[0], grad)
-            row = 0
-            for qi, a, b in chunk:
-                ans = answers[qi]
-                ans.values[a:b] = values[row : row + b - a].to(ans.values.dtype)
-                ans.top1[a:b] = top1[row : row + b - a]
-                if grads is not None and ans.grads is not None:
-                    ans.grads[a:b] = grads[row : row + b - a]
-                if queries[qi].full:
-                    part = logits[row : row + b - a]
-                    ans.all_logits = part if ans.all_logits is None else torch.cat([ans.all_logits, part])
-                row += b - a
+                stats.record(call.size, grad)
+            if shapes is not None:
+                shapes.note(call.size, call.n, grad)
+            book_call(call, queries, answers, out)
     return answers
 
 
@@ -265,14 +315,14 @@ S = TypeVar("S", bound=PlanState)
 
 def answer_rows(
     model: Model, work: Sequence[tuple[S, Rows]], batch_size: int, stats: CallStats | None = None,
-    skip: Callable[[S], bool] | None = None,
+    skip: Callable[[S], bool] | None = None, shapes: CallShapes | None = None,
 ) -> list[tuple[S, int, int, int, Query, Answer]]:
     """Evaluate the rows of several plan states in shared model calls (:func:`evaluate_queries`);
     returns each part with its answer, for the caller to store. ``skip(state)``, asked before every
     call, drops the remaining rows of a state (their answers are then incomplete)."""
     owners = [(state, qi, a, b) for state, rows in work for qi, a, b in rows]
     queries = [state.part(qi, a, b) for state, qi, a, b in owners]
-    answers = evaluate_queries(model, queries, batch_size, stats, None if skip is None else lambda i: skip(owners[i][0]))
+    answers = evaluate_queries(model, queries, batch_size, stats, None if skip is None else lambda i: skip(owners[i][0]), shapes)
     return [(state, qi, a, b, q, ans) for (state, qi, a, b), q, ans in zip(owners, queries, answers, strict=True)]
 
 

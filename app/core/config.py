@@ -9,6 +9,7 @@ import torch
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from idg_core.call_shapes import power_of_two_sizes
 from idg_core.evaluator import default_batch_size
 from idg_core.models.speed import Precision, default_precision
 
@@ -43,6 +44,25 @@ class Settings(BaseSettings):
     compile_sizes: Annotated[list[int], NoDecode] = Field(
         default=[], description="Comma-separated batch sizes to compile (each is 2 graphs: forward, and forward for a gradient); "
         "default: the largest model call and its halves, at most 5 (8 -> 1,2,4,8; 128 -> 8,...,128)")
+    fixed_call_sizes: bool | Literal["auto"] = Field(
+        "auto", description="Run every model call at one of a few batch sizes (call_sizes), padded up, each warmed forward and "
+        "with a gradient before ready: auto (on for CUDA, where a batch size a process has not run costs cuDNN 0.2-10 s; off on "
+        "the CPU, where it costs nothing and padding would), true or false. /models lists the sizes and the warm-up seconds; "
+        "/metrics counts calls at a size not warmed (idg_unwarmed_calls)")
+    call_sizes: Annotated[list[int], NoDecode] = Field(
+        default=[], description="Comma-separated batch sizes of model calls with fixed_call_sizes; default: powers of two from 8 "
+        "(CUDA; 1 on the CPU) up to the largest model call, or the compiled sizes with IDG_COMPILE")
+    pipeline_depth: int = Field(
+        2, ge=1, le=8, description="Model calls handed to the device at once: with 2, the worker gathers call k+1's inputs and "
+        "books call k's answers while call k+1 waits behind call k, so the device does not wait for the host")
+    cudnn_benchmark: bool = Field(
+        False, description="torch.backends.cudnn.benchmark: let cuDNN time its kernels for each new shape (with fixed call "
+        "sizes, once per size during warm-up; see results/benchmarks for whether it pays)")
+    simulated_call_ms: float | None = Field(
+        None, ge=0, description="For benchmarks and tests without a GPU: every model call takes this many milliseconds (+ "
+        "simulated_image_ms per image) with the GIL released, as a GPU kernel does, and returns the model's real outputs "
+        "(idg_core.models.simulated); unset: off")
+    simulated_image_ms: float = Field(0.0, ge=0, description="Milliseconds per image added to simulated_call_ms")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
     keep_freed_memory: bool = Field(
         True, description="glibc malloc keeps freed tensor memory for reuse instead of returning it to the kernel after every "
@@ -108,18 +128,32 @@ class Settings(BaseSettings):
     def round_images(self, device: torch.device) -> int:
         return self.max_round_images or max(64, 4 * self.batch_images(device))
 
-    @field_validator("models", "cors_origins", "compile_sizes", mode="before")
+    def fixed_sizes_on(self, device: torch.device) -> bool:
+        return device.type == "cuda" if self.fixed_call_sizes == "auto" else self.fixed_call_sizes
+
+    def sizes_for(self, device: torch.device, max_batch: int | None = None, compiled: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        """The fixed call sizes of a model on ``device`` (its own ``max_batch`` bounds them; a compiled
+        model's are the sizes it was compiled at)."""
+        if compiled:
+            return compiled
+        limit = min(self.batch_images(device), max_batch or self.batch_images(device))
+        if self.call_sizes:
+            sizes = sorted({min(s, limit) for s in self.call_sizes})
+            return tuple(sizes if sizes[-1] == limit else [*sizes, limit])
+        return power_of_two_sizes(limit, 8 if device.type == "cuda" else 1)
+
+    @field_validator("models", "cors_origins", "compile_sizes", "call_sizes", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
 
-    @field_validator("compile_sizes")
+    @field_validator("compile_sizes", "call_sizes")
     @classmethod
     def _positive(cls, value: list[int]) -> list[int]:
         if any(v < 1 for v in value):
-            raise ValueError(f"IDG_COMPILE_SIZES must be positive batch sizes, got {value}")
+            raise ValueError(f"batch sizes must be positive, got {value}")
         return value
 
     @field_validator("models")

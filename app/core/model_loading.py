@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from idg_core import idg
+from idg_core.call_shapes import CallShapes, warm_call_shapes
 from idg_core.models import ImageClassifier
 from idg_core.models.compiled import compiled_part, warm_up_compiled
 from idg_core.models.models_file import ModelSettings, read_models_file
@@ -65,10 +68,15 @@ def load_models(specs: list[str], device: torch.device, models_file: Path | None
     return models
 
 
-def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool = True) -> None:
-    """Compile the graphs of every compiled model (:func:`~idg_core.models.compiled.warm_up_compiled`),
-    then, if ``run_idg``, one IDG run per model at the worker's full batch size, forward and backward,
-    so the first request does not pay for the allocator's and the kernels' first use (about 3 s on a CPU)."""
+def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool = True,
+            shapes: dict[str, CallShapes] | None = None, on_device: Callable[[Callable[[], float]], float] | None = None) -> None:
+    """Compile the graphs of every compiled model (:func:`~idg_core.models.compiled.warm_up_compiled`), then
+    warm every model's call shapes on the thread that runs the model calls (``on_device``; cuDNN keeps its
+    plans per thread): with fixed call sizes, each size forward and with a gradient, whatever ``run_idg``
+    says (traffic must meet no cold size); else, if ``run_idg``, one IDG run at the worker's full batch
+    size, forward and backward, so the first request does not pay for the allocator's and the kernels'
+    first use (about 3 s on a CPU)."""
+    run = on_device or (lambda fn: fn())
     for name, model in models.items():
         if compiled_part(model) is not None:
             try:
@@ -77,11 +85,26 @@ def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool
                 raise ModelLoadError(f"cannot torch.compile model {name!r}: {type(err).__name__}: {str(err)[:500]} "
                                      "(IDG_COMPILE=false, or compile = false in its models-file table, serves it uncompiled)") from err
             log.info("%s: torch.compile start-up cost %.1f s", name, seconds)
+        size = model.preprocessing.crop_size
+        device = model.mean.device
+        shape = (shapes or {}).get(name)
+        if shape is not None and shape.fixed:
+            seconds = run(partial(warm_call_shapes, model, shape, size, device))
+            log.info("warmed %s at call sizes %s (forward and gradient) in %.1f s", name, list(shape.sizes), seconds)
+            continue
         if not run_idg:
+            if shape is not None:
+                shape.warm_seconds = 0.0
             continue
         started = time.perf_counter()
-        size = model.preprocessing.crop_size
-        x = torch.rand(1, 3, size, size, device=model.mean.device)
         n = max(2, min(batch_images, model.max_batch or batch_images, 64))
-        idg(model, x, "mean", 0, steps=n, probe_steps=max(3, n), batch_size=n)
+        x = torch.rand(1, 3, size, size, device=device)
+        run(partial(_idg_once, model, x, n))
+        if shape is not None:
+            run(partial(warm_call_shapes, model, shape, size, device, [n]))
         log.info("warmed up %s in %.1f s", name, time.perf_counter() - started)
+
+
+def _idg_once(model: ImageClassifier, x: torch.Tensor, n: int) -> float:
+    idg(model, x, "mean", 0, steps=n, probe_steps=max(3, n), batch_size=n)
+    return 0.0

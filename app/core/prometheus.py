@@ -26,6 +26,11 @@ class Metrics:
         self.batch_requests = Histogram(
             "idg_batch_requests", "Requests sharing one worker round", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.model_calls = Counter("idg_model_calls", "Model calls by model", ["model"], registry=r)
+        self.call_rows = Counter("idg_call_rows", "Rows of model calls by model: real (path points) or padding up to a fixed call "
+                                 "size (IDG_FIXED_CALL_SIZES)", ["model", "kind"], registry=r)
+        self.unwarmed_calls = Gauge("idg_unwarmed_calls", "Model calls since ready at a batch size the warm-up did not run (with "
+                                    "fixed call sizes this stays 0; each such call may cost cuDNN seconds on a GPU)", ["model"],
+                                    registry=r)
         self.device_busy = Counter("idg_device_busy_seconds", "Seconds the worker spent in model calls (until their results were "
                                    "on the host); rate() of it is the device's busy fraction", registry=r)
         self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)

@@ -28,16 +28,21 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import torch
 
 from app.core.prometheus import Metrics
+from app.worker.device import Call, DeviceStage
 from app.worker.jobs import Job, JobCancelled, JobStuck
-from idg_core.evaluator import CallStats, answer_rows
+from idg_core.call_shapes import CallShapes
+from idg_core.evaluator import CallStats, answer_rows, book_call, empty_answers, prepare_call
 from idg_core.types import Answer, Model
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 GRAD_UNITS = 3
 """Work units of an image with a gradient; a forward-only image is 1 (a forward and backward
@@ -71,7 +76,8 @@ class Worker:
     def __init__(
         self, models: Mapping[str, Model], device: torch.device, metrics: Metrics, *, max_batch_images: int,
         max_round_images: int, batch_wait_ms: float, max_queue: int, max_predict_queue: int = 16,
-        watchdog_grace_s: float = 10.0,
+        watchdog_grace_s: float = 10.0, shapes: Mapping[str, CallShapes] | None = None, pipeline_depth: int = 2,
+        on_device_event: Callable[[str, int], None] | None = None,
     ) -> None:
         self.models = dict(models)
         self.device = device
@@ -84,6 +90,13 @@ class Worker:
         self.max_predict_queue = max_predict_queue
         self.watchdog_grace = watchdog_grace_s
         self.stats = CallStats()
+        self.shapes = {name: (shapes or {}).get(name) or CallShapes() for name in self.models}
+        """Each model's call sizes (:mod:`idg_core.call_shapes`): fixed and warmed, or any."""
+        self.pipeline_depth = max(1, pipeline_depth)
+        self._on_device_event = on_device_event
+        self._device: DeviceStage
+        self._calls: deque[Call] = deque()  # handed to the device stage, not yet booked, oldest first
+        self._last_booked = 0.0
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._active: list[Job] = []
         self._held: set[Job] = set()  # admitted, slot not yet freed
@@ -106,12 +119,19 @@ class Worker:
         thread, where the requests will run (its malloc arena, thread-local caches), and this returns only
         once it has; if it raises, the worker does not start and the exception is raised here."""
         self._warm_up = warm_up
+        self._device = DeviceStage(self.device, self.pipeline_depth, on_event=self._on_device_event)
         self._thread.start()
         self._warmed.wait()
         if self._warm_up_error is not None:
             self._thread.join()
+            self._device.stop()
             raise self._warm_up_error
         self._watchdog.start()
+
+    def run_on_device(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the device stage's thread, where model calls run (for warm-up: cuDNN keeps its
+        plans per thread); from the warm-up function passed to :meth:`start`."""
+        return self._device.run_here(fn)
 
     @property
     def depth(self) -> int:
@@ -216,18 +236,28 @@ class Worker:
             return
         finally:
             self._warmed.set()
-        log.info("worker started on %s", self.device)
+        log.info("worker started on %s (device stage depth %d)", self.device, self._device.depth)
         while not self._stop.is_set():
-            chosen: list[tuple[Job, list[tuple[int, int, int]]]] = []
             try:
-                self._take_new(block=not self._active)
+                self._take_new(block=not self._active and not self._calls)
                 self._drop_late()
-                chosen = self._select_round()
-                if chosen:
-                    self._run_round(chosen)
-            except Exception as err:  # noqa: BLE001 - the worker loop must never die
-                log.exception("worker round failed; failing its requests and continuing")
-                self._fail_round([job for job, _ in chosen], err)
+                self._checkpoints()
+                launched = False
+                while self._device.has_room and (call := self._launch_next()) is not None:
+                    self._calls.append(call)
+                    launched = True
+                self._mark_busy()
+                if self._calls:
+                    self._complete(self._calls.popleft())
+                elif not launched and self._active:
+                    time.sleep(0.001)  # nothing to run yet (cannot happen with jobs that have rows): do not spin hot
+            except Exception:  # noqa: BLE001 - the worker loop must never die
+                log.exception("worker loop failed; failing the requests of its calls and continuing")
+                self._fail_calls()
+        for call in self._calls:
+            self._device.wait(call, timeout=10)
+        self._calls.clear()
+        self._device.stop()
         self._busy = None
         for job in self._active + self._drain():
             job.cancel(SHUTTING_DOWN)
@@ -251,7 +281,7 @@ class Worker:
                 return
             self._start(first)
             if self.batch_wait > 0:
-                time.sleep(self.batch_wait)  # let concurrent requests join this round
+                time.sleep(self.batch_wait)  # let concurrent requests join this call
         for job in self._drain():
             self._start(job)
 
@@ -279,37 +309,50 @@ class Worker:
 
     def _drop_late(self) -> None:
         for job in list(self._active):
-            if self._dropped(job):
+            if job.in_flight == 0 and self._dropped(job):  # one with rows in a call is closed when the call is booked
                 self._active.remove(job)
                 self._close_dropped(job)
 
-    def _select_round(self) -> list[tuple[Job, list[tuple[int, int, int]]]]:
-        """The jobs of this round (one model call) and the rows each gives (none: a checkpoint)."""
-        if not self._active:
-            return []
-        ordered = sorted(self._active, key=lambda j: (j.priority, j.enqueued))
+    def _checkpoints(self) -> None:
+        """Advance the jobs whose step needs no model call (a plan's checkpoint between host steps)."""
+        for job in list(self._active):
+            if job.in_flight == 0 and job.step_answered and job in self._active:
+                self._busy = (time.monotonic(), (job,))
+                try:
+                    self._advance(job)
+                finally:
+                    self._busy = None
+
+    def _select_call(self) -> tuple[str, bool, list[tuple[Job, list[tuple[int, int, int]]]]] | None:
+        """The next model call: its model, kind (gradient or not) and the rows each job gives it."""
+        waiting = [j for j in self._active if j.rows and j.cancel_reason is None]
+        if not waiting:
+            return None
+        ordered = sorted(waiting, key=lambda j: (j.priority, j.enqueued))
         model = self._next_model(ordered)
-        grad = self._next_kind([j for j in ordered if j.model == model])
+        mine = [j for j in ordered if j.model == model]
+        grad = self._next_kind(mine)
+        limit = min(self.call_images, getattr(self.models[model], "max_batch", None) or self.call_images)
+        shapes = self.shapes[model]
+        if shapes.largest is not None:
+            limit = min(limit, shapes.largest)
+        available = sum(_ready_rows(j, grad) for j in mine)
+        budget = min(limit, shapes.fill(min(available, limit)))
         chosen: list[tuple[Job, list[tuple[int, int, int]]]] = []
-        budget = min(self.call_images, getattr(self.models[model], "max_batch", None) or self.call_images)
-        for job in ordered:
-            if job.model != model:
-                continue
-            if job.rows == 0:  # a checkpoint between host steps: advance it now
-                chosen.append((job, []))
-            elif job.next_grad != grad:
-                job.passed_over += 1  # the next round is of its kind (at its priority)
+        for job in mine:
+            if job.next_grad != grad:
+                job.passed_over += 1  # the next call is of its kind (at its priority)
             elif budget > 0:
                 job.passed_over = 0
                 rows = job.take(budget, grad)
                 budget -= sum(b - a for _, a, b in rows)
                 chosen.append((job, rows))
-        return chosen
+        return model, grad, chosen
 
     @staticmethod
     def _next_kind(jobs: list[Job]) -> bool:
-        """Whether this round's call takes gradients: the kind the first job (in order) with rows needs
-        next, unless a job at its priority was left out of a round for needing the other kind; then
+        """Whether this call's call takes gradients: the kind the first job (in order) with rows needs
+        next, unless a job at its priority was left out of a call for needing the other kind; then
         the kind of the first such job. Without the turn, a job whose next rows are of the other
         kind would wait for as long as the jobs before it keep needing theirs: a Guided IG request
         arriving while another runs its 400 gradient steps would wait for all 400 before its
@@ -323,7 +366,7 @@ class Worker:
 
     def _next_model(self, ordered: list[Job]) -> str:
         """Round-robin between the models with work at the most urgent priority, so a model with a long
-        queue (a slow ViT) takes every other round, not every round, from another (a small CNN)."""
+        queue (a slow ViT) takes every other call, not every call, from another (a small CNN)."""
         top = ordered[0].priority
         waiting = {j.model for j in ordered if j.priority == top}
         names = list(self.models)
@@ -332,36 +375,82 @@ class Worker:
         self._last_model = model
         return model
 
-    def _run_round(self, chosen: list[tuple[Job, list[tuple[int, int, int]]]]) -> None:
-        began = time.monotonic()
-        self._busy = (began, tuple(job for job, _ in chosen))
+    def _launch_next(self) -> Call | None:
+        """Gather the next call's inputs here and hand it to the device stage (None: nothing to run)."""
+        selected = self._select_call()
+        if selected is None:
+            return None
+        model_name, grad, work = selected
+        owners = [(job, qi, a, b) for job, rows in work for qi, a, b in rows]
+        queries = [job.part(qi, a, b) for job, qi, a, b in owners]
+        for job, _ in work:
+            job.in_flight += 1
+        prepared = prepare_call(queries, [(i, 0, q.n) for i, q in enumerate(queries)], grad, self.shapes[model_name])
+        call = Call(self.models[model_name], prepared, owner=(model_name, work, owners, queries))
+        self.metrics.batch_requests.observe(len(work))
+        self._device.submit(call)
+        return call
+
+    def _mark_busy(self) -> None:
+        """What the watchdog sees: the jobs of every call on the device, since the oldest was handed over."""
+        if self._calls:
+            jobs = tuple(dict.fromkeys(job for call in self._calls for job, _ in call.owner[1]))
+            self._busy = (self._calls[0].submitted, jobs)
+
+    def _complete(self, call: Call) -> None:
+        """Wait for ``call``, store its answers in its jobs and advance the jobs whose step it completed
+        (while the next call runs on the device)."""
+        while not self._device.wait(call, timeout=0.25):
+            if self._stop.is_set() and call.started is None:
+                break
+        self._mark_busy()
+        model_name, work, owners, queries = call.owner
+        for job, _ in work:
+            job.in_flight -= 1
+        prepared = call.prepared
         units = 0.0
-        try:
-            work = [(job, rows) for job, rows in chosen if rows]
-            if work:
-                self.metrics.batch_requests.observe(len(work))
-                units = self._evaluate_isolated(self.models[chosen[0][0].model], work)
-            for job, _ in chosen:
-                if job not in self._active:
-                    continue  # failed in this round
-                if self._dropped(job):
-                    self._active.remove(job)
-                    self._close_dropped(job)
-                elif job.step_answered:
-                    self._advance(job)
-        finally:
-            self._busy = None
-        self._measure(time.monotonic() - began, units)
+        if call.error is not None or call.out is None:
+            if call.error is not None and not isinstance(call.error, torch.cuda.OutOfMemoryError):
+                log.warning("a model call for %d jobs failed (%s); retrying each alone", len(work), call.error)
+            units = self._evaluate_isolated(self.models[model_name], work)
+        else:
+            self.stats.record(prepared.size, prepared.grad)
+            self.shapes[model_name].note(prepared.size, prepared.n, prepared.grad)
+            self.metrics.device_busy.inc(call.device_seconds)
+            self.metrics.batch_images.observe(prepared.size)
+            self.metrics.model_calls.labels(model_name).inc()
+            self.metrics.call_rows.labels(model_name, "real").inc(prepared.n)
+            self.metrics.call_rows.labels(model_name, "padding").inc(prepared.size - prepared.n)
+            answers = empty_answers(queries)
+            book_call(prepared, queries, answers, call.out)
+            for (job, qi, a, b), ans in zip(owners, answers, strict=True):
+                if job.cancel_reason is None:
+                    job.store(qi, a, b, ans)
+                    job.done_units += (b - a) * (GRAD_UNITS if prepared.grad else 1)
+            units = work_units(prepared.n, prepared.n if prepared.grad else 0)
+        self.metrics.unwarmed_calls.labels(model_name).set(self.shapes[model_name].unwarmed_calls)
+        for job, _ in work:
+            if job not in self._active or job.in_flight:
+                continue  # failed in this call, or has rows in a later one
+            if self._dropped(job):
+                self._active.remove(job)
+                self._close_dropped(job)
+            elif job.step_answered:
+                self._busy = (time.monotonic(), (job,))
+                self._advance(job)
+        self._busy = None
+        now = time.monotonic()
+        self._measure(now - max(self._last_booked, call.submitted), units)
+        self._last_booked = now
         self.metrics.sample_device_memory(self.device)
 
     def _evaluate_isolated(self, model: Model, work: list[tuple[Job, list[tuple[int, int, int]]]]) -> float:
-        """Evaluate the round; if it fails, each job alone, so only the failing one gets the error."""
-        try:
-            return self._evaluate(model, work)
-        except Exception:  # noqa: BLE001 - isolate the failing request(s)
-            log.warning("a model call for %d jobs failed; retrying each alone", len(work), exc_info=True)
+        """Evaluate ``work`` on this thread (after its call failed), each job alone, so only the
+        failing one gets the error; a CUDA out-of-memory error halves the call first."""
         units = 0.0
         for job, rows in work:
+            if job not in self._active:
+                continue
             try:
                 units += self._evaluate(model, [(job, rows)])
             except Exception as err:  # noqa: BLE001
@@ -370,13 +459,14 @@ class Worker:
         return units
 
     def _evaluate(self, model: Model, work: list[tuple[Job, list[tuple[int, int, int]]]]) -> float:
-        """Answer the rows of ``work`` and store them in their jobs; returns the work units done."""
+        """Answer the rows of ``work`` here and store them in their jobs; returns the work units done."""
         batch = min(self.max_batch_images, getattr(model, "max_batch", None) or self.max_batch_images)
+        shapes = self.shapes[work[0][0].model]
         while True:
             before = (len(self.stats.call_sizes), self.stats.forward_images, self.stats.backward_images)
             called = time.perf_counter()
             try:
-                answered = answer_rows(model, work, batch, self.stats, skip=self._dropped)
+                answered = answer_rows(model, work, batch, self.stats, skip=self._dropped, shapes=shapes)
                 if self.device.type == "cuda":  # the calls are queued without waits; busy time ends when their results are in
                     torch.cuda.synchronize(self.device)
                 break
@@ -431,12 +521,18 @@ class Worker:
             self.metrics.rejections.labels(reason).inc()
         self._close(job, JobCancelled(reason))
 
-    def _fail_round(self, jobs: list[Job], err: Exception) -> None:
-        """After an unexpected error in the loop: fail the jobs of the round it left half done."""
-        for job in jobs:
-            if job in self._active:
-                self._active.remove(job)
-                self._close(job, err)
+    def _fail_calls(self) -> None:
+        """After an unexpected error in the loop: wait for the calls on the device and fail their jobs."""
+        err = RuntimeError("the worker failed while running this request's model calls")
+        calls, self._calls = list(self._calls), deque()
+        for call in calls:
+            self._device.wait(call, timeout=30)
+            for job, _ in call.owner[1]:
+                job.in_flight = 0
+                if job in self._active:
+                    self._active.remove(job)
+                    self._close(job, err)
+        self._busy = None
 
     def _close(self, job: Job, error: BaseException | None = None, result: object = None) -> None:
         job.finished = time.monotonic()
@@ -452,3 +548,18 @@ class Worker:
 
 def _labels(job: Job) -> str:
     return ", ".join(dict.fromkeys(q.label for q in job.pending or [] if q.label))
+
+
+def _ready_rows(job: Job, grad: bool) -> int:
+    """Rows of the job's step not yet taken that one call of kind ``grad`` could take (those before
+    the first row of the other kind)."""
+    count = pos = 0
+    for q in job.pending or []:
+        start = max(job.taken - pos, 0)
+        pos += q.n
+        if start >= q.n:
+            continue
+        if q.grad != grad:
+            break
+        count += q.n - start
+    return count

@@ -60,6 +60,8 @@ class Job(PlanState):
     done_label: str = ""
     cancel_reason: str | None = None
     watchdog_failed: bool = False
+    in_flight: int = 0
+    """Model calls on the device that hold rows of this job (it is advanced only once none does)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:

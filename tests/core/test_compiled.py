@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
-from idg_core import idg
+from idg_core import idg, ig
 from idg_core.evaluator import CallStats
 from idg_core.models import ImageClassifier, tune
 from idg_core.models.compiled import FixedBatchCompiled, compiled_part, default_compile_sizes, warm_up_compiled
@@ -122,13 +122,34 @@ def test_inductor_compiles_once_per_size_and_matches_eager() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_inductor_on_cuda_in_bf16_matches_eager_with_no_late_graph() -> None:
+    """Inductor in bf16 on CUDA: padding rows never reach real rows (exact), IG's maps match eager's, and
+    IDG's do where the target's logit rises along the path by more than bf16's rounding of it.
+
+    The earlier form of this test asked every IDG map for cosine > 0.99 and failed on an H100 (0.9989,
+    -0.3982, 1.0000). ``benchmarks/compiled_check.py`` found why (results/benchmarks/compiled-check*.json):
+    that image's target logit rises by 0.013 from baseline to image in fp32, below bf16's resolution of
+    a logit (0.008 here), so IDG's weights (the logit's slope along the path) are rounding noise: eager
+    bf16 against eager fp32 disagrees as much (cosine -0.22 on the CPU), while padding changed no logit
+    and IG (no weights) matched with cosine 1.0. So the compiled path is right; a flat logit path is
+    not a test of it."""
     model = tune(small_classifier().cuda(), precision="bf16", channels_last=True, compile=True, compile_sizes=[4, 8])
     warm_up_compiled(model, 16)
     x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(6)).cuda()
-    got = idg(model, x, "mean", [0, 1, 2], steps=9, probe_steps=5, batch_size=8)
+    with torch.no_grad():
+        together = model(x)
+        alone = torch.cat([model(x[i : i + 1]) for i in range(3)])
+        beside = model(torch.cat([x, torch.rand(5, 3, 16, 16, device="cuda")]))[:3]
+    assert torch.equal(together, alone) and torch.equal(together, beside)  # padding and batch-mates change nothing
     plain = tune(small_classifier().cuda(), precision="bf16", channels_last=True)
-    want = idg(plain, x, "mean", [0, 1, 2], steps=9, probe_steps=5, batch_size=8)
+    kw: dict[str, Any] = {"steps": 9, "batch_size": 8}
+    got_ig, want_ig = ig(model, x, "mean", [0, 1, 2], **kw), ig(plain, x, "mean", [0, 1, 2], **kw)
+    cos_ig = torch.nn.functional.cosine_similarity(got_ig.attributions.flatten(1), want_ig.attributions.flatten(1))
+    assert bool((cos_ig > 0.99).all()), cos_ig
+    got = idg(model, x, "mean", [0, 1, 2], probe_steps=5, **kw)
+    want = idg(plain, x, "mean", [0, 1, 2], probe_steps=5, **kw)
     cos = torch.nn.functional.cosine_similarity(got.attributions.flatten(1), want.attributions.flatten(1))
-    assert bool((cos > 0.99).all()), cos
+    rise = (want.logits[:, -1] - want.logits[:, 0]).abs()
+    clear = rise > 0.05  # several times bf16's rounding of these logits
+    assert bool(clear.any()) and bool((cos[clear] > 0.99).all()), (cos, rise)
     part = compiled_part(model)
     assert part is not None and part.graphs == 4 and part.late_graphs == 0

@@ -38,3 +38,33 @@ async def test_concurrent_attributions_on_cuda(precision: str) -> None:
         line = next(ln for ln in metrics.splitlines() if ln.startswith("idg_device_memory_bytes") and 'kind="peak"' in ln)
         assert float(line.split()[-1]) > 0
     set_tf32(False)  # the switches are process-wide: leave them as fp32 for the next test
+
+
+async def test_on_cuda_every_call_runs_at_a_warmed_size_on_the_call_stream_and_answers_as_the_library() -> None:
+    """The CUDA defaults: fixed call sizes (warmed before ready on the device stage's thread and stream),
+    calls pipelined on their own stream. Mixed methods concurrently meet no unwarmed size, and an
+    answer read across the streams is the library's own (a missing stream wait would read garbage)."""
+    from tests.service.test_call_pipeline import _metric, _mixed_traffic
+
+    app = create_app(Settings(models=["tiny"], device="cuda", precision="fp32", batch_wait_ms=5.0, max_batch_images=32),
+                     models={"tiny": tiny_classifier()})
+    codes, calls, metrics, info = await _mixed_traffic(app)
+    assert set(codes) == {200}
+    assert info["call_sizes"] == [8, 16, 32] and info["unwarmed_calls"] == 0
+    assert calls and set(calls) <= {8, 16, 32}, sorted(set(calls))
+    assert _metric(metrics, "idg_unwarmed_calls") == 0
+    fields = {"method": "idg", "steps": "9", "probe_steps": "5", "target": "3", "return_overlay": "false"}
+    app = create_app(Settings(models=["tiny"], device="cuda", precision="fp32", max_batch_images=32), models={"tiny": tiny_classifier()})
+    async with serve(app) as client:
+        posts = [client.post("/attribute", files={"file": ("a.png", image_bytes((i * 20, 50, 90)), "image/png")}, data=fields)
+                 for i in range(6)]
+        served = [r.json() for r in await asyncio.gather(*posts)]
+    library = create_app(Settings(models=["tiny"], device="cuda", precision="fp32", fixed_call_sizes=False, pipeline_depth=1,
+                                  max_batch_images=32), models={"tiny": tiny_classifier()})
+    async with serve(library) as client:
+        for i, got in enumerate(served):
+            r = await client.post("/attribute", files={"file": ("a.png", image_bytes((i * 20, 50, 90)), "image/png")}, data=fields)
+            want = r.json()
+            assert got["curve"]["alphas"] == want["curve"]["alphas"]
+            assert max(abs(a - b) for a, b in zip(got["curve"]["logits"], want["curve"]["logits"], strict=True)) < 1e-3
+    set_tf32(False)

@@ -1,0 +1,190 @@
+"""The device stage: a thread that runs prepared model calls one after another, so the worker thread
+can prepare call k+1 and book call k while call k runs.
+
+The worker thread gathers a call's inputs (:func:`idg_core.evaluator.prepare_call`) and hands it to
+:meth:`DeviceStage.submit`; this stage's thread runs it (:func:`idg_core.evaluator.run_call`) and marks it
+done; the worker books the outputs into its jobs (:meth:`DeviceStage.wait`) while the next call runs.
+At most ``depth`` calls are handed over at once (one running, the rest queued), so the device never
+waits for the host as long as the host prepares a call faster than the device runs one.
+
+On CUDA the calls run on a stream of their own. The worker's stream (the plans' host steps, the
+inputs' gathering) and the call stream meet only through events: a call waits for the event recorded
+after its inputs were gathered, and the worker's stream waits for the call's end event before its
+outputs are used, so a plan's synchronisation (``.tolist()`` of a probe) waits for its own call,
+not for the one running behind it. Tensors that cross streams are recorded on the stream that uses
+them (``record_stream``), so the caching allocator does not hand their memory out too early.
+Device time is measured per call: CUDA events on a GPU, the stage thread's time elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from idg_core.evaluator import PreparedCall, run_call
+from idg_core.types import Model
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Call:
+    """One model call handed to the device stage, and its outcome."""
+
+    model: Model
+    prepared: PreparedCall
+    owner: Any = None
+    """What the submitter needs to book the result (the worker: its jobs and their rows)."""
+    number: int = 0
+    submitted: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    ended: float | None = None
+    out: tuple[Tensor, Tensor | None, Tensor] | None = None
+    error: BaseException | None = None
+    device_seconds: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    _inputs_ready: Any = None  # torch.cuda.Event recorded on the submitter's stream
+    _start: Any = None
+    _end: Any = None
+
+
+class _Task:
+    """A function to run on the stage's thread (warm-up)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self, stream: Any) -> None:
+        try:
+            if stream is None:
+                self.value = self.fn()
+            else:
+                with torch.cuda.stream(stream):
+                    self.value = self.fn()
+                stream.synchronize()
+        except BaseException as err:  # noqa: BLE001 - raised on the caller's thread
+            self.error = err
+        self.done.set()
+
+
+class DeviceStage:
+    """Runs :class:`Call` s in order on a thread of its own (and, on CUDA, a stream of its own)."""
+
+    def __init__(self, device: torch.device, depth: int = 2, name: str = "idg-device",
+                 on_event: Callable[[str, int], None] | None = None) -> None:
+        self.device = device
+        self.on_event = on_event
+        """Called with ("submitted" | "started" | "ended", call number) as each happens (tests)."""
+        self._numbers = 0
+        self.depth = max(1, depth)
+        self._queue: queue.Queue[Call | _Task | None] = queue.Queue()
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def in_flight(self) -> int:
+        """Calls submitted and not yet waited for."""
+        return self._in_flight
+
+    @property
+    def has_room(self) -> bool:
+        return self._in_flight < self.depth
+
+    def submit(self, call: Call) -> None:
+        """Hand ``call`` over (from the worker thread, after its inputs were gathered there)."""
+        if self._stream is not None:
+            call._inputs_ready = torch.cuda.Event()
+            call._inputs_ready.record()  # on the submitter's current stream
+        with self._lock:
+            self._in_flight += 1
+            self._numbers += 1
+            call.number = self._numbers
+        self._event("submitted", call)
+        self._queue.put(call)
+
+    def _event(self, what: str, call: Call) -> None:
+        if self.on_event is not None:
+            self.on_event(what, call.number)
+
+    def wait(self, call: Call, timeout: float | None = None) -> bool:
+        """Wait until ``call`` ran (True) or ``timeout`` passed (False). Once it ran, its outputs are
+        safe to use on the caller's current stream; the call no longer counts as in flight."""
+        if not call.done.wait(timeout):
+            return False
+        with self._lock:
+            self._in_flight -= 1
+        if self._stream is not None and call.out is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(call._end)
+            for t in call.out:
+                if t is not None:
+                    t.record_stream(current)
+            call.device_seconds = call._start.elapsed_time(call._end) / 1000 if call._end.query() else call.device_seconds
+        return True
+
+    def run_here(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the stage's thread (and stream) and return its value or raise its error. Warm-up
+        must run there: PyTorch keeps cuDNN's chosen plans per thread (a ``thread_local`` cache)."""
+        task = _Task(fn)
+        self._queue.put(task)
+        task.done.wait()
+        if task.error is not None:
+            raise task.error
+        value: T = task.value
+        return value
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            call = self._queue.get()
+            if call is None:
+                return
+            if isinstance(call, _Task):
+                call.run(self._stream)
+                continue
+            call.started = time.monotonic()
+            self._event("started", call)
+            began = time.perf_counter()
+            try:
+                call.out = self._execute(call)
+            except BaseException as err:  # noqa: BLE001 - handed to the worker, which isolates the failing request
+                call.error = err
+            call.device_seconds = time.perf_counter() - began
+            call.ended = time.monotonic()
+            self._event("ended", call)
+            call.done.set()
+
+    def _execute(self, call: Call) -> tuple[Tensor, Tensor | None, Tensor]:
+        p = call.prepared
+        if self._stream is None:
+            return run_call(call.model, p.inputs, p.rows, p.grad)
+        stream = self._stream
+        with torch.cuda.stream(stream):
+            stream.wait_event(call._inputs_ready)
+            for t in (p.inputs, p.rows.targets, p.rows.is_prob):
+                if t is not None:
+                    t.record_stream(stream)
+            call._start, call._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            call._start.record(stream)
+            out = run_call(call.model, p.inputs, p.rows, p.grad)
+            call._end.record(stream)
+        call._end.synchronize()  # this thread waits (GIL released), so the next call launches as soon as this one ends
+        return out

@@ -1,0 +1,101 @@
+"""The service as users see it: a real server process started with the service's defaults (plus only
+the settings given), N concurrent clients on loopback sending real photos, and what the device did.
+
+    python -m benchmarks.load --label h100-lite0-service --levels 8 32 128 --per-client 6 --serial 99
+    python -m benchmarks.load --label h100-resnet101-bf16 --env IDG_MODELS=resnet101=random IDG_PRECISION=bf16 --levels 128
+    python -m benchmarks.load --label cpu-simulated-20ms --simulated-ms 20 --levels 8 32 128 --per-client 6
+
+``--simulated-ms`` serves a tiny TorchScript CNN (saved as a user would, ``scripts/make_tiny_models.py``)
+whose every call takes that long with the GIL released (``IDG_SIMULATED_CALL_MS``, as a GPU kernel
+does), with fixed call sizes up to 128: the device-busy fraction under load then says whether the host
+keeps a device fed, on a machine without one. Each level reports throughput, p50/p95/p99 and p99/p50,
+model calls and images per call, the device-busy counter, padding rows per real row (fixed sizes'
+waste), calls at an unwarmed size, and on a GPU the SM utilisation ``nvidia-smi dmon`` saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.service_load import run_load
+from benchmarks.speed import SAMPLES, machine
+from idg_core.models import image_files
+
+log = logging.getLogger(__name__)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _machine(m: dict[str, Any]) -> str:
+    where = m.get("gpu") or f"{m.get('cpu', 'a CPU')} ({m.get('threads')} torch threads)"
+    return f"{where}, {m.get('platform')}, torch {m.get('torch')}"
+
+
+def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    env = ", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) or "none"
+    lines = [f"# Service load `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine(meta['machine'])}.", "",
+             f"Real server process on loopback, settings beyond the defaults: {env}. Requests: `POST /attribute` with "
+             f"{', '.join(f'{k}={v}' for k, v in meta['fields'].items())}, photos from {meta['images']} cycled; "
+             f"{meta['per_client']} requests per client at each level.", "",
+             "| clients | ok | 503 | p50 s | p95 s | p99 s | p99/p50 | attributions/s | model calls | images/call | padding/real rows "
+             "| device busy | GPU SM util % (dmon) | unwarmed calls | host CPU ms/attr | event loop ms/attr |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['clients']} | {r['ok']} | {r['rejected_503']} | {_fmt(r['p50_s'], '.3f')} | {_fmt(r['p95_s'], '.3f')} | "
+            f"{_fmt(r['p99_s'], '.3f')} | {_fmt(r.get('p99_over_p50'), '.2f')} | {r['throughput_per_s']:.1f} | {r['model_calls']} | "
+            f"{_fmt(r['mean_images_per_call'], '.1f')} | {_fmt(r.get('padded_per_real_row'), '.2f')} | "
+            f"{r['device_busy_fraction']:.0%} | {_fmt(r.get('gpu_sm_util_mean'), '.0f')} | "
+            f"{r.get('unwarmed_calls', 0):.0f} | {_fmt(r.get('host_cpu_ms_per_attr'), '.1f')} | "
+            f"{_fmt(r.get('event_loop_cpu_ms_per_attr'), '.1f')} |")
+    lines += ["", "Device busy: the service's own counter (`idg_device_busy_seconds_total`: CUDA-event time of each model call on a "
+              "GPU, the device thread's time in the call elsewhere) over the level's wall time. GPU SM util: the mean of "
+              "`nvidia-smi dmon -s u` samples during the level. The first row is the first request after ready; the second (with "
+              "`--serial`) the next ones one at a time."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--env", nargs="*", default=[], help="IDG_X=value settings for the server beyond its defaults")
+    ap.add_argument("--images", type=Path, default=SAMPLES)
+    ap.add_argument("--levels", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--per-client", type=int, default=6)
+    ap.add_argument("--serial", type=int, default=0, help="requests one at a time after the first (the first vs the hundredth)")
+    ap.add_argument("--preset", default="fast")
+    ap.add_argument("--simulated-ms", type=float, default=None, help="serve a tiny CNN on a simulated device: ms per call")
+    ap.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    args = ap.parse_args(argv)
+    env = dict(item.split("=", 1) for item in args.env)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.simulated_ms is not None:
+            from tests.models import tiny_model_maker  # the test suite's maker: a user's TorchScript CNN and its models file
+
+            entry = tiny_model_maker().MAKERS["torchscript"](Path(tmp))
+            env = {"IDG_MODELS": entry, "IDG_MODELS_FILE": str(Path(tmp) / "models.toml"), "IDG_DEVICE": "cpu",
+                   "IDG_SIMULATED_CALL_MS": str(args.simulated_ms), "IDG_FIXED_CALL_SIZES": "true",
+                   "IDG_MAX_BATCH_IMAGES": "128", "IDG_TORCH_THREADS": "1"} | env
+        env = {"IDG_MAX_QUEUE": "512", "IDG_REQUEST_TIMEOUT_S": "600"} | env
+        fields = {"method": "idg", "preset": args.preset, "return_overlay": "false"}
+        rows = run_load(image_files(args.images), args.levels, args.per_client, fields, env, serial=args.serial)
+    meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "env": env, "fields": fields,
+            "images": str(args.images), "per_client": args.per_client}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    (args.out / f"{args.label}.md").write_text(render(meta, rows))
+    print(render(meta, rows))  # noqa: T201 - the report, as the command's output
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
