@@ -63,7 +63,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             torch.backends.cudnn.benchmark = settings.cudnn_benchmark
         fixed = settings.fixed_sizes_on(device)
         shapes = {name: CallShapes(settings.sizes_for(device, m.max_batch, (part.sizes if (part := compiled_part(m)) else None))
-                                   if fixed else ()) for name, m in loaded.items()}
+                                   if fixed else (), use_graphs=settings.cuda_graphs and fixed and compiled_part(m) is None)
+                  for name, m in loaded.items()}
         worker = Worker(
             loaded, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
             batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.max_predict_queue,

@@ -248,6 +248,7 @@ class ModelInfo(BaseModel):
     call_sizes: list[int] = Field(default_factory=list, description="Batch sizes every call of this model runs at, padded up "
                                   "(IDG_FIXED_CALL_SIZES; each warmed forward and with a gradient before ready); empty: any size")
     warm_seconds: float | None = Field(None, description="Start-up seconds the warm-up of its call sizes took")
+    cuda_graphs: bool = Field(False, description="Whether its calls replay CUDA graphs captured at warm-up (IDG_CUDA_GRAPHS)")
     unwarmed_calls: int = Field(0, description="Model calls since ready at a batch size the warm-up did not run (stays 0 with "
                                 "fixed call sizes)")
 

@@ -56,6 +56,10 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{r['device_busy_fraction']:.0%} | {_fmt(r.get('gpu_sm_util_mean'), '.0f')} | "
             f"{r.get('unwarmed_calls', 0):.0f} | {_fmt(r.get('host_cpu_ms_per_attr'), '.1f')} | "
             f"{_fmt(r.get('event_loop_cpu_ms_per_attr'), '.1f')} |")
+    split = [(r["clients"], r["cpu_ms_per_attr_by_thread"]) for r in rows if r.get("cpu_ms_per_attr_by_thread")]
+    if split:
+        lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(
+            f"{c} clients: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items())) for c, t in split) + "."]
     lines += ["", "Device busy: the service's own counter (`idg_device_busy_seconds_total`: CUDA-event time of each model call on a "
               "GPU, the device thread's time in the call elsewhere) over the level's wall time. GPU SM util: the mean of "
               "`nvidia-smi dmon -s u` samples during the level. The first row is the first request after ready; the second (with "

@@ -83,6 +83,26 @@ def host_cpu_s(pid: int) -> tuple[float, float] | None:
         return None
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of the server's threads by OS thread name (the worker and device threads name themselves
+    ``idg-worker`` / ``idg-device``; the main thread is the event loop; the rest: decode, render, HTTP)."""
+    out: dict[str, float] = {}
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = "event loop" if task.name == str(pid) else (task / "comm").read_text().strip()
+            name = name if name.startswith("idg-") else ("event loop" if name == "event loop" else "other threads")
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
+def _labelled(text: str, name: str) -> float:
+    """A metric summed over its labels."""
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+
+
 async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], lat: list[float], codes: list[int]) -> None:
     async with httpx.AsyncClient(timeout=600) as client:
         for i in range(n):
@@ -99,6 +119,7 @@ async def load_level(
 ) -> dict[str, Any]:
     """One load level; with the server's ``pid``, also its host CPU per attribution (:func:`host_cpu_s`)."""
     cpu_before = None if pid is None else host_cpu_s(pid)
+    threads_before = {} if pid is None else thread_cpu_s(pid)
     text = httpx.get(f"{url}/metrics").text
     before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
     rows_before = _rows(text)
@@ -115,8 +136,11 @@ async def load_level(
     real, padding = rows_after[0] - rows_before[0], rows_after[1] - rows_before[1]
     calls = after["count"] - before["count"]
     cpu_after = None if pid is None else host_cpu_s(pid)
+    threads_after = {} if pid is None else thread_cpu_s(pid)
     ok = codes.count(200)
-    host = {}
+    host: dict[str, Any] = {}
+    if threads_after and ok:
+        host["cpu_ms_per_attr_by_thread"] = {k: round(1000 * (v - threads_before.get(k, 0.0)) / ok, 2) for k, v in threads_after.items()}
     if cpu_before is not None and cpu_after is not None and ok:
         host = {"host_cpu_ms_per_attr": 1000 * (cpu_after[0] - cpu_before[0]) / ok,
                 "event_loop_cpu_ms_per_attr": 1000 * (cpu_after[1] - cpu_before[1]) / ok}
@@ -127,7 +151,7 @@ async def load_level(
         "p99_s": float(np.percentile(lat, 99)) if lat else None, "throughput_per_s": codes.count(200) / wall,
         "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
         "wall_s": wall, "device_busy_fraction": busy / wall, "padded_per_real_row": padding / real if real else None,
-        "unwarmed_calls": _counter(text, "idg_unwarmed_calls"), "gpu_sm_util_mean": sm, **host,
+        "unwarmed_calls": _labelled(text, "idg_unwarmed_calls"), "gpu_sm_util_mean": sm, **host,
     }
 
 

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -59,6 +60,10 @@ class CallShapes:
     padded_rows: int = 0
     """Rows of padding added to calls (a measure of the compute fixed sizes waste)."""
     real_rows: int = 0
+    use_graphs: bool = False
+    """Capture each (size, kind) as a CUDA graph during warm-up (:mod:`idg_core.cuda_graphs`)."""
+    graphs: dict[tuple[int, bool], Any] = field(default_factory=dict)
+    """The captured :class:`~idg_core.cuda_graphs.GraphedCall` s, by (size, gradient)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,7 +115,7 @@ class CallShapes:
                                 size, "with gradient" if grad else "forward", self.unwarmed_calls)
 
     def info(self) -> dict[str, object]:
-        return {"call_sizes": list(self.sizes) or None, "warm_seconds": self.warm_seconds,
+        return {"call_sizes": list(self.sizes) or None, "warm_seconds": self.warm_seconds, "cuda_graphs": bool(self.graphs),
                 "warmed": sorted({s for s, _ in self.warmed}), "unwarmed_calls": self.unwarmed_calls}
 
 
@@ -142,5 +147,10 @@ def warm_call_shapes(model: Model, shapes: CallShapes, input_size: int, device: 
             shapes.warmed.add((size, grad))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        if shapes.use_graphs and shapes.fixed and sizes is None:
+            from idg_core.cuda_graphs import capture_graphs
+
+            shapes.graphs = capture_graphs(model, shapes.sizes, input_size, device)
+            torch.cuda.synchronize(device)
     shapes.warm_seconds = time.perf_counter() - started
     return shapes.warm_seconds

@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     call_sizes: Annotated[list[int], NoDecode] = Field(
         default=[], description="Comma-separated batch sizes of model calls with fixed_call_sizes; default: powers of two from 8 "
         "(CUDA; 1 on the CPU) up to the largest model call, or the compiled sizes with IDG_COMPILE")
+    cuda_graphs: bool = Field(
+        True, description="With fixed call sizes on CUDA, capture each size's call (forward, and forward with the input gradient) "
+        "as a CUDA graph during warm-up and replay it: one launch instead of hundreds, so a network of many small kernels is not "
+        "bound by the host launching them (not with IDG_COMPILE; a network that cannot be captured runs eagerly, logged)")
     pipeline_depth: int = Field(
         2, ge=1, le=8, description="Model calls handed to the device at once: with 2, the worker gathers call k+1's inputs and "
         "books call k's answers while call k+1 waits behind call k, so the device does not wait for the host")

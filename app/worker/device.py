@@ -18,6 +18,7 @@ Device time is measured per call: CUDA events on a GPU, the stage thread's time 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import queue
 import threading
@@ -42,6 +43,8 @@ class Call:
 
     model: Model
     prepared: PreparedCall
+    graphs: dict[tuple[int, bool], Any] | None = None
+    """The model's CUDA graphs by (size, gradient) (:mod:`idg_core.cuda_graphs`): a call of a captured shape replays one."""
     owner: Any = None
     """What the submitter needs to book the result (the worker: its jobs and their rows)."""
     number: int = 0
@@ -55,6 +58,16 @@ class Call:
     _inputs_ready: Any = None  # torch.cuda.Event recorded on the submitter's stream
     _start: Any = None
     _end: Any = None
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` as its OS name too (Linux, 15 bytes), so per-thread CPU time can be
+    read from /proc (benchmarks.service_load.thread_cpu_s); a no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 class _Task:
@@ -153,6 +166,7 @@ class DeviceStage:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        name_os_thread(self._thread.name)
         while True:
             call = self._queue.get()
             if call is None:
@@ -184,7 +198,8 @@ class DeviceStage:
                     t.record_stream(stream)
             call._start, call._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             call._start.record(stream)
-            out = run_call(call.model, p.inputs, p.rows, p.grad)
+            graph = (call.graphs or {}).get((p.size, p.grad))
+            out = graph.run(p.inputs, p.rows) if graph is not None else run_call(call.model, p.inputs, p.rows, p.grad)
             call._end.record(stream)
         call._end.synchronize()  # this thread waits (GIL released), so the next call launches as soon as this one ends
         return out

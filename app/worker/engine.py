@@ -35,7 +35,7 @@ from typing import TypeVar
 import torch
 
 from app.core.prometheus import Metrics
-from app.worker.device import Call, DeviceStage
+from app.worker.device import Call, DeviceStage, name_os_thread
 from app.worker.jobs import Job, JobCancelled, JobStuck
 from idg_core.call_shapes import CallShapes
 from idg_core.evaluator import CallStats, answer_rows, book_call, empty_answers, prepare_call
@@ -228,6 +228,7 @@ class Worker:
 
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread(self._thread.name)
         try:
             if self._warm_up is not None:
                 self._warm_up()
@@ -386,7 +387,7 @@ class Worker:
         for job, _ in work:
             job.in_flight += 1
         prepared = prepare_call(queries, [(i, 0, q.n) for i, q in enumerate(queries)], grad, self.shapes[model_name])
-        call = Call(self.models[model_name], prepared, owner=(model_name, work, owners, queries))
+        call = Call(self.models[model_name], prepared, graphs=self.shapes[model_name].graphs, owner=(model_name, work, owners, queries))
         self.metrics.batch_requests.observe(len(work))
         self._device.submit(call)
         return call

@@ -100,7 +100,8 @@ class ImageClassifier(nn.Module):
             z = z.contiguous(memory_format=torch.channels_last)
         if self.autocast_dtype is None:
             return self.net(z)
-        with torch.autocast(z.device.type, dtype=self.autocast_dtype):
+        # no cast cache: each weight is cast once per call anyway, and a cache cannot live in a CUDA graph capture
+        with torch.autocast(z.device.type, dtype=self.autocast_dtype, cache_enabled=False):
             return self.net(z).float()
 
     def prepare(self, img: Image.Image) -> Tensor:

@@ -161,7 +161,7 @@ async def _mixed_traffic(app: FastAPI) -> tuple[list[int], list[int], str, dict[
 
 
 async def test_with_fixed_sizes_every_call_after_ready_runs_at_a_warmed_size(tiny_app: AppFactory) -> None:
-    app = tiny_app(fixed_call_sizes=True, max_batch_images=16, batch_wait_ms=5.0)
+    app = tiny_app(fixed_call_sizes=True, max_batch_images=16, batch_wait_ms=5.0, device="cpu")
     codes, calls, metrics, info = await _mixed_traffic(app)
     assert set(codes) == {200}
     assert info["call_sizes"] == [1, 2, 4, 8, 16] and info["warm_seconds"] is not None and info["unwarmed_calls"] == 0
@@ -172,7 +172,7 @@ async def test_with_fixed_sizes_every_call_after_ready_runs_at_a_warmed_size(tin
 
 async def test_without_fixed_sizes_calls_meet_sizes_the_warm_up_did_not_run(tiny_app: AppFactory) -> None:
     """The control: the same traffic at any size is counted (so the counter above can fail)."""
-    app = tiny_app(fixed_call_sizes=False, max_batch_images=16, batch_wait_ms=5.0)
+    app = tiny_app(fixed_call_sizes=False, max_batch_images=16, batch_wait_ms=5.0, device="cpu")
     codes, calls, metrics, info = await _mixed_traffic(app)
     assert set(codes) == {200} and info["call_sizes"] == []
     assert not set(calls) <= {1, 2, 4, 8, 16} or len(set(calls)) > 1

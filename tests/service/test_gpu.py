@@ -50,7 +50,7 @@ async def test_on_cuda_every_call_runs_at_a_warmed_size_on_the_call_stream_and_a
                      models={"tiny": tiny_classifier()})
     codes, calls, metrics, info = await _mixed_traffic(app)
     assert set(codes) == {200}
-    assert info["call_sizes"] == [8, 16, 32] and info["unwarmed_calls"] == 0
+    assert info["call_sizes"] == [8, 16, 32] and info["unwarmed_calls"] == 0 and info["cuda_graphs"] is True
     assert calls and set(calls) <= {8, 16, 32}, sorted(set(calls))
     assert _metric(metrics, "idg_unwarmed_calls") == 0
     fields = {"method": "idg", "steps": "9", "probe_steps": "5", "target": "3", "return_overlay": "false"}
@@ -67,4 +67,31 @@ async def test_on_cuda_every_call_runs_at_a_warmed_size_on_the_call_stream_and_a
             want = r.json()
             assert got["curve"]["alphas"] == want["curve"]["alphas"]
             assert max(abs(a - b) for a, b in zip(got["curve"]["logits"], want["curve"]["logits"], strict=True)) < 1e-3
+    set_tf32(False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_replayed_cuda_graph_answers_as_an_eager_call(precision: str) -> None:
+    """Each captured (size, kind) gives the real rows' outputs of an eager call, whatever the padding rows
+    and targets held before (static buffers reused across replays), and refuses a target out of range."""
+    from idg_core.cuda_graphs import capture_graphs
+    from idg_core.evaluator import RowSelect, run_call
+    from idg_core.models import tune
+
+    model = tune(tiny_classifier().cuda(), precision=precision, channels_last=False)
+    graphs = capture_graphs(model, (4, 8), 32, torch.device("cuda"))
+    assert set(graphs) == {(4, False), (4, True), (8, False), (8, True)}
+    for size, n in ((8, 8), (8, 5), (4, 3), (8, 6)):
+        x = torch.rand(size, 3, 32, 32, device="cuda")
+        rows = RowSelect(torch.randint(0, 1000, (n,), device="cuda"), torch.rand(n, device="cuda") > 0.5, 999)
+        for grad in (False, True):
+            got = graphs[(size, grad)].run(x, rows)
+            want = run_call(model, x, rows, grad)
+            for g, w in zip(got, want, strict=True):
+                assert (g is None) == (w is None)
+                if g is not None and w is not None:
+                    assert g.shape == w.shape and torch.allclose(g, w, atol=1e-4 if precision == "fp32" else 2e-2), (size, n, grad)
+    zeros, x4 = torch.zeros(2, dtype=torch.long, device="cuda"), torch.rand(4, 3, 32, 32, device="cuda")
+    with pytest.raises(ValueError, match="target must be < 1000"):
+        graphs[(4, False)].run(x4, RowSelect(zeros, None, 1000))
     set_tf32(False)

@@ -29,7 +29,8 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
                   precision=model_precision(m, service.device), max_batch=m.max_batch,
                   compile_sizes=list(part.sizes) if (part := compiled_part(m)) else [],
                   compile_seconds=part.compile_seconds if part else None, call_sizes=list(service.worker.shapes[n].sizes),
-                  warm_seconds=service.worker.shapes[n].warm_seconds, unwarmed_calls=service.worker.shapes[n].unwarmed_calls)
+                  warm_seconds=service.worker.shapes[n].warm_seconds,
+                  cuda_graphs=bool(service.worker.shapes[n].graphs), unwarmed_calls=service.worker.shapes[n].unwarmed_calls)
         for i, (n, m) in enumerate(service.models.items())
     ]
     return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()}, method_parameters=method_parameters(),
