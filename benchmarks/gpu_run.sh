@@ -19,7 +19,7 @@ OUT=${OUT:-results/gpu-run}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
+    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH  # bin: py-spy, for benchmarks.load --profile
 fi
 export PYTHONUNBUFFERED=1
 # the machine's image has torch, numpy, scipy, httpx, prometheus-client, threadpoolctl; the rest must come from .whl/
@@ -40,7 +40,7 @@ tests)
     ;;
 service)  # the service as users get it: Lite0 at every default, 8/32/128 clients x 6 requests, the first request vs the next 99
     python3 -m benchmarks.load --label h100-service-lite0 --images "$IMAGES" --levels 8 32 128 --per-client 6 --serial 99 \
-        --out "$OUT" 2>&1 | grep "^|"
+        --profile --out "$OUT" 2>&1 | grep "^|\|^- \|by thread"
     ;;
 service-resnet101)  # ResNet-101 (random weights) at precision auto and at bf16, 128 clients x 6
     for precision in auto bf16; do

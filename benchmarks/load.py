@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.service_load import run_load
+from benchmarks.service_load import gil_profile_summary, run_load
 from benchmarks.speed import SAMPLES, machine
 from idg_core.models import image_files
 
@@ -60,6 +60,9 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if split:
         lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(
             f"{c} clients: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items())) for c, t in split) + "."]
+    if meta.get("gil_profile"):
+        lines += ["", f"Who held the GIL during the last level (py-spy --gil, {meta['levels'][-1]} clients):", ""]
+        lines += [f"- {line}" for line in meta["gil_profile"]]
     lines += ["", "Device busy: the service's own counter (`idg_device_busy_seconds_total`: CUDA-event time of each model call on a "
               "GPU, the device thread's time in the call elsewhere) over the level's wall time. GPU SM util: the mean of "
               "`nvidia-smi dmon -s u` samples during the level. The first row is the first request after ready; the second (with "
@@ -78,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serial", type=int, default=0, help="requests one at a time after the first (the first vs the hundredth)")
     ap.add_argument("--preset", default="fast")
     ap.add_argument("--simulated-ms", type=float, default=None, help="serve a tiny CNN on a simulated device: ms per call")
+    ap.add_argument("--profile", action="store_true", help="py-spy --gil on the server during the last level (if installed)")
     ap.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     args = ap.parse_args(argv)
+    profile = args.out / f"{args.label}-gil.txt" if args.profile else None
+    args.out.mkdir(parents=True, exist_ok=True)
     env = dict(item.split("=", 1) for item in args.env)
     with tempfile.TemporaryDirectory() as tmp:
         if args.simulated_ms is not None:
@@ -91,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                    "IDG_MAX_BATCH_IMAGES": "128", "IDG_TORCH_THREADS": "1"} | env
         env = {"IDG_MAX_QUEUE": "512", "IDG_REQUEST_TIMEOUT_S": "600"} | env
         fields = {"method": "idg", "preset": args.preset, "return_overlay": "false"}
-        rows = run_load(image_files(args.images), args.levels, args.per_client, fields, env, serial=args.serial)
-    meta = {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "env": env, "fields": fields,
-            "images": str(args.images), "per_client": args.per_client}
+        rows = run_load(image_files(args.images), args.levels, args.per_client, fields, env, serial=args.serial, profile=profile)
+    gil = gil_profile_summary(profile) if profile is not None and profile.exists() else []
+    meta = {"gil_profile": gil, "label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "env": env, "fields": fields,
+            "images": str(args.images), "per_client": args.per_client, "levels": args.levels}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     (args.out / f"{args.label}.md").write_text(render(meta, rows))

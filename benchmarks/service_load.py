@@ -6,6 +6,8 @@ import asyncio
 import logging
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -142,8 +144,8 @@ async def load_level(
     if threads_after and ok:
         host["cpu_ms_per_attr_by_thread"] = {k: round(1000 * (v - threads_before.get(k, 0.0)) / ok, 2) for k, v in threads_after.items()}
     if cpu_before is not None and cpu_after is not None and ok:
-        host = {"host_cpu_ms_per_attr": 1000 * (cpu_after[0] - cpu_before[0]) / ok,
-                "event_loop_cpu_ms_per_attr": 1000 * (cpu_after[1] - cpu_before[1]) / ok}
+        host |= {"host_cpu_ms_per_attr": 1000 * (cpu_after[0] - cpu_before[0]) / ok,
+                 "event_loop_cpu_ms_per_attr": 1000 * (cpu_after[1] - cpu_before[1]) / ok}
     return {
         "clients": clients, "requests": len(codes), "ok": codes.count(200), "rejected_503": codes.count(503),
         "other_errors": len(codes) - codes.count(200) - codes.count(503),
@@ -160,6 +162,40 @@ def _rows(text: str) -> tuple[float, float]:
     real = sum(float(v) for v in re.findall(r'idg_call_rows_total{kind="real"[^}]*} ([0-9.e+]+)', text))
     pad = sum(float(v) for v in re.findall(r'idg_call_rows_total{kind="padding"[^}]*} ([0-9.e+]+)', text))
     return real, pad
+
+
+def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the server's threads while they hold the GIL (what serialises the host), raw stacks
+    into ``out``; None without py-spy."""
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if exe is None:
+        log.warning("py-spy not found: no GIL profile")
+        return None
+    try:
+        return subprocess.Popen([exe, "record", "-p", str(pid), "-o", str(out), "-f", "raw", "--gil",
+                                 "--threads", "-r", "200", "-d", "600", "--nonblocking"], stdout=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def gil_profile_summary(raw: Path, top: int = 8) -> list[str]:
+    """The threads and leaf functions that held the GIL most, from py-spy's raw output."""
+    from collections import Counter
+
+    by_thread: Counter[str] = Counter()
+    leaves: dict[str, Counter[str]] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        thread = frames[0].split(": ", 1)[-1]
+        by_thread[thread] += int(count)
+        leaves.setdefault(thread, Counter())[frames[-1]] += int(count)
+    total = sum(by_thread.values()) or 1
+    lines = []
+    for thread, n in by_thread.most_common(6):
+        lines.append(f"{thread}: {n / total:.0%} of GIL samples; " + ", ".join(
+            f"{leaf.split(' (')[0]} {m / total:.1%}" for leaf, m in leaves[thread].most_common(top)))
+    return lines
 
 
 class SmMonitor:
@@ -191,7 +227,7 @@ class SmMonitor:
 
 
 def run_load(images: list[Path], levels: list[int], per_client: int, fields: dict[str, str], env: dict[str, str],
-             serial: int = 0) -> list[dict[str, Any]]:
+             serial: int = 0, profile: Path | None = None) -> list[dict[str, Any]]:
     """Load levels against a fresh server; the first row is the first request after ready, then (with
     ``serial``) that many more one at a time, so "the first is as fast as the hundredth" can be read."""
     proc, url = start_server(env)
@@ -199,8 +235,12 @@ def run_load(images: list[Path], levels: list[int], per_client: int, fields: dic
         rows = [{**asyncio.run(load_level(url, images, 1, 1, fields)), "clients": "first after ready"}]
         if serial:
             rows.append({**asyncio.run(load_level(url, images, 1, serial, fields)), "clients": f"1 (next {serial})"})
-        for clients in levels:
+        for i, clients in enumerate(levels):
+            spy = _py_spy(proc.pid, profile) if profile is not None and i == len(levels) - 1 else None
             row = asyncio.run(load_level(url, images, clients, per_client, fields, pid=proc.pid))
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+                spy.wait(timeout=60)
             lat_p50, lat_p99 = row.get("p50_s"), row.get("p99_s")
             row["p99_over_p50"] = lat_p99 / lat_p50 if lat_p50 and lat_p99 else None
             log.info("%d clients: %s", clients, row)

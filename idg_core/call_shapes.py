@@ -138,7 +138,7 @@ def warm_call_shapes(model: Model, shapes: CallShapes, input_size: int, device: 
 
     started = time.perf_counter()
     for size in sizes or shapes.sizes:
-        x = torch.rand(size, 3, input_size, input_size, device=device)
+        x = torch.rand(size, 3, input_size, input_size).to(device)  # drawn on the CPU: see idg_core.cuda_graphs
         rows = RowSelect(torch.zeros(size, dtype=torch.long, device=device), None, 0)
         for grad in (False, True):
             _, grads, _ = run_call(model, x, rows, grad)

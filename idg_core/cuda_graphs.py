@@ -36,7 +36,9 @@ class GraphedCall:
     def __init__(self, model: Model, size: int, grad: bool, input_size: int, device: torch.device, pool: Any = None,
                  channels: int = 3) -> None:
         self.size, self.grad = size, grad
-        self.x = torch.rand(size, channels, input_size, input_size, device=device)
+        # drawn on the CPU: after a capture on another thread, PyTorch 2.11's CUDA generator refused a draw outside
+        # one ("Offset increment outside graph capture encountered unexpectedly", seen on an H100)
+        self.x = torch.rand(size, channels, input_size, input_size).to(device)
         self.targets = torch.zeros(size, dtype=torch.long, device=device)
         self.is_prob = torch.zeros(size, dtype=torch.bool, device=device)
         rows = RowSelect(self.targets, self.is_prob, 0)
