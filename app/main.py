@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -43,6 +44,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.switch_interval_ms is not None:
+            sys.setswitchinterval(settings.switch_interval_ms / 1000)
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         if settings.keep_freed_memory:

@@ -35,6 +35,7 @@ Checked = tuple[str, ImageClassifier, AttributePlan]
 
 
 WARM_UP_PHOTO = Path(__file__).with_name("static") / "samples" / "n01580077_jay.jpg"
+WARM_UP_TIMEOUT_S = 600.0
 
 
 class Service:
@@ -89,22 +90,23 @@ class Service:
 
     async def attribute(
         self, data: bytes, params: AttributeCommon, received: float, until_disconnected: UntilDisconnected | None = None,
-        on_event: OnEvent | None = None, checked: Checked | None = None,
+        on_event: OnEvent | None = None, checked: Checked | None = None, timeout: float | None = None,
     ) -> AttributeResponse:
         """Check (unless the route did: ``checked``), decode, queue, wait and render one attribution;
         raises :class:`ApiError`."""
         checked = checked or self.check_attribute(params)
         x = await load_input(data, checked[1], self.settings, self.device)
-        return await self.explain(x, params, checked, received, until_disconnected, on_event)
+        return await self.explain(x, params, checked, received, until_disconnected, on_event, timeout=timeout)
 
     async def explain(
         self, x: Tensor, params: AttributeCommon, checked: Checked, received: float, until_disconnected: UntilDisconnected | None = None,
-        on_event: OnEvent | None = None, probs: Tensor | None = None,
+        on_event: OnEvent | None = None, probs: Tensor | None = None, timeout: float | None = None,
     ) -> AttributeResponse:
         """:meth:`attribute` of a decoded input ``x``, checked; with ``probs`` (from /predict) no prediction pass."""
         name, model, planned = checked
         plan = planned.plan(x, params, probs)
-        outcome = await self.run(until_disconnected, name, plan, "attribute", priority=1, on_event=on_event, cost=planned.cost(x, probs))
+        outcome = await self.run(until_disconnected, name, plan, "attribute", priority=1, on_event=on_event, cost=planned.cost(x, probs),
+                                 timeout=timeout)
         found = outcome.value
         for metric, value in found.scores.items():
             self.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
@@ -125,13 +127,18 @@ class Service:
         data = WARM_UP_PHOTO.read_bytes()
         for name in self.models:
             started = time.perf_counter()
-            await self.attribute(data, AttributeParams.model_validate({"model": name}), started)
+            try:  # not bound by the request deadline, and never a reason not to start: the models are warm already
+                await self.attribute(data, AttributeParams.model_validate({"model": name}), started, timeout=WARM_UP_TIMEOUT_S)
+            except Exception as err:  # noqa: BLE001 - a model that cannot explain this photo still serves (its errors are the requests')
+                log.warning("warm-up request on %s failed (%s: %s); serving anyway", name, type(err).__name__, err)
+                continue
             log.info("warm-up request on %s: %.0f ms", name, (time.perf_counter() - started) * 1000)
 
     async def run(
         self, until_disconnected: UntilDisconnected | None, model: str, plan: PlanOf[T], kind: str, *, priority: int,
-        on_event: OnEvent | None = None, cost: float = 1.0,
+        on_event: OnEvent | None = None, cost: float = 1.0, timeout: float | None = None,
     ) -> Outcome[T]:
         """Submit ``plan`` to the worker and wait for it within the request deadline (:func:`submit_and_wait`)."""
-        return await submit_and_wait(self.worker, self.metrics, self.settings.request_timeout_s, until_disconnected, model, plan, kind,
+        return await submit_and_wait(self.worker, self.metrics, timeout or self.settings.request_timeout_s, until_disconnected, model,
+                                     plan, kind,
                                      priority=priority, on_event=on_event, cost=cost)

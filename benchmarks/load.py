@@ -45,6 +45,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
              f"Real server process on loopback, settings beyond the defaults: {env}. Requests: `POST /attribute` with "
              f"{', '.join(f'{k}={v}' for k, v in meta['fields'].items())}, photos from {meta['images']} cycled; "
              f"{meta['per_client']} requests per client at each level.", "",
+             "Models as served (`/models`): " + "; ".join(json.dumps(m) for m in rows[0].get("models", [])) + ".", "",
              "| clients | ok | 503 | p50 s | p95 s | p99 s | p99/p50 | attributions/s | model calls | images/call | padding/real rows "
              "| device busy | GPU SM util % (dmon) | unwarmed calls | host CPU ms/attr | event loop ms/attr |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -232,7 +232,9 @@ def run_load(images: list[Path], levels: list[int], per_client: int, fields: dic
     ``serial``) that many more one at a time, so "the first is as fast as the hundredth" can be read."""
     proc, url = start_server(env)
     try:
-        rows = [{**asyncio.run(load_level(url, images, 1, 1, fields)), "clients": "first after ready"}]
+        models = httpx.get(f"{url}/models").json()["models"]
+        rows = [{**asyncio.run(load_level(url, images, 1, 1, fields)), "clients": "first after ready",
+                 "models": [{k: m.get(k) for k in ("name", "precision", "call_sizes", "warm_seconds", "cuda_graphs")} for m in models]}]
         if serial:
             rows.append({**asyncio.run(load_level(url, images, 1, serial, fields)), "clients": f"1 (next {serial})"})
         for i, clients in enumerate(levels):

@@ -173,7 +173,8 @@ def test_the_benchmark_measures_a_users_own_model_and_serves_it_under_load(tmp_p
         for name in ("ours_default", "ours_idg", "ours_ig", "captum_ig", "captum_ig_default", "authors_way_idg"):
             assert row[f"{name}_s_per_attr"] > 0, name
         assert row["default_vs_captum_default"] == pytest.approx(row["captum_ig_default_s_per_attr"] / row["ours_default_s_per_attr"])
-    (load,) = data["load"]
+    first, load = data["load"]  # the first request after ready, then the level
+    assert first["clients"] == "first after ready" and first["ok"] == 1
     assert (load["clients"], load["ok"], load["other_errors"]) == (1, 1, 0) and load["model_calls"] >= 1
     text = (tmp_path / "own.md").read_text()
     assert "precision fp32 (the service's auto for this model)" in text

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
         True, description="With fixed call sizes on CUDA, capture each size's call (forward, and forward with the input gradient) "
         "as a CUDA graph during warm-up and replay it: one launch instead of hundreds, so a network of many small kernels is not "
         "bound by the host launching them (not with IDG_COMPILE; a network that cannot be captured runs eagerly, logged)")
+    switch_interval_ms: float | None = Field(
+        None, gt=0, le=100, description="Python's GIL switch interval (sys.setswitchinterval) in milliseconds; unset: Python's 5 ms. "
+        "The worker thread releases the GIL at every torch op and may wait up to this long to get it back while the event loop "
+        "holds it (see results/benchmarks for what it measured)")
     pipeline_depth: int = Field(
         2, ge=1, le=8, description="Model calls handed to the device at once: with 2, the worker gathers call k+1's inputs and "
         "books call k's answers while call k+1 waits behind call k, so the device does not wait for the host")
