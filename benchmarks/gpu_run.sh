@@ -58,6 +58,12 @@ service-ab)  # what the defaults are made of, each against the default (depth 2,
     python3 -m benchmarks.two_servers --label h100-service-lite0-two-processes --images "$IMAGES" --clients 128 --per-client 6 \
         --out "$OUT" 2>&1 | tail -3
     ;;
+profile-idle)  # where the threads of the Lite0 default service wait at 128 clients (py-spy --idle), and ResNet-101 bf16 at 128
+    IDG_BENCH_PROFILE=idle python3 -m benchmarks.load --label h100-service-lite0-idle --images "$IMAGES" --levels 128 --per-client 6 \
+        --profile --out "$OUT" 2>&1 | grep "^|\|^- \|by thread" | tail -9
+    python3 -m benchmarks.load --label "h100-service-resnet101-bf16" --images "$IMAGES" --levels 128 --per-client 6 \
+        --env IDG_MODELS=resnet101=random IDG_PRECISION=bf16 --out "$OUT" 2>&1 | grep "^|" | tail -1
+    ;;
 simulated)  # the simulated device (benchmarks/load.py --simulated-ms) on this host's CPU, for comparison with the VM's
     python3 -m benchmarks.load --label gpu-host-simulated-20ms --simulated-ms 20 --levels 8 32 128 --per-client 6 --images "$IMAGES" \
         --out "$OUT" 2>&1 | grep "^|"

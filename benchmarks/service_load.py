@@ -172,7 +172,8 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
         log.warning("py-spy not found: no GIL profile")
         return None
     try:
-        return subprocess.Popen([exe, "record", "-p", str(pid), "-o", str(out), "-f", "raw", "--gil",
+        mode = "--idle" if os.environ.get("IDG_BENCH_PROFILE") == "idle" else "--gil"  # idle: where threads wait, too
+        return subprocess.Popen([exe, "record", "-p", str(pid), "-o", str(out), "-f", "raw", mode,
                                  "--threads", "-r", "200", "-d", "600", "--nonblocking"], stdout=subprocess.DEVNULL)
     except OSError:
         return None

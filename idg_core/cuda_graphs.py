@@ -13,7 +13,10 @@ a call's (padded) inputs and row selection in, replays, and returns copies of th
 row of the graph selects its own target (padding rows whatever they held), so real rows' answers are
 those of an eager call. All graphs of a model share one memory pool, replayed one at a time on one
 stream. A network that cannot be captured (a host synchronisation inside, a data-dependent shape) is
-run eagerly (:func:`capture_graphs` returns no graphs and says why).
+run eagerly (:func:`capture_graphs` returns no graphs and says why). After a failed capture, torch 2.11's
+CUDA default generator refuses draws on the device ("Offset increment outside graph capture", seen on an
+H100); the service draws its random numbers on the CPU (AGI's and SmoothGrad's seeded generators, the
+warm-up's inputs), so it is not affected.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def test_a_network_that_reads_the_device_on_the_host_runs_eagerly() -> None:
     from idg_core.cuda_graphs import capture_graphs
 
     assert capture_graphs(tiny_classifier().cuda(), (4, 8), 32, torch.device("cuda")) == {}
-    assert torch.rand(2, device="cuda").shape == (2,)  # the device (and its generator) still work after the failed capture
+    assert (torch.rand(2).cuda() * 2).shape == (2,)  # the device still works (the service draws random numbers on the CPU)
 
 
 async def test_the_service_replays_graphs_and_answers_as_without_them() -> None:
