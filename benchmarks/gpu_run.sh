@@ -58,6 +58,10 @@ service-ab)  # what the defaults are made of, each against the default (depth 2,
     python3 -m benchmarks.two_servers --label h100-service-lite0-two-processes --images "$IMAGES" --clients 128 --per-client 6 \
         --out "$OUT" 2>&1 | tail -3
     ;;
+clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (one process's client tops out)
+    python3 -m benchmarks.load --label h100-service-lite0-8-client-processes --images "$IMAGES" --levels 128 --per-client 6 \
+        --client-processes 8 --out "$OUT" 2>&1 | grep "^|" | tail -1
+    ;;
 profile-idle)  # where the threads of the Lite0 default service wait at 128 clients (py-spy --idle), and ResNet-101 bf16 at 128
     IDG_BENCH_PROFILE=idle python3 -m benchmarks.load --label h100-service-lite0-idle --images "$IMAGES" --levels 128 --per-client 6 \
         --profile --out "$OUT" 2>&1 | grep "^|\|^- \|by thread" | tail -9

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +118,43 @@ async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], 
                 lat.append(time.perf_counter() - started)
 
 
+def _client_share(url: str, images: list[Path], first: int, clients: int, per_client: int,
+                  fields: dict[str, str]) -> tuple[list[float], list[int], float]:
+    """Clients ``first .. first + clients - 1`` in this process (one of several): latencies, codes, CPU seconds used."""
+    lat: list[float] = []
+    codes: list[int] = []
+    cpu = time.process_time()
+
+    async def run() -> None:
+        await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes)
+                               for c in range(first, first + clients)])
+
+    asyncio.run(run())
+    return lat, codes, time.process_time() - cpu
+
+
+async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str],
+                   processes: int) -> tuple[list[float], list[int], float]:
+    """Run the clients in ``processes`` processes (one Python process's HTTP client tops out near 100 requests/s of
+    uploads and JSON answers: a load generator must not be what it measures); latencies, codes, client CPU seconds."""
+    if processes <= 1:
+        lat: list[float] = []
+        codes: list[int] = []
+        cpu = time.process_time()
+        await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
+        return lat, codes, time.process_time() - cpu
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    starts = [sum(shares[:i]) for i in range(processes)]
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = await asyncio.gather(*[loop.run_in_executor(pool, _client_share, url, images, a, n, per_client, fields)
+                                       for a, n in zip(starts, shares, strict=True) if n])
+    return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], sum(p[2] for p in parts)
+
+
 async def load_level(
     url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str], pid: int | None = None,
+    client_processes: int = 1,
 ) -> dict[str, Any]:
     """One load level; with the server's ``pid``, also its host CPU per attribution (:func:`host_cpu_s`)."""
     cpu_before = None if pid is None else host_cpu_s(pid)
@@ -125,11 +162,9 @@ async def load_level(
     text = httpx.get(f"{url}/metrics").text
     before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
     rows_before = _rows(text)
-    lat: list[float] = []
-    codes: list[int] = []
     dmon = SmMonitor()
     started = time.perf_counter()
-    await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
+    lat, codes, client_cpu = await _clients(url, images, clients, per_client, fields, client_processes)
     wall = time.perf_counter() - started
     sm = dmon.stop()
     text = httpx.get(f"{url}/metrics").text
@@ -153,7 +188,8 @@ async def load_level(
         "p99_s": float(np.percentile(lat, 99)) if lat else None, "throughput_per_s": codes.count(200) / wall,
         "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
         "wall_s": wall, "device_busy_fraction": busy / wall, "padded_per_real_row": padding / real if real else None,
-        "unwarmed_calls": _labelled(text, "idg_unwarmed_calls"), "gpu_sm_util_mean": sm, **host,
+        "unwarmed_calls": _labelled(text, "idg_unwarmed_calls"), "client_processes": client_processes,
+        "client_cpu_ms_per_request": 1000 * client_cpu / len(codes) if codes else None, "gpu_sm_util_mean": sm, **host,
     }
 
 
@@ -228,7 +264,7 @@ class SmMonitor:
 
 
 def run_load(images: list[Path], levels: list[int], per_client: int, fields: dict[str, str], env: dict[str, str],
-             serial: int = 0, profile: Path | None = None) -> list[dict[str, Any]]:
+             serial: int = 0, profile: Path | None = None, client_processes: int = 1) -> list[dict[str, Any]]:
     """Load levels against a fresh server; the first row is the first request after ready, then (with
     ``serial``) that many more one at a time, so "the first is as fast as the hundredth" can be read."""
     proc, url = start_server(env)
@@ -240,7 +276,7 @@ def run_load(images: list[Path], levels: list[int], per_client: int, fields: dic
             rows.append({**asyncio.run(load_level(url, images, 1, serial, fields)), "clients": f"1 (next {serial})"})
         for i, clients in enumerate(levels):
             spy = _py_spy(proc.pid, profile) if profile is not None and i == len(levels) - 1 else None
-            row = asyncio.run(load_level(url, images, clients, per_client, fields, pid=proc.pid))
+            row = asyncio.run(load_level(url, images, clients, per_client, fields, pid=proc.pid, client_processes=client_processes))
             if spy is not None:
                 spy.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
                 spy.wait(timeout=60)
