@@ -160,9 +160,9 @@ class Bf16Trap(nn.Module):
         return torch.stack([s, -s], dim=1)
 
 
-def bf16_trap_classifier(wrong: bool) -> ImageClassifier:
+def bf16_trap_classifier(wrong: bool, name: str = "trap") -> ImageClassifier:
     """:class:`Bf16Trap` behind 36 -> 32 preprocessing (grey mean), classes "left" and "not left"."""
-    model = ImageClassifier("trap", Bf16Trap(wrong).eval(), Preprocessing(36, 32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)),
+    model = ImageClassifier(name, Bf16Trap(wrong).eval(), Preprocessing(36, 32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)),
                             ["left", "not left"])
     model.source = f"test:bf16-trap:{'wrong' if wrong else 'same'}"
     return model
