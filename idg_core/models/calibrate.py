@@ -186,7 +186,13 @@ def load_photos(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, l
     files = image_files(folder)[:n]
     if not files:
         raise ValueError(f"no photos (JPEG, PNG) in {folder}")
-    return torch.stack([model.prepare(decode_image(f.read_bytes())) for f in files]), files
+    images = []
+    for f in files:
+        try:
+            images.append(model.prepare(decode_image(f.read_bytes())))
+        except ValueError as err:  # ImageDecodeError and its kinds
+            raise ValueError(f"photo {f}: {err}") from err
+    return torch.stack(images), files
 
 
 def _view(model: ImageClassifier, net: torch.nn.Module, autocast: torch.dtype | None) -> ImageClassifier:

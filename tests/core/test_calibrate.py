@@ -86,6 +86,9 @@ def test_too_few_photos_or_none_say_so(tmp_path: Path) -> None:
         calibrate(bf16_trap_classifier(wrong=False), tmp_path / "empty")
     with pytest.raises(ValueError, match="does not exist"):
         calibrate(bf16_trap_classifier(wrong=False), tmp_path / "nowhere")
+    (tmp_path / "empty" / "broken.jpg").write_bytes(b"not a JPEG")
+    with pytest.raises(ValueError, match="photo .*broken.jpg: "):
+        calibrate(bf16_trap_classifier(wrong=False), tmp_path / "empty")
 
 
 def test_the_file_keeps_each_models_decision_and_matches_source_and_weights(tmp_path: Path) -> None:
