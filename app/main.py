@@ -21,7 +21,7 @@ from app.api.routes import attribute, info, predict
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
-from app.core.model_loading import ModelLoadError, load_models, pick_device, warm_up
+from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.prometheus import Metrics, MetricsMiddleware
 from app.core.replica import ReplicaHeaderMiddleware
 from app.service import Service
@@ -52,6 +52,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             keep_freed_memory()
         device = pick_device(settings.device)
         loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device, settings.models_file)
+        await asyncio.to_thread(apply_calibrations, loaded, device, settings)  # IDG_CALIBRATION_FILE / IDG_CALIBRATE_IMAGES
         try:
             loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile,
                               fold_bn=settings.fold_bn, compile_sizes=settings.compile_sizes, batch_images=settings.batch_images(device))

@@ -240,6 +240,13 @@ class ModelInfo(BaseModel):
     std: list[float] = Field(
         default_factory=list, description="Per-channel (RGB) standard deviation pixels are divided by, inside the model")
     precision: str = Field("fp32", description="Arithmetic the model runs in: fp32, tf32 or bf16 (autocast)")
+    precision_source: str = Field(
+        "auto", description="Where `precision` came from: auto (IDG_PRECISION=auto: TF32 on CUDA, bf16 for a model measured "
+        "here, IEEE fp32 on the CPU), calibration (auto on CUDA, decided by `calibration`), models file, or setting (IDG_PRECISION)")
+    calibration: dict[str, Any] | None = Field(
+        None, description="The bf16 calibration the model started with (IDG_CALIBRATION_FILE or IDG_CALIBRATE_IMAGES, as "
+        "idg-calibrate writes it): decision (bf16 or fp32), insertion and deletion as {mean, half_width, n} of bf16 - fp32 per "
+        "photo (> 0 favours bf16; 95% interval), photos, folder, device, date; null: not calibrated")
     max_batch: int | None = Field(None, description="Most images in one call of this model (the models file's max_batch); "
                                   "null: the service's IDG_MAX_BATCH_IMAGES")
     compile_sizes: list[int] = Field(default_factory=list, description="Batch sizes the model was compiled at (IDG_COMPILE; "

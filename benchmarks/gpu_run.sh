@@ -5,7 +5,7 @@
 #                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model). One step per 10-minute device call: each fits, the compile steps only just.
-# The ResNet-101 steps run bf16 as the issue's targets do (the service's auto gives a torchvision model IEEE fp32 until
+# The ResNet-101 steps run bf16 as the issue's targets do (the service's auto gives a torchvision model TF32 on CUDA until
 # its bf16 faithfulness is measured; the report says so); shares of peak are of PEAK_BF16_TFLOPS (H100 SXM dense: 989).
 # Preparing an offline machine whose Python already has CUDA torch and torchvision (both ignored by git):
 #   cp -r ../shared/data shared/
@@ -85,7 +85,7 @@ variants-compile)  # torch.compile's speed on ResNet-101 (each variant compiles 
         --no-faithfulness --variants bf16+channels_last bf16+channels_last+compile tf32+channels_last+compile --batch-sizes \
         --label gpu-variants-compile-resnet101 2>&1 | tail -8
     ;;
-variants-lite12)  # bf16's faithfulness on Lite1/Lite2 over the 65 samples: precision auto keeps them IEEE fp32 until this is read
+variants-lite12)  # bf16's faithfulness on Lite1/Lite2 over the 65 samples: precision auto keeps them TF32 (CUDA) until this is read or idg-calibrate measures them
     for model in efficientnet_lite1 efficientnet_lite2; do
         python3 -m benchmarks.gpu_variants --model "$model" --weights none --images 65 --image-dir "$IMAGES" --out "$OUT" \
             --variants fp32 bf16 bf16+channels_last+fold_bn --batch-sizes 2>&1 | tail -8

@@ -38,19 +38,18 @@ from torch import Tensor
 
 from benchmarks.speed import SAMPLES, _timed, forward_flops, machine, matmul_tflops, sample_batch
 from idg_core import idg
-from idg_core.evaluation.runner import EvalConfig, mean_ci
+from idg_core.evaluation.runner import EvalConfig
 from idg_core.heatmap import saliency
 from idg_core.metrics import (
     Skipped,
-    deletion,
-    insertion,
     original_confidence,
     pic_many,
     pic_pool,
     random_pixel_mask,
     to_uint8,
 )
-from idg_core.models import keep_freed_memory, load_entry, set_tf32, tune
+from idg_core.models import ImageClassifier, keep_freed_memory, load_entry, set_tf32, tune
+from idg_core.models.calibrate import KEEP_METRICS, Paired, insertion_deletion, keeps_faithfulness, paired_against
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 
 log = logging.getLogger("benchmarks.gpu_variants")
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                  "bf16": ceiling(torch.bfloat16, False)} if cuda else {"fp32": float("nan"), "tf32": float("nan"), "bf16": float("nan")})
     log.info("matmul ceilings (TFLOP/s): %s", ceilings)
 
-    def fresh(largest_call: int = args.batch_size, **speed: Any) -> torch.nn.Module:
+    def fresh(largest_call: int = args.batch_size, **speed: Any) -> ImageClassifier:
         """The model with these speed settings; compiled ones at the service's batch sizes for ``largest_call``."""
         m = load_entry(args.model, args.weights, args.models_file)
         m.load_state_dict(state)
@@ -151,13 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     reference: list[Tensor] = []
     ref_scores: list[dict[str, list[float | None]] | None] = []
 
-    def faithfulness(model: torch.nn.Module, attributions: Tensor) -> dict[str, list[float | None]]:
+    def faithfulness(model: ImageClassifier, attributions: Tensor) -> dict[str, list[float | None]]:
         """Insertion and deletion AUC per image of these maps (and SIC, AIC with --pic), scored by ``model`` (its own precision)."""
-        p: Any = model.preprocessing  # an ImageClassifier's, kept by tune()
         sal = torch.stack([saliency(a) for a in attributions]).to(device)
-        ins = insertion(model, x, sal, mean=p.mean, std=p.std, step=args.rise_step, batch_size=args.batch_size)
-        dele = deletion(model, x, sal, substrate=p.mean, step=args.rise_step, batch_size=args.batch_size)
-        scores: dict[str, list[float | None]] = {"insertion": [c.auc for c in ins], "deletion": [c.auc for c in dele]}
+        scores = insertion_deletion(model, x, sal, step=args.rise_step, batch_size=args.batch_size)  # as idg-calibrate scores
         return scores | (pic(model, sal) if args.pic else {})
 
     def pic(model: torch.nn.Module, sal: Tensor) -> dict[str, list[float | None]]:
@@ -191,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         rho = spearman(maps, reference[0])
         rel = ((maps - reference[0]).norm(dim=1) / reference[0].norm(dim=1)).max()
         ref = ref_scores[0]
-        paired = {} if scores is None or ref is None else {
-            f"{metric}_vs_fp32": mean_ci([(-1.0 if metric == "deletion" else 1.0) * (a - b)
-                                          for a, b in zip(scores[metric], ref[metric], strict=True) if a is not None and b is not None])
-            for metric in scores}
+        paired = {} if scores is None or ref is None else {f"{m}_vs_fp32": tuple(v) for m, v in paired_against(scores, ref).items()}
         ceiling = ceilings[speed["precision"]]
         tflops = flops_per_attr * len(files) / seconds / 1e12
         del model, run, result
@@ -221,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if pool:
         pool.shutdown()
-    kept = [r for r in rows if keeps_faithfulness(r, args.no_faithfulness)]
+    kept = [r for r in rows if row_keeps_faithfulness(r, args.no_faithfulness)]
     best = min(kept, key=lambda r: r["s_per_attr"]) if kept else (rows[0] if rows else None)
     sweep: list[dict[str, Any]] = []
     if best is not None and args.batch_sizes:  # `--batch-sizes` with no values: the variants' table only
@@ -248,12 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def keeps_faithfulness(row: dict[str, Any], speed_only: bool) -> bool:
+def row_keeps_faithfulness(row: dict[str, Any], speed_only: bool) -> bool:
     """Faithfulness kept: both paired intervals against fp32 include 0 or favour the setting. Without
     faithfulness scores (random weights), the old pixel criterion: worst-image Spearman >= 0.99."""
     if speed_only or "insertion_vs_fp32" not in row:
         return bool(row["spearman_min"] >= 0.99)
-    return all(row[f"{m}_vs_fp32"][0] + row[f"{m}_vs_fp32"][1] >= 0 for m in ("insertion", "deletion"))
+    return keeps_faithfulness({m: Paired(*row[f"{m}_vs_fp32"]) for m in KEEP_METRICS})  # idg-calibrate's rule
 
 
 def _paired_cell(v: list[float] | tuple[float, float, int] | None) -> str:

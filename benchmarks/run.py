@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="Captum's internal batch (default: 512 on CUDA as in the issue's reference, ours on CPU)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="default: what the service's auto gives the model (bf16 on CUDA for a model whose bf16 faithfulness "
-                        "was measured, else IEEE fp32); see benchmarks/gpu_variants.py")
+                        "was measured or calibrated, else TF32 on CUDA); see benchmarks/gpu_variants.py")
     p.add_argument("--channels-last", choices=["auto", "true", "false"], default="auto",
                    help="default: the service's (auto: on for the CPU and for bf16 on CUDA)")
     p.add_argument("--no-fold-bn", action="store_true", help="keep batch norm unfolded (the service folds it by default)")

@@ -132,3 +132,52 @@ def tiny_model_maker() -> ModuleType:
     sys.modules["make_tiny_models"] = module
     spec.loader.exec_module(module)
     return module
+
+
+class Bf16Trap(nn.Module):
+    """3x32x32 normalised images -> 2 logits ``(s, -s)``, ``s = Σ w ⊙ z`` over the left half of the
+    image only (elementwise products and sums: bf16 autocast leaves them in float32, so in bf16 the
+    model computes exactly what it computes in fp32). ``wrong``: under bf16 autocast (seen from the
+    dtype of a matrix product, which autocast lowers) the logits keep their value but their gradient
+    is that of ``Σ w' ⊙ z`` over the right half: IDG's map then ranks pixels that change nothing
+    first, and insertion and deletion get worse on every photo. Scriptable (a user's TorchScript file)."""
+
+    def __init__(self, wrong: bool = False, size: int = 32, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        left = torch.zeros(1, 3, size, size)
+        left[..., : size // 2] = 1.0
+        self.w = nn.Parameter(torch.randn(1, 3, size, size, generator=g) * left * 0.08)
+        self.decoy = nn.Parameter(torch.randn(1, 3, size, size, generator=g) * (1 - left) * 0.08)
+        self.wrong = wrong
+
+    def forward(self, z: Tensor) -> Tensor:
+        s = (z * self.w).sum(dim=(1, 2, 3))
+        in_bf16 = torch.mm(z.new_ones((1, 1)), z.new_ones((1, 1))).dtype == torch.bfloat16
+        if self.wrong and in_bf16:
+            d = (z * self.decoy).sum(dim=(1, 2, 3))
+            s = s.detach() + (d - d.detach())
+        return torch.stack([s, -s], dim=1)
+
+
+def bf16_trap_classifier(wrong: bool, name: str = "trap") -> ImageClassifier:
+    """:class:`Bf16Trap` behind 36 -> 32 preprocessing (grey mean), classes "left" and "not left"."""
+    model = ImageClassifier(name, Bf16Trap(wrong).eval(), Preprocessing(36, 32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)),
+                            ["left", "not left"])
+    model.source = f"test:bf16-trap:{'wrong' if wrong else 'same'}"
+    return model
+
+
+def write_photos(folder: Path, n: int, size: tuple[int, int] = (44, 40)) -> Path:
+    """``n`` seeded, textured RGB photos (PNG) in ``folder``: smooth colour ramps under pixel noise."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(7)
+    h, w = size[1], size[0]
+    ramp = torch.linspace(0, 1, w).view(1, 1, w).expand(3, h, w)
+    for i in range(n):
+        tint = torch.rand(3, 1, 1, generator=g)
+        pixels = (0.6 * ramp * tint + 0.4 * torch.rand(3, h, w, generator=g)).clamp(0, 1)
+        Image.fromarray((pixels.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()).save(folder / f"photo{i:02d}.png")
+    return folder

@@ -31,8 +31,16 @@ class Settings(BaseSettings):
         "what the model's source says (scripted and exported models need input_size, mean and std)")
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
     precision: Precision | Literal["auto"] = Field(
-        "auto", description="Arithmetic of the models: auto (bf16 autocast on CUDA, IEEE fp32 on CPU: "
-        "idg_core.models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) or bf16 autocast")
+        "auto", description="Arithmetic of the models: auto (on CUDA, TF32, or bf16 autocast for a model whose bf16 faithfulness "
+        "was measured or calibrated; IEEE fp32 on CPU: idg_core.models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) "
+        "or bf16 autocast")
+    calibration_file: Path | None = Field(
+        None, description="A JSON file written by idg-calibrate: each model it names (same source and weights) whose precision "
+        "is auto runs in bf16 on CUDA only where that calibration kept its faithfulness; shown in /models")
+    calibrate_images: Path | None = Field(
+        None, description="A folder of your photos: at start-up, before ready, calibrate each model whose precision is auto on "
+        "the first 64 (bf16 against IEEE fp32, as idg-calibrate does) and use the decision; with IDG_CALIBRATION_FILE, a "
+        "model stored there is not measured again and new decisions are added to the file")
     channels_last: bool | Literal["auto"] = Field(
         "auto", description="Run convolutions in channels-last memory format: auto (on the CPU, and on CUDA with bf16: "
         "idg_core.models.default_channels_last), true or false")

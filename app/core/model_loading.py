@@ -9,14 +9,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from app.core.config import Settings
 from idg_core import idg
 from idg_core.call_shapes import CallShapes, warm_call_shapes
 from idg_core.models import ImageClassifier
+from idg_core.models.calibrate import calibrate, mismatch, read_calibrations, write_calibration
 from idg_core.models.compiled import compiled_part, warm_up_compiled
 from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.sources import ModelSpec, load_source, parse_spec
@@ -66,6 +69,52 @@ def load_models(specs: list[str], device: torch.device, models_file: Path | None
         log.info("loaded %s (%s, %d classes, input %dx%d) on %s in %.1f s", spec.name, spec.source, model.num_classes,
                  p.crop_size, p.crop_size, device, time.perf_counter() - started)
     return models
+
+
+def apply_calibrations(models: dict[str, ImageClassifier], device: torch.device, settings: Settings) -> None:
+    """``IDG_CALIBRATION_FILE`` / ``IDG_CALIBRATE_IMAGES``: give each model whose precision is ``auto``
+    its bf16 calibration (``model.calibration``, which :func:`~idg_core.models.speed.tune_all` follows
+    on CUDA): the stored one where the file has one for this source and these weights, else one
+    measured now on the photos (added to the file, if one is named). A stored calibration for another
+    model is not used (a warning); an unreadable file, or a named file that does not exist without
+    photos to make it, stops start-up with a sentence."""
+    file, photos = settings.calibration_file, settings.calibrate_images
+    if file is None and photos is None:
+        return
+    if settings.precision != "auto":
+        log.info("IDG_PRECISION=%s is explicit: calibrations are not used", settings.precision)
+        return
+    if file is not None and not file.is_file() and photos is None:
+        raise ModelLoadError(f"IDG_CALIBRATION_FILE {file} does not exist (idg-calibrate writes it; or set IDG_CALIBRATE_IMAGES)")
+    try:
+        stored = read_calibrations(file) if file is not None and file.is_file() else {}
+    except ValueError as err:
+        raise ModelLoadError(f"IDG_CALIBRATION_FILE: {err}") from err
+    for name, model in models.items():
+        if model.speed.get("precision", "auto") != "auto":
+            log.info("%s: precision %s set in the models file: not calibrated", name, model.speed["precision"])
+            continue
+        cal = stored.get(name)
+        why = mismatch(cal, model) if cal is not None else None
+        if cal is not None and why is None:
+            model.calibration = cal
+            log.info("calibration from %s: %s", file, cal.summary())
+            continue
+        if cal is not None:
+            log.warning("%s: the calibration in %s is not used: %s", name, file, why)
+        if photos is None:
+            continue
+        try:
+            cal = calibrate(model.to(device).eval(), photos, batch_size=settings.batch_images(device),
+                            fold_bn=model.speed.get("fold_bn", settings.fold_bn))
+        except (ValueError, OSError, RuntimeError) as err:
+            raise ModelLoadError(f"cannot calibrate model {name!r} on IDG_CALIBRATE_IMAGES={photos}: {err}") from err
+        model.calibration = cal = replace(cal, model=name)  # the served name (a model handed to create_app may carry another)
+        if file is not None:
+            try:
+                write_calibration(file, cal)
+            except (OSError, ValueError) as err:
+                log.warning("%s: calibration not written to %s: %s", name, file, err)
 
 
 def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool = True,

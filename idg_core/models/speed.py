@@ -40,22 +40,28 @@ BF16_MEASURED = frozenset({"packaged:efficientnet_lite0"})
 """Model sources whose faithfulness under bf16 was measured (and kept): ``auto`` gives them bf16 on CUDA."""
 
 
-def default_precision(device: torch.device, source: str | None = None) -> Precision:
-    """What ``auto`` means: on CUDA, bf16 autocast for a model whose bf16 faithfulness was measured
-    (:data:`BF16_MEASURED`; ``source`` None: the caller vouches for its model) and IEEE fp32 for any
-    other, since a precision is chosen by faithfulness, not assumed (a ViT's or a user's CNN's under
-    bf16 is not known: measure it with ``benchmarks/gpu_variants.py``, then set it per model in the
-    models file); IEEE fp32 elsewhere.
+def default_precision(device: torch.device, source: str | None = None, bf16_kept: bool | None = None) -> Precision:
+    """What ``auto`` means. On CUDA: bf16 autocast for a model whose bf16 faithfulness was measured
+    and kept, by a calibration on the user's own photos (``bf16_kept``, the decision of
+    :mod:`idg_core.models.calibrate` / ``idg-calibrate``; it overrides the rest) or, uncalibrated
+    (``None``), here (:data:`BF16_MEASURED`; ``source`` None: the caller vouches for its model);
+    TF32 for any other model. IEEE fp32 elsewhere.
 
-    bf16 is the fastest CUDA setting whose faithfulness stays within noise of (or above) IEEE fp32:
-    EfficientNet-Lite0 on 72 ImageNet photos, paired per image, IDG-50/50 insertion +0.011 ± 0.009,
-    deletion −0.003 ± 0.006 (lower is better), IG-50 within ± 0.006 on every metric, at 2.8x the
-    speed of fp32 on an H100 (``../shared/docs/FACTS.md``; ``benchmarks/gpu_variants.py`` re-measures
-    it on the samples where a GPU is lent). On CPUs without bf16 units autocast is slower, not faster.
+    A precision is chosen by faithfulness, not assumed. TF32 (float32 storage, matrix products with a
+    10-bit mantissa, PyTorch's own default for convolutions on CUDA) stayed within noise of IEEE fp32
+    on every metric: EfficientNet-Lite0 on 46 photos outside the samples, paired per image,
+    IDG-50/50 insertion −0.000 ± 0.003, deletion +0.001 ± 0.004, SIC +0.009 ± 0.007, AIC +0.024 ± 0.018
+    (> 0 favours TF32), IG-50 within noise or better on all four (``../shared/docs/FACTS.md``). bf16 moves more and is
+    not known for a ViT's or a user's CNN, so it is earned per model: on Lite0 (72 photos) IDG-50/50
+    insertion +0.011 ± 0.009, deletion −0.003 ± 0.006, IG-50 within ± 0.006 on every metric, at 2.8x the
+    speed of fp32 on an H100. On CPUs without bf16 units autocast is slower, not faster, and TF32 does
+    not exist: IEEE fp32 there, calibrated or not.
     """
     if device.type != "cuda":
         return "fp32"
-    return "bf16" if source is None or source in BF16_MEASURED else "fp32"
+    if bf16_kept is not None:
+        return "bf16" if bf16_kept else "tf32"
+    return "bf16" if source is None or source in BF16_MEASURED else "tf32"
 
 
 def default_channels_last(device: torch.device, precision: str) -> bool:
@@ -256,29 +262,59 @@ def model_precision(model: ImageClassifier, device: torch.device) -> Precision:
     return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
 
 
+def choose_precisions(models: dict[str, ImageClassifier], device: torch.device,
+                      precision: Precision | Literal["auto"] = "auto") -> dict[str, tuple[Precision, str]]:
+    """Each model's precision on ``device`` and where it came from: ``"models file"`` (its own
+    ``precision`` key), ``"setting"`` (``precision``, the service's ``IDG_PRECISION``), ``"calibration"``
+    (``auto`` on CUDA, decided by the model's :attr:`~idg_core.models.ImageClassifier.calibration`)
+    or ``"auto"`` (:func:`default_precision`).
+
+    TF32 is one switch for the whole process: where ``auto`` would give TF32 beside a model set to
+    IEEE fp32, it gives IEEE fp32 (logged), as before TF32 was its default; any other ``tf32`` beside
+    ``fp32`` is a ``ValueError`` that says so (bf16 mixes with either)."""
+    chosen: dict[str, tuple[Precision, str]] = {}
+    for name, model in models.items():
+        own = model.speed.get("precision")
+        if own not in (None, "auto"):
+            chosen[name] = (own, "models file")
+        elif precision != "auto":
+            chosen[name] = (precision, "setting")
+        else:
+            calibration = model.calibration
+            kept = None if calibration is None else calibration.bf16_kept
+            source = "calibration" if calibration is not None and device.type == "cuda" else "auto"
+            chosen[name] = (default_precision(device, model.source, kept), source)
+    fixed = {p for p, source in chosen.values() if source in ("models file", "setting")}
+    for name, (p, source) in chosen.items():
+        if p == "tf32" and source in ("auto", "calibration") and "fp32" in fixed:
+            log.info("%s: precision auto is IEEE fp32, not TF32: TF32 is process-wide and another model is set to fp32", name)
+            chosen[name] = ("fp32", source)
+        elif p == "tf32" and source in ("auto", "calibration"):
+            log.info("%s: precision auto is TF32 (within noise of IEEE fp32 on every metric); bf16 is earned by calibration on "
+                     "your photos (idg-calibrate, IDG_CALIBRATE_IMAGES)", name)
+    if {"tf32", "fp32"} <= {p for p, _ in chosen.values()}:
+        tf32 = ", ".join(n for n, (p, _) in chosen.items() if p == "tf32")
+        fp32 = ", ".join(n for n, (p, _) in chosen.items() if p == "fp32")
+        raise ValueError(f"TF32 is process-wide in PyTorch: {tf32} (tf32) and {fp32} (fp32) cannot run in one service; "
+                         "give them the same precision (or bf16), or serve them separately")
+    return chosen
+
+
 def tune_all(
     models: dict[str, ImageClassifier], device: torch.device, *, precision: Precision | Literal["auto"] = "auto",
     channels_last: bool | Literal["auto"] = "auto", compile: bool = False, fold_bn: bool = True,
     compile_sizes: Sequence[int] | None = None, batch_images: int | None = None,
 ) -> dict[str, ImageClassifier]:
     """Move every model to ``device`` and :func:`tune` it with its own speed keys (``model.speed``,
-    from the models file) over these defaults. A compiled model's batch sizes are ``compile_sizes``,
+    from the models file) over these defaults, at the precision :func:`choose_precisions` gives it
+    (recorded as ``model.precision_source``). A compiled model's batch sizes are ``compile_sizes``,
     else :func:`~idg_core.models.compiled.default_compile_sizes` of its largest call (its
-    ``max_batch``, at most ``batch_images``). TF32 is one switch for the whole process, so a
-    ``tf32`` model beside an ``fp32`` one is a ``ValueError`` that says so (bf16 mixes with either)."""
-    chosen: dict[str, Precision] = {}
-    for name, model in models.items():
-        p = model.speed.get("precision", precision)
-        chosen[name] = default_precision(device, model.source) if p == "auto" else p
-        if p == "auto" and device.type == "cuda" and chosen[name] == "fp32":
-            log.info("%s: precision auto is IEEE fp32: its faithfulness under bf16 was not measured (benchmarks/gpu_variants.py); "
-                     "precision = \"bf16\" in its models-file table opts in", name)
+    ``max_batch``, at most ``batch_images``)."""
+    choice = choose_precisions(models, device, precision)
+    chosen = {name: p for name, (p, _) in choice.items()}
     kinds = set(chosen.values())
-    if {"tf32", "fp32"} <= kinds:
-        tf32 = ", ".join(n for n, p in chosen.items() if p == "tf32")
-        fp32 = ", ".join(n for n, p in chosen.items() if p == "fp32")
-        raise ValueError(f"TF32 is process-wide in PyTorch: {tf32} (tf32) and {fp32} (fp32) cannot run in one service; "
-                         "give them the same precision (or bf16), or serve them separately")
+    for name, (_, source) in choice.items():
+        models[name].precision_source = source
     tuned = {}
     for name, model in models.items():
         layout = model.speed.get("channels_last", channels_last)

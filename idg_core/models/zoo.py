@@ -12,7 +12,7 @@ import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -20,6 +20,9 @@ from torch import Tensor, nn
 
 from idg_core.models.preprocess import resize_crop, squash_crop, to_tensor
 from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
+
+if TYPE_CHECKING:
+    from idg_core.models.calibrate import Calibration
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,11 @@ class ImageClassifier(nn.Module):
         self.max_batch: int | None = None
         self.speed: dict[str, Any] = {}
         """The models file's speed keys for this model (precision, channels_last, compile); unset: the service's."""
+        self.calibration: Calibration | None = None
+        """Whether bf16 keeps this model's faithfulness, measured on photos (:mod:`idg_core.models.calibrate`):
+        ``auto`` follows it on CUDA (:func:`~idg_core.models.speed.default_precision`)."""
+        self.precision_source = "auto"
+        """Where :func:`~idg_core.models.speed.tune_all` took the precision from (see ``choose_precisions``)."""
 
     @property
     def num_classes(self) -> int:

@@ -69,16 +69,54 @@ def test_cuda_reduced_precision_stays_close(precision: str) -> None:
     assert bool((cos > 0.9).all()), cos
 
 
-def test_default_precision_is_bf16_on_cuda_only_where_measured_and_ieee_fp32_elsewhere() -> None:
+def test_default_precision_is_bf16_on_cuda_where_measured_or_calibrated_tf32_for_the_rest_and_ieee_fp32_on_the_cpu() -> None:
     from idg_core.models import default_precision
 
     cuda = torch.device("cuda", 0)  # a device object only: no GPU needed
     assert default_precision(torch.device("cpu")) == "fp32"
     assert default_precision(torch.device("cpu"), "packaged:efficientnet_lite0") == "fp32"
+    assert default_precision(torch.device("cpu"), "torchscript:/m.ts", bf16_kept=True) == "fp32"  # calibrated or not
     assert default_precision(cuda, "packaged:efficientnet_lite0") == "bf16"  # measured on 72 photos (FACTS.md)
     for unmeasured in ("timm:vit_base_patch16_224:/w.safetensors", "hf:/models/vit", "torchvision:resnet101:/w.pth", "torchscript:/m.ts"):
-        assert default_precision(cuda, unmeasured) == "fp32", unmeasured
+        assert default_precision(cuda, unmeasured) == "tf32", unmeasured  # TF32: within noise of fp32 on all four metrics
+        assert default_precision(cuda, unmeasured, bf16_kept=True) == "bf16", unmeasured  # earned by calibration
+    assert default_precision(cuda, "packaged:efficientnet_lite0", bf16_kept=False) == "tf32"  # your photos overrule ours
     assert default_precision(cuda) == "bf16"  # no source: the caller vouches for its model
+
+
+def test_auto_precisions_with_calibrations_and_the_process_wide_tf32_switch() -> None:
+    """choose_precisions on a CUDA device object (no GPU needed): auto is TF32, bf16 where measured or
+    calibrated; beside a model set to IEEE fp32, auto's TF32 becomes fp32 (one switch per process);
+    explicit tf32 beside fp32 is refused; on the CPU everything stays fp32 and a calibration decides nothing."""
+    from dataclasses import replace
+
+    from idg_core.models.calibrate import Calibration, Paired
+    from idg_core.models.speed import choose_precisions
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    kept = Calibration("a", "small", "x", "bf16", Paired(0.0, 0.01, 9), Paired(0.0, 0.01, 9), 9, "/p")
+
+    def models(**speed: dict[str, str]) -> dict[str, ImageClassifier]:
+        out = {}
+        for name, keys in speed.items():
+            out[name] = small_classifier()
+            out[name].speed = keys
+        return out
+
+    ms = models(a={}, b={}, c={})
+    ms["a"].calibration = kept
+    ms["b"].calibration = replace(kept, decision="fp32")
+    assert choose_precisions(ms, cuda) == {"a": ("bf16", "calibration"), "b": ("tf32", "calibration"), "c": ("tf32", "auto")}
+    assert choose_precisions(ms, cpu) == {"a": ("fp32", "auto"), "b": ("fp32", "auto"), "c": ("fp32", "auto")}
+    assert choose_precisions(ms, cuda, "fp32") == dict.fromkeys("abc", ("fp32", "setting"))  # an explicit setting: no calibration
+    ms = models(a={"precision": "fp32"}, b={}, c={"precision": "auto"})
+    ms["c"].calibration = kept
+    assert choose_precisions(ms, cuda) == {"a": ("fp32", "models file"), "b": ("fp32", "auto"), "c": ("bf16", "calibration")}
+    assert choose_precisions(models(a={"precision": "tf32"}, b={}), cuda) == {"a": ("tf32", "models file"), "b": ("tf32", "auto")}
+    with pytest.raises(ValueError, match=r"TF32 is process-wide in PyTorch: a \(tf32\) and b \(fp32\)"):
+        choose_precisions(models(a={"precision": "tf32"}, b={"precision": "fp32"}), cuda)
+    with pytest.raises(ValueError, match="TF32 is process-wide"):  # on the CPU auto is fp32: tf32 beside it, as before
+        choose_precisions(models(a={"precision": "tf32"}, b={}), cpu)
 
 
 class BNNet(torch.nn.Module):

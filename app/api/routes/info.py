@@ -27,6 +27,7 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
                   interpolation=m.preprocessing.interpolation, default=i == 0, source=m.source, class_names=m.class_names[:5],
                   resize_mode=m.preprocessing.resize_mode, mean=list(m.preprocessing.mean), std=list(m.preprocessing.std),
                   precision=model_precision(m, service.device), max_batch=m.max_batch,
+                  precision_source=m.precision_source, calibration=m.calibration.to_json() if m.calibration else None,
                   compile_sizes=list(part.sizes) if (part := compiled_part(m)) else [],
                   compile_seconds=part.compile_seconds if part else None, call_sizes=list(service.worker.shapes[n].sizes),
                   warm_seconds=service.worker.shapes[n].warm_seconds,
