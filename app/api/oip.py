@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,30 +57,80 @@ class RequestOutput(BaseModel):
 class InferRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str | None = Field(None, description="Returned in the answer")
-    parameters: dict[str, Scalar] = Field(default_factory=dict, description="The /attribute fields that select the explanation")
-    inputs: list[RequestInput] = Field(..., min_length=1)
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="The /attribute fields that select the explanation "
+                                          "(method, preset, target, steps, faithfulness, ...); explain: true to explain with defaults")
+    inputs: list[RequestInput] = Field(..., min_length=1, description="Exactly one: `image` or `input`")
     outputs: list[RequestOutput] | None = Field(None, description="Outputs to return; default: the classification outputs, "
                                                 "and the explanation outputs when an explanation runs")
 
 
 class MetadataTensor(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
+    name: str = Field(..., description="The tensor's name, as a request or an answer names it")
+    datatype: str = Field(..., description="Element type: BYTES, FP32, INT64, ...")
+    shape: list[int] = Field(..., description="The shape; -1 for a dimension of any size (the first is the batch)")
 
 
 class ModelMetadata(BaseModel):
-    name: str
-    versions: list[str] = Field(default_factory=list)
-    platform: str
-    inputs: list[MetadataTensor]
-    outputs: list[MetadataTensor]
+    name: str = Field(..., description="The model's name, as in the path")
+    versions: list[str] = Field(default_factory=list, description="Always empty: the service does not version its models")
+    platform: str = Field(..., description="pytorch_torchscript for a TorchScript model, else pytorch")
+    inputs: list[MetadataTensor] = Field(..., description="The inputs a request may give (one of them)")
+    outputs: list[MetadataTensor] = Field(..., description="The outputs an answer may hold")
 
 
 class ServerMetadata(BaseModel):
-    name: str
-    version: str
-    extensions: list[str]
+    name: str = Field(..., description="The server's name")
+    version: str = Field(..., description="The server's version")
+    extensions: list[str] = Field(..., description="Protocol extensions supported (Triton's names)")
+
+
+class ServerLive(BaseModel):
+    live: bool = Field(..., description="True while the process serves HTTP")
+
+
+class ServerReady(BaseModel):
+    ready: bool = Field(..., description="True once every model is loaded and warm (503 and false otherwise)")
+
+
+class ModelReady(BaseModel):
+    name: str = Field(..., description="The model's name")
+    ready: bool = Field(..., description="True: loaded and warm (a model that is not answers 503 or 404)")
+
+
+class ResponseOutput(BaseModel):
+    name: str = Field(..., description="The output's name")
+    shape: list[int] = Field(..., description="The tensor's shape; the first dimension is the batch")
+    datatype: str = Field(..., description="FP32, INT64 or BYTES")
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="binary_data_size when its data follows the JSON in "
+                                          "binary; output ('logit' or 'probability') on curve_value")
+    data: list[Any] | None = Field(None, description="Row-major elements, flattened (absent when sent in binary)")
+
+
+class InferResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model_name: str = Field(..., description="The model that answered")
+    id: str | None = Field(None, description="The request's id, when it gave one")
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="total_ms: milliseconds from receiving the request")
+    outputs: list[ResponseOutput] = Field(..., description="The outputs, in the order asked")
+
+
+class ProtocolError(BaseModel):
+    error: str = Field(..., description="What went wrong, in one sentence (the protocol's error form)")
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its nested models written in place (for a route's documented body)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: resolve(v) for k, v in node.items()}
+        return [resolve(v) for v in node] if isinstance(node, list) else node
+
+    return dict(resolve(schema))
 
 
 @dataclass
@@ -97,7 +148,7 @@ class Tensor:
 def _count(shape: list[int]) -> int:
     if any(d < 0 for d in shape):
         raise bad(f"shape {shape} has a negative dimension")
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return math.prod(shape)
 
 
 def _split_bytes(raw: bytes, name: str) -> list[bytes]:
@@ -154,7 +205,7 @@ def _decode(spec: RequestInput, raw: bytes | None) -> Tensor:
         else:
             try:
                 tensor.array = np.asarray(_flat(spec.data, spec.name), dtype=dtype)
-            except (TypeError, ValueError) as err:
+            except (TypeError, ValueError, OverflowError) as err:
                 raise bad(f"input {spec.name!r}: data holds a value that is not {spec.datatype}") from err
         got = tensor.array.size
     else:

@@ -46,13 +46,19 @@ from app.api.failures import internal_error
 from app.api.oip import (
     HEADER_LENGTH,
     InferRequest,
+    InferResponse,
     MetadataTensor,
     ModelMetadata,
+    ModelReady,
     Output,
+    ProtocolError,
     Scalar,
+    ServerLive,
     ServerMetadata,
+    ServerReady,
     Tensor,
     bad,
+    inline_schema,
     is_true,
     read_infer_request,
     write_infer_response,
@@ -61,7 +67,7 @@ from app.api.requests import first_error, read_body, until_disconnected
 from app.core.errors import ApiError
 from app.core.images import load_input
 from app.render import method_label
-from app.schemas import AttributeCommon, AttributeParams
+from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams
 from app.service import Checked, Service
 from app.worker.waiting import UntilDisconnected
 from idg_core.explain import Explanation, predict_plan
@@ -96,17 +102,28 @@ class ProtocolRoute(APIRoute):
         return answer
 
 
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI docs of the error statuses a route answers, in the protocol's error form."""
+    return {c: {"model": ProtocolError, "description": ERROR_DESCRIPTIONS[c]} for c in codes}
+
+
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (v2)"], route_class=ProtocolRoute)
 guarded = [Depends(require_api_key)]
+METADATA_ERRORS = errors(401, 404, 422, 503)  # 422: FastAPI documents it for any route with a path parameter
+INFER_ERRORS = errors(400, 401, 404, 408, 413, 415, 422, 500, 503, 504)
+INFER_DOCS = {"requestBody": {"required": True, "content": {"application/json": {"schema": inline_schema(InferRequest)}},
+                              "description": "JSON; with Inference-Header-Content-Length, that many bytes of JSON followed by "
+                              "the inputs' binary data (Triton's binary tensor data extension)"}}
 
 
-@router.get("/health/live")
-async def live() -> dict[str, bool]:
+@router.get("/health/live", response_model=ServerLive)
+async def live() -> ServerLive:
     """200 while the process serves HTTP."""
-    return {"live": True}
+    return ServerLive(live=True)
 
 
-@router.get("/health/ready", responses={503: {"description": "not loaded and warm yet, shutting down, or the worker is stuck"}})
+@router.get("/health/ready", response_model=ServerReady,
+            responses={503: {"model": ServerReady, "description": "not loaded and warm yet, shutting down, or the worker is stuck"}})
 async def ready(request: Request) -> JSONResponse:
     """200 once every model is loaded and warm; 503 otherwise (as /health/ready)."""
     state = request.app.state
@@ -114,7 +131,7 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
 
 
-@router.get("", response_model=ServerMetadata, dependencies=guarded)
+@router.get("", response_model=ServerMetadata, dependencies=guarded, responses=errors(401))
 async def server_metadata(request: Request) -> ServerMetadata:
     """The server's name, version and protocol extensions."""
     return ServerMetadata(name=SERVER_NAME, version=request.app.version, extensions=EXTENSIONS)
@@ -138,20 +155,23 @@ def _metadata(name: str, model: ImageClassifier) -> ModelMetadata:
     )
 
 
-@router.get("/models/{name}", response_model=ModelMetadata, dependencies=guarded)
+@router.get("/models/{name}", response_model=ModelMetadata, dependencies=guarded, responses=METADATA_ERRORS)
 async def model_metadata(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelMetadata:
     """The model's inputs and outputs (``-1``: any size)."""
     return _metadata(*service.model(name))
 
 
-@router.get("/models/{name}/ready", dependencies=guarded)
-async def model_ready(name: str, service: Annotated[Service, Depends(get_service)]) -> dict[str, object]:
+@router.get("/models/{name}/ready", response_model=ModelReady, dependencies=guarded, responses=METADATA_ERRORS)
+async def model_ready(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelReady:
     """200 when the model is loaded and the service ready (503 before, 404 for an unknown model)."""
     key, _ = service.model(name)
-    return {"name": key, "ready": True}
+    return ModelReady(name=key, ready=True)
 
 
-@router.post("/models/{name}/infer", dependencies=guarded)
+@router.post("/models/{name}/infer", dependencies=guarded, openapi_extra=INFER_DOCS, responses={
+    200: {"model": InferResponse, "description": "The outputs; with a binary output, the JSON (its length in "
+          "Inference-Header-Content-Length) followed by the outputs' bytes", "content": {"application/octet-stream": {}}},
+    **INFER_ERRORS})
 async def infer(name: str, request: Request, service: Annotated[Service, Depends(get_service)]) -> Response:
     """Classify the images of ``image`` or ``input``, and explain them when asked (see the module's docs)."""
     received = time.perf_counter()
@@ -210,6 +230,10 @@ def _wanted_outputs(req: InferRequest) -> list[tuple[str, dict[str, Scalar]]]:
             raise bad(f"unknown output {n!r}; the outputs are {', '.join(CLASSIFY_OUTPUTS + EXPLAIN_OUTPUTS)}")
     if len(set(names)) != len(names):
         raise bad("an output is requested twice")
+    for o in req.outputs:
+        k = o.parameters.get("classification")
+        if k is not None and (o.name != "probabilities" or not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise bad(f"output {o.name!r}: the classification parameter is a count >= 1 on 'probabilities' only, got {k!r}")
     return [(o.name, o.parameters) for o in req.outputs]
 
 
@@ -342,10 +366,8 @@ def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanati
     default_binary = is_true(req.parameters.get("binary_data_output"))
     out = []
     for n, p in names:
-        k = p.get("classification")
-        if k is not None and (n != "probabilities" or not isinstance(k, int) or isinstance(k, bool) or k < 1):
-            raise bad(f"output {n!r}: the classification parameter is a count >= 1 on 'probabilities' only, got {k!r}")
-        tensor = _classification(model, probs, k) if k is not None else Output(n, array=made[n]())
+        k = p.get("classification")  # checked by _wanted_outputs
+        tensor = _classification(model, probs, int(k)) if k is not None else Output(n, array=made[n]())
         if n == "curve_value" and curve_output:
             tensor.parameters["output"] = curve_output
         out.append((tensor, is_true(p["binary_data"]) if "binary_data" in p else default_binary))
