@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.docs import install_docs
-from app.api.routes import attribute, info, predict
+from app.api.routes import attribute, info, predict, v2
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
@@ -118,7 +118,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
     app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
-    for module in (predict, attribute, info):
+    for module in (predict, attribute, info, v2):  # v2: the Open Inference Protocol
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)

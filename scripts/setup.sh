@@ -14,15 +14,21 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}" torch==2.13.0 torchvision==0.28.0
     touch "$stamp"
 fi
-# The browser test drives Debian's Chromium (Playwright's own browser download is not reachable).
-if [[ ",$extras," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        export DEBIAN_FRONTEND=noninteractive
-        echo "setup: installing Debian's chromium for the browser test (waits for another apt/dpkg run to finish)" >&2
-        lock=(-o DPkg::Lock::Timeout=600)  # wait for the package manager's lock instead of failing
-        apt-get "${lock[@]}" install -y -q chromium >/dev/null 2>&1 \
-            || { apt-get "${lock[@]}" update -q >/dev/null && apt-get "${lock[@]}" install -y -q chromium >/dev/null; }
-    else
-        echo "setup: chromium is missing and cannot be installed here (needs root and apt-get); the browser test will skip" >&2
-    fi
+# Debian packages the dev tests drive: Chromium for the browser test (Playwright's own browser download
+# is not reachable) and Prometheus for the monitoring tests (promtool checks and unit-tests the rules,
+# a slow test runs the server itself). Each test skips cleanly where its program is missing.
+if [[ ",$extras," == *",dev,"* ]]; then
+    for wanted in chromium:chromium prometheus:promtool; do
+        package="${wanted%%:*}" program="${wanted#*:}"
+        command -v "$program" >/dev/null 2>&1 && continue
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            export DEBIAN_FRONTEND=noninteractive
+            echo "setup: installing Debian's $package for the tests that need $program (waits for another apt/dpkg run to finish)" >&2
+            lock=(-o DPkg::Lock::Timeout=600)  # wait for the package manager's lock instead of failing
+            apt-get "${lock[@]}" install -y -q "$package" >/dev/null 2>&1 \
+                || { apt-get "${lock[@]}" update -q >/dev/null && apt-get "${lock[@]}" install -y -q "$package" >/dev/null; }
+        else
+            echo "setup: $program is missing and cannot be installed here (needs root and apt-get); the tests that need it will skip" >&2
+        fi
+    done
 fi

@@ -269,7 +269,7 @@ def test_images_and_broken_images_get_no_5xx_and_the_documented_answer(
         assert statuses[0] == 200, response.text[-1000:]
 
 
-OPEN = ("/health/live", "/health/ready", "/metrics")  # for load balancers and Prometheus: no key
+OPEN = ("/health/live", "/health/ready", "/metrics", "/v2/health/live", "/v2/health/ready")  # for load balancers and Prometheus: no key
 
 
 @schema.parametrize()
@@ -282,7 +282,8 @@ def test_without_the_right_key_only_the_open_routes_answer(case: Any, auth: dict
         assert response.status_code != 401
     else:
         assert response.status_code == 401, response.text
-        message = response.json()["error"]["message"]
+        error = response.json()["error"]
+        message = error if case.path.startswith("/v2") else error["message"]  # the Open Inference Protocol's form on /v2
         assert message == ("the API key is wrong" if "wrong" in str(auth) else
                            "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'")
 

@@ -1,0 +1,305 @@
+"""The Open Inference Protocol's (KServe v2) REST bodies: reading an inference request, tensors
+included, and writing the answer. The routes are :mod:`app.api.routes.v2`.
+
+Tensor data comes as JSON (``data``, row-major, nested or flat) or, with Triton's binary tensor
+data extension (what ``tritonclient.http`` sends by default), as raw bytes after the JSON header:
+the header's length in ``Inference-Header-Content-Length``, each input's byte count in its
+``binary_data_size`` parameter. ``BYTES`` elements are base64 strings in JSON (KServe's
+convention for images) and 4-byte little-endian length-prefixed in binary. An output is written in
+binary when its ``binary_data`` parameter is true (or, with no outputs listed, the request's
+``binary_data_output``). Every refusal is an :class:`ApiError` that the v2 routes answer as
+``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.core.errors import ApiError
+
+Scalar = str | int | float | bool
+HEADER_LENGTH = "inference-header-content-length"
+DTYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"), "UINT8": np.dtype("u1"),
+                                    "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
+"""The numeric tensor types this service reads or writes (and ``BYTES``)."""
+
+
+def bad(message: str, status: int = 400, code: str = "invalid_request") -> ApiError:
+    return ApiError(status, message, code=code)
+
+
+class RequestInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., description="The input's name: `image` (BYTES, encoded image files) or `input` (FP32 / UINT8 pixels)")
+    shape: list[int] = Field(..., description="The tensor's shape; the first dimension is the batch")
+    datatype: str = Field(..., description="BYTES, FP32 or UINT8")
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="binary_data_size (binary extension); "
+                                          "layout: NCHW or NHWC for `input` (default: from the shape)")
+    data: Any = Field(None, description="Row-major elements, nested or flat; absent when sent in binary")
+
+
+class RequestOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., description="An output of the model's metadata")
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="binary_data (bool); classification: "
+                                          "top-k as 'value:index:label' strings (on `probabilities` only)")
+
+
+class InferRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = Field(None, description="Returned in the answer")
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="The /attribute fields that select the explanation "
+                                          "(method, preset, target, steps, faithfulness, ...); explain: true to explain with defaults")
+    inputs: list[RequestInput] = Field(..., min_length=1, description="Exactly one: `image` or `input`")
+    outputs: list[RequestOutput] | None = Field(None, description="Outputs to return; default: the classification outputs, "
+                                                "and the explanation outputs when an explanation runs")
+
+
+class MetadataTensor(BaseModel):
+    name: str = Field(..., description="The tensor's name, as a request or an answer names it")
+    datatype: str = Field(..., description="Element type: BYTES, FP32, INT64, ...")
+    shape: list[int] = Field(..., description="The shape; -1 for a dimension of any size (the first is the batch)")
+
+
+class ModelMetadata(BaseModel):
+    name: str = Field(..., description="The model's name, as in the path")
+    versions: list[str] = Field(default_factory=list, description="Always empty: the service does not version its models")
+    platform: str = Field(..., description="pytorch_torchscript for a TorchScript model, else pytorch")
+    inputs: list[MetadataTensor] = Field(..., description="The inputs a request may give (one of them)")
+    outputs: list[MetadataTensor] = Field(..., description="The outputs an answer may hold")
+
+
+class ServerMetadata(BaseModel):
+    name: str = Field(..., description="The server's name")
+    version: str = Field(..., description="The server's version")
+    extensions: list[str] = Field(..., description="Protocol extensions supported (Triton's names)")
+
+
+class ServerLive(BaseModel):
+    live: bool = Field(..., description="True while the process serves HTTP")
+
+
+class ServerReady(BaseModel):
+    ready: bool = Field(..., description="True once every model is loaded and warm (503 and false otherwise)")
+
+
+class ModelReady(BaseModel):
+    name: str = Field(..., description="The model's name")
+    ready: bool = Field(..., description="True: loaded and warm (a model that is not answers 503 or 404)")
+
+
+class ResponseOutput(BaseModel):
+    name: str = Field(..., description="The output's name")
+    shape: list[int] = Field(..., description="The tensor's shape; the first dimension is the batch")
+    datatype: str = Field(..., description="FP32, INT64 or BYTES")
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="binary_data_size when its data follows the JSON in "
+                                          "binary; output ('logit' or 'probability') on curve_value")
+    data: list[Any] | None = Field(None, description="Row-major elements, flattened (absent when sent in binary)")
+
+
+class InferResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model_name: str = Field(..., description="The model that answered")
+    id: str | None = Field(None, description="The request's id, when it gave one")
+    parameters: dict[str, Scalar] = Field(default_factory=dict, description="total_ms: milliseconds from receiving the request")
+    outputs: list[ResponseOutput] = Field(..., description="The outputs, in the order asked")
+
+
+class ProtocolError(BaseModel):
+    error: str = Field(..., description="What went wrong, in one sentence (the protocol's error form)")
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its nested models written in place (for a route's documented body)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: resolve(v) for k, v in node.items()}
+        return [resolve(v) for v in node] if isinstance(node, list) else node
+
+    return dict(resolve(schema))
+
+
+@dataclass
+class Tensor:
+    """One input tensor, decoded: a numeric array, or the elements of a BYTES tensor."""
+
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Scalar]
+    array: np.ndarray[Any, Any] | None = None
+    items: list[bytes] = field(default_factory=list)
+
+
+def _count(shape: list[int]) -> int:
+    if any(d < 0 for d in shape):
+        raise bad(f"shape {shape} has a negative dimension")
+    return math.prod(shape)
+
+
+def _split_bytes(raw: bytes, name: str) -> list[bytes]:
+    """Triton's BYTES serialisation: each element as a 4-byte little-endian length, then its bytes."""
+    items, pos = [], 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise bad(f"input {name!r}: binary BYTES data ends inside an element's 4-byte length")
+        (size,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + size > len(raw):
+            raise bad(f"input {name!r}: a BYTES element declares {size} bytes, only {len(raw) - pos} remain")
+        items.append(raw[pos:pos + size])
+        pos += size
+    return items
+
+
+def _flat(data: Any, name: str) -> list[Any]:
+    """Row-major elements of a nested JSON array."""
+    if not isinstance(data, list):
+        raise bad(f"input {name!r}: data must be a JSON array")
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _decode(spec: RequestInput, raw: bytes | None) -> Tensor:
+    """One input's elements from its JSON ``data`` or its binary bytes, checked against its shape."""
+    tensor = Tensor(spec.name, spec.shape, spec.datatype, spec.parameters)
+    count = _count(spec.shape)
+    if spec.datatype == "BYTES":
+        if raw is not None:
+            tensor.items = _split_bytes(raw, spec.name)
+        else:
+            try:
+                tensor.items = [base64.b64decode(str(s), validate=True) for s in _flat(spec.data, spec.name)]
+            except (binascii.Error, ValueError) as err:
+                raise bad(f"input {spec.name!r}: BYTES elements in JSON must be base64 strings") from err
+        got = len(tensor.items)
+    elif spec.datatype in DTYPES:
+        dtype = DTYPES[spec.datatype]
+        if raw is not None:
+            if len(raw) % dtype.itemsize:
+                raise bad(f"input {spec.name!r}: {len(raw)} bytes of binary data is not a whole number of {spec.datatype}")
+            tensor.array = np.frombuffer(raw, dtype=dtype)
+        else:
+            try:
+                tensor.array = np.asarray(_flat(spec.data, spec.name), dtype=dtype)
+            except (TypeError, ValueError, OverflowError) as err:
+                raise bad(f"input {spec.name!r}: data holds a value that is not {spec.datatype}") from err
+        got = tensor.array.size
+    else:
+        raise bad(f"input {spec.name!r}: datatype {spec.datatype} is not supported; send BYTES, FP32 or UINT8")
+    if got != count:
+        raise bad(f"input {spec.name!r}: shape {spec.shape} needs {count} elements, the data holds {got}")
+    if tensor.array is not None:
+        tensor.array = tensor.array.reshape(spec.shape)
+    return tensor
+
+
+def read_infer_request(body: bytes, header_length: str | None) -> tuple[InferRequest, list[Tensor]]:
+    """The request and its input tensors, from a JSON body or a JSON header followed by binary data."""
+    binary = b""
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise bad(f"Inference-Header-Content-Length {header_length!r} is not a length within the body's {len(body)} bytes")
+        body, binary = body[:int(header_length)], body[int(header_length):]
+    try:
+        request = InferRequest.model_validate_json(body)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        raise bad(f"the inference request is not valid: {where + ': ' if where else ''}{e.get('msg')}") from err
+    tensors, pos = [], 0
+    for spec in request.inputs:
+        raw = None
+        if "binary_data_size" in spec.parameters:
+            size = spec.parameters["binary_data_size"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or pos + size > len(binary):
+                raise bad(f"input {spec.name!r}: binary_data_size {size!r} is beyond the {len(binary) - pos} binary bytes left")
+            raw, pos = binary[pos:pos + size], pos + size
+        elif spec.data is None:
+            raise bad(f"input {spec.name!r} has neither data nor binary_data_size")
+        tensors.append(_decode(spec, raw))
+    if pos != len(binary):
+        raise bad(f"the body has {len(binary) - pos} binary bytes that no input's binary_data_size claims")
+    return request, tensors
+
+
+@dataclass
+class Output:
+    """One output tensor of the answer."""
+
+    name: str
+    array: np.ndarray[Any, Any] | None = None
+    items: list[bytes] = field(default_factory=list)
+    shape: list[int] = field(default_factory=list)
+    parameters: dict[str, Scalar] = field(default_factory=dict)
+
+    @property
+    def datatype(self) -> str:
+        if self.array is None:
+            return "BYTES"
+        return next(k for k, v in DTYPES.items() if v == self.array.dtype.newbyteorder("<"))
+
+    def binary(self) -> bytes:
+        if self.array is not None:
+            return np.ascontiguousarray(self.array, dtype=self.array.dtype.newbyteorder("<")).tobytes()
+        return b"".join(struct.pack("<I", len(s)) + s for s in self.items)
+
+    def json_data(self) -> list[Any]:
+        if self.array is not None:
+            return list(self.array.ravel().tolist())
+        return [s.decode("utf-8") for s in self.items]
+
+
+def write_infer_response(model: str, request_id: str | None, outputs: list[tuple[Output, bool]], parameters: dict[str, Scalar],
+                         ) -> tuple[bytes, int | None]:
+    """The answer's body, and the JSON header's length when some output is in binary (``(output, binary)`` pairs)."""
+    chunks: list[bytes] = []
+    described = []
+    for out, in_binary in outputs:
+        shape = list(out.array.shape) if out.array is not None else out.shape
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": shape}
+        params = dict(out.parameters)
+        if in_binary:
+            data = out.binary()
+            params["binary_data_size"] = len(data)
+            chunks.append(data)
+        else:
+            entry["data"] = out.json_data()
+        if params:
+            entry["parameters"] = params
+        described.append(entry)
+    answer: dict[str, Any] = {"model_name": model, "outputs": described}
+    if request_id is not None:
+        answer["id"] = request_id
+    if parameters:
+        answer["parameters"] = parameters
+    header = json.dumps(answer, separators=(",", ":")).encode()  # NaN (a shorter curve's padding) as NaN, as tritonclient reads it
+    return (header + b"".join(chunks), len(header)) if chunks else (header, None)
+
+
+def is_true(value: Scalar | None) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+

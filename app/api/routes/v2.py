@@ -1,0 +1,375 @@
+"""The Open Inference Protocol (KServe v2, REST) beside the service's own routes, so KServe, Triton's
+clients and other platforms can call it: ``/v2/health/live|ready``, ``/v2`` (server metadata),
+``/v2/models/{name}`` (model metadata), ``/v2/models/{name}/ready`` and ``/v2/models/{name}/infer``.
+
+An inference request gives one of two inputs, batched along the first dimension:
+
+- ``image``: ``BYTES`` of shape ``[N]``, each element an encoded image file (decoded, resized and
+  cropped as /predict does);
+- ``input``: pixels the model sees, ``FP32`` in [0, 1] (or ``UINT8`` in 0..255), ``[N, 3, S, S]``
+  (NCHW) or ``[N, S, S, 3]`` (NHWC; told apart by the shape, or by the input's ``layout``
+  parameter), ``S`` the model's crop size (its metadata says it).
+
+Outputs: ``probabilities`` ``FP32 [N, classes]`` (its ``classification`` parameter gives the top k as
+``"probability:index:label"`` strings instead) and ``predicted_class`` ``INT64 [N]``; and the
+explanation set: ``attribution`` ``FP32 [N, 3, S, S]``, ``target`` ``INT64 [N]``, the output-α curve
+as ``curve_alpha`` and ``curve_value`` ``FP32 [N, K]`` (the target's logit, or its probability for
+guided_ig and agi: the output's ``output`` parameter says which; NaN-padded if the images' K
+differ), and ``insertion`` / ``deletion`` ``FP32 [N]`` when ``faithfulness`` asks for them.
+
+An explanation runs when the request asks for an explanation output, sets the parameter
+``explain: true``, or gives any /attribute parameter (``method``, ``preset``, ``target``, ``steps``,
+``faithfulness``, ...: the request's ``parameters``, checked as /attribute checks them).
+Triton's reserved parameters (``priority``, ``timeout``, ``sequence_*``) are ignored. Every image
+goes through the same queue, batching, deadline and errors as /predict and /attribute; errors come
+in the protocol's form ``{"error": "..."}`` with the status /attribute would give. The API key
+(``IDG_API_KEY``) guards every route but the two health probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+
+from app.api.deps import get_service, require_api_key
+from app.api.failures import internal_error
+from app.api.oip import (
+    HEADER_LENGTH,
+    InferRequest,
+    InferResponse,
+    MetadataTensor,
+    ModelMetadata,
+    ModelReady,
+    Output,
+    ProtocolError,
+    Scalar,
+    ServerLive,
+    ServerMetadata,
+    ServerReady,
+    Tensor,
+    bad,
+    inline_schema,
+    is_true,
+    read_infer_request,
+    write_infer_response,
+)
+from app.api.requests import first_error, read_body, until_disconnected
+from app.core.errors import ApiError
+from app.core.images import load_input
+from app.render import method_label
+from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams
+from app.service import Checked, Service
+from app.worker.waiting import UntilDisconnected
+from idg_core.explain import Explanation, predict_plan
+from idg_core.models import ImageClassifier
+from idg_core.types import to_device
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "idg-service"
+EXTENSIONS = ["binary_tensor_data", "classification"]
+CLASSIFY_OUTPUTS = ("probabilities", "predicted_class")
+EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "insertion", "deletion")
+IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "headers")
+RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
+               "return_input")
+"""/attribute fields that shape its PNGs and JSON, not the explanation: not request parameters here."""
+
+
+class ProtocolRoute(APIRoute):
+    """Answers every :class:`ApiError` of a v2 route, its dependencies' included (API key, not
+    ready), in the protocol's error form ``{"error": "..."}``, with the status and headers it had."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ApiError as err:
+                return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+
+        return answer
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI docs of the error statuses a route answers, in the protocol's error form."""
+    return {c: {"model": ProtocolError, "description": ERROR_DESCRIPTIONS[c]} for c in codes}
+
+
+router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (v2)"], route_class=ProtocolRoute)
+guarded = [Depends(require_api_key)]
+METADATA_ERRORS = errors(401, 404, 422, 503)  # 422: FastAPI documents it for any route with a path parameter
+INFER_ERRORS = errors(400, 401, 404, 408, 413, 415, 422, 500, 503, 504)
+INFER_DOCS = {"requestBody": {"required": True, "content": {"application/json": {"schema": inline_schema(InferRequest)}},
+                              "description": "JSON; with Inference-Header-Content-Length, that many bytes of JSON followed by "
+                              "the inputs' binary data (Triton's binary tensor data extension)"}}
+
+
+@router.get("/health/live", response_model=ServerLive)
+async def live() -> ServerLive:
+    """200 while the process serves HTTP."""
+    return ServerLive(live=True)
+
+
+@router.get("/health/ready", response_model=ServerReady,
+            responses={503: {"model": ServerReady, "description": "not loaded and warm yet, shutting down, or the worker is stuck"}})
+async def ready(request: Request) -> JSONResponse:
+    """200 once every model is loaded and warm; 503 otherwise (as /health/ready)."""
+    state = request.app.state
+    ok = bool(getattr(state, "ready", False)) and state.service.worker.stuck is None
+    return JSONResponse({"ready": ok}, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
+
+
+@router.get("", response_model=ServerMetadata, dependencies=guarded, responses=errors(401))
+async def server_metadata(request: Request) -> ServerMetadata:
+    """The server's name, version and protocol extensions."""
+    return ServerMetadata(name=SERVER_NAME, version=request.app.version, extensions=EXTENSIONS)
+
+
+def _metadata(name: str, model: ImageClassifier) -> ModelMetadata:
+    s, c = model.preprocessing.crop_size, model.num_classes
+    platform = "pytorch_torchscript" if model.source.startswith("torchscript:") else "pytorch"
+    return ModelMetadata(
+        name=name, platform=platform,
+        inputs=[MetadataTensor(name="image", datatype="BYTES", shape=[-1]),
+                MetadataTensor(name="input", datatype="FP32", shape=[-1, 3, s, s])],
+        outputs=[MetadataTensor(name="probabilities", datatype="FP32", shape=[-1, c]),
+                 MetadataTensor(name="predicted_class", datatype="INT64", shape=[-1]),
+                 MetadataTensor(name="attribution", datatype="FP32", shape=[-1, 3, s, s]),
+                 MetadataTensor(name="target", datatype="INT64", shape=[-1]),
+                 MetadataTensor(name="curve_alpha", datatype="FP32", shape=[-1, -1]),
+                 MetadataTensor(name="curve_value", datatype="FP32", shape=[-1, -1]),
+                 MetadataTensor(name="insertion", datatype="FP32", shape=[-1]),
+                 MetadataTensor(name="deletion", datatype="FP32", shape=[-1])],
+    )
+
+
+@router.get("/models/{name}", response_model=ModelMetadata, dependencies=guarded, responses=METADATA_ERRORS)
+async def model_metadata(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelMetadata:
+    """The model's inputs and outputs (``-1``: any size)."""
+    return _metadata(*service.model(name))
+
+
+@router.get("/models/{name}/ready", response_model=ModelReady, dependencies=guarded, responses=METADATA_ERRORS)
+async def model_ready(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelReady:
+    """200 when the model is loaded and the service ready (503 before, 404 for an unknown model)."""
+    key, _ = service.model(name)
+    return ModelReady(name=key, ready=True)
+
+
+@router.post("/models/{name}/infer", dependencies=guarded, openapi_extra=INFER_DOCS, responses={
+    200: {"model": InferResponse, "description": "The outputs; with a binary output, the JSON (its length in "
+          "Inference-Header-Content-Length) followed by the outputs' bytes", "content": {"application/octet-stream": {}}},
+    **INFER_ERRORS})
+async def infer(name: str, request: Request, service: Annotated[Service, Depends(get_service)]) -> Response:
+    """Classify the images of ``image`` or ``input``, and explain them when asked (see the module's docs)."""
+    received = time.perf_counter()
+    if request.headers.get("content-encoding", "identity").lower() != "identity":
+        raise ApiError(415, "compressed request bodies are not supported: send the body without Content-Encoding",
+                       code="unsupported_media_type")
+    key, model = service.model(name)
+    body = await read_body(request, service.settings.max_upload_bytes)
+    req, tensors = read_infer_request(body, request.headers.get(HEADER_LENGTH))
+    wanted = _wanted_outputs(req)
+    params, explain = _attribute_params(req, wanted, key)
+    checked = service.check_attribute(params) if explain else None
+    items = _images(tensors, model, service.settings.max_batch_files)
+    until = until_disconnected(request)
+
+    async def one(item: bytes | torch.Tensor) -> tuple[torch.Tensor, Explanation | None]:
+        x = await load_input(item, model, service.settings, service.device) if isinstance(item, bytes) else to_device(item, service.device)
+        if checked is None:
+            return await _classify(service, key, x, until), None
+        found = await _explain(service, checked, params, x, until)
+        return found.probs, found
+
+    try:
+        async with asyncio.TaskGroup() as group:  # the first failure cancels the other images' work
+            tasks = [group.create_task(one(item)) for item in items]
+    except ExceptionGroup as failed:
+        raise _first_failure(failed) from None
+    results = [t.result() for t in tasks]
+    outputs = _outputs(model, results, checked, wanted, req)
+    payload, header_length = write_infer_response(key, req.id, outputs, {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
+    if header_length is None:
+        return Response(payload, media_type="application/json")
+    return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)})
+
+
+@router.api_route("/models/{name}/versions/{version}{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+async def versioned(name: str, version: str, rest: str) -> None:
+    """The service does not version its models: say so in the protocol's form."""
+    raise ApiError(404, f"this server does not version its models: use /v2/models/{name}{rest} without /versions/{version}",
+                   code="not_found")
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], include_in_schema=False)
+async def unknown(rest: str) -> None:
+    """Any other /v2 path: a 404 in the protocol's form."""
+    raise ApiError(404, f"/v2/{rest} is not a route of the Open Inference Protocol here: see /v2/models/NAME", code="not_found")
+
+
+def _wanted_outputs(req: InferRequest) -> list[tuple[str, dict[str, Scalar]]]:
+    """The outputs the request names, each with its parameters ([] when it names none)."""
+    if req.outputs is None:
+        return []
+    names = [o.name for o in req.outputs]
+    for n in names:
+        if n not in CLASSIFY_OUTPUTS + EXPLAIN_OUTPUTS:
+            raise bad(f"unknown output {n!r}; the outputs are {', '.join(CLASSIFY_OUTPUTS + EXPLAIN_OUTPUTS)}")
+    if len(set(names)) != len(names):
+        raise bad("an output is requested twice")
+    for o in req.outputs:
+        k = o.parameters.get("classification")
+        if k is not None and (o.name != "probabilities" or not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise bad(f"output {o.name!r}: the classification parameter is a count >= 1 on 'probabilities' only, got {k!r}")
+    return [(o.name, o.parameters) for o in req.outputs]
+
+
+def _first_failure(failed: ExceptionGroup[Exception]) -> ApiError:
+    """The error a request whose images failed answers: the first :class:`ApiError`, else the first failure as a logged 500."""
+    errors = list(failed.exceptions)
+    return next((e for e in errors if isinstance(e, ApiError)), None) or internal_error(errors[0], "POST /v2/models/{name}/infer")
+
+
+def _attribute_params(req: InferRequest, wanted: list[tuple[str, dict[str, Scalar]]], model: str) -> tuple[AttributeCommon, bool]:
+    """The /attribute parameters of the request (checked as /attribute checks them, 422 naming the
+    one that is wrong) and whether an explanation runs."""
+    given = {k: v for k, v in req.parameters.items() if k not in IGNORED_PARAMETERS and k != "explain"}
+    for k in given:
+        if k in RENDER_ONLY or k not in AttributeParams.model_fields:
+            raise ApiError(422, f"parameter {k!r} is not an explanation parameter here; the model is the path's, and the outputs "
+                           "are chosen by name (see /v2/models/NAME)", code="invalid_parameter")
+    asked = any(n in EXPLAIN_OUTPUTS for n, _ in wanted)
+    flag = req.parameters.get("explain")
+    if flag is not None and not isinstance(flag, bool):
+        raise ApiError(422, f"parameter 'explain' must be true or false, got {flag!r}", code="invalid_parameter")
+    if flag is False and (asked or given):
+        raise ApiError(422, "explain is false, yet the request asks for explanation outputs or parameters", code="invalid_parameter")
+    try:
+        params = AttributeParams.model_validate({**given, "model": model, "return_heatmap": False, "return_overlay": False})
+    except ValidationError as err:
+        raise ApiError(422, first_error(err), code="invalid_parameter") from err
+    metrics = {m.strip() for m in (params.faithfulness or "").split(",") if m.strip()}
+    for n, _ in wanted:
+        if n in ("insertion", "deletion") and n not in metrics:
+            raise ApiError(422, f"output {n!r} needs the parameter faithfulness={n} (or insertion,deletion)", code="invalid_parameter")
+    return params, bool(flag) or asked or bool(given)
+
+
+def _images(tensors: list[Tensor], model: ImageClassifier, max_images: int) -> list[bytes | torch.Tensor]:
+    """The request's images: encoded files from ``image``, or ``(3, S, S)`` tensors in [0, 1] from ``input``."""
+    if len(tensors) != 1 or tensors[0].name not in ("image", "input"):
+        raise bad(f"send exactly one input, 'image' (BYTES) or 'input' (FP32 pixels); got {[t.name for t in tensors]}")
+    t = tensors[0]
+    n = t.shape[0] if t.shape else 0
+    if n < 1:
+        raise bad(f"input {t.name!r} holds no image: its shape {t.shape} has no batch dimension of at least 1")
+    if n > max_images:
+        raise ApiError(413, f"a request holds at most {max_images} images (IDG_MAX_BATCH_FILES), this one {n}", code="too_large")
+    if t.name == "image":
+        if t.datatype != "BYTES" or len(t.shape) != 1:
+            raise bad(f"input 'image' must be BYTES of shape [N] (one encoded image file each), got {t.datatype} {t.shape}")
+        return list(t.items)
+    return list(_pixels(t, model.preprocessing.crop_size))
+
+
+def _pixels(t: Tensor, size: int) -> torch.Tensor:
+    """``input`` as ``(N, 3, S, S)`` float32 in [0, 1]."""
+    if t.array is None or t.datatype not in ("FP32", "UINT8"):
+        raise bad(f"input 'input' must be FP32 (in [0, 1]) or UINT8 pixels, got {t.datatype}")
+    layout = t.parameters.get("layout")
+    nchw, nhwc = [t.shape[0], 3, size, size], [t.shape[0], size, size, 3]
+    if layout is None:
+        layout = "NCHW" if t.shape == nchw else "NHWC" if t.shape == nhwc else None
+    if layout not in ("NCHW", "NHWC") or t.shape != (nchw if layout == "NCHW" else nhwc):
+        raise bad(f"input 'input' must have the shape {nchw} (NCHW) or {nhwc} (NHWC) for this model, got {t.shape}"
+                  + (f" with layout {layout!r}" if "layout" in t.parameters else ""))
+    x = t.array.astype(np.float32) / (255.0 if t.datatype == "UINT8" else 1.0)
+    if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+        raise bad("input 'input' must hold pixels in [0, 1] (the model normalises them itself), got values from "
+                  f"{float(np.nanmin(x)):g} to {float(np.nanmax(x)):g} or not finite")
+    pixels = torch.from_numpy(np.ascontiguousarray(x))
+    return pixels if layout == "NCHW" else pixels.permute(0, 3, 1, 2).contiguous()
+
+
+async def _classify(service: Service, name: str, x: torch.Tensor, until: UntilDisconnected) -> torch.Tensor:
+    """Every class probability of one image: /predict's plan and queue."""
+    outcome = await service.run(until, name, predict_plan(x), "predict", priority=0)
+    service.metrics.predictions.labels(name, "none").inc()
+    return outcome.value
+
+
+async def _explain(service: Service, checked: Checked, params: AttributeCommon, x: torch.Tensor, until: UntilDisconnected) -> Explanation:
+    """One image's explanation: /attribute's plan, queue and faithfulness metrics, without its PNGs."""
+    name, _, planned = checked
+    outcome = await service.run(until, name, planned.plan(x, params), "attribute", priority=1, cost=planned.cost(x))
+    found = outcome.value
+    for metric, value in found.scores.items():
+        service.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
+    attr = found.result.attributions
+    if not bool(torch.isfinite(attr).all()):
+        raise ApiError(500, "the attribution is not finite (NaN or infinity): the model's outputs or gradients overflowed on this "
+                       "image; a model in bf16 may need fp32 (IDG_PRECISION)", code="model_error")
+    return found
+
+
+def _rows(rows: list[torch.Tensor]) -> np.ndarray[Any, Any]:
+    """Curves of one row each as ``(N, K)`` float32, NaN-padded to the longest."""
+    width = max((r.numel() for r in rows), default=0)
+    out = np.full((len(rows), width), np.nan, dtype=np.float32)
+    for i, r in enumerate(rows):
+        out[i, :r.numel()] = r.detach().float().cpu().reshape(-1).numpy()
+    return out
+
+
+def _classification(model: ImageClassifier, probs: np.ndarray[Any, Any], k: int) -> Output:
+    """Triton's classification extension: the top ``k`` of each image as ``probability:index:label``."""
+    k = min(k, probs.shape[1])
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    items = [f"{probs[i, c]:.6g}:{c}:{model.class_names[c]}".encode() for i in range(len(probs)) for c in top[i]]
+    return Output("probabilities", items=items, shape=[len(probs), k])
+
+
+def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]], checked: Checked | None,
+             wanted: list[tuple[str, dict[str, Scalar]]], req: InferRequest) -> list[tuple[Output, bool]]:
+    """The answer's outputs, in the order asked (default: every output this request produced)."""
+    probs = np.stack([p.detach().float().cpu().numpy() for p, _ in results])
+    found = [e for _, e in results if e is not None]
+    made: dict[str, Callable[[], np.ndarray[Any, Any]]] = {
+        "probabilities": lambda: probs,
+        "predicted_class": lambda: probs.argmax(axis=1).astype(np.int64),
+    }
+    curve_output = None if checked is None else str(checked[2].params["output"])  # what the method differentiated
+    if found:
+        made |= {
+            "attribution": lambda: np.stack([e.result.attributions[0].detach().float().cpu().numpy() for e in found]),
+            "target": lambda: np.asarray([e.target for e in found], dtype=np.int64),
+            "curve_alpha": lambda: _rows([e.result.alphas[0] if e.result.alphas.dim() == 2 else e.result.alphas for e in found]),
+            "curve_value": lambda: _rows([e.result.logits[0] if e.result.logits.dim() == 2 else e.result.logits for e in found]),
+        }
+        for metric in ("insertion", "deletion"):
+            if all(metric in e.scores for e in found):
+                made[metric] = lambda m=metric: np.asarray([e.scores[m] for e in found], dtype=np.float32)  # type: ignore[misc]
+    names = wanted or [(n, {}) for n in made]
+    default_binary = is_true(req.parameters.get("binary_data_output"))
+    out = []
+    for n, p in names:
+        k = p.get("classification")  # checked by _wanted_outputs
+        tensor = _classification(model, probs, int(k)) if k is not None else Output(n, array=made[n]())
+        if n == "curve_value" and curve_output:
+            tensor.parameters["output"] = curve_output
+        out.append((tensor, is_true(p["binary_data"]) if "binary_data" in p else default_binary))
+    return out
+

@@ -1,0 +1,182 @@
+"""deploy/monitoring works on first start: the rules pass ``promtool check`` and their unit tests
+(input series -> alerts firing and silent), they and the Grafana dashboard name only metrics the
+service exports (or rules record), docker-compose.yml provisions what exists, and (slow) a real
+Prometheus scraping a real server process records a series that its HTTP API gives back."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.core.prometheus import Metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+MONITORING = ROOT / "deploy" / "monitoring"
+RULES = MONITORING / "rules" / "idg.rules.yml"
+RULE_TESTS = (MONITORING / "rules" / "idg.rules.test.yml", MONITORING / "rules" / "idg.faithfulness.test.yml")
+DASHBOARD = MONITORING / "grafana" / "dashboards" / "idg.json"
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (Debian's prometheus package; scripts/setup.sh dev)")
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def exported_series() -> set[str]:
+    """Every series name the service's /metrics can carry (labelled families have no sample until used)."""
+    return {family.name + suffix for family in Metrics().registry.collect() for suffix in SUFFIXES[family.type]}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60, cwd=MONITORING)
+
+
+@needs_promtool
+def test_rules_and_config_pass_promtool_check() -> None:
+    rules = promtool("check", "rules", str(RULES))
+    assert rules.returncode == 0 and "SUCCESS" in rules.stdout, rules.stdout + rules.stderr
+    config = promtool("check", "config", "prometheus.yml")
+    assert config.returncode == 0, config.stdout + config.stderr
+
+
+@needs_promtool
+def test_rule_unit_tests_pass() -> None:
+    passed = promtool("test", "rules", *(str(t) for t in RULE_TESTS))
+    assert passed.returncode == 0 and passed.stdout.count("SUCCESS") == len(RULE_TESTS), passed.stdout + passed.stderr
+
+
+@pytest.mark.slow
+@needs_promtool
+def test_rule_unit_tests_fail_when_the_alerts_are_silenced(tmp_path: Path) -> None:
+    """The unit tests against the rules with every alert's expression never true: each expectation
+    of a firing alert fails (the tests are not vacuous), and only those."""
+    yaml = pytest.importorskip("yaml")
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["expr"] = "vector(1) == 0"
+    (tmp_path / RULES.name).write_text(yaml.safe_dump(rules))
+    for t in RULE_TESTS:
+        (tmp_path / t.name).write_text(t.read_text())
+    failed = subprocess.run([str(PROMTOOL), "test", "rules", *(t.name for t in RULE_TESTS)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    firing = [a for t in RULE_TESTS for test in yaml.safe_load(t.read_text())["tests"] for a in test.get("alert_rule_test", [])
+              if a["exp_alerts"]]
+    out = failed.stdout + failed.stderr
+    assert len(firing) >= 8 and failed.returncode != 0, out
+    assert out.count("alertname:") == len(firing), out
+
+
+def names_in(text: str) -> tuple[set[str], set[str]]:
+    """The raw metric names (``idg_...``) and recorded names (``idg:...``) a file's queries use."""
+    return set(re.findall(r"\bidg_[a-z_]+\b", text)), set(re.findall(r"\bidg:[a-z0-9_:]+\b", text))
+
+
+def test_rules_and_dashboard_use_only_metrics_the_service_exports() -> None:
+    import json
+
+    rules = RULES.read_text()
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    recorded = set(re.findall(r"record: (\S+)", rules))
+    raw_rules, used_rules = names_in(rules)
+    raw_dash, used_dash = names_in(exprs)
+    assert raw_rules and raw_dash and used_dash
+    assert raw_rules | raw_dash <= exported_series(), (raw_rules | raw_dash) - exported_series()
+    assert (used_rules - recorded) == set() and (used_dash - recorded) == set(), (used_rules | used_dash) - recorded
+    assert {"idg_http_requests_total", "idg_queue_depth", "idg_device_busy_seconds_total", "idg_faithfulness_sum"} <= raw_rules
+    assert all(p.get("datasource", {"uid": "prometheus"})["uid"] == "prometheus" for p in dashboard["panels"])
+
+
+def test_compose_provisions_prometheus_and_grafana_from_files_that_exist() -> None:
+    yaml = pytest.importorskip("yaml")
+    compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"idg", "prometheus", "grafana"} <= set(services)
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    target = config["scrape_configs"][0]["static_configs"][0]["targets"][0]
+    assert target == "idg:8000" and services["idg"]["ports"][0].endswith(":8000")  # the service's name and port in Compose
+    datasource = yaml.safe_load((MONITORING / "grafana/provisioning/datasources/prometheus.yml").read_text())["datasources"][0]
+    assert datasource["uid"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == "/var/lib/grafana/dashboards/" + DASHBOARD.name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_prometheus(tmp_path: Path, target: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus on loopback with the shipped config and rules, scraping ``target`` every second."""
+    assert PROMETHEUS is not None
+    config = (MONITORING / "prometheus.yml").read_text()
+    for old, new in (("idg:8000", target), ("scrape_interval: 15s", "scrape_interval: 1s"),
+                     ("evaluation_interval: 15s", "evaluation_interval: 1s"), ("rules/idg.rules.yml", str(RULES))):
+        assert old in config, old
+        config = config.replace(old, new)
+    (tmp_path / "prometheus.yml").write_text(config)
+    port = free_port()
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed with the process by the caller's kill
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def recorded(result: list[dict[str, Any]]) -> bool:
+    """Whether a query found a series whose value is a number (a rate over one scrape is 0 / 0 = NaN)."""
+    return bool(result) and result[0]["value"][1] != "NaN"
+
+
+def query(url: str, expr: str) -> list[dict[str, Any]]:
+    r = httpx.get(url + "/api/v1/query", params={"query": expr}, timeout=10)
+    r.raise_for_status()
+    return list(r.json()["data"]["result"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is missing (Debian's prometheus package; scripts/setup.sh dev)")
+def test_a_real_prometheus_records_the_real_servers_series(tmp_path: Path) -> None:
+    from tests.service.conftest import image_bytes
+    from tests.service.reliability.server_app import serve_process
+
+    with serve_process(tmp_path / "server.log") as served:
+        proc, url = start_prometheus(tmp_path, f"127.0.0.1:{served.port}")
+        try:
+            deadline, found, faithful = time.monotonic() + 90, [], []
+            while time.monotonic() < deadline and not (recorded(found) and recorded(faithful)):
+                assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+                httpx.post(served.url + "/predict", files={"file": ("a.png", image_bytes())}, timeout=30)
+                httpx.post(served.url + "/attribute", files={"file": ("a.png", image_bytes())}, timeout=30,
+                           data={"steps": "4", "probe_steps": "4", "faithfulness": "insertion", "return_overlay": "false"})
+                try:
+                    found = query(url, 'idg:http_requests:rate5m{route="/predict", status="200"}')
+                    faithful = query(url, 'idg:faithfulness:mean_1h{metric="insertion"}')
+                except httpx.HTTPError:
+                    pass  # Prometheus is still starting
+                time.sleep(1)
+            assert found and float(found[0]["value"][1]) > 0, (tmp_path / "prometheus.log").read_text()[-3000:]
+            assert faithful and faithful[0]["metric"]["model"] == "tiny" and 0 <= float(faithful[0]["value"][1]) <= 1
+            targets = httpx.get(url + "/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+            assert [t["health"] for t in targets] == ["up"]
+            rules = httpx.get(url + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+            assert all(r["health"] == "ok" for g in rules for r in g["rules"]), rules
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
