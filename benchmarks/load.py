@@ -47,8 +47,9 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
              f"{meta['per_client']} requests per client at each level, clients in {meta.get('client_processes', 1)} process(es).", "",
              "Models as served (`/models`): " + "; ".join(json.dumps(m) for m in rows[0].get("models", [])) + ".", "",
              "| clients | ok | 503 | p50 s | p95 s | p99 s | p99/p50 | attributions/s | model calls | images/call | padding/real rows "
-             "| device busy | GPU SM util % (dmon) | unwarmed calls | host CPU ms/attr | event loop ms/attr | client CPU ms/request |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| device busy | GPU SM util % (dmon) | unwarmed calls | host CPU ms/attr | event loop ms/attr | client CPU ms/request "
+             "| server p50 / p99 s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['clients']} | {r['ok']} | {r['rejected_503']} | {_fmt(r['p50_s'], '.3f')} | {_fmt(r['p95_s'], '.3f')} | "
@@ -56,7 +57,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{_fmt(r['mean_images_per_call'], '.1f')} | {_fmt(r.get('padded_per_real_row'), '.2f')} | "
             f"{r['device_busy_fraction']:.0%} | {_fmt(r.get('gpu_sm_util_mean'), '.0f')} | "
             f"{r.get('unwarmed_calls', 0):.0f} | {_fmt(r.get('host_cpu_ms_per_attr'), '.1f')} | "
-            f"{_fmt(r.get('event_loop_cpu_ms_per_attr'), '.1f')} | {_fmt(r.get('client_cpu_ms_per_request'), '.1f')} |")
+            f"{_fmt(r.get('event_loop_cpu_ms_per_attr'), '.1f')} | {_fmt(r.get('client_cpu_ms_per_request'), '.1f')} | "
+            f"{_fmt(r.get('server_p50_s'), '.3f')} / {_fmt(r.get('server_p99_s'), '.3f')} |")
     split = [(r["clients"], r["cpu_ms_per_attr_by_thread"]) for r in rows if r.get("cpu_ms_per_attr_by_thread")]
     if split:
         lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(
@@ -64,6 +66,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if meta.get("gil_profile"):
         lines += ["", f"Who held the GIL during the last level (py-spy --gil, {meta['levels'][-1]} clients):", ""]
         lines += [f"- {line}" for line in meta["gil_profile"]]
+    lines += ["", "Server p50 / p99: the answers' own `timings.total_ms` (from the server's reading the body to its answer); "
+              "where they are far below the client's, the time went to HTTP, the network stack or the load generator."]
     lines += ["", "Device busy: the service's own counter (`idg_device_busy_seconds_total`: CUDA-event time of each model call on a "
               "GPU, the device thread's time in the call elsewhere) over the level's wall time. GPU SM util: the mean of "
               "`nvidia-smi dmon -s u` samples during the level. The first row is the first request after ready; the second (with "

@@ -116,10 +116,18 @@ async def _client(url: str, images: list[Path], n: int, fields: dict[str, str], 
             codes.append(r.status_code)
             if r.status_code == 200:
                 lat.append(time.perf_counter() - started)
+                found = _TOTAL_MS.search(r.content)
+                if found:  # the server's own time (from its reading the body to its answer), beside the client's
+                    SERVER_MS.append(float(found.group(1)))
+
+
+_TOTAL_MS = re.compile(rb'"total_ms":\s*([0-9.]+)')
+SERVER_MS: list[float] = []
+"""The server-side ``timings.total_ms`` of the answers this process received (a load level reads and clears it)."""
 
 
 def _client_share(url: str, images: list[Path], first: int, clients: int, per_client: int,
-                  fields: dict[str, str]) -> tuple[list[float], list[int], float]:
+                  fields: dict[str, str]) -> tuple[list[float], list[int], float, list[float]]:
     """Clients ``first .. first + clients - 1`` in this process (one of several): latencies, codes, CPU seconds used."""
     lat: list[float] = []
     codes: list[int] = []
@@ -129,27 +137,30 @@ def _client_share(url: str, images: list[Path], first: int, clients: int, per_cl
         await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes)
                                for c in range(first, first + clients)])
 
+    SERVER_MS.clear()
     asyncio.run(run())
-    return lat, codes, time.process_time() - cpu
+    return lat, codes, time.process_time() - cpu, list(SERVER_MS)
 
 
 async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str],
-                   processes: int) -> tuple[list[float], list[int], float]:
+                   processes: int) -> tuple[list[float], list[int], float, list[float]]:
     """Run the clients in ``processes`` processes (one Python process's HTTP client tops out near 100 requests/s of
     uploads and JSON answers: a load generator must not be what it measures); latencies, codes, client CPU seconds."""
     if processes <= 1:
         lat: list[float] = []
         codes: list[int] = []
         cpu = time.process_time()
+        SERVER_MS.clear()
         await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
-        return lat, codes, time.process_time() - cpu
+        return lat, codes, time.process_time() - cpu, list(SERVER_MS)
     shares = [clients // processes + (i < clients % processes) for i in range(processes)]
     starts = [sum(shares[:i]) for i in range(processes)]
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         parts = await asyncio.gather(*[loop.run_in_executor(pool, _client_share, url, images, a, n, per_client, fields)
                                        for a, n in zip(starts, shares, strict=True) if n])
-    return [x for p in parts for x in p[0]], [x for p in parts for x in p[1]], sum(p[2] for p in parts)
+    return ([x for p in parts for x in p[0]], [x for p in parts for x in p[1]], sum(p[2] for p in parts),
+            [x for p in parts for x in p[3]])
 
 
 async def load_level(
@@ -164,7 +175,7 @@ async def load_level(
     rows_before = _rows(text)
     dmon = SmMonitor()
     started = time.perf_counter()
-    lat, codes, client_cpu = await _clients(url, images, clients, per_client, fields, client_processes)
+    lat, codes, client_cpu, server_ms = await _clients(url, images, clients, per_client, fields, client_processes)
     wall = time.perf_counter() - started
     sm = dmon.stop()
     text = httpx.get(f"{url}/metrics").text
@@ -189,7 +200,9 @@ async def load_level(
         "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
         "wall_s": wall, "device_busy_fraction": busy / wall, "padded_per_real_row": padding / real if real else None,
         "unwarmed_calls": _labelled(text, "idg_unwarmed_calls"), "client_processes": client_processes,
-        "client_cpu_ms_per_request": 1000 * client_cpu / len(codes) if codes else None, "gpu_sm_util_mean": sm, **host,
+        "client_cpu_ms_per_request": 1000 * client_cpu / len(codes) if codes else None,
+        "server_p50_s": float(np.percentile(server_ms, 50)) / 1000 if server_ms else None,
+        "server_p99_s": float(np.percentile(server_ms, 99)) / 1000 if server_ms else None, "gpu_sm_util_mean": sm, **host,
     }
 
 
