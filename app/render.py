@@ -54,11 +54,11 @@ def _npy(attr: Tensor) -> dict[str, Any]:
 
 def curve(result: AttributionResult, output: str) -> OutputCurve:
     """The answer's curve; ``output`` ("logit" or "probability") is what the method differentiated,
-    so what ``result.logits`` holds despite its name."""
+    so what ``result.values`` holds."""
     def row(t: Tensor) -> list[float]:
         return [float(v) for v in (t[0] if t.dim() == 2 else t).tolist()] if t.numel() else []
 
-    values, probe_values = row(result.logits), row(result.probe_logits)
+    values, probe_values = row(result.values), row(result.probe_values)
     return OutputCurve.model_validate({
         "output": output, "probe_alphas": row(result.probe_alphas), "probe_values": probe_values, "alphas": row(result.alphas),
         "values": values, "importance": row(result.importance), "weights": row(result.weights),

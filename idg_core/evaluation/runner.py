@@ -152,8 +152,8 @@ def evaluate_image(
     idg_name = next((n for n, (m, kw) in cfg.methods.items() if m == "idg" and not kw.get("uniform")), None)
     if idg_name:
         r = results[idg_name]
-        record["idg_curve"] = {"method": idg_name, "probe_alphas": r.probe_alphas.tolist(), "probe_logits": r.probe_logits[0].tolist(),
-                               "alphas": r.alphas[0].tolist(), "logits": r.logits[0].tolist(), "importance": r.importance[0].tolist()}
+        record["idg_curve"] = {"method": idg_name, "probe_alphas": r.probe_alphas.tolist(), "probe_logits": r.probe_values[0].tolist(),
+                               "alphas": r.alphas[0].tolist(), "logits": r.values[0].tolist(), "importance": r.importance[0].tolist()}
     record["seconds"] = time.perf_counter() - started
     return record
 

@@ -107,9 +107,9 @@ def test_idg_sensitivity_flat_samples_contribute_nothing() -> None:
 def test_idg_result_shapes_and_costs() -> None:
     res = idg(SmallCNN(), torch.rand(2, 3, 16, 16), "black", [1, 2], steps=12, probe_steps=9)
     assert res.attributions.shape == (2, 3, 16, 16)
-    for field in (res.alphas, res.logits, res.importance, res.weights):
+    for field in (res.alphas, res.values, res.importance, res.weights):
         assert field.shape == (2, 12)
-    assert res.probe_alphas.shape == (9,) and res.probe_logits.shape == (2, 9)
+    assert res.probe_alphas.shape == (9,) and res.probe_values.shape == (2, 9)
     assert (res.forward_passes, res.backward_passes) == (2 * (9 + 12), 2 * 12)
     assert (res.alphas.diff(dim=1) > 0).all()
 
