@@ -9,9 +9,12 @@ tuple below."""
 from __future__ import annotations
 
 from idg_core.methods import agi as _agi
+from idg_core.methods import eg as _eg
 from idg_core.methods import guided_ig as _guided_ig
 from idg_core.methods import idg as _idg
+from idg_core.methods import idg_eg as _idg_eg
 from idg_core.methods import ig as _ig
+from idg_core.methods import la as _la
 from idg_core.methods import left_ig as _left_ig
 from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_NAMES, Method, Preset, WorkBound
 from idg_core.methods.agi import agi, agi_plan
@@ -29,6 +32,6 @@ __all__ = [
 
 METHODS: dict[str, Method] = {
     m.METHOD.name: m.METHOD
-    for m in (_idg, _ig, _left_ig, _guided_ig, _agi)
+    for m in (_idg, _ig, _left_ig, _guided_ig, _agi, _eg, _idg_eg, _la)
 }
 """Every method by name, in the order the service and the page list them."""
