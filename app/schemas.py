@@ -31,9 +31,10 @@ class AttributeCommon(PredictParams):
     method: MethodName = Field("idg", description="Attribution method: " + ", ".join(f"{n} ({m.summary})" for n, m in METHODS.items()))
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
     preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
-                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos) or 'paper' (the paper's "
-                           "50 steps); explicit steps / probe_steps / max_iter override it. The other methods run their paper "
-                           "settings under both")
+                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos), 'paper' (the paper's "
+                           "50 steps) or 'quality' (IDG fast + IDGI + SmoothGrad over 16 noisy copies); explicit steps / "
+                           "probe_steps / max_iter / postprocess / smooth_* override it. The other methods run their paper "
+                           "settings under paper and quality")
     baseline: Literal["mean", "black"] = Field(
         "mean", description="Path start: 'mean' (the model's normalisation mean, zero in its normalised space as in the authors' "
         "code and the evaluation: the ImageNet mean colour for ImageNet-normalised models, grey for EfficientNet-Lite) or 'black'")

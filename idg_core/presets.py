@@ -11,6 +11,13 @@ of 100 + 50; IDG 8/8 loses insertion to IDG-50/50 (−0.012 ± 0.007). On Lite1 
 ``results/cost-efficientnet_lite1|2/``) 8/16 meets the rule too, and 8/8 fails it on Lite2: 8/16 is the cheapest
 setting that passes on all three. Only IDG was measured for ``fast``: the
 other methods keep their paper settings under it. Explicit ``steps``/``probe_steps`` override a preset.
+
+``quality`` adds post-steps: for IDG it is ``fast``'s steps with IDGI inside and SmoothGrad over 16 noisy
+copies (σ 0.15) around it, 16 × (8 + 16) = 384 forward and 256 gradient passes, within the cap of ten times
+AGI's 40. **Provisional**: chosen from the 100-photo H100 table of issue #31 (IDG+SmoothGrad first on deletion,
+SIC and AIC, IDG+IDGI first on insertion) at the cap, not yet from the 65-sample table that is to decide it
+(``results/evaluation-quality/README.md`` has the command and what is measured so far). The other methods
+run their paper settings under it. A request's own ``postprocess`` / ``smooth_*`` override the preset's.
 """
 
 from __future__ import annotations

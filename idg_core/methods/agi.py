@@ -92,4 +92,4 @@ agi = method_function("agi", agi_plan, PARAMS, """AGI: Σ over adversarial class
 the role of the predicted class y0; ``baseline`` is ignored (AGI has none; None is accepted).""", uses_baseline=False)
 
 METHOD = Method(agi, agi_plan, PARAMS, agi_bound, "Adversarial Gradient Integration",
-                presets={"fast": {"max_iter": 20}, "paper": {"max_iter": 20}})
+                presets={"fast": {"max_iter": 20}, "paper": {"max_iter": 20}, "quality": {"max_iter": 20}})

@@ -94,4 +94,4 @@ with references x'_j drawn from the image's blurred copies (or noise) and α_j ~
 ignored (None is accepted).""", uses_baseline=False)
 
 METHOD = Method(eg, eg_plan, PARAMS, eg_bound, "Expected Gradients: IG over drawn references and path positions",
-                presets={"fast": {"samples": 32}, "paper": {"samples": 50}})
+                presets={"fast": {"samples": 32}, "paper": {"samples": 50}, "quality": {"samples": 50}})

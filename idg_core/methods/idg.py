@@ -18,6 +18,9 @@ IMPORTANCE = ("finite_difference", "exact")
 FAST = {"probe_steps": 8, "steps": 16}
 """The ``fast`` preset and the defaults: the cheapest steps that keep IDG-50/50's faithfulness (:mod:`idg_core.presets`)."""
 PAPER = {"probe_steps": 50, "steps": 50}
+QUALITY = {**FAST, "postprocess": "idgi", "smooth_samples": 16, "smooth_std": 0.15}
+"""The ``quality`` preset: IDG fast + IDGI + SmoothGrad over 16 noisy copies, 384 forward / 256 gradient passes
+(AGI's 40 x 10 = 400 at most); provisional, see :mod:`idg_core.presets`."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
@@ -93,4 +96,4 @@ idg = method_function("idg", idg_plan, PARAMS, """Integrated Decision Gradients 
 IDG = mean_j(∇F(x(α_j)) · IF_j · w_j) ⊙ (x - x'), with the samples placed where the output moves.""")
 
 METHOD = Method(idg, idg_plan, PARAMS, idg_bound, "Integrated Decision Gradients with adaptive sampling",
-                presets={"fast": FAST, "paper": PAPER}, straight_path=True)
+                presets={"fast": FAST, "paper": PAPER, "quality": QUALITY}, straight_path=True)

@@ -54,4 +54,5 @@ from ``paths`` references drawn from the image's blurred copies (or noise). ``ba
                          uses_baseline=False)
 
 METHOD = Method(idg_eg, idg_eg_plan, PARAMS, idg_eg_bound, "IDG averaged over Expected-Gradients references",
-                presets={"fast": {"paths": 4, "probe_steps": 8, "steps": 16}, "paper": {"paths": 4, "probe_steps": 50, "steps": 50}})
+                presets={"fast": {"paths": 4, "probe_steps": 8, "steps": 16}, "paper": {"paths": 4, "probe_steps": 50, "steps": 50},
+                         "quality": {"paths": 4, "probe_steps": 8, "steps": 16}})

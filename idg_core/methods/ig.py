@@ -75,4 +75,4 @@ def _plan(x: Tensor, baseline: Tensor, target: int, alphas: Tensor, weights: Ten
 ig = method_function("ig", ig_plan, PARAMS, """Integrated Gradients: IG = (x - x') ⊙ Σ_j w_j ∇F(x' + α_j (x - x')).""")
 
 METHOD = Method(ig, ig_plan, PARAMS, ig_bound, "Integrated Gradients",
-                presets={"fast": {"steps": 50}, "paper": {"steps": 50}}, straight_path=True)
+                presets={"fast": {"steps": 50}, "paper": {"steps": 50}, "quality": {"steps": 50}}, straight_path=True)

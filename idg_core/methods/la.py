@@ -85,4 +85,5 @@ attack of -∇p_y0 ⊙ (x_next - x0), steps x0 / spatial_range per pixel. ``x`` 
 ``target`` plays the role of the predicted class y0; ``baseline`` is ignored (None is accepted).""", uses_baseline=False)
 
 METHOD = Method(la, la_plan, PARAMS, la_bound, "Local Attribution: local adversarial integration (LA, ACM MM 2024)",
-                presets={"fast": {"max_iter": 10, "classes": 10}, "paper": {"max_iter": 20, "classes": 20}})
+                presets={"fast": {"max_iter": 10, "classes": 10}, "paper": {"max_iter": 20, "classes": 20},
+                         "quality": {"max_iter": 20, "classes": 20}})

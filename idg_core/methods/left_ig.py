@@ -61,4 +61,4 @@ at linspace(0, 1, steps) up to the first point whose output exceeds threshold ×
 averaged, ⊙ (x - x').""")
 
 METHOD = Method(left_ig, left_ig_plan, PARAMS, left_ig_bound, "Left-IG: IG up to 90% of the maximum logit",
-                presets={"fast": {"steps": 50}, "paper": {"steps": 50}}, straight_path=True)
+                presets={"fast": {"steps": 50}, "paper": {"steps": 50}, "quality": {"steps": 50}}, straight_path=True)
