@@ -65,7 +65,8 @@ class Method:
                 raise TypeError(f"{self.name}: unknown preset {preset!r}; presets are {', '.join(PRESET_NAMES)}")
             own = {k: v for k, v in values.items() if k not in POST_STEPS}
             self.params.validate(own)  # a preset that sets an unknown or bad value fails at import, not per request
-            if values.get("postprocess", "none") not in ("none", "idgi") or (values.get("postprocess") == "idgi" and not self.straight_path):
+            post = values.get("postprocess", "none")
+            if post not in ("none", "idgi") or (post == "idgi" and not self.straight_path):
                 raise TypeError(f"{self.name}: preset {preset!r} sets postprocess={values['postprocess']!r}, which does not apply")
             if not isinstance(values.get("smooth_samples", 0), int) or values.get("smooth_samples", 0) < 0:
                 raise TypeError(f"{self.name}: preset {preset!r} sets smooth_samples={values['smooth_samples']!r}")
