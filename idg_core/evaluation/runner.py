@@ -186,7 +186,7 @@ def evaluate_image(
     dele = deletion(model, xs, sal, substrate=p.mean, step=cfg.rise_step, batch_size=max(cfg.batch_size, 64))
     record: dict[str, Any] = {"image": path.name, "label": label, "pred": pred, "prob": float(probs[pred]),
                               "correct": label == pred if label is not None else None, "methods": {}}
-    roads = road(model, xs, sal, std=p.std, seed=seed, batch_size=max(cfg.batch_size, 64)) if "road" in cfg.metrics else None
+    roads = road(model, xs, sal, std=p.std, seed=seed, batch_size=max(cfg.batch_size, 64), pool=pool) if "road" in cfg.metrics else None
     confidence = original_confidence(model, x, pred)
     if not {"sic", "aic"} & set(cfg.metrics):
         skipped = Skipped(SKIP_RULES["not_requested"], "not_requested")

@@ -20,6 +20,7 @@ image: ``2 × len(LEVELS)`` forward passes and as many imputations.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Executor
 
 import numpy as np
 import torch
@@ -67,13 +68,15 @@ def _impute_one(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return out.reshape(c, h, w)
 
 
-def linear_impute(x: Tensor, keep: Tensor) -> Tensor:
+def linear_impute(x: Tensor, keep: Tensor, pool: Executor | None = None) -> Tensor:
     """``x (B, C, H, W)`` with the pixels where ``keep (B, H, W)`` is False replaced by the solution of
-    the neighbour-mean system (no noise), on the CPU. Every image must keep at least one pixel."""
+    the neighbour-mean system (no noise), on the CPU (one solve per image, in ``pool``'s processes when
+    given). Every image must keep at least one pixel."""
     if not bool(keep.flatten(1).any(1).all()):
         raise ValueError("linear_impute needs at least one kept pixel per image")
     xs, ks = x.detach().cpu().double().numpy(), keep.cpu().numpy()
-    return torch.from_numpy(np.stack([_impute_one(xs[i], ks[i]) for i in range(len(xs))])).to(x.device, x.dtype)
+    solved = pool.map(_impute_one, list(xs), list(ks)) if pool else map(_impute_one, xs, ks)
+    return torch.from_numpy(np.stack(list(solved))).to(x.device, x.dtype)
 
 
 def removal_masks(saliency: Tensor, levels: Sequence[float], most_first: bool) -> Tensor:
@@ -88,10 +91,11 @@ def removal_masks(saliency: Tensor, levels: Sequence[float], most_first: bool) -
 
 
 def road(model: Model, x: Tensor, saliency: Tensor, *, std: Sequence[float], levels: Sequence[float] = LEVELS,
-         noise: float = 0.01, seed: int = 0, batch_size: int = 64) -> dict[str, list[Curve]]:
+         noise: float = 0.01, seed: int = 0, batch_size: int = 64, pool: Executor | None = None) -> dict[str, list[Curve]]:
     """ROAD curves of ``x (B, C, H, W)`` (pixels in [0, 1]) ranked by ``saliency (B, H, W)``:
     ``{"morf": [...], "lerf": [...]}``, one :class:`Curve` per image (``x`` the levels, ``y`` the
-    probabilities, ``auc`` their mean). ``std``: the model's normalisation std (noise in its units)."""
+    probabilities, ``auc`` their mean). ``std``: the model's normalisation std (noise in its units);
+    ``pool``: processes for the sparse solves (the evaluation's PIC pool)."""
     b, c, h, w = x.shape
     with torch.no_grad():
         cls = model(x).argmax(1)
@@ -101,7 +105,7 @@ def road(model: Model, x: Tensor, saliency: Tensor, *, std: Sequence[float], lev
     for name, most_first in (("morf", True), ("lerf", False)):
         keep = removal_masks(saliency.to(x.device), levels, most_first).flatten(0, 1)  # (B·L, H, W)
         xs = x.repeat_interleave(len(levels), 0)
-        filled = linear_impute(xs, keep)
+        filled = linear_impute(xs, keep, pool)
         jitter = torch.randn(filled.shape, generator=gen).to(x.device, x.dtype) * noise * sd
         imgs = torch.where(keep.unsqueeze(1), xs, filled + jitter)
         probs = []

@@ -83,3 +83,13 @@ def test_road_runs_on_a_small_cnn() -> None:
     model = SmallCNN().eval()
     out = road(model, torch.rand(2, 3, 16, 16), torch.rand(2, 16, 16), std=(0.2, 0.2, 0.2))
     assert all(0 <= c.auc <= 1 for k in ("morf", "lerf") for c in out[k])
+
+
+def test_the_solves_may_run_in_a_process_pool_with_the_same_result() -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(3, 3, 12, 12, generator=gen)
+    keep = removal_masks(torch.rand(3, 12, 12, generator=gen), [0.5], most_first=False)[:, 0]
+    with ProcessPoolExecutor(2) as pool:
+        assert torch.equal(linear_impute(x, keep, pool), linear_impute(x, keep))
