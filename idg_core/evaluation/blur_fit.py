@@ -48,12 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--model", default="efficientnet_lite0")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=50, help="IDG's main steps (the evaluation's IDG+SmoothGrad: 50)")
+    p.add_argument("--probe-steps", type=int, default=50)
     p.add_argument("--out", type=Path, default=Path("results/evaluation-quality/blur_fit.md"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     keep_freed_memory()
     model = tune(load_entry(args.model, None, None, torch.device("cpu")), precision="fp32")
-    idg, smooth = {"steps": 50, "probe_steps": 50}, {"smooth_samples": 10, "smooth_std": 0.15}
+    idg, smooth = {"steps": args.steps, "probe_steps": args.probe_steps}, {"smooth_samples": 10, "smooth_std": 0.15}
     scores = fit(model, image_files(args.images)[: args.limit], idg, smooth, args.batch_size)
     best = max(SIGMAS, key=lambda s: float(np.mean(scores[s])))
     lines = [f"# Blur control: σ fitted to IDG+SmoothGrad ({args.model}, {len(scores[0.0])} photos)", "",
