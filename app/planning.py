@@ -73,11 +73,16 @@ def work_bound(settings: Settings, params: AttributeCommon, used: dict[str, Any]
     return bound
 
 
-def explain_options(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> ExplainOptions:
-    """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
+def post_steps(params: AttributeCommon) -> dict[str, Any]:
+    """``postprocess`` and ``smooth_*`` as they take effect: the request's, over its preset's, over the defaults."""
     given = {k: getattr(params, k) for k in POST_STEPS if k in params.model_fields_set}
     defaults = {k: AttributeCommon.model_fields[k].default for k in POST_STEPS}
-    chosen = {**defaults, **preset_post(params.method, params.preset), **given}  # the request's, over the preset's
+    return {**defaults, **preset_post(params.method, params.preset), **given}
+
+
+def explain_options(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> ExplainOptions:
+    """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
+    chosen = post_steps(params)
     post: dict[str, Any] = {}
     if chosen["postprocess"] == "idgi":
         post["postprocess"] = "idgi"

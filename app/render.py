@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.planning import AttributePlan
+from app.planning import AttributePlan, post_steps
 from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Timings
 from idg_core.explain import Explanation
 from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, image_png
@@ -74,7 +74,9 @@ def top_classes(model: ImageClassifier, probs: Tensor, k: int) -> list[ClassScor
 
 def method_label(params: AttributeCommon) -> str:
     """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label)."""
-    return params.method + ("+idgi" if params.postprocess == "idgi" else "") + (f"+{params.smooth_kind}" if params.smooth_samples else "")
+    post = post_steps(params)  # a preset's post-steps count (quality)
+    smooth = f"+{post['smooth_kind']}" if post["smooth_samples"] else ""
+    return params.method + ("+idgi" if post["postprocess"] == "idgi" else "") + smooth
 
 
 def attribute_response(

@@ -63,3 +63,12 @@ async def test_quality_adds_its_post_steps_unless_the_request_gives_its_own(tiny
         assert sum(net.calls) == body["cost"]["forward_passes"]
         if fields.get("preset") == "quality" and copies == PRESETS["idg"]["quality"]["smooth_samples"]:
             assert body["cost"]["forward_passes"] - 1 <= 400  # AGI's 2 x 20 passes x 10
+
+
+def test_the_metrics_label_names_the_presets_post_steps() -> None:
+    from app.render import method_label
+    from app.schemas import AttributeParams
+
+    assert method_label(AttributeParams.model_validate({"preset": "quality"})) == "idg+idgi+smoothgrad"
+    assert method_label(AttributeParams.model_validate({"preset": "quality", "smooth_samples": 0})) == "idg+idgi"
+    assert method_label(AttributeParams.model_validate({"method": "ig", "preset": "quality"})) == "ig"
