@@ -66,7 +66,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "IDG+SmoothGrad": ("idg", {"steps": 50, "probe_steps": 50, "smooth_samples": 10, "smooth_std": 0.15}),
 }
 BLUR_SIGMA = 4.0
-"""σ (pixels) of the blur control: fitted to IDG+SmoothGrad's maps (``results/evaluation-quality/blur_fit.md``)."""
+"""σ (pixels) of the blur control. **Not yet fitted** (the CPU was too loaded to finish the fit): run
+``python -m idg_core.evaluation.blur_fit`` (it writes ``results/evaluation-quality/blur_fit.md``) and set its best σ
+here, or name the row ``IDG+Blur:blur_sigma=S``."""
 # The rivals of issue #31, at their published defaults, and the blur control.
 RIVALS: dict[str, tuple[str, dict[str, Any]]] = {
     "EG": ("eg", {"samples": 50}),
