@@ -18,16 +18,19 @@ from idg_core.methods import la as _la
 from idg_core.methods import left_ig as _left_ig
 from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_NAMES, Method, Preset, WorkBound
 from idg_core.methods.agi import agi, agi_plan
+from idg_core.methods.eg import eg, eg_plan
 from idg_core.methods.guided_ig import guided_ig, guided_ig_plan
 from idg_core.methods.idg import idg, idg_plan
+from idg_core.methods.idg_eg import idg_eg, idg_eg_plan
 from idg_core.methods.ig import ig, ig_plan
+from idg_core.methods.la import la, la_plan
 from idg_core.methods.left_ig import left_ig, left_ig_plan
 from idg_core.methods.params import InvalidParameter, Param, Params
 
 __all__ = [
     "DEFAULT_PRESET", "METHODS", "POST_STEPS", "PRESET_NAMES", "InvalidParameter", "Method", "Param", "Params", "Preset",
-    "WorkBound", "agi", "agi_plan", "guided_ig", "guided_ig_plan", "idg", "idg_plan", "ig", "ig_plan", "left_ig",
-    "left_ig_plan",
+    "WorkBound", "agi", "agi_plan", "eg", "eg_plan", "guided_ig", "guided_ig_plan", "idg", "idg_eg", "idg_eg_plan", "idg_plan",
+    "ig", "ig_plan", "la", "la_plan", "left_ig", "left_ig_plan",
 ]
 
 METHODS: dict[str, Method] = {
