@@ -65,10 +65,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "IG+IDGI": ("ig", {"steps": 50, "rule": "uniform", "postprocess": "idgi"}),
     "IDG+SmoothGrad": ("idg", {"steps": 50, "probe_steps": 50, "smooth_samples": 10, "smooth_std": 0.15}),
 }
-BLUR_SIGMA = 4.0
-"""σ (pixels) of the blur control. **Not yet fitted** (the CPU was too loaded to finish the fit): run
-``python -m idg_core.evaluation.blur_fit`` (it writes ``results/evaluation-quality/blur_fit.md``) and set its best σ
-here, or name the row ``IDG+Blur:blur_sigma=S``."""
+BLUR_SIGMA = 1.0
+"""σ (pixels) of the blur control: the blur that makes IDG's map most like IDG+SmoothGrad's (10 copies, σ 0.15),
+fitted on 2 photos at IDG 8/16 on the loaded CPU (``results/evaluation-quality/blur_fit.md``: correlation 0.40-0.44
+against 0.36-0.39 unblurred; 2 px next). Refit with more photos at 50/50 with ``python -m idg_core.evaluation.blur_fit``
+or name the row ``IDG+Blur:blur_sigma=S``."""
 # The rivals of issue #31, at their published defaults, and the blur control.
 RIVALS: dict[str, tuple[str, dict[str, Any]]] = {
     "EG": ("eg", {"samples": 50}),
