@@ -119,10 +119,7 @@ def test_the_evaluation_command_takes_a_users_own_model(tmp_path: Path) -> None:
     assert {r["method"] for r in rows} == {"IG", "IDG"} and entry in summary and "Top-1 not known" in summary
 
 
-def test_rows_are_named_or_composed_and_the_summary_ranks_them_with_road_and_diffid(tmp_path: Path) -> None:
-    """`--methods IDG IDG+IDGI+SmoothGrad:... eg:samples=3 LA:...`: composed rows parse to a method and its
-    post-steps, run beside the named ones, and the summary ranks every row on the four metrics, DiffID and ROAD."""
-    from idg_core.evaluation.__main__ import main
+def test_rows_are_named_or_composed_of_a_method_and_its_post_steps() -> None:
     from idg_core.evaluation.runner import parse_row
 
     assert parse_row("IDG+IDGI+SmoothGrad") == ("idg", {"steps": 50, "probe_steps": 50, "postprocess": "idgi",
@@ -131,6 +128,14 @@ def test_rows_are_named_or_composed_and_the_summary_ranks_them_with_road_and_dif
     for bad, words in (("IDG+Sharpen", "unknown post-step"), ("shap", "neither a row"), ("IDG:steps", "not key=value")):
         with pytest.raises(ValueError, match=words):
             parse_row(bad)
+
+
+@pytest.mark.slow
+def test_the_summary_ranks_every_row_with_road_and_diffid(tmp_path: Path) -> None:
+    """`--methods IDG IDG+IDGI+SmoothGrad:... eg:samples=3 LA:...`: composed rows run beside the named ones, and
+    the summary ranks every row on the four metrics, DiffID and ROAD."""
+    from idg_core.evaluation.__main__ import main
+
     folder = tmp_path / "images"
     folder.mkdir()
     _images(folder)
