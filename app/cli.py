@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     at.add_argument("--model")
     at.add_argument("--method", default="idg")
     at.add_argument("--target", type=int)
-    at.add_argument("--preset", choices=["fast", "paper"], help="cost preset (default: the service's, fast)")
+    at.add_argument("--preset", choices=["fast", "paper", "quality"], help="cost preset (default: the service's, fast)")
     at.add_argument("--steps", type=int)
     at.add_argument("--probe-steps", type=int)
     at.add_argument("--baseline", choices=["mean", "black"])

@@ -17,16 +17,13 @@ from app.schemas import AttributeCommon, AttributeParams, PredictExplainParams
 from app.worker.engine import work_units
 from idg_core.explain import ExplainOptions, Explanation, explain_plan
 from idg_core.faithfulness import forward_cost, parse_metrics
-from idg_core.methods import METHODS, InvalidParameter, WorkBound
+from idg_core.methods import METHODS, POST_STEPS, InvalidParameter, WorkBound
 from idg_core.models import ImageClassifier
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import postprocess_bound
 from idg_core.postprocess.compose import check_postprocess
-from idg_core.presets import preset_params
+from idg_core.presets import preset_params, preset_post
 from idg_core.types import PlanOf
-
-STEP_PARAMETERS = ("steps", "probe_steps", "max_iter")
-"""The parameters bounded by ``IDG_MAX_STEPS``."""
 
 
 def _invalid(message: str) -> ApiError:
@@ -53,7 +50,7 @@ def method_params(settings: Settings, params: AttributeCommon, num_classes: int)
     if "num_classes" in method.params:
         given["num_classes"] = num_classes
     values = preset_params(params.method, params.preset, **given)
-    for name in STEP_PARAMETERS:
+    for name in method.params.steps:  # the counts of model passes each method declares (Param.step)
         if isinstance(values.get(name), int) and values[name] > settings.max_steps:
             raise _invalid(f"{name} must be <= {settings.max_steps}, got {values[name]}")
     try:
@@ -71,21 +68,28 @@ def work_bound(settings: Settings, params: AttributeCommon, used: dict[str, Any]
                        f"limit of {limit}: lower steps, probe_steps, max_iter or adversarial_classes")
     bound = postprocess_bound(bound, options.post)
     if bound.forward > limit:
-        raise _invalid(f"{params.method} with smooth_samples={params.smooth_samples} may cost up to {bound.forward} model "
+        raise _invalid(f"{params.method} with smooth_samples={options.post.get('smooth_samples', 0)} may cost up to {bound.forward} model "
                        f"passes, more than the limit of {limit}: lower smooth_samples or steps")
     return bound
 
 
+def post_steps(params: AttributeCommon) -> dict[str, Any]:
+    """``postprocess`` and ``smooth_*`` as they take effect: the request's, over its preset's, over the defaults."""
+    given = {k: getattr(params, k) for k in POST_STEPS if k in params.model_fields_set}
+    defaults = {k: AttributeCommon.model_fields[k].default for k in POST_STEPS}
+    return {**defaults, **preset_post(params.method, params.preset), **given}
+
+
 def explain_options(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> ExplainOptions:
     """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
+    chosen = post_steps(params)
     post: dict[str, Any] = {}
-    if params.postprocess == "idgi":
+    if chosen["postprocess"] == "idgi":
         post["postprocess"] = "idgi"
-    if params.smooth_samples:
-        post |= {"smooth_samples": params.smooth_samples, "smooth_std": params.smooth_std, "smooth_kind": params.smooth_kind,
-                 "smooth_seed": params.seed}
+    if chosen["smooth_samples"]:
+        post |= {k: chosen[k] for k in ("smooth_samples", "smooth_std", "smooth_kind")} | {"smooth_seed": params.seed}
     try:
-        check_postprocess(params.method, params.postprocess, params.smooth_samples, params.smooth_std, params.smooth_kind)
+        check_postprocess(params.method, chosen["postprocess"], chosen["smooth_samples"], chosen["smooth_std"], chosen["smooth_kind"])
         metrics = parse_metrics(params.faithfulness)
     except ValueError as err:
         raise _invalid(str(err)) from err

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.planning import AttributePlan
+from app.planning import AttributePlan, post_steps
 from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Timings
 from idg_core.explain import Explanation
 from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, image_png
@@ -54,11 +54,11 @@ def _npy(attr: Tensor) -> dict[str, Any]:
 
 def curve(result: AttributionResult, output: str) -> OutputCurve:
     """The answer's curve; ``output`` ("logit" or "probability") is what the method differentiated,
-    so what ``result.logits`` holds despite its name."""
+    so what ``result.values`` holds."""
     def row(t: Tensor) -> list[float]:
         return [float(v) for v in (t[0] if t.dim() == 2 else t).tolist()] if t.numel() else []
 
-    values, probe_values = row(result.logits), row(result.probe_logits)
+    values, probe_values = row(result.values), row(result.probe_values)
     return OutputCurve.model_validate({
         "output": output, "probe_alphas": row(result.probe_alphas), "probe_values": probe_values, "alphas": row(result.alphas),
         "values": values, "importance": row(result.importance), "weights": row(result.weights),
@@ -74,7 +74,9 @@ def top_classes(model: ImageClassifier, probs: Tensor, k: int) -> list[ClassScor
 
 def method_label(params: AttributeCommon) -> str:
     """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label)."""
-    return params.method + ("+idgi" if params.postprocess == "idgi" else "") + (f"+{params.smooth_kind}" if params.smooth_samples else "")
+    post = post_steps(params)  # a preset's post-steps count (quality)
+    smooth = f"+{post['smooth_kind']}" if post["smooth_samples"] else ""
+    return params.method + ("+idgi" if post["postprocess"] == "idgi" else "") + smooth
 
 
 def attribute_response(

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from idg_core.methods import METHODS, Param
 from idg_core.presets import DEFAULT_PRESET, Preset
 
-MethodName = Literal["idg", "ig", "left_ig", "guided_ig", "agi"]
-if set(get_args(MethodName)) != set(METHODS):
-    raise TypeError(f"MethodName lists {get_args(MethodName)}, the registry {tuple(METHODS)}")
+if TYPE_CHECKING:
+    MethodName = str
+else:
+    MethodName = Literal[tuple(METHODS)]
+    """The registry's method names (:data:`idg_core.methods.METHODS`): a request for another is a 422."""
 
 
 class PredictParams(BaseModel):
@@ -26,12 +28,13 @@ class AttributeCommon(PredictParams):
     """The fields of POST /attribute that every method shares; the methods' own parameters are
     added from their declarations (:func:`method_fields`) to make :data:`AttributeParams`."""
 
-    method: MethodName = Field("idg", description="Attribution method: idg (IDG with adaptive sampling), ig, left_ig, guided_ig, agi")
+    method: MethodName = Field("idg", description="Attribution method: " + ", ".join(f"{n} ({m.summary})" for n, m in METHODS.items()))
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
     preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
-                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos) or 'paper' (the paper's "
-                           "50 steps); explicit steps / probe_steps / max_iter override it. The other methods run their paper "
-                           "settings under both")
+                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos), 'paper' (the paper's "
+                           "50 steps) or 'quality' (IDG fast + IDGI + SmoothGrad over 16 noisy copies); explicit steps / "
+                           "probe_steps / max_iter / postprocess / smooth_* override it. The other methods run their paper "
+                           "settings under paper and quality")
     baseline: Literal["mean", "black"] = Field(
         "mean", description="Path start: 'mean' (the model's normalisation mean, zero in its normalised space as in the authors' "
         "code and the evaluation: the ImageNet mean colour for ImageNet-normalised models, grey for EfficientNet-Lite) or 'black'")

@@ -8,7 +8,7 @@ import logging
 
 from idg_core.evaluator import CallStats, default_batch_size, evaluate_queries, run_plans
 from idg_core.heatmap import heatmap_png, overlay_png, saliency
-from idg_core.methods import METHODS, InvalidParameter, Method, agi, guided_ig, idg, ig, left_ig
+from idg_core.methods import METHODS, InvalidParameter, Method, agi, eg, guided_ig, idg, idg_eg, ig, la, left_ig
 from idg_core.paths import allocate_samples, ig_rule, place_samples, resolve_baseline
 from idg_core.types import Answer, AttributionResult, Model, Plan, Query
 
@@ -27,12 +27,15 @@ __all__ = [
     "Query",
     "agi",
     "allocate_samples",
+    "eg",
     "evaluate_queries",
     "guided_ig",
     "heatmap_png",
     "idg",
+    "idg_eg",
     "ig",
     "ig_rule",
+    "la",
     "left_ig",
     "overlay_png",
     "place_samples",

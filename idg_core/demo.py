@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     curve = {
         "model": model.name, "method": args.method, "target": target, "class_name": model.class_names[target],
         "seconds": round(seconds, 3), "forward_passes": res.forward_passes, "backward_passes": res.backward_passes,
-        "probe_alphas": res.probe_alphas.tolist(), "probe_logits": res.probe_logits[0].tolist() if res.probe_logits.numel() else [],
-        "alphas": res.alphas[0].tolist() if res.alphas.numel() else [], "logits": res.logits[0].tolist() if res.logits.numel() else [],
+        "probe_alphas": res.probe_alphas.tolist(), "probe_logits": res.probe_values[0].tolist() if res.probe_values.numel() else [],
+        "alphas": res.alphas[0].tolist() if res.alphas.numel() else [], "logits": res.values[0].tolist() if res.values.numel() else [],
         "importance": res.importance[0].tolist() if res.importance.numel() else [],
         "weights": res.weights[0].tolist() if res.weights.numel() else [],
     }

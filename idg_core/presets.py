@@ -1,4 +1,5 @@
-"""Cost presets: named step counts, chosen by measuring faithfulness against cost.
+"""Cost presets: named settings every method declares in its file (``Method.presets``), chosen by
+measuring faithfulness against cost. This module reads them back from the registry.
 
 ``paper`` is the paper's setting for every method (IDG N = M = 50, 50 steps elsewhere). ``fast``
 is the cheapest IDG whose insertion and deletion stay within noise of IDG-50/50 and are not worse
@@ -10,30 +11,41 @@ of 100 + 50; IDG 8/8 loses insertion to IDG-50/50 (−0.012 ± 0.007). On Lite1 
 ``results/cost-efficientnet_lite1|2/``) 8/16 meets the rule too, and 8/8 fails it on Lite2: 8/16 is the cheapest
 setting that passes on all three. Only IDG was measured for ``fast``: the
 other methods keep their paper settings under it. Explicit ``steps``/``probe_steps`` override a preset.
+
+``quality`` adds post-steps: for IDG it is ``fast``'s steps with IDGI inside and SmoothGrad over 16 noisy
+copies (σ 0.15) around it, 16 × (8 + 16) = 384 forward and 256 gradient passes, within the cap of ten times
+AGI's 40. **Provisional**: chosen from the 100-photo H100 table of issue #31 (IDG+SmoothGrad first on deletion,
+SIC and AIC, IDG+IDGI first on insertion) at the cap, not yet from the 65-sample table that is to decide it
+(``results/evaluation-quality/README.md`` has the command and what is measured so far). The other methods
+run their paper settings under it. A request's own ``postprocess`` / ``smooth_*`` override the preset's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any
 
-Preset = Literal["fast", "paper"]
-PRESET_NAMES: tuple[str, ...] = get_args(Preset)
-DEFAULT_PRESET: Preset = "fast"
+from idg_core.methods import DEFAULT_PRESET, METHODS, PRESET_NAMES, Preset
 
-# method -> preset -> the step parameters it sets
-PRESETS: dict[str, dict[str, dict[str, int]]] = {
-    "idg": {"fast": {"probe_steps": 8, "steps": 16}, "paper": {"probe_steps": 50, "steps": 50}},
-    "ig": {"fast": {"steps": 50}, "paper": {"steps": 50}},
-    "left_ig": {"fast": {"steps": 50}, "paper": {"steps": 50}},
-    "guided_ig": {"fast": {"steps": 50}, "paper": {"steps": 50}},
-    "agi": {"fast": {"max_iter": 20}, "paper": {"max_iter": 20}},
+__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_NAMES", "Preset", "preset_params", "preset_post"]
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    name: {preset: dict(m.presets.get(preset, {})) for preset in PRESET_NAMES} for name, m in METHODS.items()
 }
+"""method -> preset -> what it sets (read from each method's file; a preset a method does not declare is empty)."""
+
+
+def _method(method: str) -> Any:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
+    return METHODS[method]
 
 
 def preset_params(method: str, preset: str = DEFAULT_PRESET, **given: Any) -> dict[str, Any]:
-    """The preset's step parameters for ``method``, overridden by any ``given`` that is not None."""
-    if preset not in PRESET_NAMES:
-        raise ValueError(f"preset must be one of {', '.join(PRESET_NAMES)}; got {preset!r}")
-    if method not in PRESETS:
-        raise ValueError(f"unknown method {method!r}; one of {', '.join(PRESETS)}")
-    return {**PRESETS[method][preset], **{k: v for k, v in given.items() if v is not None}}
+    """The method parameters ``preset`` sets for ``method``, overridden by any ``given`` that is not None."""
+    values = _method(method).preset(preset)
+    return {**values, **{k: v for k, v in given.items() if v is not None}}
+
+
+def preset_post(method: str, preset: str = DEFAULT_PRESET) -> dict[str, Any]:
+    """The post-steps (``postprocess``, ``smooth_*``) ``preset`` adds for ``method``; empty for most."""
+    return _method(method).preset_post(preset)

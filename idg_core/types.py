@@ -8,6 +8,7 @@ is free to put the points of many plans into the same model call.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar
@@ -43,19 +44,46 @@ def to_device(values: Tensor, device: torch.device) -> Tensor:
 class AttributionResult:
     """What every method returns. Fields that do not apply to a method are empty tensors.
 
-    Shapes: ``attributions (B, C, H, W)``; ``alphas``, ``logits``, ``importance``, ``weights``
-    ``(B, M)``; ``probe_alphas (N,)``; ``probe_logits (B, N)``.
+    Shapes: ``attributions (B, C, H, W)``; ``alphas``, ``values``, ``importance``, ``weights``
+    ``(B, M)``; ``probe_alphas (N,)``; ``probe_values (B, N)``. ``values`` and ``probe_values``
+    hold the differentiated output at the path points: the target's logit or its softmax
+    probability, as ``output`` says ("" when the method has no curve). ``logits`` and
+    ``probe_logits`` are deprecated names of the same tensors.
     """
 
     attributions: Tensor
     alphas: Tensor = field(default_factory=_empty)
-    logits: Tensor = field(default_factory=_empty)
+    values: Tensor = field(default_factory=_empty)
     importance: Tensor = field(default_factory=_empty)
     weights: Tensor = field(default_factory=_empty)
     probe_alphas: Tensor = field(default_factory=_empty)
-    probe_logits: Tensor = field(default_factory=_empty)
+    probe_values: Tensor = field(default_factory=_empty)
     forward_passes: int = 0
     backward_passes: int = 0
+    output: Output | Literal[""] = ""
+    """What ``values`` holds: ``logit`` or ``probability`` of the target; "" without a curve."""
+
+    @property
+    def logits(self) -> Tensor:
+        """Deprecated: :attr:`values` (probabilities, not logits, for Guided IG and AGI)."""
+        warnings.warn("AttributionResult.logits is deprecated: use .values (see .output)", DeprecationWarning, stacklevel=2)
+        return self.values
+
+    @logits.setter
+    def logits(self, value: Tensor) -> None:
+        warnings.warn("AttributionResult.logits is deprecated: use .values (see .output)", DeprecationWarning, stacklevel=2)
+        self.values = value
+
+    @property
+    def probe_logits(self) -> Tensor:
+        """Deprecated: :attr:`probe_values`."""
+        warnings.warn("AttributionResult.probe_logits is deprecated: use .probe_values", DeprecationWarning, stacklevel=2)
+        return self.probe_values
+
+    @probe_logits.setter
+    def probe_logits(self, value: Tensor) -> None:
+        warnings.warn("AttributionResult.probe_logits is deprecated: use .probe_values", DeprecationWarning, stacklevel=2)
+        self.probe_values = value
 
     @staticmethod
     def concat(parts: list[AttributionResult]) -> AttributionResult:
@@ -67,6 +95,8 @@ class AttributionResult:
             values = [getattr(p, f.name) for p in parts]
             if f.name in ("forward_passes", "backward_passes"):
                 out[f.name] = sum(values)
+            elif f.name == "output":
+                out[f.name] = next((v for v in values if v), "")
             elif f.name == "probe_alphas":
                 out[f.name] = values[0]
             elif all(v.numel() == 0 for v in values):

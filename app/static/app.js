@@ -57,6 +57,7 @@ async function api(url, options = {}, onAsk = () => {}) {
 }
 
 const takes = {};  // method -> the parameter names it accepts (a request may give no others)
+const stepsOf = {};  // method -> its main step count: the first integer parameter GET /models lists (steps, or AGI's max_iter)
 
 async function loadModels() {
   try {
@@ -64,7 +65,11 @@ async function loadModels() {
     const body = await r.json();
     if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
     for (const m of body.models) $("model").add(new Option(`${m.name} (${m.input_size}px)`, m.name));
-    for (const [name, params] of Object.entries(body.method_parameters || {})) takes[name] = new Set(params.map((p) => p.name));
+    for (const [name, params] of Object.entries(body.method_parameters || {})) {
+      takes[name] = new Set(params.map((p) => p.name));
+      const first = params.find((p) => p.type === "integer");
+      if (first) stepsOf[name] = first.name;
+    }
     for (const [name, summary] of Object.entries(body.methods)) {
       $("method").add(new Option(summary, name, name === "idg", name === "idg"));
       $("compare").add(new Option(summary, name));
@@ -143,8 +148,7 @@ async function explain(method, panel) {
   form.append("return_overlay", "false");
   form.append("preset", $("preset").value);
   form.append("faithfulness", "insertion,deletion");
-  const steps = takes[method] && !takes[method].has("steps") ? "max_iter" : "steps";  // AGI counts iterations
-  if ($("steps").value) form.append(steps, $("steps").value);
+  if ($("steps").value && stepsOf[method]) form.append(stepsOf[method], $("steps").value);
   if ($("target").value) form.append("target", $("target").value);
   const status = panel.querySelector(".status");
   status.textContent = "sending…";

@@ -16,7 +16,17 @@ import torch
 
 from idg_core.evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
 from idg_core.evaluation.report import merge_earlier, write_report
-from idg_core.evaluation.runner import ABLATION, ALL_METRICS, MAIN_METHODS, VARIANTS, EvalConfig, evaluate_folder
+from idg_core.evaluation.runner import (
+    ABLATION,
+    ALL_METRICS,
+    MAIN_METHODS,
+    RIVALS,
+    VARIANTS,
+    WITH_ROAD,
+    EvalConfig,
+    evaluate_folder,
+    parse_row,
+)
 from idg_core.models import PRECISIONS, image_files, keep_freed_memory, load_entry, tune
 
 
@@ -46,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="paper: the paper's methods and ablation with all four metrics; cost: IDG and IG over a grid of "
                         "step counts, insertion and deletion only (the table the presets come from)")
     p.add_argument("--methods", nargs="+", default=None,
-                   help=f"paper suite: a subset of {', '.join([*MAIN_METHODS, *ABLATION, *VARIANTS])}; cost suite: rows of its grid "
+                   help=f"paper suite: rows by name ({', '.join([*MAIN_METHODS, *ABLATION, *VARIANTS, *RIVALS])}) or composed, "
+                        "BASE[+IDGI][+SmoothGrad][+Blur][:key=value,...] with BASE a row, a method or method@preset "
+                        "(e.g. IDG+IDGI+SmoothGrad EG LA idg@fast+SmoothGrad:smooth_samples=8); cost suite: rows of its grid "
                         f"({', '.join(REFERENCES.get(n, n) for n in COST_GRID)}; IG-50 and IDG-50/50 are always kept)")
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
+    p.add_argument("--no-road", action="store_true", help="skip ROAD (2 x 9 sparse solves and forward passes per row and image)")
     p.add_argument("--limit", type=int, default=None, help="first N images only")
     p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
     p.add_argument("--batch-size", type=int, default=32)
@@ -72,8 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             p.error(str(exc))
     else:
-        catalogue = {**MAIN_METHODS, **({} if args.no_ablation else ABLATION)}
-        chosen, metrics = {n: {**catalogue, **VARIANTS}[n] for n in (args.methods or catalogue)}, ALL_METRICS
+        default = [*MAIN_METHODS, *([] if args.no_ablation else ABLATION)]
+        try:
+            chosen = {n: parse_row(n) for n in (args.methods or default)}
+        except ValueError as exc:
+            p.error(str(exc))
+        metrics = ALL_METRICS if args.no_road else WITH_ROAD
     cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
                      pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision,
                      metrics=metrics, fold_bn=args.fold_bn, channels_last=args.channels_last)

@@ -9,11 +9,26 @@ from typing import Any
 
 import numpy as np
 
-from idg_core.evaluation.runner import MAIN_METHODS, VARIANTS, mean_ci
+from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, mean_ci
 from idg_core.metrics.curves import SKIP_RULES
 
 log = logging.getLogger(__name__)
 METRICS = (("insertion", "↑"), ("deletion", "↓"), ("sic", "↑"), ("aic", "↑"))
+EXTRA = (("diffid", "↑"), ("road_morf", "↓"), ("road_lerf", "↑"))
+"""DiffID = insertion − deletion (per image); ROAD's MoRF and LeRF means over its levels, when measured."""
+
+
+def value(m: dict[str, Any], metric: str) -> float | None:
+    """A row's score on ``metric`` (``diffid`` computed from insertion and deletion; None when absent)."""
+    if metric == "diffid":
+        return None if m.get("insertion") is None or m.get("deletion") is None else m["insertion"] - m["deletion"]
+    return m.get(metric)
+
+
+def metrics_of(records: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """The four metrics, DiffID, and ROAD where the records have it."""
+    has_road = any("road_morf" in m for r in records for m in r["methods"].values())
+    return (*METRICS, *(e for e in EXTRA if has_road or not e[0].startswith("road")))
 
 
 def write_csv(records: list[dict[str, Any]], path: Path) -> None:
@@ -73,10 +88,10 @@ def _skip_lines(records: list[dict[str, Any]]) -> list[str]:
 def _table(records: list[dict[str, Any]], names: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     ranks: dict[str, list[str]] = {}
-    for metric, arrow in METRICS:
+    for metric, arrow in metrics_of(records):
         cells, means = [], {}
         for n in names:
-            mean, half, count = mean_ci([r["methods"][n][metric] for r in records if n in r["methods"]])
+            mean, half, count = mean_ci([v for r in records if n in r["methods"] if (v := value(r["methods"][n], metric)) is not None])
             means[n] = mean
             cells.append(f"{mean:.3f} ± {half:.3f} (n={count})" if count else "n/a")
         best = sorted((n for n in names if not np.isnan(means[n])), key=lambda n: means[n], reverse=arrow == "↑")
@@ -98,16 +113,28 @@ def _paired_pairs(records: list[dict[str, Any]], pairs: list[tuple[str, str]]) -
     if not pairs:
         return []
     lines = ["| metric | " + " | ".join(f"{ref} vs {n}" for ref, n in pairs) + " |", "|---|" + "---|" * len(pairs)]
-    for metric, arrow in METRICS:
+    for metric, arrow in metrics_of(records):
         cells = []
         for ref, n in pairs:
             diffs = [(a - b) * (1 if arrow == "↑" else -1) for r in records if ref in r["methods"] and n in r["methods"]
-                     for a, b in [(r["methods"][ref][metric], r["methods"][n][metric])] if a is not None and b is not None]
+                     for a, b in [(value(r["methods"][ref], metric), value(r["methods"][n], metric))] if a is not None and b is not None]
             mean, half, count = mean_ci(diffs)
             wins = sum(d > 0 for d in diffs)
             mark = "**" if count > 1 and abs(mean) > half else ""
             cells.append(f"{mark}{mean:+.3f} ± {half:.3f}{mark} (wins {wins}/{count})" if count else "n/a")
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _rank_table(ranks: dict[str, list[str]], names: list[str]) -> list[str]:
+    """One row per method: its rank on each metric and its mean rank."""
+    metrics = list(ranks)
+    lines = ["| method | " + " | ".join(metrics) + " | mean rank |", "|---|" + "---|" * (len(metrics) + 1)]
+    for n in names:
+        cells = [ranks[m].index(n) + 1 if n in ranks[m] else None for m in metrics]
+        known = [c for c in cells if c is not None]
+        mean = f"{sum(known) / len(known):.1f}" if known else "n/a"
+        lines.append(f"| {n} | " + " | ".join("n/a" if c is None else str(c) for c in cells) + f" | {mean} |")
     return lines
 
 
@@ -118,7 +145,7 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
     out.mkdir(parents=True, exist_ok=True)
     write_csv(records, out / "per_image.csv")
     names = list(records[0]["methods"]) if records else []
-    variants = [n for n in names if n in VARIANTS]
+    variants = [n for n in names if n not in MAIN_METHODS and n not in ABLATION]  # post-steps, rivals, composed rows
     main = [n for n in names if n in MAIN_METHODS] + variants
     ablation = [n for n in ("IG", "IG-adaptive", "IDG-uniform", "IDG", "IDG-authors-placement", "IDG-exact-IF") if n in names]
     labelled = [r for r in records if r["correct"] is not None]
@@ -131,14 +158,18 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
              "normalised space, Guided IG fraction 0.5 / max_dist 1.0, AGI one seeded adversarial class, RISE step 224, "
              "PIC thresholds of the reference library and its 0.8 confidence rule).", "", "## Main comparison", ""]
     table, ranks = _table(records, main)
-    lines += table + ["", "Rank of IDG per metric (1 = best): " + ", ".join(
-        f"{m}: {ranks[m].index('IDG') + 1} of {len(ranks[m])}" for m, _ in METRICS if "IDG" in ranks[m]), ""]
+    lines += table + ["", "DiffID = insertion − deletion per image (higher is better). ROAD (Rong et al. 2022): the removed "
+                      "pixels filled by noisy linear imputation at 10%…90% removed; MoRF removes the most salient first "
+                      "(lower is better), LeRF the least (higher is better); mean probability of the predicted class.", "",
+                      "### Ranks (1 = best mean)", "", *_rank_table(ranks, main), "",
+                      "Rank of IDG per metric (1 = best): " + ", ".join(
+                          f"{m}: {ranks[m].index('IDG') + 1} of {len(ranks[m])}" for m in ranks if "IDG" in ranks[m]), ""]
     if earlier:
         lines += [f"{', '.join(earlier[1])}: per-image scores of an earlier run with the same model and settings "
                   f"(`{earlier[0]}`, same predictions checked image by image), paired with this run's by image.", ""]
     if variants:
         refs = [r for r in ("IDG", "AGI") if r in main]
-        lines += ["### Post-steps and smoothing against IDG and AGI, paired by image", "",
+        lines += ["### Post-steps, rivals and composed rows against IDG and AGI, paired by image", "",
                   "Mean of (variant − other) per image, signed so that > 0 favours the variant, ± half-width of its 95% "
                   "interval; bold where the interval excludes 0.", "",
                   *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]

@@ -1,5 +1,10 @@
 """Per-image evaluation with a resumable cache: attributions of every configured method (their
-plans pooled into shared model calls), then insertion, deletion, SIC and AIC for each."""
+plans pooled into shared model calls), then insertion, deletion, SIC, AIC and ROAD for each.
+
+A row is named from the catalogue below, or composed: ``BASE[+POST...][:key=value,...]`` where BASE is
+a catalogue row, a registry method (``eg``: its paper preset) or ``method@preset`` (``idg@fast``), each
+POST is ``IDGI``, ``SmoothGrad`` (10 noisy copies, σ 0.15) or ``Blur`` (the control, σ
+:data:`BLUR_SIGMA`), and the keys override any setting (``IDG+IDGI+SmoothGrad:probe_steps=8,steps=16,smooth_samples=8``)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import torch
 
 from idg_core.evaluator import run_plans
 from idg_core.heatmap import saliency
+from idg_core.methods import METHODS
 from idg_core.metrics import (
     SKIP_RULES,
     Curve,
@@ -29,6 +35,7 @@ from idg_core.metrics import (
     random_pixel_mask,
     to_uint8,
 )
+from idg_core.metrics.road import road
 from idg_core.models import ImageClassifier, decode_image, imagenet_label
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan
@@ -58,8 +65,67 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "IG+IDGI": ("ig", {"steps": 50, "rule": "uniform", "postprocess": "idgi"}),
     "IDG+SmoothGrad": ("idg", {"steps": 50, "probe_steps": 50, "smooth_samples": 10, "smooth_std": 0.15}),
 }
+BLUR_SIGMA = 1.0
+"""σ (pixels) of the blur control: the blur that makes IDG's map most like IDG+SmoothGrad's (10 copies, σ 0.15),
+fitted on 2 photos at IDG 8/16 on the loaded CPU (``results/evaluation-quality/blur_fit.md``: correlation 0.40-0.44
+against 0.36-0.39 unblurred; 2 px next). Refit with more photos at 50/50 with ``python -m idg_core.evaluation.blur_fit``
+or name the row ``IDG+Blur:blur_sigma=S``."""
+# The rivals of issue #31, at their published defaults, and the blur control.
+RIVALS: dict[str, tuple[str, dict[str, Any]]] = {
+    "EG": ("eg", {"samples": 50}),
+    "IDG-EG": ("idg_eg", {"paths": 4, "probe_steps": 8, "steps": 16}),
+    "LA": ("la", {"max_iter": 20, "classes": 20, "spatial_range": 20.0}),
+    "IDG+Blur": ("idg", {"steps": 50, "probe_steps": 50, "blur_sigma": BLUR_SIGMA}),
+}
+POST_STEPS: dict[str, dict[str, Any]] = {
+    "idgi": {"postprocess": "idgi"},
+    "smoothgrad": {"smooth_samples": 10, "smooth_std": 0.15},
+    "blur": {"blur_sigma": BLUR_SIGMA},
+}
+"""The post-steps a composed row name may add (lower case), with their evaluation settings."""
 
 ALL_METRICS = ("insertion", "deletion", "sic", "aic")
+WITH_ROAD = (*ALL_METRICS, "road")
+
+
+def catalogue() -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every named row."""
+    return {**MAIN_METHODS, **ABLATION, **VARIANTS, **RIVALS}
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_row(name: str) -> tuple[str, dict[str, Any]]:
+    """The (method, keywords) of a row name (see the module docstring); ValueError naming what is wrong."""
+    rows = catalogue()
+    if name in rows:
+        return rows[name]
+    head, _, overrides = name.partition(":")
+    base, *posts = head.split("+")
+    if base in rows:
+        method, kw = rows[base][0], dict(rows[base][1])
+    else:
+        method, _, preset = base.partition("@")
+        if method not in METHODS:
+            raise ValueError(f"unknown row {name!r}: {base!r} is neither a row ({', '.join(rows)}) nor a method ({', '.join(METHODS)})")
+        kw = {**METHODS[method].preset(preset or "paper"), **METHODS[method].preset_post(preset or "paper")}
+    for post in posts:
+        if post.lower() not in POST_STEPS:
+            raise ValueError(f"unknown post-step {post!r} in {name!r}: one of IDGI, SmoothGrad, Blur")
+        kw |= POST_STEPS[post.lower()]
+    for pair in filter(None, overrides.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise ValueError(f"{pair!r} in {name!r} is not key=value")
+        kw[key.strip()] = _number(value.strip())
+    return method, kw
 
 
 @dataclass
@@ -113,7 +179,7 @@ def evaluate_image(
     pred = int(probs.argmax())
     base = _baseline(model, x, cfg.baseline)
     names = list(cfg.methods)
-    plans = [build_plan(m, x, base, pred, **({"num_classes": model.num_classes} if m == "agi" else {}) | kw)
+    plans = [build_plan(m, x, base, pred, **({"num_classes": model.num_classes} if "num_classes" in METHODS[m].params else {}) | kw)
              for m, kw in cfg.methods.values()]
     results = dict(zip(names, run_plans(model, plans, cfg.batch_size), strict=True))
     sal = torch.stack([saliency(results[n].attributions[0]) for n in names]).to(device)
@@ -123,6 +189,7 @@ def evaluate_image(
     dele = deletion(model, xs, sal, substrate=p.mean, step=cfg.rise_step, batch_size=max(cfg.batch_size, 64))
     record: dict[str, Any] = {"image": path.name, "label": label, "pred": pred, "prob": float(probs[pred]),
                               "correct": label == pred if label is not None else None, "methods": {}}
+    roads = road(model, xs, sal, std=p.std, seed=seed, batch_size=max(cfg.batch_size, 64), pool=pool) if "road" in cfg.metrics else None
     confidence = original_confidence(model, x, pred)
     if not {"sic", "aic"} & set(cfg.metrics):
         skipped = Skipped(SKIP_RULES["not_requested"], "not_requested")
@@ -142,6 +209,9 @@ def evaluate_image(
         entry: dict[str, Any] = {"insertion": ins[i].auc, "deletion": dele[i].auc,
                                  "insertion_curve": ins[i].y.tolist(), "deletion_curve": dele[i].y.tolist(),
                                  "forward_passes": results[n].forward_passes, "backward_passes": results[n].backward_passes}
+        if roads is not None:
+            entry |= {"road_morf": roads["morf"][i].auc, "road_lerf": roads["lerf"][i].auc,
+                      "road_morf_curve": roads["morf"][i].y.tolist(), "road_lerf_curve": roads["lerf"][i].y.tolist()}
         for kind in ("sic", "aic"):
             res = pic[n][kind]
             entry[kind] = None if isinstance(res, Skipped) else res.auc
@@ -152,8 +222,8 @@ def evaluate_image(
     idg_name = next((n for n, (m, kw) in cfg.methods.items() if m == "idg" and not kw.get("uniform")), None)
     if idg_name:
         r = results[idg_name]
-        record["idg_curve"] = {"method": idg_name, "probe_alphas": r.probe_alphas.tolist(), "probe_logits": r.probe_logits[0].tolist(),
-                               "alphas": r.alphas[0].tolist(), "logits": r.logits[0].tolist(), "importance": r.importance[0].tolist()}
+        record["idg_curve"] = {"method": idg_name, "probe_alphas": r.probe_alphas.tolist(), "probe_logits": r.probe_values[0].tolist(),
+                               "alphas": r.alphas[0].tolist(), "logits": r.values[0].tolist(), "importance": r.importance[0].tolist()}
     record["seconds"] = time.perf_counter() - started
     return record
 

@@ -1,11 +1,12 @@
-"""What every method shares: turning a per-image plan into a batched public function."""
+"""What every method shares: its registry entry (:class:`Method`, declared in the method's own file),
+and turning a per-image plan into a batched public function."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 from torch import Tensor
 
@@ -16,6 +17,13 @@ from idg_core.paths import allocate_samples, place_samples, probe_alphas
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 PlanFactory = Callable[..., Plan]
+
+Preset = Literal["fast", "paper", "quality"]
+"""Named settings every method declares (:attr:`Method.presets`); :mod:`idg_core.presets` says how they were chosen."""
+PRESET_NAMES: tuple[str, ...] = get_args(Preset)
+DEFAULT_PRESET: Preset = "fast"
+POST_STEPS = ("postprocess", "smooth_samples", "smooth_std", "smooth_kind")
+"""Keywords of :func:`idg_core.postprocess.build_plan` a preset may set beside the method's parameters."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,67 @@ class WorkBound:
     """Of those, images back-propagated."""
     host_steps: int = 0
     """Passes over every feature on the host between model calls (Guided IG's sub-steps)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything about one method, declared in its file (``METHOD = Method(...)``) and listed once
+    in :data:`idg_core.methods.METHODS`: the library, the service, the page and the evaluation read
+    it from there. Call it like the function.
+
+    ``plan`` builds the per-image plan; ``params`` declares its keyword parameters (those with
+    ``step=True`` count model passes); ``bound`` gives the most a plan can cost from its parameters
+    (every keyword), before it runs; ``presets`` maps each preset name to the values it sets (the
+    method's parameters, and possibly post-steps: :data:`POST_STEPS`); a preset a
+    method does not list runs its defaults. ``straight_path``: its gradients lie on one straight path
+    ``x' + α (x - x')`` (IDGI applies)."""
+
+    function: Callable[..., AttributionResult]
+    plan: Callable[..., Plan]
+    params: Params
+    bound: Callable[[Mapping[str, Any]], WorkBound]
+    summary: str
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    straight_path: bool = False
+
+    def __post_init__(self) -> None:
+        for preset, values in self.presets.items():
+            if preset not in PRESET_NAMES:
+                raise TypeError(f"{self.name}: unknown preset {preset!r}; presets are {', '.join(PRESET_NAMES)}")
+            own = {k: v for k, v in values.items() if k not in POST_STEPS}
+            self.params.validate(own)  # a preset that sets an unknown or bad value fails at import, not per request
+            post = values.get("postprocess", "none")
+            if post not in ("none", "idgi") or (post == "idgi" and not self.straight_path):
+                raise TypeError(f"{self.name}: preset {preset!r} sets postprocess={values['postprocess']!r}, which does not apply")
+            if not isinstance(values.get("smooth_samples", 0), int) or values.get("smooth_samples", 0) < 0:
+                raise TypeError(f"{self.name}: preset {preset!r} sets smooth_samples={values['smooth_samples']!r}")
+
+    @property
+    def name(self) -> str:
+        return self.params.method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> AttributionResult:
+        return self.function(*args, **kwargs)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """Keyword parameters with their defaults."""
+        return self.params.defaults
+
+    def validate(self, **kwargs: Any) -> dict[str, Any]:
+        """Every parameter's value (``kwargs`` over the defaults), checked: :class:`InvalidParameter`
+        (a ``ValueError``) names an unknown or bad one. Builds nothing, calls no model."""
+        return self.params.validate(kwargs)
+
+    def preset(self, name: str) -> dict[str, Any]:
+        """The method parameters preset ``name`` sets (empty: the method's defaults)."""
+        if name not in PRESET_NAMES:
+            raise ValueError(f"preset must be one of {', '.join(PRESET_NAMES)}; got {name!r}")
+        return {k: v for k, v in self.presets.get(name, {}).items() if k not in POST_STEPS}
+
+    def preset_post(self, name: str) -> dict[str, Any]:
+        """The post-steps preset ``name`` adds (keywords of :func:`idg_core.postprocess.build_plan`)."""
+        return {k: v for k, v in self.presets.get(name, {}).items() if k in POST_STEPS}
 
 
 def run_method(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from idg_core.methods._common import WorkBound, method_function
+from idg_core.methods._common import Method, WorkBound, method_function
 from idg_core.methods.params import InvalidParameter, Param, Params, output_param
 from idg_core.types import AttributionResult, Output, Plan, Query
 
@@ -36,7 +36,7 @@ PARAMS = Params("agi", (
     Param("epsilon", float, 0.05, "FGSM step in pixel units (0.05 in the authors' code)", low=0.0, high=1.0, low_open=True,
           why="a zero step never moves the image, so every iteration would be wasted"),
     Param("max_iter", int, 20, "Iterations per adversarial class, fewer when the attack succeeds; the cost is up to "
-          "2 × max_iter × adversarial_classes gradient passes", low=1),
+          "2 × max_iter × adversarial_classes gradient passes", low=1, step=True),
     Param("adversarial_classes", int, 1, "How many classes to attack, drawn with seed from the classes other than the target "
           "(the IDG paper used one)", low=1),
     Param("adversarial_targets", list, None, "Explicit classes to attack instead of a random draw", service=False),
@@ -90,3 +90,6 @@ def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: 
 agi = method_function("agi", agi_plan, PARAMS, """AGI: Σ over adversarial classes and FGSM iterations of
 -∇p_target ⊙ (x_next - x0). ``x`` must be in pixel space [0, 1] (steps are clamped there); ``target`` plays
 the role of the predicted class y0; ``baseline`` is ignored (AGI has none; None is accepted).""", uses_baseline=False)
+
+METHOD = Method(agi, agi_plan, PARAMS, agi_bound, "Adversarial Gradient Integration",
+                presets={"fast": {"max_iter": 20}, "paper": {"max_iter": 20}, "quality": {"max_iter": 20}})

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from idg_core.methods._common import WorkBound, method_function
+from idg_core.methods._common import Method, WorkBound, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.types import AttributionResult, Output, Plan, Query
 
@@ -35,7 +35,7 @@ def substep_bound(fraction: float) -> int:
 
 
 PARAMS = Params("guided_ig", (
-    Param("steps", int, 50, "S, sequential gradient steps (reference library 200, IDG paper 50)", low=1),
+    Param("steps", int, 50, "S, sequential gradient steps (reference library 200, IDG paper 50)", low=1, step=True),
     Param("fraction", float, 0.5, "Share of features moved per sub-step (a quantile of |gradient|; reference 0.25, IDG paper "
           "0.5); a step takes up to ceil(1/fraction) + 2 sub-steps, each a pass over every feature on the host",
           low=MIN_FRACTION, high=1.0, why="smaller shares move too few features per sub-step (up to 1/fraction passes over "
@@ -111,7 +111,8 @@ def _plan(x_in: Tensor, baseline: Tensor, target: int, *, steps: int, fraction: 
     return AttributionResult(
         attributions=attr.to(dtype).unsqueeze(0),
         alphas=(torch.arange(steps, dtype=torch.float64) / steps).unsqueeze(0),
-        logits=torch.tensor(values, dtype=torch.float64).unsqueeze(0),
+        values=torch.tensor(values, dtype=torch.float64).unsqueeze(0),
+        output=output,
         forward_passes=steps,
         backward_passes=steps,
     )
@@ -119,3 +120,6 @@ def _plan(x_in: Tensor, baseline: Tensor, target: int, *, steps: int, fraction: 
 
 guided_ig = method_function("guided_ig", guided_ig_plan, PARAMS, """Guided IG: an adaptive path that first moves the features
 with the smallest |gradient|.""")
+
+METHOD = Method(guided_ig, guided_ig_plan, PARAMS, guided_ig_bound, "Guided Integrated Gradients",
+                presets={"fast": {"steps": 50}, "paper": {"steps": 50}, "quality": {"steps": 50}})

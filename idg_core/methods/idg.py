@@ -9,14 +9,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from idg_core.methods._common import WorkBound, adaptive_samples, method_function
+from idg_core.methods._common import Method, WorkBound, adaptive_samples, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.paths import PLACEMENTS
-from idg_core.presets import PRESETS
 from idg_core.types import AttributionResult, Output, Plan, Query
 
 IMPORTANCE = ("finite_difference", "exact")
-FAST = PRESETS["idg"]["fast"]  # the default step counts: the measured `fast` preset (idg_core.presets)
+FAST = {"probe_steps": 8, "steps": 16}
+"""The ``fast`` preset and the defaults: the cheapest steps that keep IDG-50/50's faithfulness (:mod:`idg_core.presets`)."""
+PAPER = {"probe_steps": 50, "steps": 50}
+QUALITY = {**FAST, "postprocess": "idgi", "smooth_samples": 16, "smooth_std": 0.15}
+"""The ``quality`` preset: IDG fast + IDGI + SmoothGrad over 16 noisy copies, 384 forward / 256 gradient passes
+(AGI's 40 x 10 = 400 at most); provisional, see :mod:`idg_core.presets`."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
@@ -27,9 +31,9 @@ def idg_bound(params: Mapping[str, Any]) -> WorkBound:
 
 PARAMS = Params("idg", (
     Param("steps", int, FAST["steps"], "M, gradient samples; more refine the integral, each costs a forward and a backward pass "
-          "(default: the fast preset of idg_core.presets; the paper uses 50)", low=2),
+          "(default: the fast preset of idg_core.presets; the paper uses 50)", low=2, step=True),
     Param("probe_steps", int, FAST["probe_steps"], "N, uniform forward-only probe points of the output-α curve, endpoints "
-          "included (default: the fast preset; the paper uses 50)", low=3),
+          "included (default: the fast preset; the paper uses 50)", low=3, step=True),
     Param("placement", str, "aligned", "Where interval k's samples go: 'aligned' inside interval k, 'authors' with the "
           "published code's leftward drift after the first empty interval (comparison runs only)", choices=PLACEMENTS),
     Param("importance", str, "finite_difference", "Importance factor dF/dα: the paper's finite difference or the exact chain "
@@ -69,7 +73,7 @@ def _plan(
     else:
         alphas, weights, result.probe_alphas, probe = yield from adaptive_samples(
             baseline, diff, target, steps, probe_steps, placement, output)
-        result.probe_logits = probe.unsqueeze(0)
+        result.probe_values = probe.unsqueeze(0)
         forward = probe_steps
     (main,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="main pass")]
     assert main.grads is not None
@@ -79,7 +83,8 @@ def _plan(
     attr = (main.grads * coef.view(-1, 1, 1, 1)).sum(0) * diff
     result.attributions = attr.unsqueeze(0)
     result.alphas = alphas.unsqueeze(0)
-    result.logits = main.values.detach().cpu().double().unsqueeze(0)
+    result.values = main.values.detach().cpu().double().unsqueeze(0)
+    result.output = output
     result.importance = factors.unsqueeze(0)
     result.weights = weights.unsqueeze(0)
     result.forward_passes = forward + steps
@@ -89,3 +94,6 @@ def _plan(
 
 idg = method_function("idg", idg_plan, PARAMS, """Integrated Decision Gradients with adaptive sampling:
 IDG = mean_j(∇F(x(α_j)) · IF_j · w_j) ⊙ (x - x'), with the samples placed where the output moves.""")
+
+METHOD = Method(idg, idg_plan, PARAMS, idg_bound, "Integrated Decision Gradients with adaptive sampling",
+                presets={"fast": FAST, "paper": PAPER, "quality": QUALITY}, straight_path=True)

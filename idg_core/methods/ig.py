@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor
 
-from idg_core.methods._common import WorkBound, adaptive_samples, method_function
+from idg_core.methods._common import Method, WorkBound, adaptive_samples, method_function
 from idg_core.methods.params import InvalidParameter, Param, Params, output_param
 from idg_core.paths import IG_RULES, ig_rule
 from idg_core.types import AttributionResult, Output, Plan, Query
@@ -19,11 +19,12 @@ def _joint(values: dict[str, Any]) -> None:
 
 
 PARAMS = Params("ig", (
-    Param("steps", int, 50, "Quadrature points (at least 2 for riemann_trapezoid and adaptive); more are closer to the integral", low=1),
+    Param("steps", int, 50, "Quadrature points (at least 2 for riemann_trapezoid and adaptive); more are closer to the integral",
+          low=1, step=True),
     Param("rule", str, "gausslegendre", "Quadrature rule: Captum's names; 'uniform' is linspace(0, 1, steps) with weights 1/steps "
           "(the IDG authors' IG); 'adaptive' uses IDG's probe-and-allocate placement (probe_steps more forward passes)",
           choices=IG_RULES),
-    Param("probe_steps", int, 50, "With rule 'adaptive' only: uniform probe points of the output-α curve", low=3),
+    Param("probe_steps", int, 50, "With rule 'adaptive' only: uniform probe points of the output-α curve", low=3, step=True),
     output_param("logit"),
 ), joint=_joint)
 
@@ -47,7 +48,7 @@ def _adaptive_plan(x: Tensor, baseline: Tensor, target: int, steps: int, probe_s
     """IG at IDG's adaptive sample positions and weights (the paper's "IG adaptive" ablation)."""
     alphas, weights, pa, probe = yield from adaptive_samples(baseline, x - baseline, target, steps, probe_steps, "aligned", output)
     result = yield from _plan(x, baseline, target, alphas, weights / weights.sum(), output)
-    result.probe_alphas, result.probe_logits = pa, probe.unsqueeze(0)
+    result.probe_alphas, result.probe_values = pa, probe.unsqueeze(0)
     result.forward_passes += probe_steps
     return result
 
@@ -63,7 +64,8 @@ def _plan(x: Tensor, baseline: Tensor, target: int, alphas: Tensor, weights: Ten
     return AttributionResult(
         attributions=(avg * diff).unsqueeze(0),
         alphas=alphas.unsqueeze(0),
-        logits=ans.values.detach().cpu().double().unsqueeze(0),
+        values=ans.values.detach().cpu().double().unsqueeze(0),
+        output=output,
         weights=weights.unsqueeze(0),
         forward_passes=steps,
         backward_passes=steps,
@@ -71,3 +73,6 @@ def _plan(x: Tensor, baseline: Tensor, target: int, alphas: Tensor, weights: Ten
 
 
 ig = method_function("ig", ig_plan, PARAMS, """Integrated Gradients: IG = (x - x') ⊙ Σ_j w_j ∇F(x' + α_j (x - x')).""")
+
+METHOD = Method(ig, ig_plan, PARAMS, ig_bound, "Integrated Gradients",
+                presets={"fast": {"steps": 50}, "paper": {"steps": 50}, "quality": {"steps": 50}}, straight_path=True)

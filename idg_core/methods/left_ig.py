@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from idg_core.methods._common import WorkBound, method_function
+from idg_core.methods._common import Method, WorkBound, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.types import AttributionResult, Output, Plan, Query
 
@@ -20,7 +20,7 @@ def left_ig_cutoff(logits: Tensor, threshold: float = 0.9) -> int:
 
 
 PARAMS = Params("left_ig", (
-    Param("steps", int, 50, "Path points linspace(0, 1, steps); gradients up to the cut-off are averaged", low=2),
+    Param("steps", int, 50, "Path points linspace(0, 1, steps); gradients up to the cut-off are averaged", low=2, step=True),
     Param("threshold", float, 0.9, "The path ends at the first point whose output exceeds threshold × its maximum "
           "(0.9 in the IDG authors' code)", low=0.0, high=1.0),
     output_param("logit"),
@@ -48,7 +48,8 @@ def _plan(x: Tensor, baseline: Tensor, target: int, *, steps: int, threshold: fl
     return AttributionResult(
         attributions=(ans.grads[:cut].mean(0) * diff).unsqueeze(0),
         alphas=alphas.unsqueeze(0),
-        logits=ans.values.detach().cpu().double().unsqueeze(0),
+        values=ans.values.detach().cpu().double().unsqueeze(0),
+        output=output,
         weights=weights.unsqueeze(0),
         forward_passes=steps,
         backward_passes=steps,
@@ -58,3 +59,6 @@ def _plan(x: Tensor, baseline: Tensor, target: int, *, steps: int, threshold: fl
 left_ig = method_function("left_ig", left_ig_plan, PARAMS, """Left-IG: IG over the left part of the path only: gradients
 at linspace(0, 1, steps) up to the first point whose output exceeds threshold × max (exclusive; at least one),
 averaged, ⊙ (x - x').""")
+
+METHOD = Method(left_ig, left_ig_plan, PARAMS, left_ig_bound, "Left-IG: IG up to 90% of the maximum logit",
+                presets={"fast": {"steps": 50}, "paper": {"steps": 50}, "quality": {"steps": 50}}, straight_path=True)

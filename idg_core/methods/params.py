@@ -33,7 +33,9 @@ class Param:
     ``list`` (of class indices, None allowed; checked against the others by the method's ``joint``);
     numbers lie in ``[low, high]`` (``(low, high]`` with ``low_open``; None: unbounded); ``why``
     ends the message of a range error. ``service``: False for library-only parameters (the
-    service sets them itself, e.g. ``num_classes``, or has no field for them)."""
+    service sets them itself, e.g. ``num_classes``, or has no field for them). ``step``: a count of
+    model passes per image (steps, iterations, samples): the service bounds it by ``IDG_MAX_STEPS``,
+    and the page's Steps box sets a method's first one."""
 
     name: str
     kind: type
@@ -45,6 +47,7 @@ class Param:
     choices: tuple[str, ...] = ()
     why: str = ""
     service: bool = True
+    step: bool = False
 
     def check(self, value: Any) -> Any:
         """``value`` if valid for this parameter, else :class:`InvalidParameter` naming it."""
@@ -123,6 +126,11 @@ class Params:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.items)
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        """The parameters that count model passes (:attr:`Param.step`), the first the main one."""
+        return tuple(p.name for p in self.items if p.step)
 
     @property
     def defaults(self) -> dict[str, Any]:

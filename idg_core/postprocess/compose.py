@@ -1,4 +1,5 @@
-"""One entry point for a method with its post-steps: SmoothGrad / VarGrad outside, IDGI inside."""
+"""One entry point for a method with its post-steps, composable on any method: IDGI inside (on a
+straight-path method), SmoothGrad / VarGrad around it, and the evaluation's blur control last."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from idg_core.methods import METHODS, WorkBound
+from idg_core.postprocess.blur import blur_plan
 from idg_core.postprocess.idgi import IDGI_METHODS, idgi_plan
 from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, smooth_plan
 from idg_core.types import Plan
@@ -29,11 +31,16 @@ def check_postprocess(method: str, postprocess: str | None, smooth_samples: int,
 
 def build_plan(
     method: str, x: Tensor, baseline: Tensor, target: int, *, postprocess: str | None = None, smooth_samples: int = 0,
-    smooth_std: float = 0.15, smooth_kind: str = "smoothgrad", smooth_seed: int = 0, **kwargs: Any,
+    smooth_std: float = 0.15, smooth_kind: str = "smoothgrad", smooth_seed: int = 0, blur_sigma: float = 0.0, **kwargs: Any,
 ) -> Plan:
     """The plan of ``method`` on ``x (C, H, W)`` with IDGI (``postprocess="idgi"``) and/or SmoothGrad /
-    VarGrad over ``smooth_samples`` noisy copies (0: none). ``kwargs`` go to the method's plan."""
+    VarGrad over ``smooth_samples`` noisy copies (0: none), then the map blurred by ``blur_sigma``
+    pixels (0: not; the evaluation's control). ``kwargs`` go to the method's plan."""
     check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind)
+    if blur_sigma:
+        inner = build_plan(method, x, baseline, target, postprocess=postprocess, smooth_samples=smooth_samples,
+                           smooth_std=smooth_std, smooth_kind=smooth_kind, smooth_seed=smooth_seed, **kwargs)
+        return blur_plan(inner, blur_sigma)
 
     def one(xi: Tensor) -> Plan:
         plan = METHODS[method].plan(xi, baseline, target, **kwargs)

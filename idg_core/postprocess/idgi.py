@@ -17,10 +17,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from idg_core.methods import METHODS
 from idg_core.types import Answer, AttributionResult, Plan, Query
 
-IDGI_METHODS = ("idg", "ig", "left_ig")
-"""Methods whose gradient pass is one straight path (IDGI applies to them)."""
+IDGI_METHODS = tuple(name for name, m in METHODS.items() if m.straight_path)
+"""Methods whose gradient pass is one straight path (IDGI applies to them): ``Method.straight_path``."""
 
 
 def idgi(alphas: Tensor, values: Tensor, grads: Tensor) -> Tensor:
@@ -58,7 +59,7 @@ def idgi_plan(inner: Plan) -> Plan:
     finally:
         inner.close()
     if captured is None:
-        raise ValueError("IDGI needs a method with one gradient pass along a straight path (idg, ig, left_ig)")
+        raise ValueError(f"IDGI needs a method with one gradient pass along a straight path ({', '.join(IDGI_METHODS)})")
     q, a = captured
     assert a.grads is not None
     result.attributions = idgi(q.alphas, a.values, a.grads).unsqueeze(0)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from idg_core.types import Answer, AttributionResult, Plan, Query
+from idg_core.lockstep import lockstep
+from idg_core.types import AttributionResult, Plan
 
 SMOOTH_KINDS = ("smoothgrad", "vargrad")
 
@@ -28,23 +29,7 @@ def smooth_plan(plans: list[Plan], kind: str = "smoothgrad") -> Plan:
         raise ValueError(f"smooth_kind must be one of {', '.join(SMOOTH_KINDS)}, got {kind!r}")
     if not plans:
         raise ValueError("smooth_samples must be >= 1")
-    results: list[AttributionResult | None] = [None] * len(plans)
-    pending: dict[int, list[Query]] = {}
-    try:
-        for i, p in enumerate(plans):
-            _step(p, i, None, pending, results)
-        while pending:
-            owners = list(pending)
-            answers: list[Answer] = yield [q for i in owners for q in pending[i]]
-            pos = 0
-            for i in owners:
-                k = len(pending[i])
-                _step(plans[i], i, answers[pos : pos + k], pending, results)
-                pos += k
-    finally:
-        for p in plans:
-            p.close()
-    done = [r for r in results if r is not None]
+    done: list[AttributionResult] = yield from lockstep(plans)
     maps = torch.stack([r.attributions for r in done])  # (samples, 1, C, H, W)
     pooled = maps.mean(0) if kind == "smoothgrad" else maps.var(0, unbiased=False)
     first = done[0]
@@ -52,13 +37,3 @@ def smooth_plan(plans: list[Plan], kind: str = "smoothgrad") -> Plan:
     first.forward_passes = sum(r.forward_passes for r in done)
     first.backward_passes = sum(r.backward_passes for r in done)
     return first
-
-
-def _step(
-    plan: Plan, i: int, answers: list[Answer] | None, pending: dict[int, list[Query]], results: list[AttributionResult | None],
-) -> None:
-    try:
-        pending[i] = plan.send(answers)  # type: ignore[arg-type]
-    except StopIteration as stop:
-        pending.pop(i, None)
-        results[i] = stop.value

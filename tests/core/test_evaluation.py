@@ -117,3 +117,42 @@ def test_the_evaluation_command_takes_a_users_own_model(tmp_path: Path) -> None:
     assert all(0 <= int(r["pred"]) < 10 for r in rows)
     summary = (out / "summary.md").read_text()
     assert {r["method"] for r in rows} == {"IG", "IDG"} and entry in summary and "Top-1 not known" in summary
+
+
+def test_rows_are_named_or_composed_of_a_method_and_its_post_steps() -> None:
+    from idg_core.evaluation.runner import parse_row
+
+    assert parse_row("IDG+IDGI+SmoothGrad") == ("idg", {"steps": 50, "probe_steps": 50, "postprocess": "idgi",
+                                                        "smooth_samples": 10, "smooth_std": 0.15})
+    assert parse_row("idg@fast+Blur:blur_sigma=2.5") == ("idg", {"probe_steps": 8, "steps": 16, "blur_sigma": 2.5})
+    for bad, words in (("IDG+Sharpen", "unknown post-step"), ("shap", "neither a row"), ("IDG:steps", "not key=value")):
+        with pytest.raises(ValueError, match=words):
+            parse_row(bad)
+
+
+@pytest.mark.slow
+def test_the_summary_ranks_every_row_with_road_and_diffid(tmp_path: Path) -> None:
+    """`--methods IDG IDG+IDGI+SmoothGrad:... eg:samples=3 LA:...`: composed rows run beside the named ones, and
+    the summary ranks every row on the four metrics, DiffID and ROAD."""
+    from idg_core.evaluation.__main__ import main
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    _images(folder)
+    out = tmp_path / "out"
+    rows = ["IDG:steps=4,probe_steps=4", "IDG+IDGI+SmoothGrad:steps=4,probe_steps=4,smooth_samples=2", "eg:samples=3",
+            "LA:max_iter=2,classes=2", "AGI:max_iter=2"]
+    argv = ["--images", str(folder), "--out", str(out), "--model", "tiny-test", "--device", "cpu", "--methods", *rows,
+            "--rise-step", "256", "--workers", "0", "--pic-min-confidence", "0"]
+    import idg_core.evaluation.__main__ as cli
+
+    original = cli.load_entry
+    cli.load_entry = lambda *a, **k: tiny_classifier()  # type: ignore[assignment]
+    try:
+        assert main(argv) == 0
+    finally:
+        cli.load_entry = original
+    summary = (out / "summary.md").read_text()
+    for metric in ("insertion ↑", "deletion ↓", "sic ↑", "aic ↑", "diffid ↑", "road_morf ↓", "road_lerf ↑"):
+        assert f"| {metric} |" in summary
+    assert "### Ranks (1 = best mean)" in summary and all(f"| {r} |" in summary for r in rows)

@@ -107,9 +107,9 @@ def test_idg_sensitivity_flat_samples_contribute_nothing() -> None:
 def test_idg_result_shapes_and_costs() -> None:
     res = idg(SmallCNN(), torch.rand(2, 3, 16, 16), "black", [1, 2], steps=12, probe_steps=9)
     assert res.attributions.shape == (2, 3, 16, 16)
-    for field in (res.alphas, res.logits, res.importance, res.weights):
+    for field in (res.alphas, res.values, res.importance, res.weights):
         assert field.shape == (2, 12)
-    assert res.probe_alphas.shape == (9,) and res.probe_logits.shape == (2, 9)
+    assert res.probe_alphas.shape == (9,) and res.probe_values.shape == (2, 9)
     assert (res.forward_passes, res.backward_passes) == (2 * (9 + 12), 2 * 12)
     assert (res.alphas.diff(dim=1) > 0).all()
 
@@ -281,7 +281,7 @@ def test_a_feature_the_model_ignores_gets_no_attribution(name: str) -> None:
     # sensitivity (b), the dummy axiom: it holds for every method, AGI included (its ∇p_y is 0 there)
     model, x = _LeftHalfOnly(), torch.rand(1, 3, 16, 16)
     target = int(model(x).argmax())  # AGI attacks the predicted class: its first step always moves
-    given = {"steps": 8, "probe_steps": 8, "max_iter": 5, "num_classes": 10}
+    given = {"steps": 8, "probe_steps": 8, "max_iter": 5, "num_classes": 10, "classes": 3, "samples": 8, "paths": 2}
     kwargs = {k: v for k, v in given.items() if k in METHODS[name].parameters}
     res = METHODS[name](model, x, "black", target, **kwargs)
     assert (res.attributions[..., 8:] == 0).all()
@@ -378,7 +378,8 @@ def test_guided_ig_sub_steps_are_bounded_and_checkpointed(monkeypatch: pytest.Mo
 @pytest.mark.parametrize("name", list(METHODS))
 def test_work_bound_is_known_before_and_holds(name: str) -> None:
     model = Counting(SmallCNN())
-    params = METHODS[name].parameters | {"num_classes": 10, "steps": 12, "probe_steps": 7, "max_iter": 6, "adversarial_classes": 2}
+    params = METHODS[name].parameters | {"num_classes": 10, "steps": 12, "probe_steps": 7, "max_iter": 6, "adversarial_classes": 2,
+                                         "classes": 3, "samples": 9, "paths": 2}
     kwargs = {k: v for k, v in params.items() if k in METHODS[name].parameters}
     bound = METHODS[name].bound(kwargs)
     res = METHODS[name](model, torch.rand(1, 3, 16, 16), "black", 3, batch_size=64, **kwargs)

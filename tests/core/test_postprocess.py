@@ -55,7 +55,7 @@ def test_idgi_on_a_quadratic_model_with_idg_and_left_ig() -> None:
     share = (a * x) ** 2 / ((a * x) ** 2).sum()
     for method, kw in (("idg", {"steps": 12, "probe_steps": 12}), ("left_ig", {"steps": 10}), ("ig", {"steps": 7})):
         res = _run(model, {"method": method, "postprocess": "idgi", **kw}, x, base)
-        alphas, logits = res.alphas[0], res.logits[0]
+        alphas, logits = res.alphas[0], res.values[0]
         change = float(logits[alphas.argmax()] - logits[alphas.argmin()])
         torch.testing.assert_close(res.attributions[0], share * change, msg=method)
         assert float(res.attributions.sum()) == pytest.approx(change)  # completeness on the sampled path

@@ -149,3 +149,31 @@ async def test_metrics_report_the_seconds_the_device_was_busy(tiny_app: AppFacto
     busy = float(re.search(r"^idg_device_busy_seconds_total ([0-9.e+-]+)$", text, re.M).group(1))
     calls = len(_net(app).calls)
     assert calls > 0 and 0.05 * calls <= busy <= wall
+
+
+async def _post(client, img: bytes, **fields: str):
+    data = {"return_attribution": "true", "return_overlay": "false", "target": "3"} | fields
+    return await client.post("/attribute", files={"file": ("a.png", img, "image/png")}, data=data)
+
+
+async def test_the_rivals_batch_with_other_requests_and_match_alone(tiny_app: AppFactory) -> None:
+    """Expected Gradients, IDG on EG paths and LA through the service: their points join other requests'
+    model calls, and the answer is the one each gives alone."""
+    app = tiny_app(batch_wait_ms=100.0, max_batch_images=256, max_round_images=512)
+    asks = [{"method": "eg", "samples": "6"}, {"method": "idg_eg", "paths": "2", "steps": "4", "probe_steps": "3"},
+            {"method": "la", "max_iter": "2", "classes": "2"}, {"method": "idg", "steps": "4", "probe_steps": "3"}]
+    images = [image_bytes((40 * i, 90, 200)) for i in range(len(asks))]
+    async with serve(app) as client:
+        alone = []
+        for img, ask in zip(images, asks, strict=True):
+            _net(app).calls.clear()
+            alone.append((await _post(client, img, **ask), len(_net(app).calls)))
+        assert [r.status_code for r, _ in alone] == [200] * 4, [r.json() for r, _ in alone]
+        assert alone[0][0].json()["cost"]["forward_passes"] == 1 + 6  # prediction + one gradient per draw
+        assert alone[2][0].json()["cost"]["forward_passes"] == 1 + (2 * 1 + 1) * 2  # LA: one targeted + one untargeted attack
+        _net(app).calls.clear()
+        together = await asyncio.gather(*[_post(client, img, **ask) for img, ask in zip(images, asks, strict=True)])
+        assert [r.status_code for r in together] == [200] * 4
+        assert len(_net(app).calls) < sum(n for _, n in alone)  # rounds shared across the four requests
+        for (a, _), b in zip(alone, together, strict=True):
+            assert np.allclose(_attr(a), _attr(b), atol=1e-4, rtol=1e-3)

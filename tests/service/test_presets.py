@@ -41,3 +41,34 @@ async def test_an_unknown_preset_is_a_422_that_names_the_choices(tiny_app: AppFa
         r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"preset": "turbo"})
         assert r.status_code == 422 and "preset" in r.json()["error"]["message"]
         assert "fast" in r.json()["error"]["message"] and "paper" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("fields", "copies", "idgi"), [
+    ({"preset": "quality"}, PRESETS["idg"]["quality"]["smooth_samples"], True),
+    ({"preset": "quality", "smooth_samples": "2", "postprocess": "none"}, 2, False),
+    ({"preset": "fast"}, 0, False),
+])
+async def test_quality_adds_its_post_steps_unless_the_request_gives_its_own(tiny_app: AppFactory, fields: dict, copies: int,
+                                                                             idgi: bool) -> None:
+    app = tiny_app()
+    async with serve(app) as client:
+        net = app.state.service.models["tiny"].net
+        net.calls.clear()
+        body = await _attribute(client, **fields)
+        used = body["parameters"]
+        assert used.get("smooth_samples", 0) == copies and (used.get("postprocess") == "idgi") is idgi
+        fast = PRESETS["idg"]["fast"]
+        per_copy = fast["probe_steps"] + fast["steps"]
+        assert body["cost"] == {"forward_passes": 1 + max(copies, 1) * per_copy, "backward_passes": max(copies, 1) * fast["steps"]}
+        assert sum(net.calls) == body["cost"]["forward_passes"]
+        if fields.get("preset") == "quality" and copies == PRESETS["idg"]["quality"]["smooth_samples"]:
+            assert body["cost"]["forward_passes"] - 1 <= 400  # AGI's 2 x 20 passes x 10
+
+
+def test_the_metrics_label_names_the_presets_post_steps() -> None:
+    from app.render import method_label
+    from app.schemas import AttributeParams
+
+    assert method_label(AttributeParams.model_validate({"preset": "quality"})) == "idg+idgi+smoothgrad"
+    assert method_label(AttributeParams.model_validate({"preset": "quality", "smooth_samples": 0})) == "idg+idgi"
+    assert method_label(AttributeParams.model_validate({"method": "ig", "preset": "quality"})) == "ig"

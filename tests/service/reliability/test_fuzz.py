@@ -35,6 +35,7 @@ from PIL import Image
 
 from app.core.config import Settings
 from app.main import create_app
+from idg_core.methods import METHODS
 from tests.service.conftest import live_server, tiny_classifier
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install -e '.[dev]')")
@@ -178,14 +179,11 @@ def sane_fields(draw: st.DrawFn, path: str) -> dict[str, Any]:
     """Cheap valid parameters, so that the picture is what decides the answer."""
     if path == "/predict":
         return {"top_k": draw(st.integers(1, 5))}
-    method = draw(st.sampled_from(["idg", "ig", "left_ig", "guided_ig", "agi"]))
+    method = draw(st.sampled_from(list(METHODS)))
     fields: dict[str, Any] = {"method": method}
-    if method != "agi":  # AGI counts max_iter, not steps: a parameter a method does not take is a 422
-        fields["steps"] = draw(st.integers(2, 6))
-    if method == "idg":
-        fields["probe_steps"] = draw(st.integers(3, 6))
-    if method == "agi":
-        fields |= {"max_iter": draw(st.integers(1, 3)), "adversarial_classes": draw(st.integers(1, 2))}
+    for name in METHODS[method].params.steps:  # its own step counts, small (a parameter it does not take is a 422)
+        low = int(METHODS[method].params[name].low or 1)
+        fields[name] = draw(st.integers(low, low + 3))
     return fields | draw(st.fixed_dictionaries({}, optional={"return_attribution": st.booleans(), "signed": st.booleans(),
                                                              "return_input": st.booleans(), "target": st.integers(0, 999)}))
 
