@@ -69,20 +69,23 @@ async def start_jobs(service: Service, paused: Callable[[], bool]) -> JobRunner:
     return runner
 
 
+PROCESS_STARTED = str(int(time.time() * 1000))
+"""Tells this process from an earlier one with the same pid (a restarted container's pid 1)."""
+
+
 def new_owner() -> str:
-    """This runner's name in the store: ``host:pid:token``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """This runner's name in the store: ``host:pid:process start:token``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{PROCESS_STARTED}:{uuid.uuid4().hex[:8]}"
 
 
-def _dead_here(owner: str, me: str) -> bool:
+def _dead_here(owner: str) -> bool:
     """Whether ``owner`` was a process on this host that is gone (a previous run of this one included)."""
-    host, _, rest = owner.partition(":")
-    pid_text, _, _ = rest.partition(":")
-    if host != socket.gethostname() or owner == me or not pid_text.isdigit():
+    host, pid_text, started, *_ = [*owner.split(":"), "", ""]
+    if host != socket.gethostname() or not pid_text.isdigit():
         return False
     pid = int(pid_text)
-    if pid == os.getpid():  # our pid, another token: a previous process with the same pid (a restarted container)
-        return True
+    if pid == os.getpid():  # this process (another app in it), or an earlier one with the same pid
+        return started != PROCESS_STARTED
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -142,7 +145,7 @@ class JobRunner:
     async def recover(self) -> int:
         """Give back the claims of dead processes on this host (this one's previous run: killed, or crashed)."""
         owners = await asyncio.to_thread(self.store.owners)
-        dead = [o for o in owners if _dead_here(o, self.owner)]
+        dead = [o for o in owners if _dead_here(o)]
         released = await asyncio.to_thread(self.store.release_owners, dead) if dead else 0
         if released:
             log.info("took back %d image(s) claimed by a process that is gone (%s)", released, ", ".join(dead))
