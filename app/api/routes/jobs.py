@@ -8,12 +8,12 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
@@ -25,7 +25,7 @@ from app.explain_if import ConditionError, parse_condition
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.runner import JobRunner, job_status
 from app.jobs.store import JOB_DONE, ResultRow, StoreFull
-from app.schemas import ERROR_RESPONSES, AttributeParams
+from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
 from app.service import Service
 
 router = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"])
@@ -42,6 +42,46 @@ SUBMIT_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-dat
                    "else its answer is the prediction alone"},
     "callback_url": {"type": "string", "description": "http(s) URL to POST the job's status to (JSON) when it ends"},
     **_PARAMS}}}}}}
+
+
+
+
+class JobStatus(BaseModel):
+    id: str = Field(..., description="The job's id")
+    state: Literal["queued", "running", "done"] = Field(..., description="queued (no image started), running, done (every image answered)")
+    total: int = Field(..., description="Images in the job")
+    done: int = Field(..., description="Images answered (status 200)")
+    failed: int = Field(..., description="Images answered with an error (its status and message are in the results)")
+    pending: int = Field(..., description="Images not answered yet")
+    created: float = Field(..., description="Submitted at (Unix time)")
+    started: float | None = Field(None, description="First image started at (Unix time)")
+    finished: float | None = Field(None, description="Last image answered at (Unix time)")
+    eta_s: float | None = Field(None, description="Seconds until done at the job's pace so far (null before its first answer)")
+    url: str = Field(..., description="This status")
+    results_url: str = Field(..., description="The answers, as JSON Lines")
+    parameters: dict[str, Any] = Field(..., description="The /attribute fields given at submission")
+    explain_if: str | None = Field(None, description="The condition, when one was given")
+    callback_url: str | None = Field(None, description="POSTed this status when the job ends")
+
+
+class JobList(BaseModel):
+    jobs: list[JobStatus] = Field(..., description="Newest first")
+    total: int = Field(..., description="Jobs stored")
+    offset: int
+    limit: int
+    next: str | None = Field(None, description="The next page, null at the end")
+
+
+class JobDeleted(BaseModel):
+    id: str
+    deleted: bool
+    dropped_in_flight: int = Field(..., description="Its images this process had in the worker (dropped before the next model call)")
+
+
+NO_JOB = {404: {"model": ErrorResponse, "description": "No such job (never submitted, deleted, or past its retention)"}}
+KEYED = {c: ERROR_RESPONSES[c] for c in (401, 503)}
+SUBMIT_ERRORS = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 408, 413, 415, 422, 503)},
+                 507: {"model": ErrorResponse, "description": "The job store is full (IDG_JOBS_MAX_BYTES)"}}
 
 
 async def get_runner(request: Request) -> JobRunner:
@@ -62,8 +102,7 @@ def _base_url(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
 
-@router.post("/jobs", status_code=202, responses={**ERROR_RESPONSES, 507: {"description": "the job store is full"}},
-             openapi_extra=SUBMIT_DOCS)
+@router.post("/jobs", status_code=202, response_model=JobStatus, responses=SUBMIT_ERRORS, openapi_extra=SUBMIT_DOCS)
 async def submit_job(request: Request, service: Annotated[Service, Depends(get_service)], runner: Runner) -> JSONResponse:
     """Submit many images (multipart ``files``, repeated, or one tar/zip ``archive``) with the form
     fields of /attribute (and ``explain_if``, ``callback_url``); answered in the background at a
@@ -136,7 +175,7 @@ def _check_callback(url: str | None) -> None:
         raise ApiError(422, f"callback_url must be an http:// or https:// URL with a host, got {url[:100]!r}", code="invalid_parameter")
 
 
-@router.get("/jobs/{job_id}", responses={c: ERROR_RESPONSES[c] for c in (401, 404) if c in ERROR_RESPONSES})
+@router.get("/jobs/{job_id}", response_model=JobStatus, responses={**KEYED, **NO_JOB})
 async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, Any]:
     """The job's ``state`` (queued, running, done), ``done`` / ``failed`` / ``pending`` of ``total``
     images, ``eta_s`` (from the job's own pace so far), its parameters and URLs."""
@@ -147,7 +186,8 @@ async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, An
 
 
 @router.get("/jobs/{job_id}/results", response_class=StreamingResponse,
-            responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}})
+            responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}, **KEYED, **NO_JOB,
+                       422: ERROR_RESPONSES[422]})
 async def job_results(
     job_id: str, runner: Runner,
     offset: Annotated[int, Query(ge=0, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
@@ -188,7 +228,7 @@ def _line(row: ResultRow, summary: bool) -> bytes:
     return (head + row.summary[1:-1] + tail + "}\n").encode()
 
 
-@router.delete("/jobs/{job_id}", responses={c: ERROR_RESPONSES[c] for c in (401, 404) if c in ERROR_RESPONSES})
+@router.delete("/jobs/{job_id}", response_model=JobDeleted, responses={**KEYED, **NO_JOB})
 async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
     """Cancel the job (its images in the worker are dropped before the next model call) and delete
     it with its images and answers."""
@@ -198,7 +238,7 @@ async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
     return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
 
 
-@router.get("/jobs")
+@router.get("/jobs", response_model=JobList, responses={**KEYED, 422: ERROR_RESPONSES[422]})
 async def list_jobs(
     request: Request, runner: Runner,
     offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 50,
