@@ -26,6 +26,7 @@ class SqliteStore(SqlStore):
         self.path = data_dir / FILE_NAME
         # autocommit mode: transactions are begun and ended here (BEGIN IMMEDIATE ... COMMIT)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect on a new file: freed pages can go back
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.execute("PRAGMA foreign_keys=ON")
@@ -46,6 +47,13 @@ class SqliteStore(SqlStore):
             cur.execute("COMMIT")
         finally:
             cur.close()
+
+    def sweep(self, finished_before: float) -> int:
+        """Delete the old jobs, then give the file's free pages back (answered images' bytes, deleted jobs)."""
+        swept = super().sweep(finished_before)
+        with self._lock:
+            self._conn.executescript("PRAGMA incremental_vacuum;")  # sqlite3_exec steps it to the end (execute frees one page)
+        return swept
 
     def close(self) -> None:
         with self._lock:
