@@ -190,9 +190,9 @@ class JobRunner:
             except Exception:  # noqa: BLE001 - the store may be briefly unreachable; the loop goes on
                 log.exception("claiming job images failed; trying again in %g s", POLL_S)
             self._wake.clear()
+            paused_for = self._resume_at - time.monotonic()  # the worker said busy: wake when it said to retry
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.05, min(POLL_S, self._resume_at - time.monotonic())
-                                                                      if self._resume_at > time.monotonic() else POLL_S))
+                await asyncio.wait_for(self._wake.wait(), timeout=min(POLL_S, paused_for) if paused_for > 0.05 else POLL_S)
 
     async def _claim_some(self) -> None:
         free = self.settings.jobs_in_flight - len(self._tasks)

@@ -67,20 +67,21 @@ class JobStatus(BaseModel):
 class JobList(BaseModel):
     jobs: list[JobStatus] = Field(..., description="Newest first")
     total: int = Field(..., description="Jobs stored")
-    offset: int
-    limit: int
+    offset: int = Field(..., description="Jobs skipped (newest first)")
+    limit: int = Field(..., description="Most jobs on this page")
     next: str | None = Field(None, description="The next page, null at the end")
 
 
 class JobDeleted(BaseModel):
-    id: str
-    deleted: bool
+    id: str = Field(..., description="The job's id")
+    deleted: bool = Field(..., description="Always true: the job, its images and its answers are gone")
     dropped_in_flight: int = Field(..., description="Its images this process had in the worker (dropped before the next model call)")
 
 
-NO_JOB = {404: {"model": ErrorResponse, "description": "No such job (never submitted, deleted, or past its retention)"}}
-KEYED = {c: ERROR_RESPONSES[c] for c in (401, 503)}
-SUBMIT_ERRORS = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 408, 413, 415, 422, 503)},
+Responses = dict[int | str, dict[str, Any]]
+NO_JOB: Responses = {404: {"model": ErrorResponse, "description": "No such job (never submitted, deleted, or past its retention)"}}
+KEYED: Responses = {c: ERROR_RESPONSES[c] for c in (401, 422, 503)}
+SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 408, 413, 415, 422, 503)},
                  507: {"model": ErrorResponse, "description": "The job store is full (IDG_JOBS_MAX_BYTES)"}}
 
 
@@ -186,8 +187,7 @@ async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, An
 
 
 @router.get("/jobs/{job_id}/results", response_class=StreamingResponse,
-            responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}, **KEYED, **NO_JOB,
-                       422: ERROR_RESPONSES[422]})
+            responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}, **KEYED, **NO_JOB})
 async def job_results(
     job_id: str, runner: Runner,
     offset: Annotated[int, Query(ge=0, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
@@ -238,7 +238,7 @@ async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
     return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
 
 
-@router.get("/jobs", response_model=JobList, responses={**KEYED, 422: ERROR_RESPONSES[422]})
+@router.get("/jobs", response_model=JobList, responses=KEYED)
 async def list_jobs(
     request: Request, runner: Runner,
     offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 50,
