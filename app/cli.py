@@ -2,15 +2,21 @@
 
     python -m app.cli predict photo.jpg
     python -m app.cli attribute photo.jpg --method idg --steps 50 --out heatmap.png [--overlay overlay.png]
+    idg-client job submit photos/ --preset fast --faithfulness insertion    # prints the job id
+    idg-client job wait ID                                                   # progress bar on stderr
+    idg-client job results ID --summary > answers.jsonl                      # JSON Lines; --offset N resumes
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any, TextIO
 
 import httpx
 
@@ -43,11 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     at.add_argument("--smooth-samples", type=int, help="SmoothGrad over this many noisy copies")
     at.add_argument("--out", type=Path, default=Path("heatmap.png"), help="heatmap PNG to write")
     at.add_argument("--overlay", type=Path, help="also write the overlay PNG here")
+    _job_parser(sub)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     out = sys.stdout
     try:
         with Client(args.url, api_key=args.api_key) as client:
+            if args.command == "job":
+                return _job(args, client, out)
             if args.command == "predict":
                 res = client.predict(args.image, model=args.model, top_k=args.top_k, explain_if=args.explain_if)
                 for s in res.top_k:
@@ -67,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: could not reach the service at {args.url} ({type(err).__name__}); "
                          "start it (make run) or point --url / IDG_URL at it\n")
         return 2
-    except OSError as err:
+    except (OSError, ValueError) as err:  # a missing file or directory, a directory without images
         sys.stderr.write(f"error: {err}\n")
         return 2
     assert a.heatmap is not None
@@ -85,6 +94,104 @@ def main(argv: list[str] | None = None) -> int:
         w = f"{c.weights[i]:.5g}" if len(c.weights) else ""
         out.write(f"{c.alphas[i]:.5f}\t{c.values[i]:.5g}\t{imp}\t{w}\n")
     return 0
+
+
+def _job_parser(sub: Any) -> None:
+    job = sub.add_parser("job", help="durable jobs: submit many images, wait, fetch the answers (survive server restarts)")
+    jobs = job.add_subparsers(dest="job_command", required=True)
+    submit = jobs.add_parser("submit", help="submit a directory of images, a tar/zip archive or images; prints the job id")
+    submit.add_argument("source", nargs="+", type=Path, help="a directory (its images, recursively), an archive, or image files")
+    submit.add_argument("--method", default="idg")
+    submit.add_argument("--preset", choices=["fast", "paper"])
+    submit.add_argument("--model")
+    submit.add_argument("--target", type=int)
+    submit.add_argument("--steps", type=int)
+    submit.add_argument("--probe-steps", type=int)
+    submit.add_argument("--faithfulness", help="score each map: insertion, deletion or insertion,deletion")
+    submit.add_argument("--explain-if", help="explain an image only when this holds of its prediction, e.g. 'confidence < 0.6'")
+    submit.add_argument("--callback-url", help="http(s) URL the service POSTs the job's status to when it ends")
+    submit.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any other /attribute field (repeat)")
+    wait = jobs.add_parser("wait", help="wait until the job is done, with a progress bar on stderr")
+    wait.add_argument("id")
+    wait.add_argument("--poll", type=float, default=1.0, help="seconds between status checks")
+    results = jobs.add_parser("results", help="the answers as JSON Lines on stdout")
+    results.add_argument("id")
+    results.add_argument("--offset", type=int, default=0, help="skip the first N answers (resume after the last seq read)")
+    results.add_argument("--summary", action="store_true", help="only scores and classes, no images")
+    results.add_argument("--follow", action="store_true", help="keep reading until the job is done")
+    for name, text in (("status", "the job's state and counts (JSON)"), ("delete", "cancel and delete the job")):
+        jobs.add_parser(name, help=text).add_argument("id")
+    jobs.add_parser("list", help="the jobs, newest first")
+
+
+def _job(args: argparse.Namespace, client: Client, out: TextIO) -> int:
+    cmd = args.job_command
+    if cmd == "submit":
+        extra = dict(_field(f) for f in args.set)
+        params = {"preset": args.preset, "model": args.model, "target": args.target, "steps": args.steps,
+                  "probe_steps": args.probe_steps, "faithfulness": args.faithfulness} | extra
+        source = args.source[0] if len(args.source) == 1 and (args.source[0].is_dir() or not _is_image(args.source[0])) else args.source
+        job = client.submit_job(source, method=args.method, explain_if=args.explain_if, callback_url=args.callback_url, **params)
+        sys.stderr.write(f"job {job['id']}: {job['total']} image(s) queued; {job['url']}\n")
+        out.write(job["id"] + "\n")
+    elif cmd == "wait":
+        status = client.wait_job(args.id, poll_s=args.poll, on_progress=_Progress(sys.stderr))
+        sys.stderr.write("\n")
+        out.write(f"{status['id']} {status['state']}: {status['done']} answered, {status['failed']} failed of {status['total']}\n")
+        return 0 if status["failed"] == 0 else 3
+    elif cmd == "results":
+        for line in client.job_results(args.id, offset=args.offset, summary=args.summary, follow=args.follow):
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+    elif cmd == "status":
+        out.write(json.dumps(client.job(args.id), indent=2) + "\n")
+    elif cmd == "delete":
+        client.delete_job(args.id)
+        out.write(f"deleted {args.id}\n")
+    else:
+        for j in client.jobs(limit=500)["jobs"]:
+            out.write(f"{j['id']}  {j['state']:8s} {j['done'] + j['failed']:>6d}/{j['total']:<6d} failed {j['failed']}\n")
+    return 0
+
+
+def _field(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set takes FIELD=VALUE, got {text!r}")
+    return key.replace("-", "_"), value
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+
+
+class _Progress:
+    """A progress bar on a terminal (redrawn in place), a line per 10% elsewhere (logs, CI)."""
+
+    WIDTH = 30
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.shown = -1
+        self.began = time.monotonic()
+
+    def __call__(self, status: dict[str, Any]) -> None:
+        total, answered = max(status["total"], 1), status["done"] + status["failed"]
+        eta = status.get("eta_s")
+        filled = self.WIDTH * answered // total
+        text = (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {answered}/{status['total']} answered, {status['failed']} failed"
+                + (f", ETA {_duration(eta)}" if eta else "") + f" ({status['state']}, {_duration(time.monotonic() - self.began)})")
+        if self.tty:
+            self.stream.write("\r" + text.ljust(100))
+        elif answered == status["total"] or answered * 10 // total > self.shown:
+            self.shown = answered * 10 // total
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 if __name__ == "__main__":

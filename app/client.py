@@ -5,6 +5,8 @@
         res = c.attribute("photo.jpg", method="idg", steps=50)
         res.overlay.save("overlay.png"); print(res.target, res.curve.alphas[:5])
         many = c.attribute_many(["a.jpg", "b.jpg"], concurrency=4)
+        job = c.submit_job("photos/", method="idg", faithfulness="insertion,deletion")   # a durable job
+        c.wait_job(job["id"]); answers = list(c.job_results(job["id"], summary=True))
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,28 @@ from PIL import Image
 
 log = logging.getLogger(__name__)
 ImageInput = str | Path | bytes | Image.Image
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
+
+
+def image_files(directory: str | Path) -> list[Path]:
+    """The images in ``directory`` and below (by suffix, case-insensitive), sorted by path."""
+    return sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _job_files(images: Sequence[ImageInput] | str | Path) -> list[tuple[str, tuple[str, bytes]]]:
+    """Multipart parts of a job: a directory's images, one archive (sent as ``archive``) or images."""
+    if isinstance(images, str | Path):
+        path = Path(images)
+        if path.is_dir():
+            found = image_files(path)
+            if not found:
+                raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {path}")
+            return [("files", (str(p.relative_to(path)), p.read_bytes())) for p in found]
+        if path.name.lower().endswith(ARCHIVE_SUFFIXES):
+            return [("archive", (path.name, path.read_bytes()))]
+        images = [path]
+    return [("files", _file(image)) for image in images]
 
 
 class ServiceError(Exception):
@@ -202,6 +227,72 @@ class Client:
     def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
         """``params``: any /attribute field (target, steps, probe_steps, baseline, return_attribution, ...)."""
         return parse_attribution(self._post("/attribute", image, {"method": method, **params}))
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            r = self._http.request(method, path, **kwargs)
+            wait = _retry_after(r, attempt, self.max_wait)
+            if wait is None or attempt == self.retries:
+                return r
+            log.info("service busy; retrying %s %s in %.1f s", method, path, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def submit_job(self, images: Sequence[ImageInput] | str | Path, *, method: str = "idg", explain_if: str | None = None,
+                   callback_url: str | None = None, **params: Any) -> dict[str, Any]:
+        """Submit a durable job (POST /jobs): a directory of images, a tar/zip archive, or a list of
+        images, with any /attribute field in ``params``; ``explain_if`` explains an image only when it
+        holds of its prediction; ``callback_url`` is POSTed the job's status when it ends. Returns the
+        job's status (``id``, ``url``, ``results_url``)."""
+        fields = _fields({"method": method, "explain_if": explain_if, "callback_url": callback_url, **params})
+        r = self._send("POST", "/jobs", files=_job_files(images), data=fields)
+        if r.status_code == 202:
+            return r.json()
+        return _check(r)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """GET /jobs/{id}: state, done / failed / pending of total, eta_s."""
+        return _check(self._send("GET", f"/jobs/{job_id}"))
+
+    def jobs(self, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+        """GET /jobs: a page of jobs, newest first (``jobs``, ``total``, ``next``)."""
+        return _check(self._send("GET", "/jobs", params={"offset": offset, "limit": limit}))
+
+    def delete_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job and delete it with its answers."""
+        return _check(self._send("DELETE", f"/jobs/{job_id}"))
+
+    def wait_job(self, job_id: str, *, poll_s: float = 1.0, timeout: float | None = None,
+                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the job is done (``on_progress`` gets each status); its last status. A poll the
+        service cannot answer (a restart) is retried until ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                status = self.job(job_id)
+            except httpx.TransportError:
+                status = None  # the server restarts: the job is kept, ask again
+            if status is not None:
+                if on_progress is not None:
+                    on_progress(status)
+                if status["state"] == "done":
+                    return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} not done within {timeout} s")
+            time.sleep(poll_s)
+
+    def job_results(self, job_id: str, *, offset: int = 0, summary: bool = False, follow: bool = False) -> Iterator[dict[str, Any]]:
+        """The job's answers, one dict per image, in the order they were stored (JSON Lines, read as
+        they stream); ``offset`` resumes after that many, ``summary`` leaves out the images,
+        ``follow`` waits for the answers still to come."""
+        params: dict[str, str | int] = {"offset": offset, "summary": str(summary).lower(), "follow": str(follow).lower()}
+        with self._http.stream("GET", f"/jobs/{job_id}/results", params=params, timeout=None if follow else self._http.timeout) as r:
+            if r.status_code != 200:
+                r.read()
+                _check(r)
+            for line in r.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
 
     def attribute_many(self, images: Sequence[ImageInput], *, concurrency: int = 4, method: str = "idg",
                        **params: Any) -> list[Attribution | ServiceError]:

@@ -17,13 +17,14 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.docs import install_docs
-from app.api.routes import attribute, info, predict, v2
+from app.api.routes import attribute, info, jobs, predict, v2
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.prometheus import Metrics, MetricsMiddleware
 from app.core.replica import ReplicaHeaderMiddleware
+from app.jobs.runner import start_jobs
 from app.service import Service
 from app.worker.engine import Worker
 from idg_core.call_shapes import CallShapes
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         app.state.service = service = Service(settings, loaded, worker, metrics, device)
         if settings.warmup:
             await service.warm_up_requests()
+        app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready)
         app.state.ready = True
         metrics.ready.set(1)
         log.info("ready: %s on %s", ", ".join(loaded), device)
@@ -93,6 +95,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         finally:
             app.state.ready = False
             metrics.ready.set(0)
+            await app.state.jobs.stop()  # its images in the worker are dropped and given back to the store
             if drain.drained:  # app.server drained the requests already and is stopping the worker
                 await wait_thread(drain.worker_stopper, 1.0)
             else:  # served some other way (plain uvicorn, tests): requests are gone, finish their jobs
@@ -118,7 +121,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
     app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
-    for module in (predict, attribute, info, v2):  # v2: the Open Inference Protocol
+    for module in (predict, attribute, jobs, info, v2):  # v2: the Open Inference Protocol
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)

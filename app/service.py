@@ -90,23 +90,23 @@ class Service:
 
     async def attribute(
         self, data: bytes, params: AttributeCommon, received: float, until_disconnected: UntilDisconnected | None = None,
-        on_event: OnEvent | None = None, checked: Checked | None = None, timeout: float | None = None,
+        on_event: OnEvent | None = None, checked: Checked | None = None, timeout: float | None = None, priority: int = 1,
     ) -> AttributeResponse:
         """Check (unless the route did: ``checked``), decode, queue, wait and render one attribution;
-        raises :class:`ApiError`."""
+        raises :class:`ApiError`. ``priority``: 1 for requests, 2 for the images of jobs (app.jobs)."""
         checked = checked or self.check_attribute(params)
         x = await load_input(data, checked[1], self.settings, self.device)
-        return await self.explain(x, params, checked, received, until_disconnected, on_event, timeout=timeout)
+        return await self.explain(x, params, checked, received, until_disconnected, on_event, timeout=timeout, priority=priority)
 
     async def explain(
         self, x: Tensor, params: AttributeCommon, checked: Checked, received: float, until_disconnected: UntilDisconnected | None = None,
-        on_event: OnEvent | None = None, probs: Tensor | None = None, timeout: float | None = None,
+        on_event: OnEvent | None = None, probs: Tensor | None = None, timeout: float | None = None, priority: int = 1,
     ) -> AttributeResponse:
         """:meth:`attribute` of a decoded input ``x``, checked; with ``probs`` (from /predict) no prediction pass."""
         name, model, planned = checked
         plan = planned.plan(x, params, probs)
-        outcome = await self.run(until_disconnected, name, plan, "attribute", priority=1, on_event=on_event, cost=planned.cost(x, probs),
-                                 timeout=timeout)
+        outcome = await self.run(until_disconnected, name, plan, "attribute", priority=priority, on_event=on_event,
+                                 cost=planned.cost(x, probs), timeout=timeout)
         found = outcome.value
         for metric, value in found.scores.items():
             self.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)

@@ -131,6 +131,21 @@ class Settings(BaseSettings):
     api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'")
     cors_origins: Annotated[list[str], NoDecode] = Field(default=[], description="Comma-separated origins allowed by CORS")
     warmup: bool = Field(True, description="Run a forward and backward pass per model before reporting ready")
+    data_dir: Path = Field(Path("data"), description="Where the service keeps its state: the job store (jobs.sqlite3, SQLite "
+                           "in WAL mode) unless IDG_JOBS_DB_URL names another")
+    jobs_db_url: str | None = Field(None, description="postgresql://user:password@host/db: keep jobs in PostgreSQL, shared by "
+                                    "several replicas (needs the postgres extra); default: SQLite under IDG_DATA_DIR")
+    jobs_max_images: int = Field(10_000, ge=1, description="Most images in one job (POST /jobs); beyond, 413")
+    jobs_max_upload_bytes: int = Field(300_000_000, ge=1, description="Largest POST /jobs body, and most bytes an archive's "
+                                       "images may decompress to; beyond, 413")
+    jobs_max_bytes: int = Field(5_000_000_000, ge=1, description="Most bytes the job store holds (images not yet answered, "
+                                "answers), checked when a job is submitted; beyond, 507")
+    jobs_retention_s: float = Field(7 * 86400.0, gt=0, description="Finished jobs are deleted this long after they finished")
+    jobs_in_flight: int = Field(2, ge=1, description="Images of jobs in the worker at once (per process), at a lower priority "
+                                "than any request; each holds one IDG_MAX_QUEUE slot")
+    jobs_lease_s: float = Field(30.0, gt=0, description="A claimed image whose process stops renewing its claim for this "
+                                "long (it died) is taken up by another; a process restarted on the same host takes back its "
+                                "dead predecessor's claims at once")
 
     def precision_on(self, device: torch.device, source: str | None = None) -> Precision:
         """The precision a model from ``source`` runs in on ``device`` by default (``auto`` resolved;
@@ -171,6 +186,13 @@ class Settings(BaseSettings):
         if any(v < 1 for v in value):
             raise ValueError(f"batch sizes must be positive, got {value}")
         return value
+
+    @field_validator("jobs_db_url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"IDG_JOBS_DB_URL must be a postgresql:// URL, got {value.split('://')[0]}://...")
+        return value or None
 
     @field_validator("models")
     @classmethod

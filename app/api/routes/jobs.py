@@ -1,0 +1,251 @@
+"""Durable explanation jobs: POST /jobs (many images, one set of /attribute parameters) -> 202;
+GET /jobs/{id} (state, counts, ETA); GET /jobs/{id}/results (JSON Lines, resumable); DELETE
+/jobs/{id} (cancel and free); GET /jobs (paged). The store and the runner are in :mod:`app.jobs`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field, ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from app.api.deps import get_service, require_api_key
+from app.api.requests import count_file_parts, first_error, read_body
+from app.core.config import Settings
+from app.core.errors import ApiError
+from app.explain_if import ConditionError, parse_condition
+from app.jobs.archive import Bounds, is_archive, read_archive
+from app.jobs.runner import JobRunner, job_status
+from app.jobs.store import JOB_DONE, ResultRow, StoreFull
+from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
+from app.service import Service
+
+router = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"])
+RESULTS_CHUNK = 32
+FOLLOW_POLL_S = 0.5
+JOB_FIELDS = ("explain_if", "callback_url")
+"""Form fields of POST /jobs beside /attribute's."""
+_PARAMS = dict(AttributeParams.model_json_schema()["properties"])
+SUBMIT_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {"type": "object", "properties": {
+    "files": {"type": "array", "items": {"type": "string", "format": "binary"},
+              "description": "The images (repeat the field); a tar (.tar, .tar.gz, .tar.bz2, .tar.xz) or zip file is unpacked"},
+    "archive": {"type": "string", "format": "binary", "description": "One tar or zip archive of images, instead of files"},
+    "explain_if": {"type": "string", "description": "Explain an image only when this holds of its prediction (see /predict); "
+                   "else its answer is the prediction alone"},
+    "callback_url": {"type": "string", "description": "http(s) URL to POST the job's status to (JSON) when it ends"},
+    **_PARAMS}}}}}}
+
+
+
+
+class JobStatus(BaseModel):
+    id: str = Field(..., description="The job's id")
+    state: Literal["queued", "running", "done"] = Field(..., description="queued (no image started), running, done (every image answered)")
+    total: int = Field(..., description="Images in the job")
+    done: int = Field(..., description="Images answered (status 200)")
+    failed: int = Field(..., description="Images answered with an error (its status and message are in the results)")
+    pending: int = Field(..., description="Images not answered yet")
+    created: float = Field(..., description="Submitted at (Unix time)")
+    started: float | None = Field(None, description="First image started at (Unix time)")
+    finished: float | None = Field(None, description="Last image answered at (Unix time)")
+    eta_s: float | None = Field(None, description="Seconds until done at the job's pace so far (null before its first answer)")
+    url: str = Field(..., description="This status")
+    results_url: str = Field(..., description="The answers, as JSON Lines")
+    parameters: dict[str, Any] = Field(..., description="The /attribute fields given at submission")
+    explain_if: str | None = Field(None, description="The condition, when one was given")
+    callback_url: str | None = Field(None, description="POSTed this status when the job ends")
+
+
+class JobList(BaseModel):
+    jobs: list[JobStatus] = Field(..., description="Newest first")
+    total: int = Field(..., description="Jobs stored")
+    offset: int = Field(..., description="Jobs skipped (newest first)")
+    limit: int = Field(..., description="Most jobs on this page")
+    next: str | None = Field(None, description="The next page, null at the end")
+
+
+class JobDeleted(BaseModel):
+    id: str = Field(..., description="The job's id")
+    deleted: bool = Field(..., description="Always true: the job, its images and its answers are gone")
+    dropped_in_flight: int = Field(..., description="Its images this process had in the worker (dropped before the next model call)")
+
+
+Responses = dict[int | str, dict[str, Any]]
+NO_JOB: Responses = {404: {"model": ErrorResponse, "description": "No such job (never submitted, deleted, or past its retention)"}}
+KEYED: Responses = {c: ERROR_RESPONSES[c] for c in (401, 422, 503)}
+SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 408, 413, 415, 422, 503)},
+                 507: {"model": ErrorResponse, "description": "The job store is full (IDG_JOBS_MAX_BYTES)"}}
+
+
+async def get_runner(request: Request) -> JobRunner:
+    runner = getattr(request.app.state, "jobs", None)
+    if runner is None:
+        raise ApiError(503, "the service is starting: the job store is not open yet", headers={"Retry-After": "5"}, code="not_ready")
+    return runner
+
+
+Runner = Annotated[JobRunner, Depends(get_runner)]
+
+
+def _unknown(job_id: str) -> ApiError:
+    return ApiError(404, f"no job {job_id!r} (never submitted, deleted, or past its retention)", code="unknown_job")
+
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+@router.post("/jobs", status_code=202, response_model=JobStatus, responses=SUBMIT_ERRORS, openapi_extra=SUBMIT_DOCS)
+async def submit_job(request: Request, service: Annotated[Service, Depends(get_service)], runner: Runner) -> JSONResponse:
+    """Submit many images (multipart ``files``, repeated, or one tar/zip ``archive``) with the form
+    fields of /attribute (and ``explain_if``, ``callback_url``); answered in the background at a
+    lower priority than requests. 202 with the job's id, ``url`` and ``results_url``."""
+    settings = service.settings
+    images, fields = await _read_job_form(request, settings)
+    explain_if, callback_url = fields.pop("explain_if", None), fields.pop("callback_url", None)
+    try:
+        params = AttributeParams.model_validate(fields)
+    except ValidationError as err:
+        raise ApiError(422, first_error(err), code="invalid_parameter") from err
+    service.check_attribute(params)  # a bad parameter is one 422 now, not an error per image later
+    if explain_if is not None:
+        try:
+            parse_condition(explain_if)
+        except ConditionError as err:
+            raise ApiError(422, f"explain_if: {err}", code="invalid_parameter") from err
+    _check_callback(callback_url)
+    stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if, "base_url": _base_url(request)}
+    try:
+        info = await asyncio.to_thread(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes)
+    except StoreFull as err:
+        raise ApiError(507, str(err), code="storage_full") from err
+    runner.wake()
+    body = job_status(info, _base_url(request))
+    return JSONResponse(body, status_code=202, headers={"Location": body["url"]})
+
+
+async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+    """The images (archives unpacked, within bounds) and the other form fields."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise ApiError(415, "send multipart/form-data with the images in repeated 'files' fields or one tar/zip 'archive'",
+                       code="unsupported_media_type")
+    body = await read_body(request, settings.jobs_max_upload_bytes)
+    limit = settings.jobs_max_images
+    if count_file_parts(body, request.headers.get("content-type", "")) > limit:
+        raise ApiError(413, f"a job holds at most {limit} images (IDG_JOBS_MAX_IMAGES)", code="too_many_images")
+    try:
+        form = await request.form(max_files=limit + 1, max_fields=64)
+    except HTTPException as err:
+        raise ApiError(400, f"the multipart body could not be parsed: {err.detail}", code="bad_request") from err
+    bounds = Bounds(limit, settings.max_upload_bytes, settings.jobs_max_upload_bytes)
+    images: list[tuple[str, bytes]] = []
+    for i, upload in enumerate([*form.getlist("files"), *form.getlist("archive")]):
+        if not isinstance(upload, UploadFile):
+            raise ApiError(422, "files / archive: send files, not text fields", code="missing_file")
+        data = await upload.read()
+        if is_archive(data):
+            images += await asyncio.to_thread(read_archive, data, Bounds(limit - len(images), bounds.max_member_bytes,
+                                                                          bounds.max_total_bytes))
+        else:
+            if len(data) > settings.max_upload_bytes:
+                raise ApiError(413, f"{upload.filename!r} has {len(data)} bytes, more than the limit of {settings.max_upload_bytes} "
+                               "per image (IDG_MAX_UPLOAD_BYTES)", code="too_large")
+            images.append((upload.filename or f"image{i}", data))
+        if len(images) > limit:
+            raise ApiError(413, f"a job holds at most {limit} images (IDG_JOBS_MAX_IMAGES)", code="too_many_images")
+    if not images:
+        raise ApiError(422, "files: send one or more images as multipart file fields named 'files' (or a tar/zip 'archive')",
+                       code="missing_file")
+    fields = {k: v for k, v in form.multi_items() if k not in ("files", "archive") and isinstance(v, str) and v != ""}
+    return images, fields
+
+
+def _check_callback(url: str | None) -> None:
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ApiError(422, f"callback_url must be an http:// or https:// URL with a host, got {url[:100]!r}", code="invalid_parameter")
+
+
+@router.get("/jobs/{job_id}", response_model=JobStatus, responses={**KEYED, **NO_JOB})
+async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, Any]:
+    """The job's ``state`` (queued, running, done), ``done`` / ``failed`` / ``pending`` of ``total``
+    images, ``eta_s`` (from the job's own pace so far), its parameters and URLs."""
+    info = await asyncio.to_thread(runner.store.get_job, job_id)
+    if info is None:
+        raise _unknown(job_id)
+    return job_status(info, _base_url(request))
+
+
+@router.get("/jobs/{job_id}/results", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}, **KEYED, **NO_JOB})
+async def job_results(
+    job_id: str, runner: Runner,
+    offset: Annotated[int, Query(ge=0, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
+    summary: Annotated[bool, Query(description="Only the scores and classes: no heatmaps, curve or arrays")] = False,
+    follow: Annotated[bool, Query(description="Keep the stream open until the job is done, sending answers as they come")] = False,
+) -> StreamingResponse:
+    """The answers as JSON Lines, in the order they were stored, numbered by ``seq`` from 1:
+    ``{"seq", "index" (the image's place in the submission), "filename", "status", "explained",
+    "prediction", "target", "faithfulness", "result" (the /attribute body)}``, or for an image that
+    failed ``{"seq", "index", "filename", "status", "error"}``. ``offset=N`` resumes after ``seq`` N."""
+    store = runner.store
+    if await asyncio.to_thread(store.get_job, job_id) is None:
+        raise _unknown(job_id)
+
+    async def lines() -> AsyncIterator[bytes]:
+        after = offset
+        while True:
+            rows = await asyncio.to_thread(store.results, job_id, after, RESULTS_CHUNK, summary)
+            for row in rows:
+                yield _line(row, summary)
+            if rows:
+                after = rows[-1].seq
+                continue
+            if not follow:
+                return
+            info = await asyncio.to_thread(store.get_job, job_id)
+            if info is None or (info.state == JOB_DONE and info.answered <= after):
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
+
+
+def _line(row: ResultRow, summary: bool) -> bytes:
+    """One JSON line, spliced from the stored JSON texts (an answer with its PNGs is not parsed again)."""
+    head = f'{{"seq":{row.seq},"index":{row.index},"filename":{json.dumps(row.filename)},"status":{row.status},'
+    tail = "" if summary or row.status != 200 else f',"result":{row.result or "null"}'
+    return (head + row.summary[1:-1] + tail + "}\n").encode()
+
+
+@router.delete("/jobs/{job_id}", response_model=JobDeleted, responses={**KEYED, **NO_JOB})
+async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
+    """Cancel the job (its images in the worker are dropped before the next model call) and delete
+    it with its images and answers."""
+    dropped = runner.cancel_job(job_id)
+    if not await asyncio.to_thread(runner.store.delete_job, job_id):
+        raise _unknown(job_id)
+    return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
+
+
+@router.get("/jobs", response_model=JobList, responses=KEYED)
+async def list_jobs(
+    request: Request, runner: Runner,
+    offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    """The jobs, newest first, ``limit`` at a time; ``next`` is the URL of the next page (null at the end)."""
+    jobs, total = await asyncio.to_thread(runner.store.list_jobs, offset, limit)
+    base = _base_url(request)
+    more = offset + len(jobs) < total
+    return {"jobs": [job_status(j, base) for j in jobs], "total": total, "offset": offset, "limit": limit,
+            "next": f"{base}/jobs?offset={offset + limit}&limit={limit}" if more else None}

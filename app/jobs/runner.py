@@ -1,0 +1,335 @@
+"""The job runner: on the app's event loop, it claims images from the store, answers each through
+the worker at priority 2 (after every /predict at 0 and /attribute at 1, in the same model calls),
+stores each answer, and calls the job's callback URL when the job ends.
+
+At most ``IDG_JOBS_IN_FLIGHT`` images are in the worker at once (per process), so a 10,000-image
+job holds that many of ``IDG_MAX_QUEUE``'s slots and the worker's rounds always serve a request
+first. An image the worker refuses (503 busy, or the server stopping) goes back to ``pending`` and
+claiming pauses for the worker's ``Retry-After``; a deadline (504) is retried up to
+:data:`MAX_ATTEMPTS` claims, as is an image whose process died with it (a crash loop ends there).
+Claims are leased: this process renews its leases every third of ``IDG_JOBS_LEASE_S``; a claim
+whose process died is taken up by another once its lease runs out, or at once by a process
+restarted on the same host (:meth:`JobRunner.recover`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from app.core.config import Settings
+from app.core.errors import ApiError
+from app.core.images import load_input
+from app.explain_if import Facts, parse_condition
+from app.jobs.store import Answer, Claimed, JobInfo, Store
+from app.render import top_classes
+from app.schemas import AttributeParams, AttributeResponse
+from app.service import Service
+from idg_core.explain import predict_plan
+
+log = logging.getLogger(__name__)
+
+JOB_PRIORITY = 2
+"""The worker's priority of job images: after /predict (0) and /attribute (1)."""
+MAX_ATTEMPTS = 3
+"""Claims of one image (deadlines, processes that died with it) before it is answered with its error."""
+POLL_S = 1.0
+"""How often an idle runner looks for images (jobs submitted to another replica; its own wake it at once)."""
+SWEEP_S = 60.0
+MAX_PAUSE_S = 5.0
+CALLBACK_TRIES = 3
+CALLBACK_TIMEOUT_S = 10.0
+
+
+def open_store(settings: Settings) -> Store:
+    """PostgreSQL when ``IDG_JOBS_DB_URL`` is set, else SQLite under ``IDG_DATA_DIR``."""
+    if settings.jobs_db_url:
+        from app.jobs.postgres import PostgresStore
+
+        return PostgresStore(settings.jobs_db_url)
+    from app.jobs.sqlite import SqliteStore
+
+    return SqliteStore(settings.data_dir)
+
+
+async def start_jobs(service: Service, paused: Callable[[], bool]) -> JobRunner:
+    """Open the store (SQLite or PostgreSQL, per the settings) and start its runner."""
+    store = await asyncio.to_thread(open_store, service.settings)
+    runner = JobRunner(store, service, service.settings, paused)
+    await runner.start()
+    return runner
+
+
+PROCESS_STARTED = str(int(time.time() * 1000))
+"""Tells this process from an earlier one with the same pid (a restarted container's pid 1)."""
+
+
+def new_owner() -> str:
+    """This runner's name in the store: ``host:pid:process start:token``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{PROCESS_STARTED}:{uuid.uuid4().hex[:8]}"
+
+
+def _dead_here(owner: str) -> bool:
+    """Whether ``owner`` was a process on this host that is gone (a previous run of this one included)."""
+    host, pid_text, started, *_ = [*owner.split(":"), "", ""]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():  # this process (another app in it), or an earlier one with the same pid
+        return started != PROCESS_STARTED
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def summary_of(response: AttributeResponse | None, prediction: list[Any] | None, explained: bool | None) -> dict[str, Any]:
+    """An answer's scores and classes, without images: what ``GET /jobs/{id}/results?summary=true`` gives."""
+    if response is not None:
+        return {"explained": explained, "prediction": [c.model_dump() for c in response.prediction],
+                "target": response.target.model_dump(),
+                "faithfulness": None if response.faithfulness is None else response.faithfulness.model_dump()}
+    return {"explained": explained, "prediction": [c.model_dump() for c in prediction or []], "target": None, "faithfulness": None}
+
+
+class _Retry(Exception):
+    """Give the image back and try it again later: the worker was busy or stopping, or late."""
+
+    def __init__(self, pause_s: float, refund: bool, reason: str) -> None:
+        super().__init__(reason)
+        self.pause_s, self.refund, self.reason = pause_s, refund, reason
+
+
+class JobRunner:
+    """Answers the store's images with ``service``; ``paused()`` true (draining, not ready) stops claiming."""
+
+    def __init__(self, store: Store, service: Service, settings: Settings, paused: Callable[[], bool] = lambda: False,
+                 owner: str | None = None) -> None:
+        self.store = store
+        self.service = service
+        self.settings = settings
+        self.paused = paused
+        self.owner = owner or new_owner()
+        self._tasks: dict[asyncio.Task[None], Claimed] = {}
+        self._wake = asyncio.Event()
+        self._resume_at = 0.0
+        self._stopping = False
+        self._loops: list[asyncio.Task[None]] = []
+        self._callbacks: set[asyncio.Task[None]] = set()
+        self.answered = 0
+        """Images this runner stored answers for (tests, logs)."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.recover()
+        await asyncio.to_thread(self.store.sweep, time.time() - self.settings.jobs_retention_s)
+        for job in await asyncio.to_thread(self.store.due_callbacks):  # finished while the previous process went down
+            self._callback(job)
+        self._loops = [asyncio.create_task(self._claim_loop(), name="idg-jobs"),
+                       asyncio.create_task(self._upkeep_loop(), name="idg-jobs-upkeep")]
+        log.info("job runner %s started (%s, %d image(s) in flight at most)", self.owner, type(self.store).__name__,
+                 self.settings.jobs_in_flight)
+
+    async def recover(self) -> int:
+        """Give back the claims of dead processes on this host (this one's previous run: killed, or crashed)."""
+        owners = await asyncio.to_thread(self.store.owners)
+        dead = [o for o in owners if _dead_here(o)]
+        released = await asyncio.to_thread(self.store.release_owners, dead) if dead else 0
+        if released:
+            log.info("took back %d image(s) claimed by a process that is gone (%s)", released, ", ".join(dead))
+        return released
+
+    async def stop(self) -> None:
+        """Stop claiming; the images in flight are dropped from the worker and given back to the store."""
+        self._stopping = True
+        for task in self._loops:
+            task.cancel()
+        held = list(self._tasks.items())
+        for task, _ in held:
+            task.cancel()
+        await asyncio.gather(*[t for t, _ in held], *self._loops, return_exceptions=True)
+        for _, claim in held:
+            await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, True)
+        for task in list(self._callbacks):
+            task.cancel()
+        await asyncio.to_thread(self.store.close)
+        log.info("job runner stopped; %d image(s) in flight given back", len(held))
+
+    def wake(self) -> None:
+        """Look for images now (a job was just submitted)."""
+        self._wake.set()
+
+    def cancel_job(self, job_id: str) -> int:
+        """Drop this job's images from the worker (the job was deleted); how many were in flight."""
+        tasks = [t for t, c in self._tasks.items() if c.job_id == job_id]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    # -- loops -----------------------------------------------------------------------------
+    async def _claim_loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self._claim_some()
+            except Exception:  # noqa: BLE001 - the store may be briefly unreachable; the loop goes on
+                log.exception("claiming job images failed; trying again in %g s", POLL_S)
+            self._wake.clear()
+            paused_for = self._resume_at - time.monotonic()  # the worker said busy: wake when it said to retry
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=min(POLL_S, paused_for) if paused_for > 0.05 else POLL_S)
+
+    async def _claim_some(self) -> None:
+        free = self.settings.jobs_in_flight - len(self._tasks)
+        if free <= 0 or self.paused() or time.monotonic() < self._resume_at:
+            return
+        for claim in await asyncio.to_thread(self.store.claim, self.owner, free, self.settings.jobs_lease_s):
+            task = asyncio.create_task(self._run(claim), name=f"idg-job-{claim.job_id}-{claim.index}")
+            self._tasks[task] = claim
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
+        self._wake.set()
+
+    async def _upkeep_loop(self) -> None:
+        last_sweep = time.monotonic()
+        while not self._stopping:
+            await asyncio.sleep(self.settings.jobs_lease_s / 3)
+            try:
+                await asyncio.to_thread(self.store.renew, self.owner, self.settings.jobs_lease_s)
+                if time.monotonic() - last_sweep > SWEEP_S:
+                    last_sweep = time.monotonic()
+                    swept = await asyncio.to_thread(self.store.sweep, time.time() - self.settings.jobs_retention_s)
+                    if swept:
+                        log.info("deleted %d finished job(s) past their retention", swept)
+            except Exception:  # noqa: BLE001 - the store may be briefly unreachable
+                log.exception("renewing job claims failed")
+
+    # -- one image -------------------------------------------------------------------------
+    async def _run(self, claim: Claimed) -> None:
+        try:
+            answer = await self._answer(claim)
+        except _Retry as retry:
+            if not claim_exhausted(claim, retry):
+                await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, retry.refund)
+                if retry.pause_s:
+                    self._resume_at = max(self._resume_at, time.monotonic() + min(retry.pause_s, MAX_PAUSE_S))
+                return
+            answer = _error_answer(504, "deadline", f"{retry.reason}, {claim.attempts} times")
+        finished = await asyncio.to_thread(self.store.finish, self.owner, claim.job_id, claim.index, answer)
+        if finished is None:
+            log.info("job %s image %d: its claim was lost (job deleted, or taken over); answer dropped", claim.job_id, claim.index)
+            return
+        self.answered += 1
+        if finished.job_done:
+            job = await asyncio.to_thread(self.store.get_job, claim.job_id)
+            log.info("job %s finished: %s", claim.job_id, job and f"{job.done} answered, {job.failed} failed")
+            if job is not None and job.callback_url:
+                self._callback(job)
+
+    async def _answer(self, claim: Claimed) -> Answer:
+        """The image's answer; :class:`_Retry` when it should be tried again later."""
+        if claim.attempts > MAX_ATTEMPTS:
+            return _error_answer(500, "gave_up", f"given up after {MAX_ATTEMPTS} attempts (each time the server stopped or "
+                                 "died with this image in flight)")
+        try:
+            return await self._explain(claim)
+        except ApiError as err:
+            if err.status == 503:  # busy, stopping, stalled: not this image's fault
+                raise _Retry(_retry_after(err), True, err.message) from err
+            if err.status == 504:
+                raise _Retry(0.0, False, err.message) from err
+            return _error_answer(err.status, err.code, err.message)
+        except Exception as err:  # noqa: BLE001 - this image fails alone
+            log.error("job %s image %d failed unexpectedly", claim.job_id, claim.index, exc_info=err)
+            return _error_answer(500, "internal", f"internal error: {type(err).__name__}")
+
+    async def _explain(self, claim: Claimed) -> Answer:
+        service, received = self.service, time.perf_counter()
+        params = AttributeParams.model_validate(claim.params["attribute"])
+        checked = service.check_attribute(params)
+        condition_text = claim.params.get("explain_if")
+        if condition_text is None:
+            response = await service.attribute(claim.data, params, received, checked=checked, priority=JOB_PRIORITY)
+            return Answer(200, summary_of(response, None, None), response.model_dump(mode="json"))
+        name, model = service.model(params.model)
+        x = await load_input(claim.data, model, service.settings, service.device)
+        predicted = await service.run(None, name, predict_plan(x), "predict", priority=JOB_PRIORITY)
+        if not parse_condition(condition_text)(Facts.of(predicted.value)):
+            prediction = top_classes(model, predicted.value, params.top_k)
+            return Answer(200, summary_of(None, prediction, False))
+        response = await service.explain(x, params, checked, received, probs=predicted.value, priority=JOB_PRIORITY)
+        return Answer(200, summary_of(response, None, True), response.model_dump(mode="json"))
+
+    # -- callbacks -------------------------------------------------------------------------
+    def _callback(self, job: JobInfo) -> None:
+        task = asyncio.create_task(self._send_callback(job), name=f"idg-job-callback-{job.id}")
+        self._callbacks.add(task)
+        task.add_done_callback(self._callbacks.discard)
+
+    async def _send_callback(self, job: JobInfo) -> None:
+        """POST the job's status to its callback URL, up to :data:`CALLBACK_TRIES` times (at least once
+        in all: one still due when the process stops is sent by the next)."""
+        assert job.callback_url is not None
+        body = job_status(job, job.params.get("base_url", "/"))
+        async with httpx.AsyncClient(timeout=CALLBACK_TIMEOUT_S, follow_redirects=False) as client:
+            for attempt in range(CALLBACK_TRIES):
+                try:
+                    r = await client.post(job.callback_url, json=body)
+                    if r.status_code < 500:
+                        log.info("job %s: callback %s answered %d", job.id, job.callback_url, r.status_code)
+                        break
+                    log.warning("job %s: callback %s answered %d", job.id, job.callback_url, r.status_code)
+                except httpx.HTTPError as err:
+                    log.warning("job %s: callback %s failed: %s", job.id, job.callback_url, err)
+                await asyncio.sleep(2.0**attempt)
+        await asyncio.to_thread(self.store.callback_sent, job.id)
+
+
+def _retry_after(err: ApiError) -> float:
+    try:
+        return float(err.headers.get("Retry-After", "1"))
+    except ValueError:
+        return 1.0
+
+
+def claim_exhausted(claim: Claimed, retry: _Retry) -> bool:
+    """A counted retry (a deadline) on the image's last allowed attempt: answer it with the error."""
+    return not retry.refund and claim.attempts >= MAX_ATTEMPTS
+
+
+def _error_answer(status: int, code: str, message: str) -> Answer:
+    return Answer(status, {"error": {"status": status, "code": code, "message": message}})
+
+
+def job_status(job: JobInfo, base_url: str) -> dict[str, Any]:
+    """``GET /jobs/{id}``'s body (and the callback's): state, counts, ETA from this job's own pace."""
+    eta = None
+    if job.finished is None and job.started is not None and job.answered:
+        eta = round((time.time() - job.started) / job.answered * (job.total - job.answered), 1)
+    elif job.finished is not None:
+        eta = 0.0
+    base = base_url.rstrip("/")
+    return {
+        "id": job.id, "state": job.state, "total": job.total, "done": job.done, "failed": job.failed,
+        "pending": job.total - job.answered, "created": job.created, "started": job.started, "finished": job.finished,
+        "eta_s": eta, "url": f"{base}/jobs/{job.id}", "results_url": f"{base}/jobs/{job.id}/results",
+        "parameters": job.params.get("attribute", {}), "explain_if": job.params.get("explain_if"),
+        "callback_url": job.callback_url,
+    }

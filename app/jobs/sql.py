@@ -1,0 +1,234 @@
+"""The job store in SQL, shared by SQLite and PostgreSQL (:class:`SqlStore`); the subclasses give
+the connection, the transaction and the few words that differ.
+
+Tables: ``jobs`` (one row per job: parameters, counts, stored bytes) and ``images`` (one row per
+image: its bytes until answered, its state and claim, then its answer and its place ``seq`` in the
+job's results). ``seq`` comes from the job row's counter, incremented in the transaction that
+stores the answer, so results are numbered 1, 2, ... in the order they were stored, without gaps,
+and a client can resume reading them after any number.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from app.jobs.store import (
+    DONE,
+    FAILED,
+    JOB_DONE,
+    JOB_RUNNING,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    Answer,
+    Claimed,
+    Finished,
+    JobInfo,
+    ResultRow,
+    StoreFull,
+)
+
+Row = Sequence[Any]
+JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes"
+
+
+class Cursor(Protocol):
+    """What the store uses of a DB-API cursor (sqlite3's and psycopg's)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
+
+    def executemany(self, sql: str, params: Any) -> Any: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+def schema(blob: str, real: str, big: str) -> list[str]:
+    return [
+        f"""CREATE TABLE IF NOT EXISTS jobs (
+            id TEXT PRIMARY KEY, state TEXT NOT NULL, total {big} NOT NULL, done {big} NOT NULL DEFAULT 0,
+            failed {big} NOT NULL DEFAULT 0, created {real} NOT NULL, started {real}, finished {real}, params TEXT NOT NULL,
+            callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0)""",
+        f"""CREATE TABLE IF NOT EXISTS images (
+            job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, idx {big} NOT NULL, filename TEXT NOT NULL, data {blob},
+            state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
+            summary TEXT, result TEXT, PRIMARY KEY (job_id, idx))""",
+        "CREATE INDEX IF NOT EXISTS images_open ON images (state, idx)",
+        "CREATE INDEX IF NOT EXISTS images_seq ON images (job_id, seq)",
+        "CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished)",
+    ]
+
+
+def _info(row: Row) -> JobInfo:
+    return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
+                   started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
+                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]))
+
+
+class SqlStore:
+    """:class:`app.jobs.store.Store` over one DB-API connection, used by one thread at a time."""
+
+    skip_locked = ""
+    """Appended to the claim's SELECT: PostgreSQL's ``FOR UPDATE OF images SKIP LOCKED``."""
+    lock_row = ""
+    """Appended to a SELECT of rows about to change: PostgreSQL's ``FOR UPDATE``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    # -- dialect ---------------------------------------------------------------------------
+    def transaction(self) -> AbstractContextManager[Cursor]:
+        """A cursor in a transaction that may write (committed on leaving, rolled back on an error)."""
+        raise NotImplementedError
+
+    def lock_jobs(self, cur: Cursor) -> None:
+        """Serialise job creation (the byte bound is checked against every job's bytes)."""
+
+    def blob(self, data: bytes) -> Any:
+        return data
+
+    # -- the store -------------------------------------------------------------------------
+    def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
+                   max_bytes: int) -> JobInfo:
+        size = sum(len(data) for _, data in images)
+        now = time.time()
+        with self._lock, self.transaction() as cur:
+            self.lock_jobs(cur)
+            cur.execute("SELECT COALESCE(SUM(bytes), 0) FROM jobs")
+            stored = int(cur.fetchone()[0])
+            if stored + size > max_bytes:
+                raise StoreFull(f"the job store holds {stored} bytes; this job's {size} more would pass IDG_JOBS_MAX_BYTES "
+                                f"({max_bytes}): fetch and delete finished jobs, or wait for their retention to end")
+            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size))
+            cur.executemany("INSERT INTO images (job_id, idx, filename, data, state) VALUES (?, ?, ?, ?, ?)",
+                            [(job_id, i, name, self.blob(data), PENDING) for i, (name, data) in enumerate(images)])
+        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size)
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        with self._lock, self.transaction() as cur:
+            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+            row = cur.fetchone()
+        return None if row is None else _info(row)
+
+    def list_jobs(self, offset: int, limit: int) -> tuple[list[JobInfo], int]:
+        with self._lock, self.transaction() as cur:
+            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created DESC, id LIMIT ? OFFSET ?", (limit, offset))
+            rows = cur.fetchall()
+            cur.execute("SELECT COUNT(*) FROM jobs")
+            count = int(cur.fetchone()[0])
+        return [_info(r) for r in rows], count
+
+    def delete_job(self, job_id: str) -> bool:
+        with self._lock, self.transaction() as cur:
+            cur.execute("DELETE FROM images WHERE job_id = ?", (job_id,))
+            cur.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            return bool(cur.rowcount)
+
+    def claim(self, owner: str, limit: int, lease_s: float) -> list[Claimed]:
+        if limit <= 0:
+            return []
+        now = time.time()
+        with self._lock, self.transaction() as cur:
+            cur.execute(f"SELECT job_id, idx FROM images WHERE state = ? OR (state = ? AND lease_until < ?) "
+                        f"ORDER BY idx, job_id LIMIT ?{self.skip_locked}", (PENDING, RUNNING, now, limit))
+            keys = [(r[0], int(r[1])) for r in cur.fetchall()]
+            if not keys:
+                return []
+            cur.executemany("UPDATE images SET state = ?, owner = ?, lease_until = ?, attempts = attempts + 1 WHERE job_id = ? AND idx = ?",
+                            [(RUNNING, owner, now + lease_s, j, i) for j, i in keys])
+            jobs = sorted({j for j, _ in keys})
+            cur.executemany("UPDATE jobs SET state = ?, started = COALESCE(started, ?) WHERE id = ? AND state = ?",
+                            [(JOB_RUNNING, now, j, QUEUED) for j in jobs])
+            params: dict[str, dict[str, Any]] = {}
+            for j in jobs:
+                cur.execute("SELECT params FROM jobs WHERE id = ?", (j,))
+                params[j] = json.loads(cur.fetchone()[0])
+            claimed = []
+            for j, i in keys:
+                cur.execute("SELECT filename, data, attempts FROM images WHERE job_id = ? AND idx = ?", (j, i))
+                name, data, attempts = cur.fetchone()
+                claimed.append(Claimed(j, i, name, bytes(data), params[j], int(attempts)))
+        return claimed
+
+    def renew(self, owner: str, lease_s: float) -> None:
+        with self._lock, self.transaction() as cur:
+            cur.execute("UPDATE images SET lease_until = ? WHERE owner = ? AND state = ?", (time.time() + lease_s, owner, RUNNING))
+
+    def release(self, owner: str, job_id: str, index: int, refund: bool) -> None:
+        with self._lock, self.transaction() as cur:
+            cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, attempts = attempts - ? "
+                        "WHERE job_id = ? AND idx = ? AND owner = ? AND state = ?", (PENDING, int(refund), job_id, index, owner, RUNNING))
+
+    def release_owners(self, owners: list[str]) -> int:
+        released = 0
+        with self._lock, self.transaction() as cur:
+            for owner in owners:
+                cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL WHERE owner = ? AND state = ?",
+                            (PENDING, owner, RUNNING))
+                released += max(cur.rowcount, 0)
+        return released
+
+    def owners(self) -> list[str]:
+        with self._lock, self.transaction() as cur:
+            cur.execute("SELECT DISTINCT owner FROM images WHERE state = ? AND owner IS NOT NULL", (RUNNING,))
+            return [r[0] for r in cur.fetchall()]
+
+    def finish(self, owner: str, job_id: str, index: int, answer: Answer) -> Finished | None:
+        summary = json.dumps(answer.summary, separators=(",", ":"))
+        result = None if answer.result is None else json.dumps(answer.result, separators=(",", ":"))
+        ok = answer.status == 200
+        now = time.time()
+        with self._lock, self.transaction() as cur:
+            cur.execute(f"SELECT length(data) FROM images WHERE job_id = ? AND idx = ? AND owner = ? AND state = ?{self.lock_row}",
+                        (job_id, index, owner, RUNNING))
+            row = cur.fetchone()
+            if row is None:  # the claim was lost (its lease ran out and another runner took it) or the job was deleted
+                return None
+            grown = len(summary) + len(result or "") - int(row[0] or 0)
+            cur.execute("UPDATE jobs SET done = done + ?, failed = failed + ?, bytes = bytes + ? WHERE id = ? "
+                        "RETURNING done + failed, total", (int(ok), int(not ok), grown, job_id))
+            seq, total = (int(v) for v in cur.fetchone())
+            cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, data = NULL, seq = ?, status = ?, "
+                        "summary = ?, result = ? WHERE job_id = ? AND idx = ?",
+                        (DONE if ok else FAILED, seq, answer.status, summary, result, job_id, index))
+            last = seq == total
+            if last:
+                cur.execute("UPDATE jobs SET state = ?, finished = ?, callback_due = CASE WHEN callback_url IS NULL THEN 0 ELSE 1 END "
+                            "WHERE id = ?", (JOB_DONE, now, job_id))
+        return Finished(seq, last)
+
+    def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:
+        body = "NULL" if summary_only else "result"
+        with self._lock, self.transaction() as cur:
+            cur.execute(f"SELECT seq, idx, filename, status, summary, {body} FROM images WHERE job_id = ? AND seq > ? "
+                        "ORDER BY seq LIMIT ?", (job_id, after, limit))
+            rows = cur.fetchall()
+        return [ResultRow(int(r[0]), int(r[1]), r[2], int(r[3]), r[4], r[5]) for r in rows]
+
+    def sweep(self, finished_before: float) -> int:
+        with self._lock, self.transaction() as cur:
+            cur.execute("SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ? AND callback_due = 0", (finished_before,))
+            old = [r[0] for r in cur.fetchall()]
+            for job_id in old:
+                cur.execute("DELETE FROM images WHERE job_id = ?", (job_id,))
+                cur.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        return len(old)
+
+    def due_callbacks(self) -> list[JobInfo]:
+        with self._lock, self.transaction() as cur:
+            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE callback_due = 1")
+            return [_info(r) for r in cur.fetchall()]
+
+    def callback_sent(self, job_id: str) -> None:
+        with self._lock, self.transaction() as cur:
+            cur.execute("UPDATE jobs SET callback_due = 0 WHERE id = ?", (job_id,))

@@ -1,0 +1,151 @@
+"""What a job store keeps and the few operations the routes and the runner need (:class:`Store`).
+
+A job is a list of images and one set of /attribute parameters. Each image is ``pending``, then
+``running`` (claimed by one runner, under a lease it renews), then ``done`` or ``failed`` with its
+answer. Storing an answer, marking the image finished and numbering it in the job's results happen
+in one transaction, and only while the claim is still the runner's own, so every image is answered
+exactly once whatever dies in between (a claim whose runner died goes back to ``pending``).
+Implementations: :mod:`app.jobs.sqlite` (the default, one file) and :mod:`app.jobs.postgres`
+(replicas sharing jobs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+"""Image states."""
+QUEUED, JOB_RUNNING, JOB_DONE = "queued", "running", "done"
+"""Job states: no image claimed yet, some claimed, every image answered."""
+
+
+class StoreFull(Exception):
+    """Storing this job would pass ``IDG_JOBS_MAX_BYTES`` (the route answers 507)."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job's row: its state and counts (``done`` answered, ``failed`` answered with an error)."""
+
+    id: str
+    state: str
+    total: int
+    done: int
+    failed: int
+    created: float
+    started: float | None
+    finished: float | None
+    params: dict[str, Any]
+    callback_url: str | None
+    bytes: int
+
+    @property
+    def answered(self) -> int:
+        return self.done + self.failed
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One image a runner holds: what it needs to answer it."""
+
+    job_id: str
+    index: int
+    filename: str
+    data: bytes
+    params: dict[str, Any]
+    attempts: int
+    """Claims of this image so far, this one included (those given back as "busy" not counted)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An image's answer: ``status`` 200 with its summary and full body, or an error status with
+    the error as ``summary`` (``result`` None)."""
+
+    status: int
+    summary: dict[str, Any]
+    result: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What storing an answer did: its place in the job's results and whether it was the last."""
+
+    seq: int
+    job_done: bool
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    seq: int
+    index: int
+    filename: str
+    status: int
+    summary: str
+    """JSON text."""
+    result: str | None
+    """JSON text, None for an error or when only summaries were asked for."""
+
+
+class Store(Protocol):
+    """A job store; every method blocks (the routes and the runner call them in a thread)."""
+
+    def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
+                   max_bytes: int) -> JobInfo:
+        """Store a job and its images in one transaction; :class:`StoreFull` if every job's bytes
+        would then pass ``max_bytes``."""
+        ...
+
+    def get_job(self, job_id: str) -> JobInfo | None: ...
+
+    def list_jobs(self, offset: int, limit: int) -> tuple[list[JobInfo], int]:
+        """Jobs, newest first, and how many there are in all."""
+        ...
+
+    def delete_job(self, job_id: str) -> bool:
+        """Delete a job, its images and answers; False if there was none."""
+        ...
+
+    def claim(self, owner: str, limit: int, lease_s: float) -> list[Claimed]:
+        """Claim up to ``limit`` images for ``owner``: pending ones, or running ones whose lease
+        ran out; round-robin across jobs (the first image of every job before the second of any)."""
+        ...
+
+    def renew(self, owner: str, lease_s: float) -> None:
+        """Extend the lease of every image ``owner`` holds."""
+        ...
+
+    def release(self, owner: str, job_id: str, index: int, refund: bool) -> None:
+        """Give a claimed image back (to be tried again), if ``owner`` still holds it; ``refund``:
+        this claim does not count as an attempt (the worker was busy, or the server stopped)."""
+        ...
+
+    def release_owners(self, owners: list[str]) -> int:
+        """Give back every image these (dead) owners held; how many."""
+        ...
+
+    def owners(self) -> list[str]:
+        """The owners of running images."""
+        ...
+
+    def finish(self, owner: str, job_id: str, index: int, answer: Answer) -> Finished | None:
+        """Store the answer and finish the image atomically, if ``owner`` still holds it (None if
+        not: the claim was lost, or the job deleted)."""
+        ...
+
+    def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:
+        """Answers numbered after ``after``, in the order they were stored."""
+        ...
+
+    def sweep(self, finished_before: float) -> int:
+        """Delete jobs finished before this time; how many."""
+        ...
+
+    def due_callbacks(self) -> list[JobInfo]:
+        """Finished jobs with a callback URL not yet called."""
+        ...
+
+    def callback_sent(self, job_id: str) -> None: ...
+
+    def close(self) -> None: ...

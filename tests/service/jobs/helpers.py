@@ -1,0 +1,43 @@
+"""Shared by the job tests: submitting, waiting, reading results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from httpx import AsyncClient
+
+from tests.service.conftest import image_bytes
+
+
+def images(n: int, start: int = 0) -> list[tuple[str, tuple[str, bytes, str]]]:
+    """``n`` distinct small PNGs as repeated multipart ``files``."""
+    return [("files", (f"img{i:04d}.png", image_bytes(((37 * i) % 256, (91 * i) % 256, 120)), "image/png"))
+            for i in range(start, start + n)]
+
+
+FAST = {"method": "ig", "steps": "4", "return_overlay": "false"}
+"""A cheap attribution: 1 prediction pass + 4 gradient points on the tiny model."""
+
+
+async def submit(client: AsyncClient, files: list[Any], **fields: str) -> dict[str, Any]:
+    r = await client.post("/jobs", files=files, data=FAST | fields)
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+async def wait_done(client: AsyncClient, job_id: str, limit_s: float = 60) -> dict[str, Any]:
+    for _ in range(int(limit_s / 0.05)):
+        status = (await client.get(f"/jobs/{job_id}")).json()
+        if status["state"] == "done":
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id} not done within {limit_s} s: {status}")
+
+
+async def results(client: AsyncClient, job_id: str, **params: Any) -> list[dict[str, Any]]:
+    r = await client.get(f"/jobs/{job_id}/results", params=params)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in r.text.splitlines()]

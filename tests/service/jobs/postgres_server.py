@@ -1,0 +1,78 @@
+"""A throwaway PostgreSQL server for the tests: Debian's ``postgresql`` package (initdb + pg_ctl)
+into a temporary directory, on a free loopback port, run as the ``postgres`` user when the tests
+run as root (PostgreSQL refuses root). Skips the test where the server or psycopg is absent."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+def _binary(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+def _as_user() -> tuple[list[str], int | None, int | None]:
+    """The command prefix (and uid, gid) to run PostgreSQL as a user other than root."""
+    if os.geteuid() != 0:
+        return [], None, None
+    try:
+        user = pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL as")
+    runuser = shutil.which("runuser")
+    if runuser is None:
+        pytest.skip("running as root and runuser is missing")
+    return [runuser, "-u", "postgres", "--"], user.pw_uid, user.pw_gid
+
+
+@contextmanager
+def postgres_server() -> Iterator[str]:
+    """Start a server; yield its URL (user ``idg``, trust authentication on loopback); stop it."""
+    pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        pytest.skip("PostgreSQL's initdb / pg_ctl are not installed (Debian package postgresql)")
+    prefix, uid, gid = _as_user()
+    root = Path(tempfile.mkdtemp(prefix="idg-pg-"))  # not under pytest's root-only tmp dirs: the postgres user must reach it
+    root.chmod(0o755)
+    if uid is not None and gid is not None:
+        os.chown(root, uid, gid)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data, log = root / "data", root / "server.log"
+    try:
+        subprocess.run([*prefix, initdb, "-D", str(data), "-U", "idg", "-A", "trust", "--no-sync"], check=True, capture_output=True,
+                       timeout=120)
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"], check=True,
+                       capture_output=True, timeout=90)
+        try:
+            yield f"postgresql://idg@127.0.0.1:{port}/postgres"
+        finally:
+            subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def reset(url: str) -> None:
+    """Drop the job tables, so each test starts from an empty store."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS images, jobs")

@@ -1,0 +1,65 @@
+"""The client's job calls and ``idg-client job submit | wait | results`` against the real app on loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.cli import main as cli
+from app.client import Client, ServiceError
+from tests.service.conftest import AppFactory, image_bytes, live_server
+
+
+@pytest.fixture
+def url(tiny_app: AppFactory) -> Iterator[str]:
+    yield from live_server(tiny_app(delay_s=0.01))
+
+
+def test_cli_submits_a_directory_waits_with_a_progress_bar_and_prints_json_lines(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "photos" / "more").mkdir(parents=True)
+    for i, name in enumerate(["a.png", "b.png", "more/c.png", "more/d.PNG"]):
+        (tmp_path / "photos" / name).write_bytes(image_bytes((60 * i, 100, 30)))
+    (tmp_path / "photos" / "notes.txt").write_text("not sent")
+    base = ["--url", url, "job"]
+    assert cli([*base, "submit", str(tmp_path / "photos"), "--method", "ig", "--steps", "4", "--set", "return_overlay=false"]) == 0
+    job_id = capsys.readouterr().out.strip()
+    assert len(job_id) == 32
+    assert cli([*base, "wait", job_id, "--poll", "0.05"]) == 0
+    captured = capsys.readouterr()
+    assert "4/4 answered, 0 failed" in captured.err and "[" + "#" * 30 + "]" in captured.err
+    assert captured.out.startswith(f"{job_id} done: 4 answered")
+    assert cli([*base, "results", job_id, "--summary"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(line["filename"] for line in lines) == ["a.png", "b.png", "more/c.png", "more/d.PNG"]
+    assert all("result" not in line and line["target"] for line in lines)
+    assert cli([*base, "results", job_id, "--offset", "3"]) == 0
+    (last,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert last["seq"] == 4 and last["result"]["overlay_png"] is None and last["result"]["parameters"]["steps"] == 4
+    assert cli([*base, "submit", str(tmp_path / "photos" / "notes.txt")]) == 0  # not an image: it fails alone, in the job
+    bad_job = capsys.readouterr().out.strip()
+    assert cli([*base, "wait", bad_job, "--poll", "0.05"]) == 3  # done, with failures
+    assert "0 answered, 1 failed" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert cli([*base, "submit", str(tmp_path / "empty")]) == 2
+    assert "no images" in capsys.readouterr().err
+
+
+def test_client_follows_results_as_they_come_and_deletes(url: str) -> None:
+    with Client(url) as c:
+        job = c.submit_job([image_bytes((i * 30, 9, 9)) for i in range(5)], method="ig", steps=4, return_overlay=False)
+        followed = list(c.job_results(job["id"], follow=True))  # opened before the job is done, ends when it is
+        assert sorted(a["index"] for a in followed) == list(range(5)) and c.job(job["id"])["state"] == "done"
+        assert [a["seq"] for a in c.job_results(job["id"], offset=3, summary=True)] == [4, 5]
+        assert c.jobs()["jobs"][0]["id"] == job["id"]
+        assert c.delete_job(job["id"])["deleted"] is True
+        with pytest.raises(ServiceError) as err:
+            c.job(job["id"])
+        assert err.value.status == 404 and err.value.code == "unknown_job"
+        with pytest.raises(ServiceError) as err:
+            list(c.job_results(job["id"]))
+        assert err.value.status == 404

@@ -1,0 +1,265 @@
+"""POST /jobs, GET /jobs/{id}, its results as JSON Lines, DELETE, the list, the bounds and the
+archive rules, against the real app (lifespan, worker, runner, SQLite store) with the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import tarfile
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+
+from tests.service.conftest import AppFactory, image_bytes, serve
+from tests.service.jobs.helpers import FAST, images, results, submit, wait_done
+
+
+async def test_a_job_answers_every_image_once_and_its_results_resume_from_an_offset(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        job = await submit(client, images(6), faithfulness="insertion", faithfulness_steps="4")
+        assert job["state"] == "queued" and job["total"] == 6 and job["url"].endswith(f"/jobs/{job['id']}")
+        status = await wait_done(client, job["id"])
+        assert (status["done"], status["failed"], status["pending"], status["eta_s"]) == (6, 0, 0, 0.0)
+        full = await results(client, job["id"])
+        assert [line["seq"] for line in full] == [1, 2, 3, 4, 5, 6]
+        assert sorted(line["index"] for line in full) == list(range(6))
+        for line in full:
+            assert line["filename"] == f"img{line['index']:04d}.png" and line["status"] == 200
+            assert line["result"]["heatmap_png"] and line["result"]["overlay_png"] is None  # return_overlay=false kept
+            assert line["result"]["parameters"]["steps"] == 4 and line["result"]["method"] == "ig"
+            assert line["target"] == line["result"]["target"] and 0 <= line["faithfulness"]["insertion"] <= 1
+        summary = await results(client, job["id"], summary="true")
+        assert all("result" not in line for line in summary)
+        assert [(s["seq"], s["index"], s["target"]) for s in summary] == [(f["seq"], f["index"], f["target"]) for f in full]
+        assert await results(client, job["id"], offset=4) == full[4:]
+        # the same image alone through /attribute explains the same class
+        alone = await client.post("/attribute", files={"file": ("a.png", images(6)[2][1][1])}, data=FAST)
+        target = next(line for line in full if line["index"] == 2)["target"]
+        assert alone.json()["target"]["index"] == target["index"]
+        assert alone.json()["target"]["probability"] == pytest.approx(target["probability"], rel=1e-4)  # batched with others
+
+
+def _tar(members: dict[str, bytes], mode: str = "w:gz", extra: list[tarfile.TarInfo] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for info in extra or []:
+            tf.addfile(info)
+    return buf.getvalue()
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+async def test_tar_and_zip_archives_are_unpacked(tiny_app: AppFactory) -> None:
+    photos = {f"photos/p{i}.png": image_bytes((50 * i, 80, 200)) for i in range(3)}
+    folder = tarfile.TarInfo("photos")
+    folder.type = tarfile.DIRTYPE
+    async with serve(tiny_app()) as client:
+        for field, archive in (("archive", _tar(photos | {"photos/.DS_Store": b"junk"}, extra=[folder])),
+                               ("files", _zip(photos | {"__MACOSX/photos/._p0.png": b"junk"}))):
+            job = await submit(client, [(field, ("photos.bin", archive))])
+            assert job["total"] == 3
+            await wait_done(client, job["id"])
+            assert sorted(line["filename"] for line in await results(client, job["id"], summary="true")) == sorted(photos)
+
+
+def _symlink() -> tarfile.TarInfo:
+    link = tarfile.TarInfo("photos/link.png")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/passwd"
+    return link
+
+
+@pytest.mark.parametrize(("archive", "status", "says"), [
+    (_tar({"../evil.png": image_bytes()}), 422, "climb out"),
+    (_tar({"/etc/evil.png": image_bytes()}, mode="w"), 422, "absolute"),
+    (_tar({}, extra=[_symlink()]), 422, "not a regular file"),
+    (_zip({"ok.png": image_bytes(), "../../evil.png": image_bytes()}), 422, "climb out"),
+    (_zip({"bomb.png": bytes(3_000_000)}), 413, "per image"),  # 3 MB of zeros, about 3 KB compressed
+    (_tar({"bomb.png": bytes(3_000_000)}, mode="w:xz"), 413, "per image"),
+    (_tar({f"p{i}.png": image_bytes() for i in range(5)}), 413, "IDG_JOBS_MAX_IMAGES"),
+    (b"\x1f\x8b\x08\x00" + bytes(200), 422, "could not be read"),
+])
+async def test_unsafe_or_oversized_archives_are_refused_before_anything_is_stored(
+    tiny_app: AppFactory, archive: bytes, status: int, says: str,
+) -> None:
+    async with serve(tiny_app(max_upload_bytes=1_000_000, jobs_max_images=4)) as client:
+        r = await client.post("/jobs", files={"archive": ("a.tar", archive)}, data=FAST)
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["status"] == status and says in r.json()["error"]["message"]
+        assert (await client.get("/jobs")).json()["total"] == 0
+
+
+async def test_bounds_and_bad_parameters_get_a_clear_error_in_the_json_contract(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app(jobs_max_images=3, jobs_max_bytes=600, jobs_max_upload_bytes=200_000)) as client:
+        cases: list[tuple[dict[str, Any], int, str]] = [
+            ({"files": images(4)}, 413, "too_many_images"),
+            ({"files": images(3)}, 507, "storage_full"),  # three PNGs are over 600 bytes, one is not
+            ({"files": [("files", ("big.png", bytes(250_000)))]}, 413, "too_large"),
+            ({"files": images(1), "data": {"callback_url": "ftp://example.org/done"}}, 422, "invalid_parameter"),
+            ({"files": images(1), "data": {"callback_url": "file:///etc/passwd"}}, 422, "invalid_parameter"),
+            ({"files": images(1), "data": {"explain_if": "confidence <<< 3"}}, 422, "invalid_parameter"),
+            ({"files": images(1), "data": {"top_k": "0"}}, 422, "invalid_parameter"),
+            ({"files": images(1), "data": {"colour": "red"}}, 422, "invalid_parameter"),
+            ({"files": [], "data": {"method": "ig"}}, 415, "unsupported_media_type"),
+        ]
+        for kwargs, status, code in cases:
+            data = FAST | kwargs.get("data", {})
+            r = await client.post("/jobs", files=kwargs["files"] or None, data=data)
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code), (kwargs, r.text)
+            assert r.json()["error"]["status"] == status and r.json()["error"]["message"]
+        assert (await client.get("/jobs")).json()["total"] == 0
+        for method, path in (("GET", "/jobs/nope"), ("GET", "/jobs/nope/results"), ("DELETE", "/jobs/nope")):
+            r = await client.request(method, path)
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_job")
+        assert (await client.get("/jobs", params={"limit": 0})).status_code == 422
+
+
+async def test_jobs_are_listed_newest_first_a_page_at_a_time(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        ids = [(await submit(client, images(1, start=i)))["id"] for i in range(3)]
+        first = (await client.get("/jobs", params={"limit": 2})).json()
+        assert first["total"] == 3 and [j["id"] for j in first["jobs"]] == ids[::-1][:2]
+        second = (await client.get(first["next"].replace("http://test", ""))).json()
+        assert [j["id"] for j in second["jobs"]] == ids[:1] and second["next"] is None
+
+
+async def test_explain_if_explains_only_the_images_it_holds_for(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        never = await submit(client, images(3), explain_if="confidence > 2")
+        always = await submit(client, images(3), explain_if="confidence >= 0")
+        await wait_done(client, never["id"])
+        await wait_done(client, always["id"])
+        for line in await results(client, never["id"]):
+            assert line["explained"] is False and line["prediction"] and line.get("result") is None and line["target"] is None
+        for line in await results(client, always["id"]):
+            assert line["explained"] is True and line["result"]["heatmap_png"] and line["target"]["index"] == line["prediction"][0]["index"]
+
+
+async def test_an_image_that_fails_fails_alone(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        job = await submit(client, [*images(2), ("files", ("notes.png", b"this is not an image"))])
+        status = await wait_done(client, job["id"])
+        assert (status["done"], status["failed"]) == (2, 1)
+        bad = [line for line in await results(client, job["id"]) if line["status"] != 200]
+        assert len(bad) == 1 and bad[0]["filename"] == "notes.png" and bad[0]["status"] in (400, 415)
+        assert bad[0]["error"]["code"] in ("bad_image", "unsupported_image") and "result" not in bad[0]
+
+
+async def test_delete_cancels_the_job_and_frees_its_images(tiny_app: AppFactory) -> None:
+    app = tiny_app(delay_s=0.05)
+    async with serve(app) as client:
+        job = await submit(client, images(30))
+        runner = app.state.jobs
+        while (await client.get(f"/jobs/{job['id']}")).json()["done"] < 1:
+            await asyncio.sleep(0.02)
+        r = await client.delete(f"/jobs/{job['id']}")
+        assert r.status_code == 200 and r.json()["deleted"] is True
+        assert (await client.get(f"/jobs/{job['id']}")).status_code == 404
+        await asyncio.sleep(0.3)
+        assert runner.in_flight == 0 and app.state.service.worker.depth == 0
+        claimed = await asyncio.to_thread(runner.store.claim, "someone-else", 100, 30.0)
+        assert claimed == []  # nothing of it left to do
+
+
+async def test_finished_jobs_past_their_retention_are_deleted(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        job = await submit(client, images(2))
+        await wait_done(client, job["id"])
+    async with serve(tiny_app()) as client:  # the same data dir: kept within the retention
+        assert (await client.get(f"/jobs/{job['id']}")).json()["done"] == 2
+    async with serve(tiny_app(jobs_retention_s=0.001)) as client:  # swept at start
+        assert (await client.get(f"/jobs/{job['id']}")).status_code == 404
+
+
+async def test_a_busy_worker_sends_images_back_to_wait_not_to_fail(tiny_app: AppFactory) -> None:
+    # one slot in all: with two job images in flight one is always refused (503 busy) and retried later
+    app = tiny_app(max_queue=1, jobs_in_flight=2)
+    async with serve(app) as client:
+        job = await submit(client, images(3))
+        status = await wait_done(client, job["id"])
+        assert (status["done"], status["failed"]) == (3, 0)
+        assert sorted(line["index"] for line in await results(client, job["id"], summary="true")) == list(range(3))
+        assert app.state.metrics.rejections.labels("queue_full")._value.get() >= 1  # noqa: SLF001 - it was refused, and waited
+
+
+async def test_an_interactive_request_does_not_wait_behind_a_big_job(tiny_app: AppFactory) -> None:
+    """Counted model calls from the request's admission to its answer: /attribute takes as many with
+    a 200-image job running as alone (+1: the call in flight when it arrives), because the job's
+    images run at priority 2 (at priority 1, behind the 8 older images in flight, it took 18 calls against 3)."""
+    app = tiny_app(delay_s=0.03, max_batch_images=8, batch_wait_ms=0.0, jobs_in_flight=8)
+    request = {"method": "ig", "steps": "16", "return_overlay": "false"}
+    async with serve(app) as client:
+        net, worker = app.state.service.models["tiny"].net, app.state.service.worker
+        admitted: list[int] = []
+        admit = worker.submit
+
+        def counting_admit(job) -> None:  # the model calls made so far when a request's job is admitted
+            task = asyncio.current_task()
+            if task is None or not task.get_name().startswith("idg-job-"):  # a request's, not the job runner's
+                admitted.append(len(net.calls))
+            admit(job)
+
+        worker.submit = counting_admit
+
+        async def calls_of_one_request() -> int:
+            r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data=request)
+            assert r.status_code == 200
+            return len(net.calls) - admitted[-1]
+
+        alone = await calls_of_one_request()  # 1 prediction + 16 gradient points in calls of 8
+        job = await submit(client, images(200), steps="16")
+        while (await client.get(f"/jobs/{job['id']}")).json()["done"] < 2:
+            await asyncio.sleep(0.02)
+        during = await calls_of_one_request()
+        assert during <= alone + 1, (alone, during)
+        status = (await client.get(f"/jobs/{job['id']}")).json()
+        assert status["state"] == "running" and status["pending"] > 100  # the job was there all along
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    bodies: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: AppFactory) -> None:
+    _Receiver.bodies = []
+    server = HTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        async with serve(tiny_app()) as client:
+            url = f"http://127.0.0.1:{server.server_address[1]}/hook?from=idg"
+            job = await submit(client, images(3), callback_url=url)
+            await wait_done(client, job["id"])
+            for _ in range(100):
+                if _Receiver.bodies:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+    finally:
+        server.shutdown()
+    assert len(_Receiver.bodies) == 1
+    body = _Receiver.bodies[0]
+    assert (body["id"], body["state"], body["done"], body["total"]) == (job["id"], "done", 3, 3)
+    assert body["results_url"] == f"http://test/jobs/{job['id']}/results"

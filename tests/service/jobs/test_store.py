@@ -1,0 +1,125 @@
+"""The store's promises, on SQLite and on a real PostgreSQL: claims never overlap, an answer is
+stored only by the claim's holder and numbered once, a dead holder's claim is taken over, the
+byte bound holds. Two runners on one database never answer an image twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from app.jobs.store import Answer, StoreFull
+from tests.service.jobs.conftest import StoreFactory
+
+OK = Answer(200, {"prediction": []}, {"model": "tiny"})
+
+
+def _job(store, n: int, job_id: str = "j1", size: int = 10) -> None:
+    store.create_job(job_id, {"attribute": {"method": "ig"}}, None, [(f"f{i}", bytes([i % 256]) * size) for i in range(n)], 10**9)
+
+
+def test_claims_do_not_overlap_and_each_answer_is_stored_once(make_store: StoreFactory) -> None:
+    a, b = make_store(), make_store()
+    _job(a, 5)
+    mine, theirs = a.claim("A", 2, 30.0), b.claim("B", 10, 30.0)
+    assert len(mine) == 2 and len(theirs) == 3
+    assert {c.index for c in mine}.isdisjoint({c.index for c in theirs})
+    assert mine[0].data == bytes([mine[0].index]) * 10 and mine[0].params == {"attribute": {"method": "ig"}}
+    assert a.claim("A", 10, 30.0) == []  # nothing left
+    seqs = [a.finish("A", c.job_id, c.index, OK) for c in mine] + [b.finish("B", c.job_id, c.index, OK) for c in theirs]
+    assert [s.seq for s in seqs if s] == [1, 2, 3, 4, 5] and [s.job_done for s in seqs if s] == [False] * 4 + [True]
+    assert a.finish("A", mine[0].job_id, mine[0].index, OK) is None  # a second answer is refused
+    assert b.finish("A", theirs[0].job_id, theirs[0].index, OK) is None  # so is one from a runner that does not hold it
+    job = a.get_job("j1")
+    assert job is not None and (job.state, job.done, job.failed) == ("done", 5, 0)
+    assert [r.index for r in a.results("j1", 0, 100, False)] == [c.index for c in mine + theirs]
+    assert [r.seq for r in a.results("j1", 3, 100, True)] == [4, 5]
+
+
+def test_a_claim_past_its_lease_is_taken_over_and_the_late_answer_dropped(make_store: StoreFactory) -> None:
+    a, b = make_store(), make_store()
+    _job(a, 1)
+    (first,) = a.claim("A", 1, 0.05)  # A dies (or stalls) holding it
+    assert b.claim("B", 1, 30.0) == []  # not while the lease holds
+    time.sleep(0.1)
+    (second,) = b.claim("B", 1, 30.0)
+    assert second.index == first.index and second.attempts == 2
+    assert a.finish("A", first.job_id, first.index, OK) is None
+    finished = b.finish("B", second.job_id, second.index, OK)
+    assert finished is not None and finished.seq == 1 and finished.job_done
+
+
+def test_released_images_come_back_and_a_refund_does_not_count_as_an_attempt(make_store: StoreFactory) -> None:
+    store = make_store()
+    _job(store, 1)
+    (claim,) = store.claim("A", 1, 30.0)
+    store.release("A", claim.job_id, claim.index, True)
+    (again,) = store.claim("A", 1, 30.0)
+    assert again.attempts == 1
+    store.release("A", claim.job_id, claim.index, False)
+    assert store.claim("A", 1, 30.0)[0].attempts == 2
+    assert store.owners() == ["A"] and store.release_owners(["A"]) == 1 and store.owners() == []
+
+
+def test_the_byte_bound_counts_every_job_and_deleting_frees(make_store: StoreFactory) -> None:
+    store = make_store()
+    store.create_job("j1", {}, None, [("a", bytes(600))], 1000)
+    with pytest.raises(StoreFull, match="IDG_JOBS_MAX_BYTES"):
+        store.create_job("j2", {}, None, [("b", bytes(600))], 1000)
+    assert store.get_job("j2") is None
+    assert store.delete_job("j1") and not store.delete_job("j1")
+    store.create_job("j2", {}, None, [("b", bytes(600))], 1000)
+
+
+def test_sweep_deletes_only_finished_jobs_past_retention(make_store: StoreFactory) -> None:
+    store = make_store()
+    _job(store, 1, "old")
+    _job(store, 1, "open")
+    (claim,) = [c for c in store.claim("A", 2, 30.0) if c.job_id == "old"]
+    store.finish("A", "old", claim.index, OK)
+    assert store.sweep(time.time() - 3600) == 0
+    assert store.sweep(time.time() + 1) == 1
+    assert store.get_job("old") is None and store.get_job("open") is not None
+
+
+def test_two_runners_on_one_database_never_answer_an_image_twice(make_store: StoreFactory) -> None:
+    n = 60
+    _job(make_store(), n)
+    stores = [make_store(), make_store()]
+    computed: Counter[int] = Counter()
+    by_runner: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def runner(name: str, store) -> None:
+        while claims := store.claim(name, 3, 30.0):
+            for c in claims:
+                with lock:
+                    computed[c.index] += 1
+                    by_runner[name] += 1
+                time.sleep(0.001)
+                assert store.finish(name, c.job_id, c.index, OK) is not None
+
+    threads = [threading.Thread(target=runner, args=(f"R{i}", s)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(computed) == list(range(n)) and set(computed.values()) == {1}
+    assert by_runner["R0"] > 0 and by_runner["R1"] > 0, by_runner  # they did claim side by side
+    rows = stores[0].results("j1", 0, 1000, True)
+    assert [r.seq for r in rows] == list(range(1, n + 1)) and sorted(r.index for r in rows) == list(range(n))
+
+
+def test_sqlite_gives_answered_and_deleted_bytes_back_to_the_disk(tmp_path) -> None:
+    from app.jobs.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path)
+    store.create_job("j", {}, None, [(str(i), bytes(100_000)) for i in range(50)], 10**10)
+    for c in store.claim("A", 50, 30.0):
+        store.finish("A", "j", c.index, OK)
+    store.sweep(time.time() - 3600)  # nothing is old enough, but the answered images' bytes are free pages now
+    store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # noqa: SLF001 - what SQLite does by itself every 1000 pages
+    assert store.path.stat().st_size < 1_000_000  # was over 5 MB with the images
+    store.close()
