@@ -53,6 +53,9 @@ PRIOR_UNITS = 20.0
 RATE_WINDOW_S = 30.0
 """The measured rate weighs the last ~30 s of worker time."""
 SHUTTING_DOWN = "the server is shutting down"
+BACKGROUND = 2
+"""Priority of background work (durable jobs' images): a call of only such rows is not queued behind a call
+that holds a request's rows, so the request's next step goes first (at the cost of a short device gap)."""
 
 
 def work_units(forward: int, backward: int) -> float:
@@ -329,6 +332,9 @@ class Worker:
         waiting = [j for j in self._active if j.rows and j.cancel_reason is None]
         if not waiting:
             return None
+        if (self._calls and min(j.priority for j in waiting) >= BACKGROUND
+                and any(j.priority < BACKGROUND and j.in_flight for j in self._active)):
+            return None  # a request waits on a call in flight: its next step must not queue behind background work
         ordered = sorted(waiting, key=lambda j: (j.priority, j.enqueued))
         model = self._next_model(ordered)
         mine = [j for j in ordered if j.model == model]
