@@ -25,6 +25,9 @@ class InvalidParameter(ValueError):
         self.name = name
 
 
+SEED_MAX = 2**64 - 1
+"""The largest seed ``torch.Generator.manual_seed`` takes (0 to 2**64 - 1; 2**64 overflows)."""
+
 @dataclass(frozen=True)
 class Param:
     """One keyword parameter of a method.
