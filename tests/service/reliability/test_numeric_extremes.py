@@ -3,7 +3,7 @@ OpenAPI schema the app serves, at its documented extremes and one past them (and
 unbounded, at values no consumer can take: 2**64, 10**30, ±1e308, inf, nan), each with the method
 that takes it. Every answer (the response, a stream's closing event, each batch item) is 200 or a
 4xx; a field whose consumer has a hard limit (``seed``: ``torch.Generator.manual_seed`` takes
-0..2**64-1) is accepted at its bound and refused with 422 one past it."""
+0..2**64-1; the service takes 0..2**53-1) is accepted at its bound and refused with 422 one past it."""
 
 from __future__ import annotations
 
@@ -138,12 +138,13 @@ async def test_every_numeric_field_at_its_extremes_gets_200_or_4xx(route: str) -
                          ids=["agi", "smoothgrad"])
 @pytest.mark.parametrize("route", ["/attribute", "/attribute/stream", "/attribute/batch"])
 async def test_seed_takes_what_the_generator_takes(route: str, context: dict[str, Any]) -> None:
-    """``torch.Generator.manual_seed`` takes 0..2**64-1: both ends answer 200, one past is a 422."""
+    """The service takes 0..2**53-1 (exact in every JSON client; ``torch.Generator.manual_seed``, its
+    consumer, takes up to 2**64-1): both ends answer 200; one past either, and 2**64, a 422."""
     async with serve(create_app(SETTINGS, models={"tiny": tiny_classifier()})) as client:
-        for seed in (0, 2**64 - 1):
+        for seed in (0, 2**53 - 1):
             r = await _send(client, route, QUIET | context | {"seed": seed})
             assert outcomes(r, route) == [200], r.text[:500]
-        for seed in (-1, 2**64):
+        for seed in (-1, 2**53, 2**64):
             r = await _send(client, route, QUIET | context | {"seed": seed})
             assert r.status_code == 422 and r.json()["error"]["message"].startswith("seed:"), r.text[:500]
 
