@@ -7,12 +7,8 @@ from typing import Any, Literal, cast, get_args
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from idg_core.methods import METHODS, Param
+from idg_core.methods.params import SEED_MAX
 from idg_core.presets import DEFAULT_PRESET, Preset
-
-JSON_SAFE_INT = 2**53 - 1
-"""The largest integer a JSON client that reads numbers as doubles (JavaScript, most schema tools)
-keeps exact: the bound of a request integer whose consumer takes more (``seed``: torch.Generator
-takes up to ``idg_core.methods.params.SEED_MAX``, 2**64 - 1)."""
 
 MethodName = Literal["idg", "ig", "left_ig", "guided_ig", "agi"]
 if set(get_args(MethodName)) != set(METHODS):
@@ -40,7 +36,7 @@ class AttributeCommon(PredictParams):
     baseline: Literal["mean", "black"] = Field(
         "mean", description="Path start: 'mean' (the model's normalisation mean, zero in its normalised space as in the authors' "
         "code and the evaluation: the ImageNet mean colour for ImageNet-normalised models, grey for EfficientNet-Lite) or 'black'")
-    seed: int = Field(0, ge=0, le=JSON_SAFE_INT, description="Seed of the random draws: AGI's adversarial classes and SmoothGrad's "
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the random draws: AGI's adversarial classes and SmoothGrad's "
                       "noise; 0 to 2**53 - 1 (the largest integer every JSON client keeps exact; torch.Generator takes up to 2**64 - 1)")
     signed: bool = Field(False, description="Heatmap of the signed channel sum (diverging colours) instead of its magnitude")
     outlier_perc: float = Field(

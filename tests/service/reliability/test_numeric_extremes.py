@@ -151,6 +151,7 @@ async def test_seed_takes_what_the_generator_takes(route: str, context: dict[str
 
 def test_the_library_refuses_a_seed_the_generator_cannot_take() -> None:
     params = METHODS["agi"].params
-    assert params.validate({"seed": 2**64 - 1})["seed"] == 2**64 - 1
-    with pytest.raises(InvalidParameter, match="seed"):
-        params.validate({"seed": 2**64})
+    assert params.validate({"seed": 2**53 - 1})["seed"] == 2**53 - 1
+    for seed in (2**53, 2**64):
+        with pytest.raises(InvalidParameter, match="seed"):
+            params.validate({"seed": seed})
