@@ -1,14 +1,16 @@
 # One command each, on a fresh machine (Python 3.11, no GPU): `make run`, `make test`.
-# scripts/setup.sh creates .venv with the CPU build of torch==2.13.0 (see README).
+# scripts/setup.sh creates .venv with the CPU build of torch==2.13.0 (see README), each part once;
+# `make run` stops quietly on Ctrl-C or SIGTERM (scripts/serve.sh).
 PY := .venv/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+SERVE_ARGS ?=
 
 .PHONY: run test test-all demo lint bench eval
 
 run:
-	scripts/setup.sh
-	$(PY) -m app.server --host $(HOST) --port $(PORT)
+	@scripts/setup.sh
+	@scripts/serve.sh --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
 test:
 	scripts/setup.sh dev

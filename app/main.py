@@ -17,6 +17,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.docs import install_docs
+from app.api.openapi import install_openapi
 from app.api.routes import attribute, info, jobs, predict, v2
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
@@ -125,6 +126,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
+    install_openapi(app, settings)  # the schema says what this server accepts
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:

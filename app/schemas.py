@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from idg_core.methods import METHODS, Param
+from idg_core.methods.params import SEED_MAX
 from idg_core.presets import DEFAULT_PRESET, Preset
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ class AttributeCommon(PredictParams):
     baseline: Literal["mean", "black"] = Field(
         "mean", description="Path start: 'mean' (the model's normalisation mean, zero in its normalised space as in the authors' "
         "code and the evaluation: the ImageNet mean colour for ImageNet-normalised models, grey for EfficientNet-Lite) or 'black'")
-    seed: int = Field(0, ge=0, description="Seed of the random draws: AGI's adversarial classes and SmoothGrad's noise")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of the random draws: AGI's adversarial classes and SmoothGrad's "
+                      "noise; 0 to 2**53 - 1 (the largest integer every JSON client keeps exact; torch.Generator takes up to 2**64 - 1)")
     signed: bool = Field(False, description="Heatmap of the signed channel sum (diverging colours) instead of its magnitude")
     outlier_perc: float = Field(
         2.0, ge=0, lt=100, description="Heatmap scaling: share of the attribution mass clipped as outliers (Captum's convention)")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from app.core.config import Settings
+from app.core.deadline import deadline_of
 from app.core.errors import ApiError
 from app.core.images import load_input
 from app.core.prometheus import Metrics
@@ -72,8 +73,8 @@ class Service:
         check_top_k(self.settings, params.top_k)
         condition, explain = plan_explain_if(params)
         checked = None if explain is None else self.check_attribute(explain)
-        x = await load_input(data, model, self.settings, self.device)
-        outcome = await self.run(until_disconnected, name, predict_plan(x), "predict", priority=0)
+        x = await load_input(data, model, self.settings, self.device, deadline_of(received, self.settings.request_timeout_s))
+        outcome = await self.run(until_disconnected, name, predict_plan(x), "predict", priority=0, received=received)
         held = None if condition is None else condition(Facts.of(outcome.value))
         self.metrics.predictions.labels(name, {None: "none", True: "held", False: "not_held"}[held]).inc()
         explanation = None
@@ -95,7 +96,8 @@ class Service:
         """Check (unless the route did: ``checked``), decode, queue, wait and render one attribution;
         raises :class:`ApiError`. ``priority``: 1 for requests, 2 for the images of jobs (app.jobs)."""
         checked = checked or self.check_attribute(params)
-        x = await load_input(data, checked[1], self.settings, self.device)
+        x = await load_input(data, checked[1], self.settings, self.device,
+                             deadline_of(received, timeout or self.settings.request_timeout_s))
         return await self.explain(x, params, checked, received, until_disconnected, on_event, timeout=timeout, priority=priority)
 
     async def explain(
@@ -106,7 +108,7 @@ class Service:
         name, model, planned = checked
         plan = planned.plan(x, params, probs)
         outcome = await self.run(until_disconnected, name, plan, "attribute", priority=priority, on_event=on_event,
-                                 cost=planned.cost(x, probs), timeout=timeout)
+                                 cost=planned.cost(x, probs), timeout=timeout, received=received)
         found = outcome.value
         for metric, value in found.scores.items():
             self.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
@@ -136,9 +138,10 @@ class Service:
 
     async def run(
         self, until_disconnected: UntilDisconnected | None, model: str, plan: PlanOf[T], kind: str, *, priority: int,
-        on_event: OnEvent | None = None, cost: float = 1.0, timeout: float | None = None,
+        on_event: OnEvent | None = None, cost: float = 1.0, timeout: float | None = None, received: float | None = None,
     ) -> Outcome[T]:
-        """Submit ``plan`` to the worker and wait for it within the request deadline (:func:`submit_and_wait`)."""
-        return await submit_and_wait(self.worker, self.metrics, timeout or self.settings.request_timeout_s, until_disconnected, model,
-                                     plan, kind,
-                                     priority=priority, on_event=on_event, cost=cost)
+        """Submit ``plan`` to the worker and wait for it within the deadline (``timeout``, default the request timeout) of
+        the request that arrived at ``received`` (``time.perf_counter()``; :func:`submit_and_wait`)."""
+        timeout = timeout or self.settings.request_timeout_s
+        return await submit_and_wait(self.worker, self.metrics, timeout, until_disconnected, model, plan, kind, priority=priority,
+                                     on_event=on_event, cost=cost, deadline=None if received is None else deadline_of(received, timeout))

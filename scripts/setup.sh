@@ -1,18 +1,47 @@
 #!/usr/bin/env bash
 # Create .venv and install the project with the CPU build of torch 2.13.0 (the local file on these
 # machines; a bare "torch" would pull CUDA wheels). Usage: scripts/setup.sh [extras], e.g. "dev,bench".
+#
+# Installs once: each part (the base install, each extra) has its own stamp, .venv/.installed-<part>,
+# newer than pyproject.toml once that part is in; only the parts without one are installed. So
+# `make run` after `make test` installs nothing ("dev" includes the base), and `make bench` after it
+# installs only the "bench" extra. It says what it does, and how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
-stamp=".venv/.installed-${extras:-base}"
+say() { echo "setup: $*" >&2; }
+
+fresh() { [ -f ".venv/.installed-$1" ] && [ ! pyproject.toml -nt ".venv/.installed-$1" ]; }
+fresh_base() {  # every install includes the base: a fresh stamp of any part will do
+    local stamp
+    for stamp in .venv/.installed-*; do
+        if [ -f "$stamp" ] && fresh "${stamp#.venv/.installed-}"; then return 0; fi
+    done
+    return 1
+}
+
 if [ ! -x .venv/bin/python ]; then
+    say "creating the virtual environment .venv (python3 -m venv)"
     python3 -m venv .venv
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "setup: installing torch==2.13.0 (CPU), torchvision==0.28.0 and the project${extras:+ with [$extras]} into .venv" >&2
-    .venv/bin/python -m pip install -q torch==2.13.0 torchvision==0.28.0
-    .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}" torch==2.13.0 torchvision==0.28.0
-    touch "$stamp"
+missing=()  # the parts to install
+new=()  # the extras among them
+if ! fresh_base; then missing+=(base); fi
+IFS=, read -r -a wanted <<< "$extras"
+for part in "${wanted[@]}"; do
+    if [ -n "$part" ] && ! fresh "$part"; then missing+=("$part"); new+=("$part"); fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    new_extras=$(IFS=,; echo "${new[*]}")
+    started=$SECONDS
+    say "installing into .venv: torch==2.13.0 (CPU), torchvision==0.28.0 and the project${new_extras:+ with [$new_extras]}"
+    say "(the first time: about 1 GB of wheels, several minutes; pip's own lines follow)"
+    # pip without -q, but only the lines that show progress: a silent pip reads as a hang
+    show() { grep -E --line-buffered '^(Collecting|Downloading|Installing collected|Successfully installed)' >&2 || true; }
+    .venv/bin/python -m pip install --progress-bar off torch==2.13.0 torchvision==0.28.0 | show
+    .venv/bin/python -m pip install --progress-bar off -e ".${new_extras:+[$new_extras]}" torch==2.13.0 torchvision==0.28.0 | show
+    for part in base "${missing[@]}"; do touch ".venv/.installed-$part"; done
+    say "installed ${missing[*]} in $((SECONDS - started)) s"
 fi
 # Debian packages the dev tests drive: Chromium for the browser test (Playwright's own browser download
 # is not reachable) and Prometheus for the monitoring tests (promtool checks and unit-tests the rules,
@@ -23,12 +52,12 @@ if [[ ",$extras," == *",dev,"* ]]; then
         command -v "$program" >/dev/null 2>&1 && continue
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             export DEBIAN_FRONTEND=noninteractive
-            echo "setup: installing Debian's $package for the tests that need $program (waits for another apt/dpkg run to finish)" >&2
+            say "installing Debian's $package for the tests that need $program (waits for another apt/dpkg run to finish)"
             lock=(-o DPkg::Lock::Timeout=600)  # wait for the package manager's lock instead of failing
             apt-get "${lock[@]}" install -y -q "$package" >/dev/null 2>&1 \
                 || { apt-get "${lock[@]}" update -q >/dev/null && apt-get "${lock[@]}" install -y -q "$package" >/dev/null; }
         else
-            echo "setup: $program is missing and cannot be installed here (needs root and apt-get); the tests that need it will skip" >&2
+            say "$program is missing and cannot be installed here (needs root and apt-get); the tests that need it will skip"
         fi
     done
 fi

@@ -35,6 +35,16 @@ curl -sf -F "file=@$IMG" -F method=ig -F steps=8 -F target=207 "$URL/attribute" 
 curl -sf -F "file=@$IMG" -F method=guided_ig -F steps=5 -F return_attribution=true "$URL/attribute" | check return-attribution \
     "__import__('numpy').load(__import__('io').BytesIO(__import__('base64').b64decode(d['attribution']['data']))).shape == (3, 224, 224) \
      and d['curve']['output'] == 'probability' and len(d['curve']['values']) == 5"
+# What the README says about the answers, compared with the answers themselves:
+# the raw attribution's object (its keys, format and shape as the README's example shows them) ...
+curl -sf -F "file=@$IMG" -F method=idg -F steps=4 -F probe_steps=4 -F return_attribution=true "$URL/attribute" | check readme-attribution \
+    "(lambda r: set(d['attribution']) == set(r) and d['attribution']['format'] == r['format'] and d['attribution']['shape'] == r['shape'] \
+     and d['attribution']['dtype'] in ('float16', 'float32'))(json.loads(__import__('re').search(r'attribution: (\{.*?\})\`', \
+     open('README.md').read()).group(1)))"
+# ... and the cost of a default attribution (the fast preset), as the README counts it
+curl -sf -F "file=@$IMG" "$URL/attribute" | check readme-cost \
+    "(lambda m: [d['cost']['forward_passes'], d['cost']['backward_passes']] == [int(m.group(1)), int(m.group(2)) ])(__import__('re').search( \
+     r'IDG 8 probe / 16 main steps \((\d+) forward \+ (\d+) gradient passes', open('README.md').read()))"
 BIG="${SMOKE_BIG_IMAGE:-../shared/data/imagenet-samples/n02091032_Italian_greyhound.JPEG}"  # 576 KB: inlined in argv it would fail
 BODY=$(mktemp)
 printf '{"image": "%s", "top_k": 3}' "$(base64 -w0 "$BIG")" > "$BODY"

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import Literal, TypeVar, get_args, get_origin
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 
 from app.core.errors import ApiError
@@ -75,10 +77,11 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
     if ctype.startswith("application/json"):
         try:
             payload = json_cls.model_validate_json(body)
+            _json_types(json.loads(body), json_cls)
         except ValidationError as err:
             raise ApiError(422, first_error(err), code="invalid_parameter") from err
-        fields = payload.model_dump(exclude={"image"}, exclude_unset=True)
-        return decode_base64(payload.image), _validate(params_cls, fields)
+        fields = payload.model_dump(exclude={"image"}, exclude_unset=True, exclude_none=True)  # null: not given
+        return _not_empty(decode_base64(payload.image)), _validate(params_cls, fields)
     if ctype.startswith("multipart/form-data"):
         try:
             form = await request.form(max_files=2, max_fields=64)
@@ -88,8 +91,7 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
         if upload is None or isinstance(upload, str):
             raise ApiError(422, "file: send the image as a multipart file field named 'file'", code="missing_file")
         data = await upload.read()
-        fields = {k: v for k, v in form.multi_items() if k != "file" and not (isinstance(v, str) and v == "")}
-        return data, _validate(params_cls, fields)
+        return _not_empty(data), _validate(params_cls, form_fields(form, "file"))
     raise ApiError(
         415, "send multipart/form-data with the image in a 'file' field, or application/json with a base64 'image'",
         code="unsupported_media_type",
@@ -114,6 +116,58 @@ def count_file_parts(body: bytes, content_type: str) -> int:
             count += 1
         pos = body.find(b"\r\n" + delimiter, pos + len(delimiter))
     return count
+
+
+_JSON_KINDS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+
+
+def _kinds(annotation: object) -> set[type]:
+    """The JSON value types a field's annotation takes (None apart)."""
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return {type(a) for a in args}
+    if args:  # X | None, Optional[X], Union[...]
+        return set().union(*(_kinds(a) for a in args if a is not type(None)))
+    return {annotation} if isinstance(annotation, type) else set()
+
+
+def _json_types(raw: object, model: type[BaseModel]) -> None:
+    """422 for a JSON value of another type than its field's, which pydantic would convert ("8" for 8,
+    0 for false, "yes" for true): JSON's types as the schema states them (an integer may be 8.0)."""
+    if not isinstance(raw, dict):
+        return
+    for name, value in raw.items():
+        field = model.model_fields.get(name)
+        if field is None or value is None or name == "image":
+            continue
+        kinds = _kinds(field.annotation)
+        takes = tuple(t for k in kinds for t in _JSON_KINDS.get(k, (k,)))
+        fits = isinstance(value, takes) and (isinstance(value, bool) == (bool in kinds))
+        if not fits and int in kinds and isinstance(value, float) and value.is_integer():
+            fits = True
+        if kinds and not fits:
+            names = sorted({"boolean" if k is bool else "integer" if k is int else "number" if k is float else "string" for k in kinds})
+            raise ApiError(422, f"{name}: expected a JSON {' or '.join(names)}, got {json.dumps(value)[:40]}", code="invalid_parameter")
+
+
+def _not_empty(data: bytes) -> bytes:
+    """The image bytes; 400 now for none (not in a stream that opened to say so)."""
+    if not data:
+        raise ApiError(400, "the uploaded file is empty", code="bad_image")
+    return data
+
+
+def form_fields(form: FormData, files: str) -> dict[str, object]:
+    """The form's fields but ``files`` (an empty one is not given); 422 for a field sent twice (one
+    value each: which one would count is no rule a client should have to guess)."""
+    fields: dict[str, object] = {}
+    for k, v in form.multi_items():
+        if k == files or (isinstance(v, str) and v == ""):
+            continue
+        if k in fields:
+            raise ApiError(422, f"{k}: given more than once", code="invalid_parameter")
+        fields[k] = v
+    return fields
 
 
 def _validate(cls: type[P], fields: Mapping[str, object]) -> P:
@@ -154,5 +208,5 @@ async def read_batch_request(request: Request, limit: int, max_files: int) -> tu
     uploads = [u for u in form.getlist("files") if not isinstance(u, str)]
     if not uploads:
         raise ApiError(422, "files: send one or more images as multipart file fields named 'files'", code="missing_file")
-    fields = {k: v for k, v in form.multi_items() if k != "files" and not (isinstance(v, str) and v == "")}
-    return [(u.filename or f"image{i}", await u.read()) for i, u in enumerate(uploads)], _validate(AttributeParams, fields)
+    images = [(u.filename or f"image{i}", await u.read()) for i, u in enumerate(uploads)]
+    return images, _validate(AttributeParams, form_fields(form, "files"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import time
 import weakref
 
 import torch
@@ -18,6 +19,7 @@ from PIL import Image
 from torch import Tensor
 
 from app.core.config import Settings
+from app.core.deadline import past_deadline
 from app.core.errors import ApiError
 from idg_core.models import ImageClassifier
 from idg_core.models.preprocess import (
@@ -95,12 +97,46 @@ def model_input(data: bytes, model: ImageClassifier, settings: Settings, device:
     return to_device(model.prepare(img), device)  # queued behind the running model call, not waiting for it
 
 
-async def load_input(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device) -> Tensor:
-    """:func:`model_input` in a thread; a large decode first waits for one of
-    ``settings.max_concurrent_decodes`` slots (on the event loop, holding no thread)."""
+class _Late(Exception):
+    """The deadline passed before a decode started: it is not started."""
+
+
+def _unless_late(deadline: float | None, data: bytes, model: ImageClassifier, settings: Settings, device: torch.device) -> Tensor:
+    """:func:`model_input`, unless ``deadline`` passed while the decode waited for a thread."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise _Late
+    return model_input(data, model, settings, device)
+
+
+async def _load(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device, deadline: float | None) -> Tensor:
     if await asyncio.to_thread(decode_pixels, data, model, settings) <= LARGE_DECODE_PIXELS:
-        return await asyncio.to_thread(model_input, data, model, settings, device)
+        return await asyncio.to_thread(_unless_late, deadline, data, model, settings, device)
     per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
     slots = per_loop.setdefault(settings.max_concurrent_decodes, asyncio.Semaphore(settings.max_concurrent_decodes))
-    async with slots:
-        return await asyncio.to_thread(model_input, data, model, settings, device)
+    async with slots:  # held until the decode's thread returns: this task is never cancelled (see load_input)
+        return await asyncio.to_thread(_unless_late, deadline, data, model, settings, device)
+
+
+async def load_input(
+    data: bytes, model: ImageClassifier, settings: Settings, device: torch.device, deadline: float | None = None,
+) -> Tensor:
+    """:func:`model_input` in a thread; a large decode first waits for one of
+    ``settings.max_concurrent_decodes`` slots (on the event loop, holding no thread). Past
+    ``deadline`` (``time.monotonic()``, from the request's arrival) it answers 504 at once; a
+    decode already running finishes in its thread and keeps its slot until then (a thread cannot
+    be stopped, and freeing its slot early would let more decodes run than the setting allows),
+    and one not yet started is not started."""
+    task = asyncio.ensure_future(_load(data, model, settings, device, deadline))
+    task.add_done_callback(_consume)  # a result nobody waits for any more is dropped quietly
+    try:
+        if deadline is None:
+            return await asyncio.shield(task)
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            return await asyncio.shield(task)
+    except (TimeoutError, _Late) as err:
+        raise past_deadline(settings.request_timeout_s) from err
+
+
+def _consume(task: asyncio.Future[Tensor]) -> None:
+    if not task.cancelled():
+        task.exception()

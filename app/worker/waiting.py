@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from app.core.deadline import past_deadline
 from app.core.errors import ApiError
 from app.core.prometheus import Metrics
 from app.worker.engine import QueueFull, Worker
@@ -36,13 +37,15 @@ class Outcome(Generic[T]):
 
 async def submit_and_wait(
     worker: Worker, metrics: Metrics, timeout: float, until_disconnected: UntilDisconnected | None, model: str, plan: PlanOf[T], kind: str,
-    *, priority: int, on_event: OnEvent | None = None, cost: float = 1.0,
+    *, priority: int, on_event: OnEvent | None = None, cost: float = 1.0, deadline: float | None = None,
 ) -> Outcome[T]:
-    """Queue a plan (``cost``: its work units at most) and wait for it within the deadline;
-    503 when full, 504 when late. A late or abandoned job frees its slot at once and stops
-    costing before the worker's next model call."""
+    """Queue a plan (``cost``: its work units at most) and wait for it until ``deadline``
+    (``time.monotonic()``; the request's arrival plus ``timeout``, :func:`app.core.deadline.deadline_of`;
+    default: ``timeout`` from now); 503 when full, 504 when late. A late or abandoned job frees its
+    slot at once and stops costing before the worker's next model call."""
     loop = asyncio.get_running_loop()
-    job = Job(model, plan, kind, time.monotonic() + timeout, loop, loop.create_future(), priority, on_event, cost)
+    deadline = time.monotonic() + timeout if deadline is None else deadline
+    job = Job(model, plan, kind, deadline, loop, loop.create_future(), priority, on_event, cost)
     try:
         worker.submit(job)
     except QueueFull as err:
@@ -50,15 +53,14 @@ async def submit_and_wait(
         metrics.rejections.labels(err.reason).inc()
         raise ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy") from err
     watcher = asyncio.create_task(_watch(worker, until_disconnected, job)) if until_disconnected is not None else None
-    late = f"the request did not finish within its deadline of {timeout:g} s"
     try:
         value = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, job.deadline - time.monotonic()))
     except TimeoutError as err:
         worker.cancel(job, "deadline")
-        raise ApiError(504, late, code="deadline") from err
+        raise past_deadline(timeout) from err
     except JobCancelled as err:
         if err.reason in ("deadline", "stuck"):
-            raise ApiError(504, late if err.reason == "deadline" else str(err), code="deadline") from err
+            raise past_deadline(timeout, None if err.reason == "deadline" else str(err)) from err
         raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
     # No ValueError -> 422 here: the parameters were checked before the job was queued (app.planning
     # runs the methods' validation), so whatever the running plan raises is this request's 500.

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from idg_core.methods._common import Method, WorkBound, method_function
-from idg_core.methods.params import InvalidParameter, Param, Params, output_param
+from idg_core.methods.params import SEED_MAX, InvalidParameter, Param, Params, output_param
 from idg_core.types import AttributionResult, Output, Plan, Query
 
 
@@ -41,7 +41,7 @@ PARAMS = Params("agi", (
           "(the IDG paper used one)", low=1),
     Param("adversarial_targets", list, None, "Explicit classes to attack instead of a random draw", service=False),
     Param("num_classes", int, 1000, "Classes of the model (the service sets it from the model)", low=2, service=False),
-    Param("seed", int, 0, "Seed of the adversarial class draw", low=0),
+    Param("seed", int, 0, "Seed of the adversarial class draw", low=0, high=SEED_MAX),
     Param("early_stop", bool, True, "End a class's iterations once the attack succeeds (the authors' code); false runs all max_iter"),
     output_param("probability"),
 ), joint=_joint)

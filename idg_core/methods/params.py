@@ -25,6 +25,11 @@ class InvalidParameter(ValueError):
         self.name = name
 
 
+SEED_MAX = 2**53 - 1
+"""The largest seed taken: ``torch.Generator.manual_seed`` takes up to 2**64 - 1 (2**64 overflows),
+but a double, as JSON clients, schema tools and ``GET /models``' ranges read numbers, is exact only
+up to 2**53 - 1 (2**64 - 1 reads as 2**64)."""
+
 @dataclass(frozen=True)
 class Param:
     """One keyword parameter of a method.

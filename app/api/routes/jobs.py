@@ -81,7 +81,7 @@ class JobDeleted(BaseModel):
 Responses = dict[int | str, dict[str, Any]]
 NO_JOB: Responses = {404: {"model": ErrorResponse, "description": "No such job (never submitted, deleted, or past its retention)"}}
 KEYED: Responses = {c: ERROR_RESPONSES[c] for c in (401, 422, 503)}
-SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 408, 413, 415, 422, 503)},
+SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 404, 408, 413, 415, 422, 503)},
                  507: {"model": ErrorResponse, "description": "The job store is full (IDG_JOBS_MAX_BYTES)"}}
 
 
@@ -151,6 +151,8 @@ async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tup
         if not isinstance(upload, UploadFile):
             raise ApiError(422, "files / archive: send files, not text fields", code="missing_file")
         data = await upload.read()
+        if not data:  # as /attribute answers an empty upload: nothing of the job is stored
+            raise ApiError(400, f"the uploaded file {upload.filename or i!r} is empty", code="bad_image")
         if is_archive(data):
             images += await asyncio.to_thread(read_archive, data, Bounds(limit - len(images), bounds.max_member_bytes,
                                                                           bounds.max_total_bytes))
