@@ -7,6 +7,7 @@ this module turns ``IDG_MODELS`` (+ ``IDG_MODELS_FILE``) into loaded models, or 
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -62,8 +63,9 @@ def load_models(specs: list[str], device: torch.device, models_file: Path | None
         started = time.perf_counter()
         try:
             model = load_source(spec, settings, device)
-        except (ValueError, OSError, ImportError, RuntimeError) as err:
-            raise ModelLoadError(f"cannot load model {spec.name!r} ({spec.source}): {err}") from err
+        except (ValueError, OSError, ImportError, RuntimeError, pickle.UnpicklingError) as err:  # unpickling: a refused weights file
+            why = " ".join(str(err).split())[:500]  # one line: torch's unpickling errors run over several
+            raise ModelLoadError(f"cannot load model {spec.name!r} ({spec.source}): {why}") from err
         models[spec.name] = model
         p = model.preprocessing
         log.info("loaded %s (%s, %d classes, input %dx%d) on %s in %.1f s", spec.name, spec.source, model.num_classes,

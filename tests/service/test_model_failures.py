@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 from torch import Tensor, nn
 
@@ -53,3 +54,31 @@ async def test_a_non_finite_attribution_is_a_500_that_says_why_and_fails_only_it
         assert error["code"] == "model_error" and "not finite" in error["message"] and "fp32" in error["message"]
         assert good.status_code == 200, good.text
         assert good.json()["heatmap_png"]
+
+
+class _Evil:
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.system, ("echo pwned",))
+
+
+def test_a_malicious_hf_weights_file_ends_in_the_one_line_error_naming_the_model(tmp_path) -> None:
+    """A pickle that would run code is refused by torch.load(weights_only=True) with an UnpicklingError, which had
+    escaped start-up as a raw traceback (#29 item 4)."""
+    import pickle
+
+    pytest.importorskip("transformers")
+    from app.core.model_loading import ModelLoadError, load_models
+    from idg_core.models._torchvision_compat import import_torchvision
+
+    import_torchvision()  # transformers imports torchvision (see that module: PyPI's wheel beside CPU torch)
+    from tests.models import tiny_model_maker
+
+    entry = tiny_model_maker().MAKERS["hf_vit"](tmp_path)
+    folder = tmp_path / "hf-vit"
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"vit.embeddings.cls_token": _Evil()}))
+    with pytest.raises(ModelLoadError, match="cannot load model 'hfvit'") as err:
+        load_models([entry], torch.device("cpu"))
+    assert "\n" not in str(err.value)
