@@ -1,4 +1,5 @@
-"""``X-IDG-Replica`` on every answer: which process served it (``host:pid`` by default; the Ray Serve
+"""``X-IDG-Replica`` and ``X-Content-Type-Options: nosniff`` on every answer (and a Content-Security-Policy and
+``X-Frame-Options`` on the page); the replica header says which process served it (``host:pid`` by default; the Ray Serve
 wrapper, ``app.ray_serve``, names the Serve replica instead), so users and tests can see the spread."""
 
 from __future__ import annotations
@@ -9,6 +10,12 @@ import socket
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = b"x-idg-replica"
+NOSNIFF = (b"x-content-type-options", b"nosniff")
+"""On every answer: a browser never guesses another type than the one declared (a JSON error is never run as HTML)."""
+PAGES = ("/",)
+PAGE_HEADERS = [(b"x-frame-options", b"DENY"),
+                (b"content-security-policy", b"default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
+                 b"script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")]
 _replica = f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -35,7 +42,10 @@ class ReplicaHeaderMiddleware:
 
         async def _send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (HEADER, _replica.encode("latin-1", "replace"))]
+                headers = [*message.get("headers", []), (HEADER, _replica.encode("latin-1", "replace")), NOSNIFF]
+                if scope["path"] in PAGES:  # the page: no framing by other sites, scripts and styles from this origin only
+                    headers += PAGE_HEADERS
+                message["headers"] = headers
             await send(message)
 
         await self.app(scope, receive, _send)

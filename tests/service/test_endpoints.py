@@ -79,3 +79,16 @@ async def test_models_health_metrics_and_docs(lite0_app) -> None:
         assert {"file", "method", "target", "steps", "probe_steps", "baseline", "placement", "importance"} <= set(form)
         assert all(v.get("description") for k, v in form.items())
         assert "application/json" in spec["paths"]["/predict"]["post"]["requestBody"]["content"]
+
+
+async def test_every_answer_says_nosniff_and_the_page_forbids_framing_and_foreign_scripts(tiny_app) -> None:
+    """#29 item 5: X-Content-Type-Options on every answer (a page, JSON, an error), CSP and X-Frame-Options on the page."""
+    async with serve(tiny_app()) as client:
+        page, models, missing = await client.get("/"), await client.get("/models"), await client.get("/nope")
+        bad = await client.post("/attribute", files={"file": ("a.png", b"<script>alert(1)</script>", "image/png")})
+    for r in (page, models, missing, bad):
+        assert r.headers["x-content-type-options"] == "nosniff", r.url
+    assert page.headers["x-frame-options"] == "DENY"
+    csp = page.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
+    assert bad.status_code == 415 and bad.headers["content-type"].startswith("application/json") and "<script>" not in bad.text
