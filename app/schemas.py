@@ -311,7 +311,7 @@ class BatchResponse(BaseModel):
 
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "The body could not be read: not an image, a broken file, or a malformed multipart/base64 body",
-    401: "Missing or wrong API key (only when IDG_API_KEYS is set)",
+    401: "Missing or wrong API key (only when IDG_API_KEY is set)",
     404: "Unknown model name",
     408: "The request body did not arrive within IDG_BODY_TIMEOUT_S",
     413: "The body, the image's pixels or the batch is larger than the limits",

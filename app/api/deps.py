@@ -24,16 +24,32 @@ async def get_service(request: Request) -> Service:
     return service
 
 
-async def require_api_key(request: Request) -> None:
-    """401 unless the configured key comes as ``X-API-Key`` or ``Authorization: Bearer``."""
-    expected = request.app.state.settings.api_key
-    if not expected:
-        return
+def given_api_key(request: Request) -> str | None:
+    """The key the request sends as ``X-API-Key`` or ``Authorization: Bearer``, if any."""
     given = request.headers.get("x-api-key")
     auth = request.headers.get("authorization", "")
     if given is None and auth.lower().startswith("bearer "):
         given = auth[7:].strip()
-    if given is None:
+    return given
+
+
+def has_api_key(request: Request) -> bool:
+    """True when no key is configured or the request sends the right one."""
+    expected = request.app.state.settings.api_key
+    given = given_api_key(request)
+    return not expected or (given is not None and secrets.compare_digest(given.encode(), expected.encode()))
+
+
+async def require_api_key(request: Request) -> None:
+    """401 unless the configured key comes as ``X-API-Key`` or ``Authorization: Bearer``."""
+    if has_api_key(request):
+        return
+    if given_api_key(request) is None:
         raise ApiError(401, "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'", code="unauthorized")
-    if not secrets.compare_digest(given.encode(), expected.encode()):
-        raise ApiError(401, "the API key is wrong", code="unauthorized")
+    raise ApiError(401, "the API key is wrong", code="unauthorized")
+
+
+async def require_api_key_for_metrics(request: Request) -> None:
+    """/metrics' guard: the API key only where ``IDG_METRICS_NEED_KEY`` asks for it."""
+    if request.app.state.settings.metrics_need_key:
+        await require_api_key(request)

@@ -128,7 +128,11 @@ class Settings(BaseSettings):
     faithfulness_steps: int = Field(
         28, ge=1, le=224, description="Default steps of the faithfulness score (faithfulness=insertion,deletion): each metric "
         "costs steps + 1 forward passes, 2 x 29 = 58 for both at 28")
-    api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'")
+    api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'; "
+                                "readiness then answers only its status to a caller without the key")
+    metrics_need_key: bool = Field(
+        False, description="With IDG_API_KEY set, /metrics answers 401 without the key too (Prometheus sends it with "
+        "'authorization: {credentials: KEY}' in its scrape config). Off by default: scrapes usually come over a protected network")
     cors_origins: Annotated[list[str], NoDecode] = Field(default=[], description="Comma-separated origins allowed by CORS")
     warmup: bool = Field(True, description="Run a forward and backward pass per model before reporting ready")
     data_dir: Path = Field(Path("data"), description="Where the service keeps its state: the job store (jobs.sqlite3, SQLite "

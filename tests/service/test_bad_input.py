@@ -112,4 +112,20 @@ async def test_api_key(tiny_app: AppFactory) -> None:
         assert r.status_code == 401 and "wrong" in r.json()["error"]["message"]
         assert (await client.post("/predict", files=files, headers={"x-api-key": "s3cret"})).status_code == 200
         assert (await client.post("/predict", files=files, headers={"authorization": "Bearer s3cret"})).status_code == 200
-        assert (await client.get("/health/ready")).status_code == 200  # probes need no key
+        r = await client.get("/health/ready")  # probes need no key, and tell a stranger nothing more than the status
+        assert r.status_code == 200 and r.json() == {"status": "ready"}
+        r = await client.get("/health/ready", headers={"x-api-key": "s3cret"})
+        assert r.json() == {"status": "ready", "models": ["tiny"]}
+        metrics = await client.get("/metrics")  # off by default: scrapes come over a protected network
+        assert metrics.status_code == 200 and "idg_http_requests_total" in metrics.text
+
+
+async def test_metrics_behind_the_key_when_asked(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app(api_key="s3cret", metrics_need_key=True)) as client:
+        r = await client.get("/metrics")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert (await client.get("/metrics", headers={"x-api-key": "wrong"})).status_code == 401
+        r = await client.get("/metrics", headers={"authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and "idg_http_requests_total" in r.text
+    async with serve(tiny_app(metrics_need_key=True)) as client:  # no key set: nothing to ask for
+        assert (await client.get("/metrics")).status_code == 200

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.api.deps import get_service, require_api_key
+from app.api.deps import get_service, has_api_key, require_api_key, require_api_key_for_metrics
 from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, method_parameters
 from app.service import Service
 from idg_core import METHODS
@@ -47,19 +47,23 @@ async def live() -> dict[str, str]:
 @router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet, shutting down, or the worker is stuck"}})
 async def ready(request: Request) -> JSONResponse:
     """200 once every model is loaded and warmed up, 503 before, while shutting down, and while the
-    worker is stuck on a request past its deadline (with the reason)."""
+    worker is stuck on a request past its deadline (with the reason). With ``IDG_API_KEY`` set, a caller
+    without the key gets the status alone: the model names and the reason are for those who hold it."""
     if getattr(request.app.state, "ready", False):
         service: Service = request.app.state.service
         stuck = service.worker.stuck
+        full = has_api_key(request)
         if stuck is not None:
             retry = str(max(1, round(service.settings.watchdog_grace_s)))
-            return JSONResponse({"status": "stuck", "reason": stuck}, status_code=503, headers={"Retry-After": retry})
-        return JSONResponse({"status": "ready", "models": list(service.models)})
+            body = {"status": "stuck", "reason": stuck} if full else {"status": "stuck"}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": retry})
+        return JSONResponse({"status": "ready", "models": list(service.models)} if full else {"status": "ready"})
     status = "draining" if getattr(request.app.state, "draining", False) else "starting"  # draining: shutting down
     return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+@router.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_api_key_for_metrics)],
+            responses={401: ERROR_RESPONSES[401]})
 async def metrics(request: Request) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format. Behind the API key when ``IDG_METRICS_NEED_KEY`` is set (with ``IDG_API_KEY``)."""
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
