@@ -6,6 +6,7 @@ import time
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from idg_core.models.compiled import FixedBatchCompiled
@@ -73,8 +74,9 @@ class MetricsMiddleware:
     """Pure ASGI middleware (it does not wrap the body, so disconnect detection keeps working).
 
     The status counted is the one the app sent; :data:`CLIENT_CLOSED` (499) when the client went
-    away before the answer started (whatever the app then sent went nowhere), and 500 when the app
-    failed without answering. So 5xx counts only the server's own failures."""
+    away before the answer ended (whatever the app then sent went nowhere; a stream whose 200 headers
+    went out counts too, with its latency up to when it ended), and 500 when the app failed without
+    answering. So 5xx counts only the server's own failures."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -86,26 +88,36 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         status: int | None = None
-        client_gone = False
+        client_gone = finished = False
 
         async def _receive() -> Message:
             nonlocal client_gone
             message = await receive()
-            if message["type"] == "http.disconnect" and status is None:
+            if message["type"] == "http.disconnect" and not finished:
                 client_gone = True
             return message
 
         async def _send(message: Message) -> None:
-            nonlocal status
+            nonlocal status, client_gone, finished
             if message["type"] == "http.response.start" and status is None:
                 status = CLIENT_CLOSED if client_gone else message["status"]
-            await send(message)
+            try:
+                await send(message)
+            except OSError:  # uvicorn's ClientDisconnected: the body had nowhere to go
+                client_gone = True
+                raise
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
 
         try:
             await self.app(scope, _receive, _send)
+        except ClientDisconnect:
+            client_gone = True
+            raise
         finally:
             route = scope.get("route")
             name = getattr(route, "path", None) or "unmatched"
-            code = status if status is not None else CLIENT_CLOSED if client_gone else 500
+            answered = status is not None and (finished or not client_gone)
+            code = status if answered and status is not None else CLIENT_CLOSED if client_gone else 500
             self.metrics.requests.labels(name, str(code)).inc()
             self.metrics.latency.labels(name).observe(time.perf_counter() - started)

@@ -176,3 +176,26 @@ def test_a_client_that_leaves_while_its_attribution_waits_has_its_work_dropped(s
     log = served.log()
     assert "went away; dropping it" in log
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+
+
+def test_a_client_leaving_an_event_stream_counts_499_with_its_real_duration(served: Served) -> None:
+    """The stream's 200 headers went out at once, but the answer never finished: that is a client that
+    left (499), not a success, and its latency runs until it left, not until the headers."""
+    sample = 'idg_http_requests_total{route="/attribute/stream",status="%s"}'
+    seconds = 'idg_http_request_seconds_sum{route="/attribute/stream"}'
+    before, before_200, before_s = served.metric(sample % 499), served.metric(sample % 200), served.metric(seconds)
+    body = json.dumps({"image": base64.b64encode(image_bytes()).decode(), "method": "idg", "steps": 64, "probe_steps": 8}).encode()
+    sock = _connect(served)
+    sock.sendall(b"POST /attribute/stream HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    sock.settimeout(MARGIN_S)
+    head = b""
+    while b"event: accepted" not in head:
+        head += sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    time.sleep(MODEL_S)  # a model call of MODEL_S runs for it meanwhile; then the client leaves mid-stream
+    sock.close()
+    _metric_becomes(served, sample % 499, before + 1)
+    assert served.metric(sample % 200) == before_200
+    assert served.metric(seconds) - before_s >= MODEL_S
+    assert "Traceback" not in served.log()
