@@ -225,6 +225,9 @@ def _schema(phases: dict[str, Any]) -> Any:
     """The schema the app serves at /openapi.json (building the app loads nothing: models load in its lifespan)."""
     return schemathesis.openapi.from_dict(create_app(SETTINGS).openapi(), config=schemathesis.Config.from_dict({
         "generation": {"mode": "all"}, "phases": phases,
+        # schemathesis stops reading an event stream after 20 events (its default), which cut a 50-step Guided IG
+        # stream after its 17th progress event, ending it without `result` or `error`: read every event
+        "max-stream-events": 10_000,
         "checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED}, "negative_data_rejection": {"expected-statuses": REFUSED}},
     }))
 
@@ -318,11 +321,6 @@ def test_images_and_broken_images_get_no_5xx_and_the_documented_answer(
             sent_plainly = True
     response = case.call(base_url=fuzz_url, headers=auth, timeout=120)
     case.validate_response(response, checks=CHECKS)
-    if path == "/attribute/stream" and not response.text.rstrip().split("\n\n")[-1].startswith(("event: result", "event: error")):
-        # OPEN BUG (2026-11-24, seen only here, after merging the pipelined worker with this test): a guided_ig stream on
-        # a generated image ended after ~17 progress events with neither result nor error; the same request by hand, in
-        # process and over a real socket, ends with its result. Kept visible, not hidden: see the closing note of #28/#29.
-        pytest.xfail("a stream ended without result or error (open bug under investigation)")
     statuses = outcomes(response, path)
     assert all(s < 500 for s in statuses), response.text[-1000:]
     if positive and sent_plainly:  # a valid picture in a valid request is never refused as a picture
