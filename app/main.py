@@ -53,7 +53,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         if settings.keep_freed_memory:
             keep_freed_memory()
         device = pick_device(settings.device)
-        loaded = models if models is not None else await asyncio.to_thread(load_models, settings.models, device, settings.models_file)
+        loaded = models if models is not None else await asyncio.to_thread(
+            load_models, settings.models, device, settings.models_file, settings.models_file_any_path)
         await asyncio.to_thread(apply_calibrations, loaded, device, settings)  # IDG_CALIBRATION_FILE / IDG_CALIBRATE_IMAGES
         try:
             loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile,

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
         None, description="A TOML file with one [models.NAME] table per model: input_size, resize_size, crop_size, "
         "interpolation, mean, std, num_classes, labels (a file, one class name per line), max_batch; a key there overrides "
         "what the model's source says (scripted and exported models need input_size, mean and std)")
+    models_file_any_path: bool = Field(
+        False, description="Let the models file's labels paths point outside its folder (absolute, or ../); off: such a "
+        "path stops start-up with an error, so a models file cannot make the service read and show any file")
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
     precision: Precision | Literal["auto"] = Field(
         "auto", description="Arithmetic of the models: auto (on CUDA, TF32, or bf16 autocast for a model whose bf16 faithfulness "

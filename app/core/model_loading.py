@@ -41,11 +41,12 @@ def pick_device(setting: str) -> torch.device:
     return device
 
 
-def parse_specs(specs: list[str], models_file: Path | None = None) -> list[tuple[ModelSpec, ModelSettings]]:
-    """Every entry parsed and matched with its models-file table, before anything loads."""
+def parse_specs(specs: list[str], models_file: Path | None = None, any_path: bool = False) -> list[tuple[ModelSpec, ModelSettings]]:
+    """Every entry parsed and matched with its models-file table, before anything loads (labels files
+    only inside the models file's folder unless ``any_path``)."""
     try:
         parsed = [parse_spec(s) for s in specs]
-        tables = read_models_file(models_file) if models_file is not None else {}
+        tables = read_models_file(models_file, any_path) if models_file is not None else {}
     except ValueError as err:
         raise ModelLoadError(str(err)) from err
     names = [p.name for p in parsed]
@@ -57,9 +58,10 @@ def parse_specs(specs: list[str], models_file: Path | None = None) -> list[tuple
     return [(p, tables.get(p.name, ModelSettings())) for p in parsed]
 
 
-def load_models(specs: list[str], device: torch.device, models_file: Path | None = None) -> dict[str, ImageClassifier]:
+def load_models(specs: list[str], device: torch.device, models_file: Path | None = None,
+                any_path: bool = False) -> dict[str, ImageClassifier]:
     models: dict[str, ImageClassifier] = {}
-    for spec, settings in parse_specs(specs, models_file):
+    for spec, settings in parse_specs(specs, models_file, any_path):
         started = time.perf_counter()
         try:
             model = load_source(spec, settings, device)

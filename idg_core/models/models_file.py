@@ -9,7 +9,8 @@
     mean = [0.485, 0.456, 0.406]      # normalisation, applied inside the model to pixels in [0, 1]
     std = [0.229, 0.224, 0.225]
     num_classes = 37
-    labels = "pets.txt"               # one class name per line; relative to this file
+    labels = "pets.txt"               # one class name per line; relative to this file, and inside its
+                                      # folder unless paths anywhere are allowed (IDG_MODELS_FILE_ANY_PATH)
     max_batch = 16                    # most images in one model call
     precision = "bf16"                # fp32, tf32, bf16 or auto (default: the service's IDG_PRECISION)
     channels_last = true              # default: IDG_CHANNELS_LAST
@@ -82,8 +83,20 @@ def _triple(where: str, key: str, value: Any, positive: bool) -> tuple[float, fl
     return (float(value[0]), float(value[1]), float(value[2]))
 
 
-def parse_table(where: str, table: Any, base: Path) -> ModelSettings:
-    """Check one table's keys and values; ``base`` is the folder relative label paths start from."""
+def labels_path(where: str, given: str, base: Path, any_path: bool) -> Path:
+    """The labels file a table names: relative to ``base`` (the models file's folder), and inside it
+    unless ``any_path``: a models file is configuration, and a path like ``../../etc/shadow`` or an
+    absolute one would make the service read (and show as class names) whatever file it points at."""
+    path = (base / given).resolve()
+    if not any_path and not path.is_relative_to(base.resolve()):
+        raise ValueError(f"{where}: labels {given!r} is outside the models file's folder {base.resolve()}; put the file "
+                         "there, or allow paths anywhere (IDG_MODELS_FILE_ANY_PATH=true)")
+    return path
+
+
+def parse_table(where: str, table: Any, base: Path, any_path: bool = False) -> ModelSettings:
+    """Check one table's keys and values; ``base`` is the folder relative label paths start from (and,
+    unless ``any_path``, stay inside)."""
     if not isinstance(table, dict):
         raise ValueError(f"{where} must be a table of settings")
     unknown = sorted(set(table) - set(KEYS))
@@ -122,8 +135,9 @@ def parse_table(where: str, table: Any, base: Path) -> ModelSettings:
     if "labels" in table:
         if not isinstance(table["labels"], str):
             raise ValueError(f"{where}: labels must be the path of a file with one class name per line")
+        path = labels_path(where, table["labels"], base, any_path)
         try:
-            out["labels"] = read_labels(base / table["labels"])
+            out["labels"] = read_labels(path)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from err
         if out.get("num_classes", len(out["labels"])) != len(out["labels"]):
@@ -131,8 +145,9 @@ def parse_table(where: str, table: Any, base: Path) -> ModelSettings:
     return ModelSettings(**out)
 
 
-def read_models_file(path: str | Path) -> dict[str, ModelSettings]:
-    """``{NAME: settings}`` from the TOML file at ``path``; a ``ValueError`` sentence on any mistake."""
+def read_models_file(path: str | Path, any_path: bool = False) -> dict[str, ModelSettings]:
+    """``{NAME: settings}`` from the TOML file at ``path``; a ``ValueError`` sentence on any mistake.
+    Labels files are read relative to the file's folder and only inside it, unless ``any_path``."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"models file {path} does not exist")
@@ -146,4 +161,4 @@ def read_models_file(path: str | Path) -> dict[str, ModelSettings]:
     tables = data.get("models", {})
     if not isinstance(tables, dict):
         raise ValueError(f"models file {path}: models must hold one [models.NAME] table per model")
-    return {name: parse_table(f"models file {path}, [models.{name}]", t, path.parent) for name, t in tables.items()}
+    return {name: parse_table(f"models file {path}, [models.{name}]", t, path.parent, any_path) for name, t in tables.items()}

@@ -413,7 +413,8 @@ def load_entry(entry: str, weights: str | None = None, models_file: str | Path |
     a bare torchvision ``ARCH`` takes its file from ``weights`` (``"random"``: random weights, for speed
     only), which packaged names and ``NAME=...`` entries ignore (``None`` or ``"none"``). The models
     file's table for the entry's name supplies what the source does not say (input size, mean, std,
-    labels); its speed settings are recorded on the model, not applied (the tools apply their own)."""
+    labels, which may lie anywhere: the one who runs the tool gave the file); its speed settings are recorded on
+    the model, not applied (the tools apply their own)."""
     spec = parse_spec(entry_with_weights(entry, weights))
-    settings = read_models_file(models_file).get(spec.name, ModelSettings()) if models_file is not None else ModelSettings()
+    settings = read_models_file(models_file, any_path=True).get(spec.name, ModelSettings()) if models_file is not None else ModelSettings()
     return load_source(spec, settings, device)

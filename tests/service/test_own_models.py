@@ -147,13 +147,41 @@ def test_bad_model_files_stop_start_up_with_a_sentence(tiny, tmp_path: Path) -> 
         assert "has no config.json" in _start_error([f"b=hf:{tmp_path}"])
 
 
+def test_a_models_files_labels_are_read_only_inside_its_folder_unless_allowed(tiny, tmp_path: Path) -> None:
+    """``labels`` is relative to the models file; a path that leaves its folder (``../``, absolute, or a
+    link pointing out) stops start-up with a sentence, unless IDG_MODELS_FILE_ANY_PATH allows it."""
+    folder, _ = tiny
+    spec = f"scripted=torchscript:{folder / 'cnn.ts'}"
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    secret = tmp_path / "secret.txt"  # beside the folder, not in it: what a stray path would expose as class names
+    secret.write_text("".join(f"secret line {i}\n" for i in range(10)))
+    (conf / "link.txt").symlink_to(secret)
+    (conf / "mine.txt").write_text("".join(f"class {i}\n" for i in range(10)))
+    table = '[models.scripted]\ninput_size = 48\nmean = [0.5, 0.5, 0.5]\nstd = [0.25, 0.25, 0.25]\nlabels = "%s"\n'
+    for given in ("../secret.txt", str(secret), "link.txt"):
+        (conf / "models.toml").write_text(table % given)
+        msg = _start_error([spec], conf / "models.toml")
+        assert f"labels {given!r} is outside the models file's folder" in msg and "IDG_MODELS_FILE_ANY_PATH" in msg, msg
+        assert "\n" not in msg
+
+    async def class_names(**kw: object) -> list[str]:
+        async with serve(_app([spec], conf / "models.toml", **kw)) as client:
+            return list((await client.get("/models")).json()["models"][0]["class_names"])
+
+    (conf / "models.toml").write_text(table % "mine.txt")  # inside: read relative to the file, not the working directory
+    assert asyncio.run(class_names())[:2] == ["class 0", "class 1"]
+    (conf / "models.toml").write_text(table % "../secret.txt")
+    assert asyncio.run(class_names(models_file_any_path=True))[0] == "secret line 0"  # the operator allowed it
+
+
 async def test_the_models_file_sets_each_models_precision(tiny, tmp_path: Path) -> None:
     """precision / channels_last / compile per model: here one model in bf16 autocast beside one in
     IEEE fp32 (the service's default on a CPU); each answer names its model's precision."""
     folder, specs = tiny
     toml = tmp_path / "models.toml"
-    toml.write_text((folder / "models.toml").read_text().replace("[models.scripted]\n", '[models.scripted]\nprecision = "bf16"\n')
-                    .replace('labels = "labels.txt"', f'labels = "{folder / "labels.txt"}"'))
+    toml.write_text((folder / "models.toml").read_text().replace("[models.scripted]\n", '[models.scripted]\nprecision = "bf16"\n'))
+    (tmp_path / "labels.txt").write_text((folder / "labels.txt").read_text())  # beside the file that names it
     app = _app([specs["torchscript"], specs["export"]], toml)
     async with serve(app) as client:
         listed = {m["name"]: m["precision"] for m in (await client.get("/models")).json()["models"]}
@@ -168,8 +196,8 @@ async def test_the_models_file_sets_each_models_precision(tiny, tmp_path: Path) 
 def test_tf32_beside_fp32_stops_start_up_with_a_sentence(tiny, tmp_path: Path) -> None:
     folder, specs = tiny
     toml = tmp_path / "models.toml"
-    toml.write_text((folder / "models.toml").read_text().replace("[models.scripted]\n", '[models.scripted]\nprecision = "tf32"\n')
-                    .replace('labels = "labels.txt"', f'labels = "{folder / "labels.txt"}"'))
+    toml.write_text((folder / "models.toml").read_text().replace("[models.scripted]\n", '[models.scripted]\nprecision = "tf32"\n'))
+    (tmp_path / "labels.txt").write_text((folder / "labels.txt").read_text())
     msg = _start_error([specs["torchscript"], specs["export"]], toml)
     assert "TF32 is process-wide in PyTorch: scripted (tf32) and exported (fp32) cannot run in one service" in msg
     (tmp_path / "bad.toml").write_text('[models.scripted]\nprecision = "fp16"\ncompile = "yes"\n')
