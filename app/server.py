@@ -178,6 +178,20 @@ class Server(uvicorn.Server):
         await drain(self.app, self.grace_s, force=lambda: self.force_exit)
 
 
+class StartupErrorFilter(logging.Filter):
+    """uvicorn logs a failed start-up as Starlette's whole traceback; where the failure is a
+    :class:`~app.core.model_loading.ModelLoadError` (a model that cannot load, a bad models file), whose
+    sentence already says what is wrong and with which model, log that sentence alone."""
+
+    MARK = "ModelLoadError: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if self.MARK in text:
+            record.msg, record.args = "cannot start: " + text.rsplit(self.MARK, 1)[1].strip(), ()
+        return True
+
+
 def _hard_exit(bound: float) -> None:
     log.error("shutdown still not finished %g s after the signal: exiting now", bound)
     logging.shutdown()
@@ -215,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.error").addFilter(StartupErrorFilter())
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl+C it handled gracefully
         build(load_app(args.app), args.host, args.port, args.log_level).run()
 

@@ -7,6 +7,8 @@ import asyncio
 import base64
 import importlib.util
 import io
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -173,6 +175,19 @@ def test_a_models_files_labels_are_read_only_inside_its_folder_unless_allowed(ti
     assert asyncio.run(class_names())[:2] == ["class 0", "class 1"]
     (conf / "models.toml").write_text(table % "../secret.txt")
     assert asyncio.run(class_names(models_file_any_path=True))[0] == "secret line 0"  # the operator allowed it
+
+
+def test_the_launcher_says_why_it_cannot_start_in_one_line_without_a_traceback(tmp_path: Path) -> None:
+    """``python -m app.server`` (what ``make run`` starts): a model that cannot load ends start-up with the
+    ModelLoadError's sentence, not Starlette's traceback around it."""
+    (tmp_path / "models.toml").write_text('[models.efficientnet_lite0]\nlabels = "../elsewhere.txt"\n')
+    env = {**os.environ, "IDG_MODELS_FILE": str(tmp_path / "models.toml"), "IDG_WARMUP": "false", "IDG_DATA_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "app.server", "--port", "0"], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if "cannot start" in line]
+    assert len(lines) == 1 and "labels '../elsewhere.txt' is outside the models file's folder" in lines[0], run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
 
 
 async def test_the_models_file_sets_each_models_precision(tiny, tmp_path: Path) -> None:
