@@ -37,6 +37,16 @@ class Metrics:
         self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)
         self.job_seconds = Histogram(
             "idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
+        self.job_images = Counter(
+            "idg_durable_job_images", "Images of durable jobs (POST /jobs) this process handled, by outcome: answered (a 200 "
+            "answer stored), failed (an error answer stored), retried (given back to the store to try later: busy, deadline, "
+            "shutdown), lost (its claim was lost: the job was deleted or another process took it over)", ["outcome"], registry=r)
+        self.jobs_finished = Counter("idg_durable_jobs_finished", "Durable jobs whose last image this process answered", registry=r)
+        self.job_store_errors = Counter(
+            "idg_durable_job_store_errors", "Job store operations that failed (the store unreachable or refusing), by operation",
+            ["operation"], registry=r)
+        self.job_images_in_flight = Gauge("idg_durable_job_images_in_flight", "Images of durable jobs in this process's worker now",
+                                          registry=r)
         self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak", ["device", "kind"], registry=r)
         self.ready = Gauge("idg_ready", "1 when models are loaded and warm", registry=r)
         self.faithfulness = Histogram(

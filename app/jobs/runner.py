@@ -130,6 +130,8 @@ class JobRunner:
         self._callbacks: set[asyncio.Task[None]] = set()
         self.answered = 0
         """Images this runner stored answers for (tests, logs)."""
+        self.metrics = service.metrics
+        self.metrics.job_images_in_flight.set_function(lambda: len(self._tasks))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -188,6 +190,7 @@ class JobRunner:
             try:
                 await self._claim_some()
             except Exception:  # noqa: BLE001 - the store may be briefly unreachable; the loop goes on
+                self.metrics.job_store_errors.labels("claim").inc()
                 log.exception("claiming job images failed; trying again in %g s", POLL_S)
             self._wake.clear()
             paused_for = self._resume_at - time.monotonic()  # the worker said busy: wake when it said to retry
@@ -219,6 +222,7 @@ class JobRunner:
                     if swept:
                         log.info("deleted %d finished job(s) past their retention", swept)
             except Exception:  # noqa: BLE001 - the store may be briefly unreachable
+                self.metrics.job_store_errors.labels("upkeep").inc()
                 log.exception("renewing job claims failed")
 
     # -- one image -------------------------------------------------------------------------
@@ -227,6 +231,7 @@ class JobRunner:
             answer = await self._answer(claim)
         except _Retry as retry:
             if not claim_exhausted(claim, retry):
+                self.metrics.job_images.labels("retried").inc()
                 await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, retry.refund)
                 if retry.pause_s:
                     self._resume_at = max(self._resume_at, time.monotonic() + min(retry.pause_s, MAX_PAUSE_S))
@@ -234,10 +239,13 @@ class JobRunner:
             answer = _error_answer(504, "deadline", f"{retry.reason}, {claim.attempts} times")
         finished = await asyncio.to_thread(self.store.finish, self.owner, claim.job_id, claim.index, answer)
         if finished is None:
+            self.metrics.job_images.labels("lost").inc()
             log.info("job %s image %d: its claim was lost (job deleted, or taken over); answer dropped", claim.job_id, claim.index)
             return
         self.answered += 1
+        self.metrics.job_images.labels("answered" if answer.status == 200 else "failed").inc()
         if finished.job_done:
+            self.metrics.jobs_finished.inc()
             job = await asyncio.to_thread(self.store.get_job, claim.job_id)
             log.info("job %s finished: %s", claim.job_id, job and f"{job.done} answered, {job.failed} failed")
             if job is not None and job.callback_url:

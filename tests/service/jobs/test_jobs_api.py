@@ -149,6 +149,14 @@ async def test_explain_if_explains_only_the_images_it_holds_for(tiny_app: AppFac
             assert line["explained"] is True and line["result"]["heatmap_png"] and line["target"]["index"] == line["prediction"][0]["index"]
 
 
+async def _metric(client: Any, sample: str) -> float:
+    """One sample of the app's /metrics (as Prometheus reads it), 0 when absent."""
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 async def test_an_image_that_fails_fails_alone(tiny_app: AppFactory) -> None:
     async with serve(tiny_app()) as client:
         job = await submit(client, [*images(2), ("files", ("notes.png", b"this is not an image"))])
@@ -157,6 +165,11 @@ async def test_an_image_that_fails_fails_alone(tiny_app: AppFactory) -> None:
         bad = [line for line in await results(client, job["id"]) if line["status"] != 200]
         assert len(bad) == 1 and bad[0]["filename"] == "notes.png" and bad[0]["status"] in (400, 415)
         assert bad[0]["error"]["code"] in ("bad_image", "unsupported_image") and "result" not in bad[0]
+        # ... and a monitoring pipeline sees it: the job metrics count each image's outcome and the finished job
+        assert await _metric(client, 'idg_durable_job_images_total{outcome="answered"}') == 2
+        assert await _metric(client, 'idg_durable_job_images_total{outcome="failed"}') == 1
+        assert await _metric(client, "idg_durable_jobs_finished_total") == 1
+        assert await _metric(client, "idg_durable_job_images_in_flight") == 0
 
 
 async def test_delete_cancels_the_job_and_frees_its_images(tiny_app: AppFactory) -> None:
@@ -194,6 +207,8 @@ async def test_a_busy_worker_sends_images_back_to_wait_not_to_fail(tiny_app: App
         assert (status["done"], status["failed"]) == (3, 0)
         assert sorted(line["index"] for line in await results(client, job["id"], summary="true")) == list(range(3))
         assert app.state.metrics.rejections.labels("queue_full")._value.get() >= 1  # noqa: SLF001 - it was refused, and waited
+        assert await _metric(client, 'idg_durable_job_images_total{outcome="retried"}') >= 1
+        assert await _metric(client, 'idg_durable_job_images_total{outcome="failed"}') == 0
 
 
 async def test_an_interactive_request_does_not_wait_behind_a_big_job(tiny_app: AppFactory) -> None:
