@@ -126,9 +126,14 @@ SERVER_MS: list[float] = []
 """The server-side ``timings.total_ms`` of the answers this process received (a load level reads and clears it)."""
 
 
-def _client_share(url: str, images: list[Path], first: int, clients: int, per_client: int,
-                  fields: dict[str, str]) -> tuple[list[float], list[int], float, list[float]]:
-    """Clients ``first .. first + clients - 1`` in this process (one of several): latencies, codes, CPU seconds used."""
+Share = tuple[list[float], list[int], float, list[float], tuple[float, float]]
+"""What a group of clients measured: latencies, status codes, client CPU seconds, the server's own times, and
+the span (monotonic start, end) in which they sent and received, on the clock every process shares."""
+
+
+def _client_share(url: str, images: list[Path], first: int, clients: int, per_client: int, fields: dict[str, str]) -> Share:
+    """Clients ``first .. first + clients - 1`` in this process (one of several). Its span starts after the process
+    has started and imported what it needs, so a level's wall time is the traffic's, not the processes' start-up."""
     lat: list[float] = []
     codes: list[int] = []
     cpu = time.process_time()
@@ -138,29 +143,33 @@ def _client_share(url: str, images: list[Path], first: int, clients: int, per_cl
                                for c in range(first, first + clients)])
 
     SERVER_MS.clear()
+    began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
     asyncio.run(run())
-    return lat, codes, time.process_time() - cpu, list(SERVER_MS)
+    return lat, codes, time.process_time() - cpu, list(SERVER_MS), (began, time.monotonic())
 
 
-async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str],
-                   processes: int) -> tuple[list[float], list[int], float, list[float]]:
+async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str], processes: int) -> Share:
     """Run the clients in ``processes`` processes (one Python process's HTTP client tops out near 100 requests/s of
-    uploads and JSON answers: a load generator must not be what it measures); latencies, codes, client CPU seconds."""
+    uploads and JSON answers: a load generator must not be what it measures). The span runs from the first
+    process's first request to the last one's last answer: spawning the processes (seconds each: they import
+    the benchmark's modules) is left out, or it would dilute the throughput and the device-busy fraction."""
     if processes <= 1:
         lat: list[float] = []
         codes: list[int] = []
         cpu = time.process_time()
         SERVER_MS.clear()
+        began = time.monotonic()
         await asyncio.gather(*[_client(url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
-        return lat, codes, time.process_time() - cpu, list(SERVER_MS)
+        return lat, codes, time.process_time() - cpu, list(SERVER_MS), (began, time.monotonic())
     shares = [clients // processes + (i < clients % processes) for i in range(processes)]
     starts = [sum(shares[:i]) for i in range(processes)]
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         parts = await asyncio.gather(*[loop.run_in_executor(pool, _client_share, url, images, a, n, per_client, fields)
                                        for a, n in zip(starts, shares, strict=True) if n])
+    span = (min(p[4][0] for p in parts), max(p[4][1] for p in parts))
     return ([x for p in parts for x in p[0]], [x for p in parts for x in p[1]], sum(p[2] for p in parts),
-            [x for p in parts for x in p[3]])
+            [x for p in parts for x in p[3]], span)
 
 
 async def load_level(
@@ -174,9 +183,8 @@ async def load_level(
     before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
     rows_before = _rows(text)
     dmon = SmMonitor()
-    started = time.perf_counter()
-    lat, codes, client_cpu, server_ms = await _clients(url, images, clients, per_client, fields, client_processes)
-    wall = time.perf_counter() - started
+    lat, codes, client_cpu, server_ms, (began, ended) = await _clients(url, images, clients, per_client, fields, client_processes)
+    wall = ended - began
     sm = dmon.stop()
     text = httpx.get(f"{url}/metrics").text
     after, busy = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total") - busy_before
