@@ -14,7 +14,8 @@ from typing import Any, Generic, TypeVar
 from app.core.deadline import past_deadline
 from app.core.errors import ApiError
 from app.core.prometheus import Metrics
-from app.worker.engine import QueueFull, Worker
+from app.worker.admission import QueueFull
+from app.worker.engine import Worker
 from app.worker.jobs import Job, JobCancelled
 from idg_core.types import PlanOf
 
