@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from idg_core.budget import explanation_passes
 from idg_core.faithfulness import faithfulness_plan
 from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.postprocess import build_plan
@@ -55,7 +56,7 @@ class Explanation:
     @property
     def forward_passes(self) -> int:
         """Images this plan pushed through the model: prediction, method, faithfulness games."""
-        return int(self.predicted) + self.result.forward_passes + len(self.scores) * (self.score_steps + 1)
+        return explanation_passes(self.predicted, self.result.forward_passes, len(self.scores), self.score_steps)
 
     @property
     def backward_passes(self) -> int:

@@ -34,24 +34,17 @@ from app.worker.device import Call, DeviceStage, name_os_thread
 from app.worker.jobs import Job, JobCancelled, JobStuck
 from app.worker.scheduler import BACKGROUND, Scheduler
 from app.worker.watchdog import Watchdog
+from idg_core.budget import GRAD_UNITS, row_units, work_units
 from idg_core.call_shapes import CallShapes
 from idg_core.evaluator import CallStats, answer_rows, book_call, empty_answers, prepare_call
 from idg_core.types import Answer, Model
 
-__all__ = ["BACKGROUND", "GRAD_UNITS", "SHUTTING_DOWN", "QueueFull", "Worker", "work_units"]
+__all__ = ["BACKGROUND", "GRAD_UNITS", "SHUTTING_DOWN", "QueueFull", "Worker", "work_units"]  # GRAD_UNITS, work_units: idg_core.budget
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-GRAD_UNITS = 3
-"""Work units of an image with a gradient; a forward-only image is 1 (a forward and backward
-pass cost about three forwards; 3.8 measured for ResNet-101 on an H100)."""
 SHUTTING_DOWN = "the server is shutting down"
-
-
-def work_units(forward: int, backward: int) -> float:
-    """Work units of ``forward`` images through the model, ``backward`` of them with a gradient."""
-    return float(forward + (GRAD_UNITS - 1) * backward)
 
 
 class Worker:
@@ -307,8 +300,8 @@ class Worker:
             for (job, qi, a, b), ans in zip(owners, answers, strict=True):
                 if job.cancel_reason is None:
                     job.store(qi, a, b, ans)
-                    job.done_units += (b - a) * (GRAD_UNITS if prepared.grad else 1)
-            units = work_units(prepared.n, prepared.n if prepared.grad else 0)
+                    job.done_units += row_units(b - a, prepared.grad)
+            units = row_units(prepared.n, prepared.grad)
         self.metrics.unwarmed_calls.labels(model_name).set(self.shapes[model_name].unwarmed_calls)
         for job, _ in work:
             if job not in self._active or job.in_flight:
@@ -365,7 +358,7 @@ class Worker:
         for job, qi, a, b, q, ans in answered:
             if job.cancel_reason is None:  # a dropped job's answers may be incomplete
                 job.store(qi, a, b, ans)
-                job.done_units += (b - a) * (GRAD_UNITS if q.grad else 1)
+                job.done_units += row_units(b - a, q.grad)
         return work_units(self.stats.forward_images - before[1], self.stats.backward_images - before[2])
 
     def _step(self, job: Job, answers: list[Answer] | None) -> bool:

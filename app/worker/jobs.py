@@ -48,7 +48,7 @@ class Job(PlanState):
     priority: int = 1
     on_event: Callable[[dict[str, Any]], None] | None = None
     cost: float = 1.0
-    """Work units the whole job may need (a forward image is 1, see ``engine.work_units``)."""
+    """Work units the whole job may need (a forward image is 1: :mod:`idg_core.budget`)."""
     id: int = field(default_factory=lambda: next(_ids))
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
+from idg_core.budget import WorkBound
 from idg_core.evaluator import CallStats, default_batch_size, run_plans
 from idg_core.methods.params import Params
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
@@ -24,18 +25,6 @@ PRESET_NAMES: tuple[str, ...] = get_args(Preset)
 DEFAULT_PRESET: Preset = "fast"
 POST_STEPS = ("postprocess", "smooth_samples", "smooth_std", "smooth_kind")
 """Keywords of :func:`idg_core.postprocess.build_plan` a preset may set beside the method's parameters."""
-
-
-@dataclass(frozen=True)
-class WorkBound:
-    """The most one image's plan can cost, known from its parameters before it runs."""
-
-    forward: int
-    """Images pushed through the model (those with a gradient included)."""
-    backward: int
-    """Of those, images back-propagated."""
-    host_steps: int = 0
-    """Passes over every feature on the host between model calls (Guided IG's sub-steps)."""
 
 
 @dataclass(frozen=True)
