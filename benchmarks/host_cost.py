@@ -41,8 +41,8 @@ from app.planning import plan_attribute
 from app.render import attribute_response, render
 from app.schemas import AttributeParams, Cost, Timings
 from benchmarks.speed import SAMPLES, machine
-from idg_core.evaluator import run_plans
 from idg_core.heatmap import colorize, saliency, scale
+from idg_core.model_calls import run_plans
 from idg_core.models import ImageClassifier, load_model
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The plans a request runs, with typed results that count their own model passes: a prediction,
 and an explanation (prediction → method with its post-steps → faithfulness score). The service
-submits them to its worker; the library can drive them with :func:`idg_core.evaluator.run_plans`
+submits them to its worker; the library can drive them with :func:`idg_core.model_calls.run_plans`
 like any plan."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import Tensor
 
 from idg_core.budget import explanation_passes
 from idg_core.faithfulness import faithfulness_plan
-from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
+from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.postprocess import build_plan
 from idg_core.types import AttributionResult, PlanOf, Query
 

@@ -13,7 +13,7 @@ import math
 import threading
 
 from app.core.prometheus import Metrics
-from app.worker.jobs import Job
+from app.worker.jobs import SHUTDOWN_REASON, Job
 
 PRIOR_SECONDS_PER_UNIT = 0.01
 """Seconds per work unit assumed before any round was measured (weighted as ``PRIOR_UNITS``)."""
@@ -75,7 +75,7 @@ class Admission:
         the server stops, the worker is ``stuck``, or this kind's queue is full."""
         with self._lock:
             if not self._accepting:
-                raise QueueFull(retry_after=5, reason="shutting_down")
+                raise QueueFull(retry_after=5, reason=SHUTDOWN_REASON)
             if stuck is not None:
                 wait = max(1, math.ceil(self.stall_wait_s))
                 raise QueueFull(wait, f"the service is stalled on another request, retry in {wait} s", reason="stalled")

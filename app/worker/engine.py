@@ -28,23 +28,23 @@ from typing import TypeVar
 
 import torch
 
+from app.core.errors import SHUTTING_DOWN
 from app.core.prometheus import Metrics
 from app.worker.admission import Admission, QueueFull, RateEstimate
 from app.worker.device import Call, DeviceStage, name_os_thread
-from app.worker.jobs import Job, JobCancelled, JobStuck
+from app.worker.jobs import SHUTDOWN_REASON, Job, JobCancelled, JobStuck
 from app.worker.scheduler import BACKGROUND, Scheduler
 from app.worker.watchdog import Watchdog
 from idg_core.budget import GRAD_UNITS, row_units, work_units
 from idg_core.call_shapes import CallShapes
-from idg_core.evaluator import CallStats, answer_rows, book_call, empty_answers, prepare_call
+from idg_core.model_calls import CallStats, answer_rows, book_call, empty_answers, prepare_call
 from idg_core.types import Answer, Model
 
-__all__ = ["BACKGROUND", "GRAD_UNITS", "SHUTTING_DOWN", "QueueFull", "Worker", "work_units"]  # GRAD_UNITS, work_units: idg_core.budget
+__all__ = ["BACKGROUND", "GRAD_UNITS", "QueueFull", "Worker", "work_units"]  # GRAD_UNITS, work_units: idg_core.budget
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SHUTTING_DOWN = "the server is shutting down"
 
 
 class Worker:
@@ -186,8 +186,8 @@ class Worker:
         self._device.stop()
         self.watchdog.clear()
         for job in self._active + self._drain():
-            job.cancel(SHUTTING_DOWN)
-            self._close(job, JobCancelled(SHUTTING_DOWN))
+            job.cancel(SHUTDOWN_REASON)
+            self._close(job, JobCancelled(SHUTDOWN_REASON, SHUTTING_DOWN))
         self._active.clear()
         log.info("worker stopped")
 
@@ -228,7 +228,7 @@ class Worker:
         """True once the job was cancelled, is past its deadline or the worker stops (its reason set)."""
         if job.cancel_reason is None:
             if self._stop.is_set():
-                job.cancel(SHUTTING_DOWN)
+                job.cancel(SHUTDOWN_REASON)
             elif time.monotonic() > job.deadline:
                 job.cancel("deadline")
         return job.cancel_reason is not None
@@ -384,10 +384,10 @@ class Worker:
                 job.done_label = done
 
     def _close_dropped(self, job: Job) -> None:
-        reason = job.cancel_reason or SHUTTING_DOWN
+        reason = job.cancel_reason or SHUTDOWN_REASON
         if not job.watchdog_failed:
             self.metrics.rejections.labels(reason).inc()
-        self._close(job, JobCancelled(reason))
+        self._close(job, JobCancelled(reason, SHUTTING_DOWN if reason == SHUTDOWN_REASON else None))
 
     def _fail_calls(self) -> None:
         """After an unexpected error in the loop: wait for the calls on the device and fail their jobs."""

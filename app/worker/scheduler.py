@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from idg_core.call_shapes import CallShapes
-from idg_core.evaluator import Rows
+from idg_core.model_calls import Rows
 from idg_core.types import Query
 
 BACKGROUND = 2

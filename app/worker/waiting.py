@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from app.core.deadline import past_deadline
-from app.core.errors import ApiError
+from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.prometheus import Metrics
 from app.worker.admission import QueueFull
 from app.worker.engine import Worker
-from app.worker.jobs import Job, JobCancelled
+from app.worker.jobs import SHUTDOWN_REASON, Job, JobCancelled
 from idg_core.budget import PREDICT_UNITS
 from idg_core.types import PlanOf
 
@@ -84,7 +84,8 @@ async def submit_and_wait(worker: Worker, metrics: Metrics, work: Submission[T],
     except JobCancelled as err:
         if err.reason in ("deadline", "stuck"):
             raise past_deadline(timeout, None if err.reason == "deadline" else str(err)) from err
-        raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
+        message = SHUTTING_DOWN if err.reason == SHUTDOWN_REASON else f"the request was dropped: {err.reason}"
+        raise ApiError(503, message, headers={"Retry-After": "5"}, code="dropped") from err
     # No ValueError -> 422 here: the parameters were checked before the job was queued (app.planning
     # runs the methods' validation), so whatever the running plan raises is this request's 500.
     except Exception as err:  # noqa: BLE001 - the model failed on this request only

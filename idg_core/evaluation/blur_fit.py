@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from idg_core.evaluator import run_plans
 from idg_core.heatmap import saliency
 from idg_core.methods.eg import gaussian_blur
+from idg_core.model_calls import run_plans
 from idg_core.models import ImageClassifier, decode_image, image_files, keep_freed_memory, load_entry, tune
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan

@@ -12,8 +12,8 @@ from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
 from idg_core.budget import WorkBound
-from idg_core.evaluator import CallStats, default_batch_size, run_plans
 from idg_core.methods.params import Params
+from idg_core.model_calls import CallStats, default_batch_size, run_plans
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
 from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
 

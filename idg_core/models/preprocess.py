@@ -18,6 +18,11 @@ import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+"""ImageNet mean colour in pixel space (the normalisation of ImageNet-trained models; zero after it is the
+IDG authors' baseline, ``baseline="mean"``)."""
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 INTERPOLATIONS = {
     "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST,
     "lanczos": Image.Resampling.LANCZOS, "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING,

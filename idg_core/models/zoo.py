@@ -18,8 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from idg_core.models.preprocess import resize_crop, squash_crop, to_tensor
-from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
+from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, resize_crop, squash_crop, to_tensor
 
 if TYPE_CHECKING:
     from idg_core.models.calibrate import Calibration

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from idg_core.budget import GRAD_UNITS, WorkBound, explanation_bound, postprocess_bound, row_units, work_units
-from idg_core.evaluator import CallStats, run_plans
 from idg_core.explain import ExplainOptions, explain_plan
 from idg_core.methods import METHODS
+from idg_core.model_calls import CallStats, run_plans
 from tests.models import Linear
 
 

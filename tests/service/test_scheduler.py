@@ -10,7 +10,7 @@ import torch
 
 from app.worker.scheduler import BACKGROUND, Scheduler, Selection, ready_rows
 from idg_core.call_shapes import CallShapes
-from idg_core.evaluator import PlanState
+from idg_core.model_calls import PlanState
 from idg_core.types import Query
 
 
