@@ -164,7 +164,8 @@ def _is_service_error(r: httpx.Response) -> bool:
 
 def _check(r: httpx.Response) -> dict[str, Any]:
     if r.status_code == 200:
-        return r.json()
+        body: dict[str, Any] = r.json()
+        return body
     try:
         err = r.json()["error"]
         raise ServiceError(r.status_code, err["message"], err.get("code", "error"))
@@ -178,13 +179,13 @@ def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
     replica that died with the request in flight answers plain "Internal Server Error"): the same
     request is safe to send again. The service's own JSON 500 (a failure of this request) is not retried."""
     if r.status_code in (500, 502) and not _is_service_error(r):
-        return min(0.5 * 2**attempt, cap)
+        return min(0.5 * 2.0**attempt, cap)
     if r.status_code != 503:
         return None
     try:
         wait = float(r.headers.get("retry-after", ""))
     except ValueError:
-        wait = 0.5 * 2**attempt
+        wait = 0.5 * 2.0**attempt
     return min(max(wait, 0.1), cap)
 
 
@@ -247,7 +248,8 @@ class Client:
         fields = _fields({"method": method, "explain_if": explain_if, "callback_url": callback_url, **params})
         r = self._send("POST", "/jobs", files=_job_files(images), data=fields)
         if r.status_code == 202:
-            return r.json()
+            status: dict[str, Any] = r.json()
+            return status
         return _check(r)
 
     def job(self, job_id: str) -> dict[str, Any]:

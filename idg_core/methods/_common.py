@@ -15,7 +15,7 @@ from idg_core.budget import WorkBound
 from idg_core.methods.params import Params
 from idg_core.model_calls import CallStats, default_batch_size, run_plans
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
-from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
+from idg_core.types import Answer, AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 PlanFactory = Callable[..., Plan]
 
@@ -137,7 +137,7 @@ def method_function(
 
 def adaptive_samples(
     baseline: Tensor, diff: Tensor, target: int, steps: int, probe_steps: int, placement: str, output: Output,
-) -> Generator[list[Query], list, tuple[Tensor, Tensor, Tensor, Tensor]]:
+) -> Generator[list[Query], list[Answer], tuple[Tensor, Tensor, Tensor, Tensor]]:
     """IDG's adaptive sampling as a plan fragment (``yield from`` it): probe the path at
     ``probe_steps`` uniform points (forward only), allocate ``steps`` samples by slope and place
     them. Returns ``(alphas, weights, probe_alphas, probe_values)``."""
