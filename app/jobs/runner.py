@@ -29,11 +29,11 @@ import httpx
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.images import load_input
-from app.explain_if import Facts, parse_condition
 from app.jobs.store import Answer, Claimed, JobInfo, Store
-from app.render import top_classes
 from app.schemas import AttributeParams, AttributeResponse
 from app.service import RequestContext, Service
+from app.service.explain_if import Facts, parse_condition
+from app.service.render import top_classes
 from app.worker.waiting import Submission
 from idg_core.explain import predict_plan
 

@@ -86,7 +86,7 @@ async def submit_and_wait(worker: Worker, metrics: Metrics, work: Submission[T],
             raise past_deadline(timeout, None if err.reason == "deadline" else str(err)) from err
         message = SHUTTING_DOWN if err.reason == SHUTDOWN_REASON else f"the request was dropped: {err.reason}"
         raise ApiError(503, message, headers={"Retry-After": "5"}, code="dropped") from err
-    # No ValueError -> 422 here: the parameters were checked before the job was queued (app.planning
+    # No ValueError -> 422 here: the parameters were checked before the job was queued (app.service.planning
     # runs the methods' validation), so whatever the running plan raises is this request's 500.
     except Exception as err:  # noqa: BLE001 - the model failed on this request only
         log.error("job %d (%s) failed: %s", job.id, work.kind, err)

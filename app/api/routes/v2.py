@@ -66,9 +66,9 @@ from app.api.oip import (
 from app.api.requests import first_error, read_body, until_disconnected
 from app.core.errors import ApiError
 from app.core.images import load_input
-from app.render import method_label
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams
 from app.service import Checked, RequestContext, Service
+from app.service.render import method_label
 from app.worker.waiting import Submission, UntilDisconnected
 from idg_core.explain import Explanation, predict_plan
 from idg_core.models import ImageClassifier

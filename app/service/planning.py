@@ -12,8 +12,8 @@ from torch import Tensor
 
 from app.core.config import Settings
 from app.core.errors import ApiError
-from app.explain_if import Condition, parse_condition
 from app.schemas import AttributeCommon, AttributeParams, PredictExplainParams
+from app.service.explain_if import Condition, parse_condition
 from idg_core.budget import WorkBound, explanation_bound, postprocess_bound
 from idg_core.explain import ExplainOptions, Explanation, explain_plan
 from idg_core.faithfulness import parse_metrics

@@ -1,5 +1,5 @@
 """The glue between routes and the worker: check a request, submit its plan, wait honestly, and
-answer. What a request runs is decided in :mod:`app.planning`, drawn in :mod:`app.render`; the
+answer. What a request runs is decided in :mod:`app.service.planning`, drawn in :mod:`app.service.render`; the
 plans themselves are :mod:`idg_core.explain`'s."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from app.core.deadline import deadline_of
 from app.core.errors import ApiError
 from app.core.images import load_input
 from app.core.prometheus import Metrics
-from app.explain_if import Facts
-from app.planning import AttributePlan, check_top_k, plan_attribute, plan_explain_if
-from app.render import NonFiniteAttribution, attribute_response, method_label, render, top_classes
 from app.schemas import AttributeCommon, AttributeParams, AttributeResponse, PredictExplainParams, PredictResponse, Timings
+from app.service.explain_if import Facts
+from app.service.planning import AttributePlan, check_top_k, plan_attribute, plan_explain_if
+from app.service.render import NonFiniteAttribution, attribute_response, method_label, render, top_classes
 from app.worker.engine import Worker
 from app.worker.waiting import OnEvent, Outcome, Submission, UntilDisconnected, Waiter, submit_and_wait
 from idg_core.explain import predict_plan
@@ -54,7 +54,7 @@ class RequestContext:
     on_event: OnEvent | None = None
 
 
-WARM_UP_PHOTO = Path(__file__).with_name("static") / "samples" / "n01580077_jay.jpg"
+WARM_UP_PHOTO = Path(__file__).parents[1] / "static" / "samples" / "n01580077_jay.jpg"
 WARM_UP_TIMEOUT_S = 600.0
 
 
