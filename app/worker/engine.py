@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-
 class Worker:
     """Owns the models on ``device``; ``submit``, ``cancel``, ``wait_estimate`` and ``stuck`` are
     called from the event loop, everything else runs on the worker's own thread."""
