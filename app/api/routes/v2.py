@@ -358,7 +358,7 @@ def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanati
             "attribution": lambda: np.stack([e.result.attributions[0].detach().float().cpu().numpy() for e in found]),
             "target": lambda: np.asarray([e.target for e in found], dtype=np.int64),
             "curve_alpha": lambda: _rows([e.result.alphas[0] if e.result.alphas.dim() == 2 else e.result.alphas for e in found]),
-            "curve_value": lambda: _rows([e.result.logits[0] if e.result.logits.dim() == 2 else e.result.logits for e in found]),
+            "curve_value": lambda: _rows([e.result.values[0] if e.result.values.dim() == 2 else e.result.values for e in found]),
         }
         for metric in ("insertion", "deletion"):
             if all(metric in e.scores for e in found):
