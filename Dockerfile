@@ -13,6 +13,7 @@ WORKDIR /srv
 COPY pyproject.toml README.md ./
 COPY idg_core ./idg_core
 COPY app ./app
+COPY idg_client ./idg_client
 # The CUDA build of torch 2.13.0 with its matching torchvision (no compat shim needed here).
 RUN pip install torch==2.13.0 torchvision==0.28.0 && pip install .
 USER idg

@@ -14,7 +14,7 @@ run:
 
 test:
 	scripts/setup.sh dev
-	$(PY) -m ruff check idg_core app tests benchmarks
+	$(PY) -m ruff check idg_core app idg_client tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest
 	scripts/smoke_test.sh

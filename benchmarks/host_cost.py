@@ -5,7 +5,7 @@ attributions per second one service process can answer. This measures, for sampl
 service's default answer (heatmap and overlay), the stages the service runs in its own code:
 
 - **decode**: upload bytes to the model's input tensor (``app.core.images.model_input``), in a thread;
-- **render**: the PNGs of the answer (``app.render.render``), in a thread;
+- **render**: the PNGs of the answer (``app.service.render.render``), in a thread;
 - **answer**: the /attribute answer built and serialised to JSON (``attribute_response`` + pydantic),
   on the event loop;
 - **render as before**: separate scaling per image and Pillow's PNG encoder at its default zlib level,
@@ -37,12 +37,12 @@ from PIL import Image
 
 from app.core.config import Settings
 from app.core.images import model_input
-from app.planning import plan_attribute
-from app.render import attribute_response, render
 from app.schemas import AttributeParams, Cost, Timings
+from app.service.planning import plan_attribute
+from app.service.render import attribute_response, render
 from benchmarks.speed import SAMPLES, machine
-from idg_core.evaluator import run_plans
 from idg_core.heatmap import colorize, saliency, scale
+from idg_core.model_calls import run_plans
 from idg_core.models import ImageClassifier, load_model
 
 log = logging.getLogger(__name__)

@@ -134,7 +134,7 @@ def warm_call_shapes(model: Model, shapes: CallShapes, input_size: int, device: 
     """Run ``model`` forward-only and with an input gradient at each size (``sizes``, default the
     fixed ones), through the evaluator's own call so autocast and memory format are those of
     traffic; then mark the shapes warm. Returns the seconds it took."""
-    from idg_core.evaluator import RowSelect, run_call  # the evaluator imports this module
+    from idg_core.model_calls import RowSelect, run_call  # the evaluator imports this module
 
     started = time.perf_counter()
     for size in sizes or shapes.sizes:

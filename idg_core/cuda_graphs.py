@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from idg_core.evaluator import RowSelect, run_call
+from idg_core.model_calls import RowSelect, run_call
 from idg_core.types import Model
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class GraphedCall:
             self.out = run_call(model, self.x, rows, grad)
 
     def run(self, inputs: Tensor, rows: RowSelect) -> tuple[Tensor, Tensor | None, Tensor]:
-        """The outputs of :func:`idg_core.evaluator.run_call` for ``inputs`` (padded to this size) and ``rows``."""
+        """The outputs of :func:`idg_core.model_calls.run_call` for ``inputs`` (padded to this size) and ``rows``."""
         n = int(rows.targets.shape[0])
         classes = self.out[2].shape[1]
         if rows.max_target >= classes:

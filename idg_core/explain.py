@@ -1,6 +1,6 @@
 """The plans a request runs, with typed results that count their own model passes: a prediction,
 and an explanation (prediction → method with its post-steps → faithfulness score). The service
-submits them to its worker; the library can drive them with :func:`idg_core.evaluator.run_plans`
+submits them to its worker; the library can drive them with :func:`idg_core.model_calls.run_plans`
 like any plan."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from idg_core.budget import explanation_passes
 from idg_core.faithfulness import faithfulness_plan
-from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
+from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.postprocess import build_plan
 from idg_core.types import AttributionResult, PlanOf, Query
 
@@ -55,7 +56,7 @@ class Explanation:
     @property
     def forward_passes(self) -> int:
         """Images this plan pushed through the model: prediction, method, faithfulness games."""
-        return int(self.predicted) + self.result.forward_passes + len(self.scores) * (self.score_steps + 1)
+        return explanation_passes(self.predicted, self.result.forward_passes, len(self.scores), self.score_steps)
 
     @property
     def backward_passes(self) -> int:

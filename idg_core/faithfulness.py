@@ -17,10 +17,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from idg_core.budget import pixels_per_step, score_passes
 from idg_core.heatmap import saliency
 from idg_core.metrics.curves import auc_trapezoid
 from idg_core.metrics.rise import gaussian_blur, moved_at
-from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
+from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Answer, Query
 
 FAITHFULNESS_METRICS = ("insertion", "deletion")
@@ -38,16 +39,8 @@ def parse_metrics(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(m for m in FAITHFULNESS_METRICS if m in items)
 
 
-def pixels_per_step(h: int, w: int, steps: int) -> int:
-    """Pixels moved per step so that the game takes ``steps`` steps (``ceil(H·W / steps)``)."""
-    if steps < 1:
-        raise ValueError(f"faithfulness steps must be >= 1, got {steps}")
-    return math.ceil(h * w / steps)
-
-
-def forward_cost(metrics: Sequence[str], h: int, w: int, steps: int) -> int:
-    """Forward passes the score costs: ``ceil(H·W / step) + 1`` per metric."""
-    return len(metrics) * (math.ceil(h * w / pixels_per_step(h, w, steps)) + 1)
+forward_cost = score_passes
+"""Forward passes the score costs (:func:`idg_core.budget.score_passes`, the name it had here)."""
 
 
 def game_images(start: Tensor, finish: Tensor, sal: Tensor, step: int) -> Tensor:

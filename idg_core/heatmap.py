@@ -121,7 +121,8 @@ def _blend(image: Tensor, scaled: np.ndarray, heat: np.ndarray, opacity: float) 
     if photo.shape[2] == 1:
         photo = np.repeat(photo, 3, axis=2)
     blended = photo * (1 - weight) + heat * weight
-    return np.rint(blended).clip(0, 255).astype(np.uint8)
+    out: np.ndarray = np.rint(blended).clip(0, 255).astype(np.uint8)
+    return out
 
 
 def _check_overlay(image: Tensor, attribution: Tensor, opacity: float) -> None:

@@ -17,10 +17,6 @@ from idg_core.types import BaselineLike, to_device
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-"""ImageNet mean colour in pixel space: the authors' "zero after normalisation" baseline."""
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
 IG_RULES = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "uniform", "adaptive")
 PLACEMENTS = ("aligned", "authors")
 
@@ -39,7 +35,11 @@ def resolve_baseline(baseline: BaselineLike, x: Tensor, mean: Sequence[float] | 
         if baseline == "mean":
             if x.shape[-3] != 3:
                 raise ValueError(f"baseline 'mean' needs 3-channel images, got {x.shape[-3]} channels")
-            colour = to_device(torch.tensor(IMAGENET_MEAN if mean is None else tuple(mean), dtype=x.dtype), x.device).view(3, 1, 1)
+            if mean is None:
+                from idg_core.models.preprocess import IMAGENET_MEAN  # here: importing the models package costs ~0.2 s
+
+                mean = IMAGENET_MEAN
+            colour = to_device(torch.tensor(tuple(mean), dtype=x.dtype), x.device).view(3, 1, 1)
             return colour.expand_as(x).clone()
         raise ValueError(f"baseline must be 'black', 'mean' or a tensor, got {baseline!r}")
     if not isinstance(baseline, Tensor):
@@ -139,3 +139,12 @@ def place_samples(counts: Tensor, probe_steps: int, placement: str = "aligned") 
         weights += [delta / nk] * nk
         next_start += delta
     return torch.tensor(alphas, dtype=torch.float64), torch.tensor(weights, dtype=torch.float64)
+
+
+def __getattr__(name: str) -> object:
+    """``IMAGENET_MEAN`` / ``IMAGENET_STD``, which moved to :mod:`idg_core.models.preprocess`, still import from here."""
+    if name in ("IMAGENET_MEAN", "IMAGENET_STD"):
+        from idg_core.models import preprocess
+
+        return getattr(preprocess, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

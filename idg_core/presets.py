@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from idg_core.methods import DEFAULT_PRESET, METHODS, PRESET_NAMES, Preset
+from idg_core.methods import DEFAULT_PRESET, METHODS, PRESET_NAMES, Method, Preset
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_NAMES", "Preset", "preset_params", "preset_post"]
 
@@ -34,7 +34,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 """method -> preset -> what it sets (read from each method's file; a preset a method does not declare is empty)."""
 
 
-def _method(method: str) -> Any:
+def _method(method: str) -> Method:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
     return METHODS[method]

@@ -2,7 +2,7 @@
 
 Every attribution method is written as a *plan*: a generator that yields lists of :class:`Query`
 (points to push through the model) and receives the matching list of :class:`Answer`. Whoever drives
-the plans (``idg_core.evaluator.run_plans`` for the library, the service worker for HTTP requests)
+the plans (``idg_core.model_calls.run_plans`` for the library, the service worker for HTTP requests)
 is free to put the points of many plans into the same model call.
 """
 

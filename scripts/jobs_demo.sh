@@ -20,7 +20,7 @@ JOB_ARGS=${JOB_ARGS:---preset fast}
 KILL_AFTER=${KILL_AFTER:-50}
 URL=http://127.0.0.1:$PORT
 export IDG_DATA_DIR=$WORK/data
-CLI=("$PY" -m app.cli --url "$URL")
+CLI=("$PY" -m idg_client --url "$URL")
 say() { echo "[jobs_demo $(date +%T)] $*" >&2; }
 
 start_server() {  # $1: log name

@@ -71,7 +71,7 @@ ok "bad input (415)"
 curl -sf "$URL/metrics" | grep -c 'idg_http_requests_total{route="/attribute",status="200"}' >/dev/null || { echo "smoke: metrics"; exit 1; }
 ok "metrics"
 HEAT=$(mktemp --suffix=.png)
-$PY -m app.cli --url "$URL" attribute "$IMG" --method idg --steps 10 --probe-steps 10 --out "$HEAT" > "$LOG.cli" \
+$PY -m idg_client --url "$URL" attribute "$IMG" --method idg --steps 10 --probe-steps 10 --out "$HEAT" > "$LOG.cli" \
     && grep -q "jay" "$LOG.cli" && [ "$(wc -l < "$LOG.cli")" -eq 12 ] && [ -s "$HEAT" ] || { cat "$LOG.cli"; echo "smoke: cli failed"; exit 1; }
 rm -f "$HEAT" "$LOG.cli"
 ok "cli"

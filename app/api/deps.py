@@ -7,8 +7,7 @@ import secrets
 
 from fastapi import Request
 
-from app.core.drain import SHUTTING_DOWN
-from app.core.errors import ApiError
+from app.core.errors import SHUTTING_DOWN, ApiError
 from app.service import Service
 
 

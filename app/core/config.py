@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from idg_core.call_shapes import power_of_two_sizes
-from idg_core.evaluator import default_batch_size
+from idg_core.model_calls import default_batch_size
 from idg_core.models.speed import Precision, default_precision
 
 

@@ -3,8 +3,8 @@
 ``drain(app, grace_s)`` (called by ``app.server`` on SIGTERM, while the listening socket is still
 open) flips the app into draining: readiness answers 503 and new work is refused with a JSON 503
 ``shutting_down`` (``app.api.deps.get_service``). Requests already in flight may finish for
-``grace_s``; then the worker is stopped (it drops its remaining jobs with "the server is shutting
-down", which their requests answer as 503), and after a short settle whatever still runs (a slow
+``grace_s``; then the worker is stopped (it drops its remaining jobs, reason ``shutting_down``, which their requests answer as 503 with
+the same message, :data:`app.core.errors.SHUTTING_DOWN`), and after a short settle whatever still runs (a slow
 upload, a request stuck anywhere) is cancelled by :class:`DrainMiddleware`, which answers it with
 a JSON 503 itself. Only then does uvicorn close the sockets.
 """
@@ -21,11 +21,10 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import error_body
+from app.core.errors import SHUTTING_DOWN, error_body
 
 log = logging.getLogger(__name__)
 
-SHUTTING_DOWN = "the server is shutting down: retry the request (another instance may take it)"
 SETTLE_S = 1.0  # after the grace, how long requests whose jobs the worker dropped get to answer themselves
 
 

@@ -12,6 +12,9 @@ from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
+SHUTTING_DOWN = "the server is shutting down: retry the request (another instance may take it)"
+"""The one message of a request refused or dropped because the server stops (code and reason ``shutting_down``)."""
+
 
 class ApiError(Exception):
     """An error with its HTTP status and one user-facing sentence."""

@@ -29,11 +29,12 @@ import httpx
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.images import load_input
-from app.explain_if import Facts, parse_condition
 from app.jobs.store import Answer, Claimed, JobInfo, Store
-from app.render import top_classes
 from app.schemas import AttributeParams, AttributeResponse
-from app.service import Service
+from app.service import RequestContext, Service
+from app.service.explain_if import Facts, parse_condition
+from app.service.render import top_classes
+from app.worker.waiting import Submission
 from idg_core.explain import predict_plan
 
 log = logging.getLogger(__name__)
@@ -278,11 +279,11 @@ class JobRunner:
             return Answer(200, summary_of(response, None, None), response.model_dump(mode="json"))
         name, model = service.model(params.model)
         x = await load_input(claim.data, model, service.settings, service.device)
-        predicted = await service.run(None, name, predict_plan(x), "predict", priority=JOB_PRIORITY)
+        predicted = await service.run(Submission(name, predict_plan(x), "predict", priority=JOB_PRIORITY))
         if not parse_condition(condition_text)(Facts.of(predicted.value)):
             prediction = top_classes(model, predicted.value, params.top_k)
             return Answer(200, summary_of(None, prediction, False))
-        response = await service.explain(x, params, checked, received, probs=predicted.value, priority=JOB_PRIORITY)
+        response = await service.explain(x, params, checked, RequestContext(received), probs=predicted.value, priority=JOB_PRIORITY)
         return Answer(200, summary_of(response, None, True), response.model_dump(mode="json"))
 
     # -- callbacks -------------------------------------------------------------------------

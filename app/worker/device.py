@@ -1,8 +1,8 @@
 """The device stage: a thread that runs prepared model calls one after another, so the worker thread
 can prepare call k+1 and book call k while call k runs.
 
-The worker thread gathers a call's inputs (:func:`idg_core.evaluator.prepare_call`) and hands it to
-:meth:`DeviceStage.submit`; this stage's thread runs it (:func:`idg_core.evaluator.run_call`) and marks it
+The worker thread gathers a call's inputs (:func:`idg_core.model_calls.prepare_call`) and hands it to
+:meth:`DeviceStage.submit`; this stage's thread runs it (:func:`idg_core.model_calls.run_call`) and marks it
 done; the worker books the outputs into its jobs (:meth:`DeviceStage.wait`) while the next call runs.
 At most ``depth`` calls are handed over at once (one running, the rest queued), so the device never
 waits for the host as long as the host prepares a call faster than the device runs one.
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from idg_core.evaluator import PreparedCall, run_call
+from idg_core.model_calls import PreparedCall, run_call
 from idg_core.types import Model
 
 log = logging.getLogger(__name__)

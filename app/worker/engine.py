@@ -1,30 +1,24 @@
-"""The worker: one thread owns the device, takes jobs from bounded queues and drives their plans,
-pooling the path points of many requests into shared model calls.
+"""The worker's device loop: one thread owns the device, takes jobs from the admitted ones and drives
+their plans, pooling the path points of many requests into shared model calls.
 
-Each round is one model call: the jobs of one model in order (``/predict`` jobs first, then the
-oldest) give rows of the kind the first of them needs next (forward-only or with a gradient), up
-to ``min(max_batch_images, max_round_images)`` in all; a step with more rows goes on in the next
-rounds, and a plan gets its answers once its step is complete. A job left out of a round because
-it needs the other kind decides the kind of the next one (see :meth:`Worker._next_kind`), so the
-kinds take turns: a newer request's forward pass waits one round behind an older request's run
-of gradient steps (Guided IG, IG), not until that request ends. So a ``/predict`` waits for at most
-the model call in flight, and the deadline is checked before every call: a request past it (or
-cancelled) leaves the device within one call, the others' answers unaffected. A failed call is
-retried job by job, so only the request that fails gets the error; a CUDA out-of-memory error
-splits the call first.
+The loop's parts live apart: :mod:`app.worker.admission` takes or refuses a request (its slot, the
+``Retry-After`` from the measured rate), :mod:`app.worker.scheduler` decides what goes into each model
+call (pure rules, tested without threads), :mod:`app.worker.device` runs the calls on a thread of its own
+(call k+1 is prepared and call k booked while the device runs), and :mod:`app.worker.watchdog` fails a
+job the worker still holds ``watchdog_grace_s`` past its deadline (the worker reports itself stuck,
+readiness 503, until that round returns).
 
-Admission is bounded twice: ``max_queue`` attributions and, apart, ``max_predict_queue``
-predictions, so a burst of attributions cannot lock ``/predict`` out. A request's slot is freed
-the moment it ends, is cancelled or times out. ``Retry-After`` is the work admitted ahead
-(estimated in work units before each job starts) times the measured seconds per unit. A watchdog
-thread fails a job the worker still holds ``watchdog_grace_s`` past its deadline, and the worker
-reports itself stuck (readiness 503) until that round returns.
+Each round is one model call (see the scheduler for which rows it takes); a step with more rows goes
+on in the next rounds, and a plan gets its answers once its step is complete. So a ``/predict`` waits
+for at most the model calls in flight, and the deadline is checked before every call: a request past it
+(or cancelled) leaves the device within one call, the others' answers unaffected. A failed call is
+retried job by job, so only the request that fails gets the error; a CUDA out-of-memory error splits
+the call first.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
@@ -34,42 +28,22 @@ from typing import TypeVar
 
 import torch
 
+from app.core.errors import SHUTTING_DOWN
 from app.core.prometheus import Metrics
+from app.worker.admission import Admission, QueueFull, RateEstimate
 from app.worker.device import Call, DeviceStage, name_os_thread
-from app.worker.jobs import Job, JobCancelled, JobStuck
+from app.worker.jobs import SHUTDOWN_REASON, Job, JobCancelled, JobStuck
+from app.worker.scheduler import BACKGROUND, Scheduler
+from app.worker.watchdog import Watchdog
+from idg_core.budget import GRAD_UNITS, row_units, work_units
 from idg_core.call_shapes import CallShapes
-from idg_core.evaluator import CallStats, answer_rows, book_call, empty_answers, prepare_call
+from idg_core.model_calls import CallStats, answer_rows, book_call, empty_answers, prepare_call
 from idg_core.types import Answer, Model
+
+__all__ = ["BACKGROUND", "GRAD_UNITS", "QueueFull", "Worker", "work_units"]  # GRAD_UNITS, work_units: idg_core.budget
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-GRAD_UNITS = 3
-"""Work units of an image with a gradient; a forward-only image is 1 (a forward and backward
-pass cost about three forwards; 3.8 measured for ResNet-101 on an H100)."""
-PRIOR_SECONDS_PER_UNIT = 0.01
-"""Seconds per work unit assumed before any round was measured (weighted as ``PRIOR_UNITS``)."""
-PRIOR_UNITS = 20.0
-RATE_WINDOW_S = 30.0
-"""The measured rate weighs the last ~30 s of worker time."""
-SHUTTING_DOWN = "the server is shutting down"
-BACKGROUND = 2
-"""Priority of background work (durable jobs' images): a call of only such rows is not queued behind a call
-that holds a request's rows, so the request's next step goes first (at the cost of a short device gap)."""
-
-
-def work_units(forward: int, backward: int) -> float:
-    """Work units of ``forward`` images through the model, ``backward`` of them with a gradient."""
-    return float(forward + (GRAD_UNITS - 1) * backward)
-
-
-class QueueFull(Exception):
-    """The worker already holds as many requests of this kind as it admits (or cannot take any)."""
-
-    def __init__(self, retry_after: int, message: str | None = None, reason: str = "queue_full") -> None:
-        super().__init__(message or f"the service is busy, retry in {retry_after} s")
-        self.retry_after = retry_after
-        self.reason = reason
 
 
 class Worker:
@@ -86,15 +60,16 @@ class Worker:
         self.device = device
         self.metrics = metrics
         self.max_batch_images = max_batch_images
-        self.max_round_images = max(max_round_images, 1)
-        self.call_images = max(1, min(max_batch_images, max_round_images))
         self.batch_wait = batch_wait_ms / 1000
-        self.max_queue = max_queue
-        self.max_predict_queue = max_predict_queue
-        self.watchdog_grace = watchdog_grace_s
         self.stats = CallStats()
         self.shapes = {name: (shapes or {}).get(name) or CallShapes() for name in self.models}
         """Each model's call sizes (:mod:`idg_core.call_shapes`): fixed and warmed, or any."""
+        self.rate = RateEstimate()
+        self.admission = Admission(metrics, max_queue=max_queue, max_predict_queue=max_predict_queue,
+                                   stall_wait_s=watchdog_grace_s, rate=self.rate)
+        self.scheduler = Scheduler(list(self.models), min(max_batch_images, max(max_round_images, 1)), shapes=self.shapes,
+                                   max_batch={name: getattr(m, "max_batch", None) for name, m in self.models.items()})
+        self.watchdog = Watchdog(watchdog_grace_s, self._fail_late)
         self.pipeline_depth = max(1, pipeline_depth)
         self._on_device_event = on_device_event
         self._device: DeviceStage
@@ -102,19 +77,11 @@ class Worker:
         self._last_booked = 0.0
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._active: list[Job] = []
-        self._held: set[Job] = set()  # admitted, slot not yet freed
-        self._lock = threading.Lock()
-        self._accepting = True
         self._stop = threading.Event()
-        self._busy: tuple[float, tuple[Job, ...]] | None = None  # (since, jobs) of the round being run
-        self._last_model: str | None = None  # the model of the last round: rounds go round-robin between models
-        self._rate_seconds = 0.0  # worker seconds and work units of recent rounds, decayed together
-        self._rate_units = 0.0
         self._warm_up: Callable[[], None] | None = None
         self._warm_up_error: BaseException | None = None
         self._warmed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="idg-worker", daemon=True)
-        self._watchdog = threading.Thread(target=self._watch, name="idg-watchdog", daemon=True)
 
     # -- event-loop side -------------------------------------------------------------------
     def start(self, warm_up: Callable[[], None] | None = None) -> None:
@@ -129,7 +96,7 @@ class Worker:
             self._thread.join()
             self._device.stop()
             raise self._warm_up_error
-        self._watchdog.start()
+        self.watchdog.start(self._stop)
 
     def run_on_device(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the device stage's thread, where model calls run (for warm-up: cuDNN keeps its
@@ -139,95 +106,49 @@ class Worker:
     @property
     def depth(self) -> int:
         """Requests admitted and not finished, cancelled or timed out."""
-        return len(self._held)
+        return self.admission.depth
 
     def submit(self, job: Job) -> None:
         """Admit a job or raise :class:`QueueFull` (at once, never blocking)."""
-        stuck = self.stuck
-        with self._lock:
-            if not self._accepting:
-                raise QueueFull(retry_after=5, reason="shutting_down")
-            if stuck is not None:
-                wait = max(1, math.ceil(self.watchdog_grace))
-                raise QueueFull(wait, f"the service is stalled on another request, retry in {wait} s", reason="stalled")
-            predict = job.priority == 0
-            limit = self.max_predict_queue if predict else self.max_queue
-            if sum((j.priority == 0) == predict for j in self._held) >= limit:
-                raise QueueFull(retry_after=max(1, math.ceil(self._wait_locked(job.priority))))
-            self._held.add(job)
-            depth = len(self._held)
-        self.metrics.queue_depth.set(depth)
+        depth = self.admission.admit(job, self.stuck)
         job.emit({"event": "queued", "position": depth})
         self._inbox.put(job)
 
     def cancel(self, job: Job, reason: str) -> None:
         """Drop ``job`` (any thread): its slot is freed now, its work stops before the next model call."""
         job.cancel(reason)
-        self._release(job)
+        self.admission.release(job)
 
     def wait_estimate(self, priority: int = 1) -> float:
         """Seconds until the admitted work that runs before a new job of ``priority`` is done."""
-        with self._lock:
-            return self._wait_locked(priority)
-
-    def _wait_locked(self, priority: int) -> float:
-        units = sum(j.remaining_units for j in self._held if j.priority <= priority)
-        return units * self.seconds_per_unit
+        return self.admission.wait_estimate(priority)
 
     @property
     def seconds_per_unit(self) -> float:
         """Measured worker seconds per work unit (model passes and the host work between them)."""
-        return (self._rate_seconds + PRIOR_SECONDS_PER_UNIT * PRIOR_UNITS) / (self._rate_units + PRIOR_UNITS)
+        return self.rate.seconds_per_unit
 
     @property
     def stuck(self) -> str | None:
         """Why the worker counts as stuck (a job it holds is past deadline + grace), or None."""
-        busy = self._busy
-        if busy is None:
-            return None
-        now = time.monotonic()
-        late = [j for j in busy[1] if now > j.deadline + self.watchdog_grace]
-        if not late:
-            return None
-        job = min(late, key=lambda j: j.deadline)
-        return (f"the worker has been on one model call or plan step for {now - busy[0]:.0f} s, "
-                f"{now - job.deadline:.0f} s past the deadline of request {job.id} ({job.kind})")
+        return self.watchdog.stuck
 
     def stop(self, grace_s: float) -> None:
         """Stop accepting, let in-flight jobs finish within ``grace_s``, then drop the rest
         (before the next model call, or the next checkpoint of a plan's host work)."""
-        with self._lock:
-            self._accepting = False
+        self.admission.close()
         deadline = time.monotonic() + grace_s
         while self.depth > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def _release(self, job: Job) -> None:
-        """Free the job's slot, once (from any thread)."""
-        with self._lock:
-            if job not in self._held:
-                return
-            self._held.discard(job)
-            depth = len(self._held)
-        self.metrics.queue_depth.set(depth)
-
     # -- watchdog thread -------------------------------------------------------------------
-    def _watch(self) -> None:
-        while not self._stop.wait(0.25):
-            why = self.stuck
-            busy = self._busy
-            if why is None or busy is None:
-                continue
-            for job in busy[1]:
-                if time.monotonic() > job.deadline + self.watchdog_grace and not job.watchdog_failed:
-                    job.watchdog_failed = True
-                    log.error("watchdog: %s; failing it (readiness 503 until the worker returns)", why)
-                    self.metrics.rejections.labels("stuck").inc()
-                    job.cancel("stuck")
-                    self._release(job)
-                    job.finish(error=JobStuck(f"the worker was stuck on this request {self.watchdog_grace:g} s past its deadline"))
+    def _fail_late(self, job: Job, why: str) -> None:
+        self.metrics.rejections.labels("stuck").inc()
+        job.cancel("stuck")
+        self.admission.release(job)
+        job.finish(error=JobStuck(f"the worker was stuck on this request {self.watchdog.grace:g} s past its deadline"))
 
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -262,10 +183,10 @@ class Worker:
             self._device.wait(call, timeout=10)
         self._calls.clear()
         self._device.stop()
-        self._busy = None
+        self.watchdog.clear()
         for job in self._active + self._drain():
-            job.cancel(SHUTTING_DOWN)
-            self._close(job, JobCancelled(SHUTTING_DOWN))
+            job.cancel(SHUTDOWN_REASON)
+            self._close(job, JobCancelled(SHUTDOWN_REASON, SHUTTING_DOWN))
         self._active.clear()
         log.info("worker stopped")
 
@@ -295,18 +216,18 @@ class Worker:
             self._close_dropped(job)
             return
         self._active.append(job)
-        self._busy = (job.started, (job,))
+        self.watchdog.mark(job.started, (job,))
         try:
             if self._step(job, None):
                 job.emit({"event": "started", "queued_ms": round((job.started - job.enqueued) * 1000, 1)})
         finally:
-            self._busy = None
+            self.watchdog.clear()
 
     def _dropped(self, job: Job) -> bool:
         """True once the job was cancelled, is past its deadline or the worker stops (its reason set)."""
         if job.cancel_reason is None:
             if self._stop.is_set():
-                job.cancel(SHUTTING_DOWN)
+                job.cancel(SHUTDOWN_REASON)
             elif time.monotonic() > job.deadline:
                 job.cancel("deadline")
         return job.cancel_reason is not None
@@ -321,73 +242,18 @@ class Worker:
         """Advance the jobs whose step needs no model call (a plan's checkpoint between host steps)."""
         for job in list(self._active):
             if job.in_flight == 0 and job.step_answered and job in self._active:
-                self._busy = (time.monotonic(), (job,))
+                self.watchdog.mark(time.monotonic(), (job,))
                 try:
                     self._advance(job)
                 finally:
-                    self._busy = None
-
-    def _select_call(self) -> tuple[str, bool, list[tuple[Job, list[tuple[int, int, int]]]]] | None:
-        """The next model call: its model, kind (gradient or not) and the rows each job gives it."""
-        waiting = [j for j in self._active if j.rows and j.cancel_reason is None]
-        if not waiting:
-            return None
-        if (self._calls and min(j.priority for j in waiting) >= BACKGROUND
-                and any(j.priority < BACKGROUND and j.in_flight for j in self._active)):
-            return None  # a request waits on a call in flight: its next step must not queue behind background work
-        ordered = sorted(waiting, key=lambda j: (j.priority, j.enqueued))
-        model = self._next_model(ordered)
-        mine = [j for j in ordered if j.model == model]
-        grad = self._next_kind(mine)
-        limit = min(self.call_images, getattr(self.models[model], "max_batch", None) or self.call_images)
-        shapes = self.shapes[model]
-        if shapes.largest is not None:
-            limit = min(limit, shapes.largest)
-        available = sum(_ready_rows(j, grad) for j in mine)
-        budget = min(limit, shapes.fill(min(available, limit)))
-        chosen: list[tuple[Job, list[tuple[int, int, int]]]] = []
-        for job in mine:
-            if job.next_grad != grad:
-                job.passed_over += 1  # the next call is of its kind (at its priority)
-            elif budget > 0:
-                job.passed_over = 0
-                rows = job.take(budget, grad)
-                budget -= sum(b - a for _, a, b in rows)
-                chosen.append((job, rows))
-        return model, grad, chosen
-
-    @staticmethod
-    def _next_kind(jobs: list[Job]) -> bool:
-        """Whether this call's call takes gradients: the kind the first job (in order) with rows needs
-        next, unless a job at its priority was left out of a call for needing the other kind; then
-        the kind of the first such job. Without the turn, a job whose next rows are of the other
-        kind would wait for as long as the jobs before it keep needing theirs: a Guided IG request
-        arriving while another runs its 400 gradient steps would wait for all 400 before its
-        forward prediction pass (and then share their calls, one row each)."""
-        waiting = [j for j in jobs if j.rows]
-        if not waiting:
-            return False
-        top = waiting[0].priority
-        passed = next((j for j in waiting if j.priority == top and j.passed_over), waiting[0])
-        return passed.next_grad
-
-    def _next_model(self, ordered: list[Job]) -> str:
-        """Round-robin between the models with work at the most urgent priority, so a model with a long
-        queue (a slow ViT) takes every other call, not every call, from another (a small CNN)."""
-        top = ordered[0].priority
-        waiting = {j.model for j in ordered if j.priority == top}
-        names = list(self.models)
-        start = names.index(self._last_model) + 1 if self._last_model in names else 0
-        model = next(n for n in names[start:] + names[:start] if n in waiting)
-        self._last_model = model
-        return model
+                    self.watchdog.clear()
 
     def _launch_next(self) -> Call | None:
         """Gather the next call's inputs here and hand it to the device stage (None: nothing to run)."""
-        selected = self._select_call()
+        selected = self.scheduler.select(self._active, calls_in_flight=bool(self._calls))
         if selected is None:
             return None
-        model_name, grad, work = selected
+        model_name, grad, work = selected.model, selected.grad, selected.work
         owners = [(job, qi, a, b) for job, rows in work for qi, a, b in rows]
         queries = [job.part(qi, a, b) for job, qi, a, b in owners]
         for job, _ in work:
@@ -402,7 +268,7 @@ class Worker:
         """What the watchdog sees: the jobs of every call on the device, since the oldest was handed over."""
         if self._calls:
             jobs = tuple(dict.fromkeys(job for call in self._calls for job, _ in call.owner[1]))
-            self._busy = (self._calls[0].submitted, jobs)
+            self.watchdog.mark(self._calls[0].submitted, jobs)
 
     def _complete(self, call: Call) -> None:
         """Wait for ``call``, store its answers in its jobs and advance the jobs whose step it completed
@@ -433,8 +299,8 @@ class Worker:
             for (job, qi, a, b), ans in zip(owners, answers, strict=True):
                 if job.cancel_reason is None:
                     job.store(qi, a, b, ans)
-                    job.done_units += (b - a) * (GRAD_UNITS if prepared.grad else 1)
-            units = work_units(prepared.n, prepared.n if prepared.grad else 0)
+                    job.done_units += row_units(b - a, prepared.grad)
+            units = row_units(prepared.n, prepared.grad)
         self.metrics.unwarmed_calls.labels(model_name).set(self.shapes[model_name].unwarmed_calls)
         for job, _ in work:
             if job not in self._active or job.in_flight:
@@ -443,11 +309,11 @@ class Worker:
                 self._active.remove(job)
                 self._close_dropped(job)
             elif job.step_answered:
-                self._busy = (time.monotonic(), (job,))
+                self.watchdog.mark(time.monotonic(), (job,))
                 self._advance(job)
-        self._busy = None
+        self.watchdog.clear()
         now = time.monotonic()
-        self._measure(now - max(self._last_booked, call.submitted), units)
+        self.rate.measure(now - max(self._last_booked, call.submitted), units)
         self._last_booked = now
         self.metrics.sample_device_memory(self.device)
 
@@ -491,14 +357,8 @@ class Worker:
         for job, qi, a, b, q, ans in answered:
             if job.cancel_reason is None:  # a dropped job's answers may be incomplete
                 job.store(qi, a, b, ans)
-                job.done_units += (b - a) * (GRAD_UNITS if q.grad else 1)
+                job.done_units += row_units(b - a, q.grad)
         return work_units(self.stats.forward_images - before[1], self.stats.backward_images - before[2])
-
-    def _measure(self, seconds: float, units: float) -> None:
-        """Fold one round into the measured seconds per unit (host-only rounds add time, no units)."""
-        decay = math.exp(-seconds / RATE_WINDOW_S)
-        self._rate_seconds = self._rate_seconds * decay + seconds
-        self._rate_units = self._rate_units * decay + units
 
     def _step(self, job: Job, answers: list[Answer] | None) -> bool:
         """Send the answers to the job's plan; close it when it returns or raises. True if it goes on."""
@@ -523,10 +383,10 @@ class Worker:
                 job.done_label = done
 
     def _close_dropped(self, job: Job) -> None:
-        reason = job.cancel_reason or SHUTTING_DOWN
+        reason = job.cancel_reason or SHUTDOWN_REASON
         if not job.watchdog_failed:
             self.metrics.rejections.labels(reason).inc()
-        self._close(job, JobCancelled(reason))
+        self._close(job, JobCancelled(reason, SHUTTING_DOWN if reason == SHUTDOWN_REASON else None))
 
     def _fail_calls(self) -> None:
         """After an unexpected error in the loop: wait for the calls on the device and fail their jobs."""
@@ -539,7 +399,7 @@ class Worker:
                 if job in self._active:
                     self._active.remove(job)
                     self._close(job, err)
-        self._busy = None
+        self.watchdog.clear()
 
     def _close(self, job: Job, error: BaseException | None = None, result: object = None) -> None:
         job.finished = time.monotonic()
@@ -550,23 +410,8 @@ class Worker:
         except Exception:  # noqa: BLE001 - a plan that fails to close still gets its answer
             log.warning("job %d: its plan failed to close", job.id, exc_info=True)
         job.finish(result, error)
-        self._release(job)
+        self.admission.release(job)
 
 
 def _labels(job: Job) -> str:
     return ", ".join(dict.fromkeys(q.label for q in job.pending or [] if q.label))
-
-
-def _ready_rows(job: Job, grad: bool) -> int:
-    """Rows of the job's step not yet taken that one call of kind ``grad`` could take (those before
-    the first row of the other kind)."""
-    count = pos = 0
-    for q in job.pending or []:
-        start = max(job.taken - pos, 0)
-        pos += q.n
-        if start >= q.n:
-            continue
-        if q.grad != grad:
-            break
-        count += q.n - start
-    return count

@@ -11,10 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from idg_core.evaluator import PlanState
+from idg_core.model_calls import PlanState
 from idg_core.types import PlanOf
 
 _ids = itertools.count(1)
+
+
+SHUTDOWN_REASON = "shutting_down"
+"""Why a job is dropped when the server stops (its message to the client: :data:`app.core.errors.SHUTTING_DOWN`)."""
 
 
 class JobCancelled(Exception):
@@ -34,7 +38,7 @@ class JobStuck(JobCancelled):
 
 @dataclass(eq=False)
 class Job(PlanState):
-    """One request in the worker: its plan's state (:class:`idg_core.evaluator.PlanState`: the
+    """One request in the worker: its plan's state (:class:`idg_core.model_calls.PlanState`: the
     current step's queries, the rows taken into rounds, the answers stored) and what the worker needs
     to schedule and answer it. ``priority`` 0 (predict) runs before 1 (attribute)."""
 
@@ -48,7 +52,7 @@ class Job(PlanState):
     priority: int = 1
     on_event: Callable[[dict[str, Any]], None] | None = None
     cost: float = 1.0
-    """Work units the whole job may need (a forward image is 1, see ``engine.work_units``)."""
+    """Work units the whole job may need (a forward image is 1: :mod:`idg_core.budget`)."""
     id: int = field(default_factory=lambda: next(_ids))
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None

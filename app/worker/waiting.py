@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from app.core.deadline import past_deadline
-from app.core.errors import ApiError
+from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.prometheus import Metrics
-from app.worker.engine import QueueFull, Worker
-from app.worker.jobs import Job, JobCancelled
+from app.worker.admission import QueueFull
+from app.worker.engine import Worker
+from app.worker.jobs import SHUTDOWN_REASON, Job, JobCancelled
+from idg_core.budget import PREDICT_UNITS
 from idg_core.types import PlanOf
 
 log = logging.getLogger(__name__)
@@ -35,17 +37,38 @@ class Outcome(Generic[T]):
     compute_ms: float
 
 
-async def submit_and_wait(
-    worker: Worker, metrics: Metrics, timeout: float, until_disconnected: UntilDisconnected | None, model: str, plan: PlanOf[T], kind: str,
-    *, priority: int, on_event: OnEvent | None = None, cost: float = 1.0, deadline: float | None = None,
-) -> Outcome[T]:
-    """Queue a plan (``cost``: its work units at most) and wait for it until ``deadline``
-    (``time.monotonic()``; the request's arrival plus ``timeout``, :func:`app.core.deadline.deadline_of`;
-    default: ``timeout`` from now); 503 when full, 504 when late. A late or abandoned job frees its
-    slot at once and stops costing before the worker's next model call."""
+@dataclass(frozen=True)
+class Submission(Generic[T]):
+    """One plan to queue: what runs (``plan`` on ``model``, a ``kind`` of work), how urgent (``priority``: 0
+    predictions, 1 attributions, 2 background work) and what it may cost (``cost``: its work units at most,
+    :mod:`idg_core.budget`)."""
+
+    model: str
+    plan: PlanOf[T]
+    kind: str
+    priority: int = 1
+    cost: float = PREDICT_UNITS
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """How the caller waits for a submission: until ``deadline`` (``time.monotonic()``; the request's arrival
+    plus ``timeout``, :func:`app.core.deadline.deadline_of`; None: ``timeout`` from submission), dropping it
+    when ``until_disconnected`` returns (its client went away), with progress events to ``on_event``."""
+
+    timeout: float
+    deadline: float | None = None
+    until_disconnected: UntilDisconnected | None = None
+    on_event: OnEvent | None = None
+
+
+async def submit_and_wait(worker: Worker, metrics: Metrics, work: Submission[T], waiter: Waiter) -> Outcome[T]:
+    """Queue ``work`` and wait for it as ``waiter`` says; 503 when full, 504 when late. A late or abandoned
+    job frees its slot at once and stops costing before the worker's next model call."""
     loop = asyncio.get_running_loop()
-    deadline = time.monotonic() + timeout if deadline is None else deadline
-    job = Job(model, plan, kind, deadline, loop, loop.create_future(), priority, on_event, cost)
+    timeout, plan, until_disconnected = waiter.timeout, work.plan, waiter.until_disconnected
+    deadline = time.monotonic() + timeout if waiter.deadline is None else waiter.deadline
+    job = Job(work.model, plan, work.kind, deadline, loop, loop.create_future(), work.priority, waiter.on_event, work.cost)
     try:
         worker.submit(job)
     except QueueFull as err:
@@ -61,11 +84,12 @@ async def submit_and_wait(
     except JobCancelled as err:
         if err.reason in ("deadline", "stuck"):
             raise past_deadline(timeout, None if err.reason == "deadline" else str(err)) from err
-        raise ApiError(503, f"the request was dropped: {err.reason}", headers={"Retry-After": "5"}, code="dropped") from err
-    # No ValueError -> 422 here: the parameters were checked before the job was queued (app.planning
+        message = SHUTTING_DOWN if err.reason == SHUTDOWN_REASON else f"the request was dropped: {err.reason}"
+        raise ApiError(503, message, headers={"Retry-After": "5"}, code="dropped") from err
+    # No ValueError -> 422 here: the parameters were checked before the job was queued (app.service.planning
     # runs the methods' validation), so whatever the running plan raises is this request's 500.
     except Exception as err:  # noqa: BLE001 - the model failed on this request only
-        log.error("job %d (%s) failed: %s", job.id, kind, err)
+        log.error("job %d (%s) failed: %s", job.id, work.kind, err)
         raise ApiError(500, f"the model failed on this request: {err}", code="model_error") from err
     finally:
         if watcher is not None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from idg_core.evaluator import run_plans
 from idg_core.heatmap import saliency
 from idg_core.methods.eg import gaussian_blur
+from idg_core.model_calls import run_plans
 from idg_core.models import ImageClassifier, decode_image, image_files, keep_freed_memory, load_entry, tune
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan
@@ -24,7 +25,9 @@ log = logging.getLogger(__name__)
 SIGMAS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 
 
-def fit(model: ImageClassifier, images: list[Path], idg: dict, smooth: dict, batch_size: int) -> dict[float, list[float]]:
+def fit(
+    model: ImageClassifier, images: list[Path], idg: dict[str, Any], smooth: dict[str, Any], batch_size: int,
+) -> dict[float, list[float]]:
     """For each σ of :data:`SIGMAS`, the correlation per image of blurred-IDG and IDG+SmoothGrad saliency."""
     out: dict[float, list[float]] = {s: [] for s in SIGMAS}
     for path in images:

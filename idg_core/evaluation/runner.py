@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from idg_core.evaluator import run_plans
 from idg_core.heatmap import saliency
 from idg_core.methods import METHODS
 from idg_core.metrics import (
@@ -36,6 +35,7 @@ from idg_core.metrics import (
     to_uint8,
 )
 from idg_core.metrics.road import road
+from idg_core.model_calls import run_plans
 from idg_core.models import ImageClassifier, decode_image, imagenet_label
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan

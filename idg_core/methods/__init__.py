@@ -8,6 +8,7 @@ tuple below."""
 
 from __future__ import annotations
 
+from idg_core.budget import WorkBound
 from idg_core.methods import agi as _agi
 from idg_core.methods import eg as _eg
 from idg_core.methods import guided_ig as _guided_ig
@@ -16,7 +17,7 @@ from idg_core.methods import idg_eg as _idg_eg
 from idg_core.methods import ig as _ig
 from idg_core.methods import la as _la
 from idg_core.methods import left_ig as _left_ig
-from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_NAMES, Method, Preset, WorkBound
+from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_NAMES, Method, Preset
 from idg_core.methods.agi import agi, agi_plan
 from idg_core.methods.eg import eg, eg_plan
 from idg_core.methods.guided_ig import guided_ig, guided_ig_plan

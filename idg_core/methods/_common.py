@@ -11,10 +11,11 @@ from typing import Any, Literal, get_args
 from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
-from idg_core.evaluator import CallStats, default_batch_size, run_plans
+from idg_core.budget import WorkBound
 from idg_core.methods.params import Params
+from idg_core.model_calls import CallStats, default_batch_size, run_plans
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
-from idg_core.types import AttributionResult, BaselineLike, Model, Output, Plan, Query
+from idg_core.types import Answer, AttributionResult, BaselineLike, Model, Output, Plan, Query
 
 PlanFactory = Callable[..., Plan]
 
@@ -24,18 +25,6 @@ PRESET_NAMES: tuple[str, ...] = get_args(Preset)
 DEFAULT_PRESET: Preset = "fast"
 POST_STEPS = ("postprocess", "smooth_samples", "smooth_std", "smooth_kind")
 """Keywords of :func:`idg_core.postprocess.build_plan` a preset may set beside the method's parameters."""
-
-
-@dataclass(frozen=True)
-class WorkBound:
-    """The most one image's plan can cost, known from its parameters before it runs."""
-
-    forward: int
-    """Images pushed through the model (those with a gradient included)."""
-    backward: int
-    """Of those, images back-propagated."""
-    host_steps: int = 0
-    """Passes over every feature on the host between model calls (Guided IG's sub-steps)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +137,7 @@ def method_function(
 
 def adaptive_samples(
     baseline: Tensor, diff: Tensor, target: int, steps: int, probe_steps: int, placement: str, output: Output,
-) -> Generator[list[Query], list, tuple[Tensor, Tensor, Tensor, Tensor]]:
+) -> Generator[list[Query], list[Answer], tuple[Tensor, Tensor, Tensor, Tensor]]:
     """IDG's adaptive sampling as a plan fragment (``yield from`` it): probe the path at
     ``probe_steps`` uniform points (forward only), allocate ``steps`` samples by slope and place
     them. Returns ``(alphas, weights, probe_alphas, probe_values)``."""

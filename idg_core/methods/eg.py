@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from idg_core.methods._common import Method, WorkBound, method_function
+from idg_core.budget import WorkBound
+from idg_core.methods._common import Method, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.types import AttributionResult, Output, Plan, Query
 

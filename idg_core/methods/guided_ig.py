@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from idg_core.methods._common import Method, WorkBound, method_function
+from idg_core.budget import WorkBound
+from idg_core.methods._common import Method, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.types import AttributionResult, Output, Plan, Query
 

@@ -10,9 +10,10 @@ from typing import Any
 
 from torch import Tensor
 
+from idg_core.budget import WorkBound
 from idg_core.lockstep import lockstep
 from idg_core.methods import idg as _idg
-from idg_core.methods._common import Method, WorkBound, method_function
+from idg_core.methods._common import Method, method_function
 from idg_core.methods.eg import REFERENCES, reference_images
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.types import AttributionResult, Plan

@@ -7,7 +7,8 @@ from typing import Any
 
 from torch import Tensor
 
-from idg_core.methods._common import Method, WorkBound, adaptive_samples, method_function
+from idg_core.budget import WorkBound
+from idg_core.methods._common import Method, adaptive_samples, method_function
 from idg_core.methods.params import InvalidParameter, Param, Params, output_param
 from idg_core.paths import IG_RULES, ig_rule
 from idg_core.types import AttributionResult, Output, Plan, Query

@@ -57,7 +57,8 @@ def blur_from_known_pixels(image: np.ndarray, known: np.ndarray) -> np.ndarray:
     mean = image.reshape(-1, image.shape[2]).mean(0)
     filled = np.where(np.isnan(filled), mean[None, :], filled)
     out[tuple(unknown.T)] = filled
-    return np.round(out).clip(0, 255).astype(np.uint8)
+    rounded: np.ndarray = np.round(out).clip(0, 255).astype(np.uint8)
+    return rounded
 
 
 def to_uint8(image: torch.Tensor) -> np.ndarray:

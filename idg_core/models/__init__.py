@@ -2,6 +2,8 @@
 
 from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.preprocess import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     ImageDecodeError,
     ImageTooLargeError,
     decode_image,
@@ -35,6 +37,8 @@ from idg_core.models.zoo import (
 )
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "LITE_SIZES",
     "PRECISIONS",
     "TORCHVISION_ARCHS",

@@ -39,10 +39,10 @@ import torch
 from torch import Tensor
 
 from idg_core.evaluation.runner import mean_ci
-from idg_core.evaluator import default_batch_size
 from idg_core.heatmap import saliency
 from idg_core.methods import idg
 from idg_core.metrics import deletion, insertion
+from idg_core.model_calls import default_batch_size
 from idg_core.models.preprocess import decode_image, image_files
 from idg_core.models.speed import fold_batchnorm, set_tf32
 from idg_core.models.zoo import ImageClassifier

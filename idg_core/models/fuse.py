@@ -32,7 +32,8 @@ def _fused(x: Tensor, weight: Tensor, bias: Tensor | None, conf: tuple[list[int]
            low: float, high: float) -> Tensor:
     padding, stride, dilation, groups = conf
     scalars = [low, high] if attr == "hardtanh" else []
-    return torch.ops.mkldnn._convolution_pointwise(x, weight, bias, padding, stride, dilation, groups, attr, scalars, "")
+    out: Tensor = torch.ops.mkldnn._convolution_pointwise(x, weight, bias, padding, stride, dilation, groups, attr, scalars, "")
+    return out
 
 
 class _ConvActivation(torch.autograd.Function):
@@ -80,7 +81,7 @@ class FusedConvActivation(nn.Module):
             y = F.conv2d(x, self.weight, self.bias, stride, padding, dilation, groups)
             return F.hardtanh(y, self.low, self.high) if self.attr == "hardtanh" else F.relu(y)
         if torch.is_grad_enabled() and x.requires_grad:
-            out: Tensor = _ConvActivation.apply(x, self.weight, self.bias, self.conf, self.attr, self.low, self.high)
+            out: Tensor = _ConvActivation.apply(x, self.weight, self.bias, self.conf, self.attr, self.low, self.high)  # type: ignore[no-untyped-call]  # torch.autograd.Function.apply is unannotated
             return out
         return _fused(x, self.weight, self.bias, self.conf, self.attr, self.low, self.high)
 

@@ -15,8 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+"""ImageNet mean colour in pixel space (the normalisation of ImageNet-trained models; zero after it is the
+IDG authors' baseline, ``baseline="mean"``)."""
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 INTERPOLATIONS = {
     "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST,
@@ -87,7 +92,7 @@ def open_image(
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise ImageTooLargeError(f"the image is too large to decode safely ({err})") from err
-    except Image.UnidentifiedImageError as err:
+    except UnidentifiedImageError as err:
         raise UnsupportedImageError("the file is not an image in a supported format (JPEG, PNG, WebP, GIF, BMP, TIFF)") from err
     except Exception as err:  # noqa: BLE001 - Pillow raises many types on malformed files
         raise ImageDecodeError(f"the image could not be decoded, it may be truncated or corrupt ({type(err).__name__}: {err})") from err

@@ -135,7 +135,8 @@ def _read_weights(path: Path) -> dict[str, Tensor]:
                 break
     if state and all(k.startswith("module.") for k in state):
         state = {k.removeprefix("module."): v for k, v in state.items()}
-    return state
+    weights: dict[str, Tensor] = state
+    return weights
 
 
 class _Logits(nn.Module):

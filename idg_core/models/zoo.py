@@ -18,8 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from idg_core.models.preprocess import resize_crop, squash_crop, to_tensor
-from idg_core.paths import IMAGENET_MEAN, IMAGENET_STD
+from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, resize_crop, squash_crop, to_tensor
 
 if TYPE_CHECKING:
     from idg_core.models.calibrate import Calibration
@@ -107,10 +106,12 @@ class ImageClassifier(nn.Module):
         if self.channels_last:
             z = z.contiguous(memory_format=torch.channels_last)
         if self.autocast_dtype is None:
-            return self.net(z)
+            logits: Tensor = self.net(z)
+            return logits
         # no cast cache: each weight is cast once per call anyway, and a cache cannot live in a CUDA graph capture
         with torch.autocast(z.device.type, dtype=self.autocast_dtype, cache_enabled=False):
-            return self.net(z).float()
+            low: Tensor = self.net(z)
+            return low.float()
 
     def prepare(self, img: Image.Image) -> Tensor:
         """RGB PIL image -> ``(3, crop, crop)`` tensor in [0, 1], as this model expects."""

@@ -3,16 +3,18 @@ straight-path method), SmoothGrad / VarGrad around it, and the evaluation's blur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 
-from idg_core.methods import METHODS, WorkBound
+from idg_core.budget import postprocess_bound
+from idg_core.methods import METHODS
 from idg_core.postprocess.blur import blur_plan
 from idg_core.postprocess.idgi import IDGI_METHODS, idgi_plan
 from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, smooth_plan
 from idg_core.types import Plan
+
+__all__ = ["build_plan", "check_postprocess", "postprocess_bound"]  # postprocess_bound: from idg_core.budget, where it moved
 
 
 def check_postprocess(method: str, postprocess: str | None, smooth_samples: int, smooth_std: float, smooth_kind: str) -> None:
@@ -49,9 +51,3 @@ def build_plan(
     if smooth_samples == 0:
         return one(x)
     return smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)], smooth_kind)
-
-
-def postprocess_bound(bound: WorkBound, params: Mapping[str, Any]) -> WorkBound:
-    """The method's bound times the noisy copies (IDGI costs nothing)."""
-    k = max(1, int(params.get("smooth_samples") or 0))
-    return WorkBound(bound.forward * k, bound.backward * k, bound.host_steps * k)

@@ -12,7 +12,7 @@ import torch._dynamo
 from torch import Tensor
 
 from idg_core import idg, ig
-from idg_core.evaluator import CallStats
+from idg_core.model_calls import CallStats
 from idg_core.models import ImageClassifier, tune
 from idg_core.models.compiled import FixedBatchCompiled, compiled_part, default_compile_sizes, warm_up_compiled
 from tests.models import SmallCNN, small_classifier

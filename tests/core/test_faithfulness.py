@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from idg_core.evaluator import CallStats, run_plans
 from idg_core.faithfulness import faithfulness_plan, forward_cost, parse_metrics, pixels_per_step
 from idg_core.metrics import deletion, insertion
+from idg_core.model_calls import CallStats, run_plans
 from idg_core.types import AttributionResult, Plan
 from tests.models import Counting, SmallCNN
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from idg_core.evaluator import CallStats, run_plans
 from idg_core.methods import METHODS
+from idg_core.model_calls import CallStats, run_plans
 from idg_core.postprocess import build_plan, idgi
 from idg_core.postprocess.smoothgrad import noisy_copies
 from tests.models import Counting, Linear, SmallCNN, tiny_classifier

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from idg_core import METHODS
-from idg_core.evaluator import run_plans
 from idg_core.methods.agi import adversarial_classes_for
 from idg_core.methods.eg import gaussian_blur, reference_images
+from idg_core.model_calls import run_plans
 from idg_core.postprocess import build_plan
 from tests.models import Counting, Linear, SmallCNN
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main as cli
-from app.client import AsyncClient, Attribution, Client, ServiceError
+from idg_client import AsyncClient, Attribution, Client, ServiceError
+from idg_client.cli import main as cli
 from tests.service.conftest import AppFactory, image_bytes, live_server
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from app.explain_if import ConditionError, Facts, parse_condition
+from app.service.explain_if import ConditionError, Facts, parse_condition
 from idg_core.presets import PRESETS
 from tests.service.conftest import AppFactory, image_bytes, serve
 

@@ -77,7 +77,7 @@ def test_a_replayed_cuda_graph_answers_as_an_eager_call(precision: str) -> None:
     """Each captured (size, kind) gives the real rows' outputs of an eager call, whatever the padding rows
     and targets held before (static buffers reused across replays), and refuses a target out of range."""
     from idg_core.cuda_graphs import capture_graphs
-    from idg_core.evaluator import RowSelect, run_call
+    from idg_core.model_calls import RowSelect, run_call
     from idg_core.models import tune
 
     model = tune(small_classifier().cuda(), precision=precision, channels_last=False)

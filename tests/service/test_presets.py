@@ -66,8 +66,8 @@ async def test_quality_adds_its_post_steps_unless_the_request_gives_its_own(tiny
 
 
 def test_the_metrics_label_names_the_presets_post_steps() -> None:
-    from app.render import method_label
     from app.schemas import AttributeParams
+    from app.service.render import method_label
 
     assert method_label(AttributeParams.model_validate({"preset": "quality"})) == "idg+idgi+smoothgrad"
     assert method_label(AttributeParams.model_validate({"preset": "quality", "smooth_samples": 0})) == "idg+idgi"

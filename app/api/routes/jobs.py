@@ -21,12 +21,12 @@ from app.api.deps import get_service, require_api_key
 from app.api.requests import count_file_parts, first_error, read_body
 from app.core.config import Settings
 from app.core.errors import ApiError
-from app.explain_if import ConditionError, parse_condition
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.runner import JobRunner, job_status
 from app.jobs.store import JOB_DONE, ResultRow, StoreFull
 from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
 from app.service import Service
+from app.service.explain_if import ConditionError, parse_condition
 
 router = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"])
 RESULTS_CHUNK = 32

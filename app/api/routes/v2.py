@@ -66,10 +66,10 @@ from app.api.oip import (
 from app.api.requests import first_error, read_body, until_disconnected
 from app.core.errors import ApiError
 from app.core.images import load_input
-from app.render import method_label
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams
-from app.service import Checked, Service
-from app.worker.waiting import UntilDisconnected
+from app.service import Checked, RequestContext, Service
+from app.service.render import method_label
+from app.worker.waiting import Submission, UntilDisconnected
 from idg_core.explain import Explanation, predict_plan
 from idg_core.models import ImageClassifier
 from idg_core.types import to_device
@@ -306,15 +306,16 @@ def _pixels(t: Tensor, size: int) -> torch.Tensor:
 
 async def _classify(service: Service, name: str, x: torch.Tensor, until: UntilDisconnected) -> torch.Tensor:
     """Every class probability of one image: /predict's plan and queue."""
-    outcome = await service.run(until, name, predict_plan(x), "predict", priority=0)
+    outcome = await service.run(Submission(name, predict_plan(x), "predict", priority=0), RequestContext(until_disconnected=until))
     service.metrics.predictions.labels(name, "none").inc()
     return outcome.value
 
 
 async def _explain(service: Service, checked: Checked, params: AttributeCommon, x: torch.Tensor, until: UntilDisconnected) -> Explanation:
     """One image's explanation: /attribute's plan, queue and faithfulness metrics, without its PNGs."""
-    name, _, planned = checked
-    outcome = await service.run(until, name, planned.plan(x, params), "attribute", priority=1, cost=planned.cost(x))
+    name, planned = checked.name, checked.planned
+    outcome = await service.run(Submission(name, planned.plan(x, params), "attribute", priority=1, cost=planned.cost(x)),
+                                RequestContext(until_disconnected=until))
     found = outcome.value
     for metric, value in found.scores.items():
         service.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
@@ -351,13 +352,13 @@ def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanati
         "probabilities": lambda: probs,
         "predicted_class": lambda: probs.argmax(axis=1).astype(np.int64),
     }
-    curve_output = None if checked is None else str(checked[2].params["output"])  # what the method differentiated
+    curve_output = None if checked is None else str(checked.planned.params["output"])  # what the method differentiated
     if found:
         made |= {
             "attribution": lambda: np.stack([e.result.attributions[0].detach().float().cpu().numpy() for e in found]),
             "target": lambda: np.asarray([e.target for e in found], dtype=np.int64),
             "curve_alpha": lambda: _rows([e.result.alphas[0] if e.result.alphas.dim() == 2 else e.result.alphas for e in found]),
-            "curve_value": lambda: _rows([e.result.logits[0] if e.result.logits.dim() == 2 else e.result.logits for e in found]),
+            "curve_value": lambda: _rows([e.result.values[0] if e.result.values.dim() == 2 else e.result.values for e in found]),
         }
         for metric in ("insertion", "deletion"):
             if all(metric in e.scores for e in found):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main as cli
-from app.client import Client, ServiceError
+from idg_client import Client, ServiceError
+from idg_client.cli import main as cli
 from tests.service.conftest import AppFactory, image_bytes, live_server
 
 

@@ -168,4 +168,4 @@ async def test_stop_drops_in_flight_work_before_the_next_model_call() -> None:
     assert time.monotonic() - began < 1.0
     with pytest.raises(JobCancelled) as err:  # a job dropped at shutdown must not finish
         await asyncio.wait_for(job.future, 1)
-    assert err.value.reason == "the server is shutting down"
+    assert err.value.reason == "shutting_down"

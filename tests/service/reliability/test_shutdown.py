@@ -74,7 +74,7 @@ def test_sigterm_finishes_in_flight_work_answers_the_rest_in_json_and_exits_in_t
         for c in clients:
             c.start()
         # both jobs are in the worker; whichever came first, the short one shares the long one's
-        # gradient calls (its forward prediction pass takes a turn between them, app.worker.engine)
+        # gradient calls (its forward prediction pass takes a turn between them, app.worker.scheduler)
         _wait_for(served, "idg_queue_depth", 2.0)
 
         readiness, exit_s = _sigterm_and_watch(served)

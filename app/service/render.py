@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from app.planning import AttributePlan, post_steps
 from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Timings
+from app.service.planning import AttributePlan, post_steps
 from idg_core.explain import Explanation
 from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, image_png
 from idg_core.models import ImageClassifier

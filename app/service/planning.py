@@ -12,15 +12,14 @@ from torch import Tensor
 
 from app.core.config import Settings
 from app.core.errors import ApiError
-from app.explain_if import Condition, parse_condition
 from app.schemas import AttributeCommon, AttributeParams, PredictExplainParams
-from app.worker.engine import work_units
+from app.service.explain_if import Condition, parse_condition
+from idg_core.budget import WorkBound, explanation_bound, postprocess_bound
 from idg_core.explain import ExplainOptions, Explanation, explain_plan
-from idg_core.faithfulness import forward_cost, parse_metrics
-from idg_core.methods import METHODS, POST_STEPS, InvalidParameter, WorkBound
+from idg_core.faithfulness import parse_metrics
+from idg_core.methods import METHODS, POST_STEPS, InvalidParameter
 from idg_core.models import ImageClassifier
 from idg_core.paths import resolve_baseline
-from idg_core.postprocess import postprocess_bound
 from idg_core.postprocess.compose import check_postprocess
 from idg_core.presets import preset_params, preset_post
 from idg_core.types import PlanOf
@@ -117,10 +116,9 @@ class AttributePlan:
         return explain_plan(x, baseline, params.target, params.method, self.params, self.options, probs)
 
     def cost(self, x: Tensor, probs: Tensor | None = None) -> float:
-        """The plan's work units at most (its queue cost)."""
+        """The plan's work units at most (its queue cost): :func:`idg_core.budget.explanation_bound`."""
         o = self.options
-        scores = forward_cost(o.metrics, x.shape[-2], x.shape[-1], o.steps) if o.metrics else 0
-        return work_units((probs is None) + self.bound.forward + scores, self.bound.backward)
+        return explanation_bound(self.bound, o.metrics, x.shape[-2], x.shape[-1], o.steps, predict=probs is None).units
 
 
 def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> AttributePlan:

@@ -1,0 +1,361 @@
+"""A small typed client for the service, sync and async, for scripts and monitoring pipelines.
+
+    from idg_client import Client
+    with Client("http://127.0.0.1:8000") as c:
+        res = c.attribute("photo.jpg", method="idg", steps=50)
+        res.overlay.save("overlay.png"); print(res.target, res.curve.alphas[:5])
+        many = c.attribute_many(["a.jpg", "b.jpg"], concurrency=4)
+        job = c.submit_job("photos/", method="idg", faithfulness="insertion,deletion")   # a durable job
+        c.wait_job(job["id"]); answers = list(c.job_results(job["id"], summary=True))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+log = logging.getLogger(__name__)
+ImageInput = str | Path | bytes | Image.Image
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
+
+
+def image_files(directory: str | Path) -> list[Path]:
+    """The images in ``directory`` and below (by suffix, case-insensitive), sorted by path."""
+    return sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _job_files(images: Sequence[ImageInput] | str | Path) -> list[tuple[str, tuple[str, bytes]]]:
+    """Multipart parts of a job: a directory's images, one archive (sent as ``archive``) or images."""
+    if isinstance(images, str | Path):
+        path = Path(images)
+        if path.is_dir():
+            found = image_files(path)
+            if not found:
+                raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {path}")
+            return [("files", (str(p.relative_to(path)), p.read_bytes())) for p in found]
+        if path.name.lower().endswith(ARCHIVE_SUFFIXES):
+            return [("archive", (path.name, path.read_bytes()))]
+        images = [path]
+    return [("files", _file(image)) for image in images]
+
+
+class ServiceError(Exception):
+    """The service answered an error: ``status`` and its one-sentence ``message``."""
+
+    def __init__(self, status: int, message: str, code: str = "error") -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.code = status, message, code
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    index: int
+    name: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model: str
+    top_k: list[ClassScore]
+    raw: dict[str, Any]
+
+    @property
+    def explanation(self) -> Attribution | None:
+        """The explanation of the predicted class, when ``explain_if`` held."""
+        body = self.raw.get("explanation")
+        return parse_attribution(body) if body else None
+
+
+@dataclass(frozen=True)
+class OutputCurve:
+    """The output-α curve as arrays (see /docs for each field): ``values`` and ``probe_values`` are
+    the target's logit or its probability, as ``output`` says."""
+
+    output: str
+    probe_alphas: np.ndarray
+    probe_values: np.ndarray
+    alphas: np.ndarray
+    values: np.ndarray
+    importance: np.ndarray
+    weights: np.ndarray
+
+
+@dataclass(frozen=True)
+class Attribution:
+    model: str
+    method: str
+    target: ClassScore
+    prediction: list[ClassScore]
+    parameters: dict[str, Any]
+    heatmap: Image.Image | None
+    overlay: Image.Image | None
+    attribution: np.ndarray | None
+    curve: OutputCurve
+    raw: dict[str, Any]
+
+    @property
+    def faithfulness(self) -> dict[str, Any] | None:
+        """``{"insertion", "deletion", "steps"}`` when ``faithfulness`` was asked."""
+        return self.raw.get("faithfulness")
+
+
+def _file(image: ImageInput) -> tuple[str, bytes]:
+    if isinstance(image, Image.Image):
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return "image.png", buf.getvalue()
+    if isinstance(image, bytes):
+        return "image", image
+    path = Path(image)
+    return path.name, path.read_bytes()
+
+
+def _png(b64: str | None) -> Image.Image | None:
+    return None if b64 is None else Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+def _fields(params: dict[str, Any]) -> dict[str, str]:
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in params.items() if v is not None}
+
+
+def _scores(rows: list[dict[str, Any]]) -> list[ClassScore]:
+    return [ClassScore(r["index"], r["name"], r["probability"]) for r in rows]
+
+
+def parse_prediction(body: dict[str, Any]) -> Prediction:
+    return Prediction(body["model"], _scores(body["top_k"]), body)
+
+
+def parse_attribution(body: dict[str, Any]) -> Attribution:
+    raw = body.get("attribution")
+    array = np.load(io.BytesIO(base64.b64decode(raw["data"]))) if raw else None
+    c = body["curve"]
+    if "values" not in c:  # a server from before `values` / `output`: its "logits" were probabilities for these methods
+        c = {**c, "values": c["logits"], "probe_values": c["probe_logits"],
+             "output": "probability" if body["method"] in ("guided_ig", "agi") else "logit"}
+    curve = OutputCurve(c["output"], *(np.asarray(c[k], dtype=np.float64)
+                                       for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")))
+    t = body["target"]
+    return Attribution(body["model"], body["method"], ClassScore(t["index"], t["name"], t["probability"]), _scores(body["prediction"]),
+                       body["parameters"], _png(body.get("heatmap_png")), _png(body.get("overlay_png")), array, curve, body)
+
+
+def _is_service_error(r: httpx.Response) -> bool:
+    try:
+        return isinstance(r.json().get("error"), dict)
+    except (ValueError, AttributeError):
+        return False
+
+
+def _check(r: httpx.Response) -> dict[str, Any]:
+    if r.status_code == 200:
+        body: dict[str, Any] = r.json()
+        return body
+    try:
+        err = r.json()["error"]
+        raise ServiceError(r.status_code, err["message"], err.get("code", "error"))
+    except (ValueError, KeyError):
+        raise ServiceError(r.status_code, r.text[:200]) from None
+
+
+def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
+    """Seconds to wait before retrying, or None: a 503 (busy: its Retry-After, else backoff), and a
+    500/502 that is not the service's JSON error, i.e. from a proxy in front of it (a Ray Serve
+    replica that died with the request in flight answers plain "Internal Server Error"): the same
+    request is safe to send again. The service's own JSON 500 (a failure of this request) is not retried."""
+    if r.status_code in (500, 502) and not _is_service_error(r):
+        return min(0.5 * 2.0**attempt, cap)
+    if r.status_code != 503:
+        return None
+    try:
+        wait = float(r.headers.get("retry-after", ""))
+    except ValueError:
+        wait = 0.5 * 2.0**attempt
+    return min(max(wait, 0.1), cap)
+
+
+class Client:
+    """Synchronous client. ``retries``: how often a 503 (busy) is retried, honouring Retry-After, and a
+    proxy's plain 500/502 (a replica lost with the request in flight) with backoff."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: str | None = None, timeout: float = 300.0,
+                 retries: int = 5, max_wait: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"x-api-key": api_key} if api_key else {}
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+        self.retries, self.max_wait = retries, max_wait
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, image: ImageInput, fields: dict[str, Any]) -> dict[str, Any]:
+        name, data = _file(image)
+        for attempt in range(self.retries + 1):
+            r = self._http.post(path, files={"file": (name, data)}, data=_fields(fields))
+            wait = _retry_after(r, attempt, self.max_wait)
+            if wait is None or attempt == self.retries:
+                return _check(r)
+            log.info("service busy; retrying %s in %.1f s", path, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5, explain_if: str | None = None,
+                **explain: Any) -> Prediction:
+        """``explain_if`` (e.g. ``"confidence < 0.6"``): the answer's ``explanation`` is the predicted class's
+        attribution when it holds; ``explain``: its method, preset, faithfulness."""
+        return parse_prediction(self._post("/predict", image, {"model": model, "top_k": top_k, "explain_if": explain_if, **explain}))
+
+    def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
+        """``params``: any /attribute field (target, steps, probe_steps, baseline, return_attribution, ...)."""
+        return parse_attribution(self._post("/attribute", image, {"method": method, **params}))
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            r = self._http.request(method, path, **kwargs)
+            wait = _retry_after(r, attempt, self.max_wait)
+            if wait is None or attempt == self.retries:
+                return r
+            log.info("service busy; retrying %s %s in %.1f s", method, path, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def submit_job(self, images: Sequence[ImageInput] | str | Path, *, method: str = "idg", explain_if: str | None = None,
+                   callback_url: str | None = None, **params: Any) -> dict[str, Any]:
+        """Submit a durable job (POST /jobs): a directory of images, a tar/zip archive, or a list of
+        images, with any /attribute field in ``params``; ``explain_if`` explains an image only when it
+        holds of its prediction; ``callback_url`` is POSTed the job's status when it ends. Returns the
+        job's status (``id``, ``url``, ``results_url``)."""
+        fields = _fields({"method": method, "explain_if": explain_if, "callback_url": callback_url, **params})
+        r = self._send("POST", "/jobs", files=_job_files(images), data=fields)
+        if r.status_code == 202:
+            status: dict[str, Any] = r.json()
+            return status
+        return _check(r)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """GET /jobs/{id}: state, done / failed / pending of total, eta_s."""
+        return _check(self._send("GET", f"/jobs/{job_id}"))
+
+    def jobs(self, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+        """GET /jobs: a page of jobs, newest first (``jobs``, ``total``, ``next``)."""
+        return _check(self._send("GET", "/jobs", params={"offset": offset, "limit": limit}))
+
+    def delete_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job and delete it with its answers."""
+        return _check(self._send("DELETE", f"/jobs/{job_id}"))
+
+    def wait_job(self, job_id: str, *, poll_s: float = 1.0, timeout: float | None = None,
+                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the job is done (``on_progress`` gets each status); its last status. A poll the
+        service cannot answer (a restart) is retried until ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                status = self.job(job_id)
+            except httpx.TransportError:
+                status = None  # the server restarts: the job is kept, ask again
+            if status is not None:
+                if on_progress is not None:
+                    on_progress(status)
+                if status["state"] == "done":
+                    return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} not done within {timeout} s")
+            time.sleep(poll_s)
+
+    def job_results(self, job_id: str, *, offset: int = 0, summary: bool = False, follow: bool = False) -> Iterator[dict[str, Any]]:
+        """The job's answers, one dict per image, in the order they were stored (JSON Lines, read as
+        they stream); ``offset`` resumes after that many, ``summary`` leaves out the images,
+        ``follow`` waits for the answers still to come."""
+        params: dict[str, str | int] = {"offset": offset, "summary": str(summary).lower(), "follow": str(follow).lower()}
+        with self._http.stream("GET", f"/jobs/{job_id}/results", params=params, timeout=None if follow else self._http.timeout) as r:
+            if r.status_code != 200:
+                r.read()
+                _check(r)
+            for line in r.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+
+    def attribute_many(self, images: Sequence[ImageInput], *, concurrency: int = 4, method: str = "idg",
+                       **params: Any) -> list[Attribution | ServiceError]:
+        """Attribute every image with at most ``concurrency`` requests in flight; a failed image
+        gives its :class:`ServiceError` in its place instead of stopping the others."""
+
+        def one(image: ImageInput) -> Attribution | ServiceError:
+            try:
+                return self.attribute(image, method=method, **params)
+            except ServiceError as err:
+                return err
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(one, images))
+
+
+class AsyncClient:
+    """The same calls, ``await``-able; ``attribute_many`` bounds concurrency with a semaphore."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: str | None = None, timeout: float = 300.0,
+                 retries: int = 5, max_wait: float = 30.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = {"x-api-key": api_key} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+        self.retries, self.max_wait = retries, max_wait
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, image: ImageInput, fields: dict[str, Any]) -> dict[str, Any]:
+        name, data = _file(image)
+        for attempt in range(self.retries + 1):
+            r = await self._http.post(path, files={"file": (name, data)}, data=_fields(fields))
+            wait = _retry_after(r, attempt, self.max_wait)
+            if wait is None or attempt == self.retries:
+                return _check(r)
+            log.info("service busy; retrying %s in %.1f s", path, wait)
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def predict(self, image: ImageInput, *, model: str | None = None, top_k: int = 5, explain_if: str | None = None,
+                      **explain: Any) -> Prediction:
+        return parse_prediction(await self._post("/predict", image, {"model": model, "top_k": top_k, "explain_if": explain_if, **explain}))
+
+    async def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
+        return parse_attribution(await self._post("/attribute", image, {"method": method, **params}))
+
+    async def attribute_many(self, images: Iterable[ImageInput], *, concurrency: int = 4, method: str = "idg",
+                             **params: Any) -> list[Attribution | ServiceError]:
+        gate = asyncio.Semaphore(max(1, concurrency))
+
+        async def one(image: ImageInput) -> Attribution | ServiceError:
+            async with gate:
+                try:
+                    return await self.attribute(image, method=method, **params)
+                except ServiceError as err:
+                    return err
+
+        return list(await asyncio.gather(*[one(i) for i in images]))

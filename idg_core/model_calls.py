@@ -1,0 +1,341 @@
+"""The model calls: every method's points go through here (:func:`evaluate_queries`, :func:`run_plans`, and
+the service's worker through :func:`prepare_call` / :func:`run_call` / :func:`book_call`). Named apart from
+:mod:`idg_core.evaluation`, the benchmark tool (this module was ``idg_core.evaluator``; that name still
+imports, deprecated).
+
+Points of all queries (of all images, targets and methods) are chunked together into model calls
+of at most ``batch_size`` images; forward-only rows run under ``torch.no_grad()``, gradient rows
+take ``torch.autograd.grad`` of the selected outputs with respect to the input only (no parameter
+``.grad`` is touched, no graph or hook outlives the call). A driver that must stop work between
+model calls (a request past its deadline) passes ``skip``, asked before every call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from idg_core.call_shapes import CallShapes, pad_rows
+from idg_core.types import Answer, Model, PlanOf, Query, to_device
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+def default_batch_size(device: torch.device) -> int:
+    """Images per model call when the caller gives none: 8 on CPU, where small batches stay in
+    cache (IDG-50/50 on EfficientNet-Lite0, 2-core Xeon: 2.8 s at 8, 4.0 s at 32, 7.7 s at 64),
+    128 on CUDA (ResNet-101 on an H100: 118 ms at 32, 90 ms at 128, 80 ms at 512 with 4x the memory)."""
+    return 128 if device.type == "cuda" else 8
+
+
+@dataclass
+class CallStats:
+    """Cost accounting: model calls, and images per call (forward and with gradient)."""
+
+    calls: int = 0
+    forward_images: int = 0
+    backward_images: int = 0
+    call_sizes: list[int] = field(default_factory=list)
+
+    def record(self, size: int, grad: bool) -> None:
+        self.calls += 1
+        self.forward_images += size
+        self.backward_images += size if grad else 0
+        self.call_sizes.append(size)
+
+
+@dataclass(frozen=True)
+class RowSelect:
+    """What a model call selects per row, known on the host (so the hot path never waits on the
+    device to decide): target classes, which rows want a probability, and their extremes; sent to
+    the device without a synchronisation (:func:`idg_core.types.to_device`)."""
+
+    targets: Tensor  # (rows,) long, on the device
+    is_prob: Tensor | None  # (rows,) bool on the device, None when no row wants a probability
+    max_target: int
+
+    @staticmethod
+    def of(queries: Sequence[Query], chunk: list[tuple[int, int, int]], device: torch.device) -> RowSelect:
+        targets = [queries[qi].target for qi, a, b in chunk for _ in range(b - a)]
+        probs = [queries[qi].output == "probability" for qi, a, b in chunk for _ in range(b - a)]
+        is_prob = to_device(torch.tensor(probs), device) if any(probs) else None
+        return RowSelect(to_device(torch.tensor(targets, dtype=torch.long), device), is_prob, max(targets))
+
+
+def _select(logits: Tensor, rows: RowSelect) -> Tensor:
+    """Per row: the target's logit, or its softmax probability where the row asks for one."""
+    if rows.max_target >= logits.shape[1]:
+        raise ValueError(f"target must be < {logits.shape[1]} (the model's classes), got {rows.max_target}")
+    chosen = logits.gather(1, rows.targets.view(-1, 1)).squeeze(1)
+    if rows.is_prob is not None:
+        probs = torch.softmax(logits, dim=1).gather(1, rows.targets.view(-1, 1)).squeeze(1)
+        chosen = torch.where(rows.is_prob, probs, chosen)
+    return chosen
+
+
+def run_call(model: Model, inputs: Tensor, rows: RowSelect, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """One model call on ``inputs`` (``(size, C, H, W)``, possibly padded past the ``n`` rows of
+    ``rows``): the selected outputs of the ``n`` real rows, their input gradients (or None) and their
+    logits. Padding rows are computed but never read, and take no part in the gradient."""
+    n = rows.targets.shape[0]
+    if not grad:
+        with torch.no_grad():
+            logits = model(inputs)[:n]
+            return _select(logits, rows).detach(), None, logits.detach()
+    inputs = inputs.detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(inputs)[:n]
+        chosen = _select(logits, rows)
+        (grads,) = torch.autograd.grad(chosen.sum(), inputs)
+    return chosen.detach(), grads[:n].detach(), logits.detach()
+
+
+@dataclass
+class PreparedCall:
+    """A model call made ready on the host side: its inputs gathered (and padded to a fixed size),
+    what it selects per row, and where each row's answer goes (``chunk``: query, start, stop)."""
+
+    inputs: Tensor
+    rows: RowSelect
+    grad: bool
+    chunk: list[tuple[int, int, int]]
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.targets.shape[0])
+
+    @property
+    def size(self) -> int:
+        return int(self.inputs.shape[0])
+
+
+def prepare_call(queries: Sequence[Query], chunk: list[tuple[int, int, int]], grad: bool,
+                 shapes: CallShapes | None = None) -> PreparedCall:
+    """Gather the points of ``chunk`` into one batch, padded to ``shapes``' size for it."""
+    inputs = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])  # (rows, C, H, W) from several queries
+    n = inputs.shape[0]
+    if shapes is not None and shapes.fixed:
+        inputs = pad_rows(inputs, shapes.size_for(n))
+    return PreparedCall(inputs, RowSelect.of(queries, chunk, inputs.device), grad, chunk)
+
+
+def book_call(call: PreparedCall, queries: Sequence[Query], answers: Sequence[Answer],
+              out: tuple[Tensor, Tensor | None, Tensor]) -> None:
+    """Store a call's outputs (from :func:`run_call`) into the answers of its queries."""
+    values, grads, logits = out
+    top1 = logits.argmax(1)
+    row = 0
+    for qi, a, b in call.chunk:
+        ans = answers[qi]
+        ans.values[a:b] = values[row : row + b - a].to(ans.values.dtype)
+        ans.top1[a:b] = top1[row : row + b - a]
+        if grads is not None and ans.grads is not None:
+            ans.grads[a:b] = grads[row : row + b - a]
+        if queries[qi].full:
+            part = logits[row : row + b - a]
+            ans.all_logits = part if ans.all_logits is None else torch.cat([ans.all_logits, part])
+        row += b - a
+
+
+def _chunks(
+    queries: Sequence[Query], index: list[int], batch_size: int, skip: Callable[[int], bool] | None,
+) -> Iterator[list[tuple[int, int, int]]]:
+    """The rows of ``queries[index]`` in chunks of (query, start, stop) segments of at most
+    ``batch_size`` rows, planned one chunk at a time: before each, queries ``skip`` answers True
+    for are left out of the rest."""
+    todo = deque((qi, 0) for qi in index)  # (query, first row not yet in a chunk)
+    while todo:
+        if skip is not None:
+            todo = deque(item for item in todo if not skip(item[0]))
+        chunk: list[tuple[int, int, int]] = []
+        room = batch_size
+        while todo and room:
+            qi, start = todo[0]
+            stop = min(queries[qi].n, start + room)
+            chunk.append((qi, start, stop))
+            room -= stop - start
+            if stop == queries[qi].n:
+                todo.popleft()
+            else:
+                todo[0] = (qi, stop)
+        if chunk:
+            yield chunk
+
+
+def empty_answers(queries: Sequence[Query]) -> list[Answer]:
+    """Answers of the right shapes for ``queries``, to be filled by :func:`book_call`."""
+    answers: list[Answer] = []
+    for q in queries:
+        dev = q.origin.device
+        grads = torch.empty((q.n, *q.origin.shape[-3:]), device=dev, dtype=q.origin.dtype) if q.grad else None
+        answers.append(Answer(torch.empty(q.n, device=dev), grads, torch.empty(q.n, dtype=torch.long, device=dev)))
+    return answers
+
+
+def evaluate_queries(
+    model: Model, queries: Sequence[Query], batch_size: int, stats: CallStats | None = None,
+    skip: Callable[[int], bool] | None = None, shapes: CallShapes | None = None,
+) -> list[Answer]:
+    """Answer every query; model calls hold at most ``batch_size`` points from any queries (with
+    ``shapes`` fixed: at most its largest size, each call padded to one of its sizes).
+
+    ``skip(i)``, if given, is called before every model call for each query ``i`` that still has
+    rows to evaluate; once it returns True no more of that query's rows are evaluated, and its
+    :class:`Answer` is left incomplete (the caller must drop it). Rows already in the call run."""
+    answers = empty_answers(queries)
+    if shapes is not None and shapes.largest is not None:
+        batch_size = min(batch_size, shapes.largest)
+    for grad in (False, True):
+        index = [i for i, q in enumerate(queries) if q.grad == grad and q.n > 0]
+        for chunk in _chunks(queries, index, batch_size, skip):
+            call = prepare_call(queries, chunk, grad, shapes)
+            out = run_call(model, call.inputs, call.rows, grad)
+            if stats is not None:
+                stats.record(call.size, grad)
+            if shapes is not None:
+                shapes.note(call.size, call.n, grad)
+            book_call(call, queries, answers, out)
+    return answers
+
+
+Rows = list[tuple[int, int, int]]
+"""Rows of a plan's current step: (query index, start, stop)."""
+
+
+class PlanState:
+    """One plan driven a step at a time, by :func:`run_plans` here and by the service's worker
+    (whose jobs are plan states): ``pending`` holds the queries of the current step, ``take``
+    hands out their rows for a model call (all at once, or a budget of one kind), ``part`` makes
+    a query of some rows, ``store`` keeps the model's answer to them, and once the step is
+    answered ``advance`` sends the answers to the plan and takes its next step or its result."""
+
+    def __init__(self, plan: PlanOf[Any]) -> None:
+        self.plan = plan
+        self.pending: list[Query] | None = None
+        self.answers: list[Answer | None] = []
+        self.taken = 0
+        """Rows of ``pending`` already taken into a model call."""
+        self.result: Any = None
+
+    def advance(self, answers: list[Answer] | None = None) -> bool:
+        """Send ``answers`` (None: start the plan); True while it goes on (its next step is
+        pending), False once it returned (its value in ``result``). A plan's error propagates."""
+        try:
+            pending = self.plan.send(answers)  # type: ignore[arg-type]  # None starts a generator
+        except StopIteration as stop:
+            self.pending, self.result = None, stop.value
+            return False
+        self.pending = pending
+        self.answers = [_empty_answer(q) if q.n == 0 else None for q in pending]
+        self.taken = 0
+        return True
+
+    def step_answers(self) -> list[Answer]:
+        return [a for a in self.answers if a is not None]
+
+    @property
+    def rows(self) -> int:
+        """Points of the current step not yet taken into a model call."""
+        return sum(q.n for q in self.pending or []) - self.taken
+
+    @property
+    def step_answered(self) -> bool:
+        return self.rows == 0 and all(a is not None for a in self.answers)
+
+    @property
+    def next_grad(self) -> bool:
+        """Whether the next row not yet taken needs a gradient."""
+        pos = 0
+        for q in self.pending or []:
+            pos += q.n
+            if pos > self.taken:
+                return q.grad
+        return False
+
+    def take(self, budget: int | None = None, grad: bool | None = None) -> Rows:
+        """Up to ``budget`` (None: every) rows of the step not taken yet, in order and, with ``grad``
+        given, while they are of that kind."""
+        out: Rows = []
+        pos = 0
+        for qi, q in enumerate(self.pending or []):
+            start = max(self.taken - pos, 0)
+            pos += q.n
+            if start >= q.n:
+                continue
+            if budget == 0 or (grad is not None and q.grad != grad):
+                break
+            stop = q.n if budget is None else min(q.n, start + budget)
+            out.append((qi, start, stop))
+            if budget is not None:
+                budget -= stop - start
+            self.taken += stop - start
+        return out
+
+    def part(self, qi: int, start: int, stop: int) -> Query:
+        """Rows ``start:stop`` of pending query ``qi`` as a query of their own."""
+        q = (self.pending or [])[qi]
+        if start == 0 and stop == q.n:
+            return q
+        if q.direction is None:
+            return replace(q, origin=q.origin[start:stop], alphas=q.alphas[start:stop])
+        return replace(q, alphas=q.alphas[start:stop])
+
+    def store(self, qi: int, start: int, stop: int, ans: Answer) -> None:
+        """Keep the model's answer to rows ``start:stop`` of pending query ``qi``."""
+        n = (self.pending or [])[qi].n
+        if start == 0 and stop == n:
+            self.answers[qi] = ans
+            return
+        full = self.answers[qi]
+        if full is None:
+            full = self.answers[qi] = Answer(
+                ans.values.new_empty(n), None if ans.grads is None else ans.grads.new_empty((n, *ans.grads.shape[1:])),
+                ans.top1.new_empty(n), None if ans.all_logits is None else ans.all_logits.new_empty((n, ans.all_logits.shape[1])),
+            )
+        full.values[start:stop] = ans.values
+        full.top1[start:stop] = ans.top1
+        if full.grads is not None and ans.grads is not None:
+            full.grads[start:stop] = ans.grads
+        if full.all_logits is not None and ans.all_logits is not None:
+            full.all_logits[start:stop] = ans.all_logits
+
+
+def _empty_answer(q: Query) -> Answer:
+    dev = q.origin.device
+    grads = torch.empty((0, *q.origin.shape[-3:]), device=dev, dtype=q.origin.dtype) if q.grad else None
+    return Answer(torch.empty(0, device=dev), grads, torch.empty(0, dtype=torch.long, device=dev))
+
+
+S = TypeVar("S", bound=PlanState)
+
+
+def answer_rows(
+    model: Model, work: Sequence[tuple[S, Rows]], batch_size: int, stats: CallStats | None = None,
+    skip: Callable[[S], bool] | None = None, shapes: CallShapes | None = None,
+) -> list[tuple[S, int, int, int, Query, Answer]]:
+    """Evaluate the rows of several plan states in shared model calls (:func:`evaluate_queries`);
+    returns each part with its answer, for the caller to store. ``skip(state)``, asked before every
+    call, drops the remaining rows of a state (their answers are then incomplete)."""
+    owners = [(state, qi, a, b) for state, rows in work for qi, a, b in rows]
+    queries = [state.part(qi, a, b) for state, qi, a, b in owners]
+    answers = evaluate_queries(model, queries, batch_size, stats, None if skip is None else lambda i: skip(owners[i][0]), shapes)
+    return [(state, qi, a, b, q, ans) for (state, qi, a, b), q, ans in zip(owners, queries, answers, strict=True)]
+
+
+def run_plans(model: Model, plans: Sequence[PlanOf[R]], batch_size: int, stats: CallStats | None = None) -> list[R]:
+    """Drive several plans in lock-step, pooling the points of all of them into shared model calls.
+    A plan may yield an empty list (a checkpoint between long host steps); it gets one back."""
+    states = [PlanState(plan) for plan in plans]
+    active = [s for s in states if s.advance()]
+    while active:
+        for state, qi, a, b, _, ans in answer_rows(model, [(s, s.take()) for s in active], batch_size, stats):
+            state.store(qi, a, b, ans)
+        active = [s for s in active if s.advance(s.step_answers())]
+    return [s.result for s in states]
