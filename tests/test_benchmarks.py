@@ -193,3 +193,14 @@ def test_a_compiled_models_flops_are_one_images_not_its_padded_batchs() -> None:
     compiled = small_classifier()
     compiled.net = FixedBatchCompiled(compiled.net, (4, 8), backend="eager")
     assert plain > 0 and forward_flops(compiled, 16, cpu) == plain
+
+
+def test_the_road_solve_benchmark_reports_both_solvers_and_their_difference(tmp_path: Path) -> None:
+    from benchmarks import road_solve
+
+    path = tmp_path / "photo.png"
+    Image.fromarray((torch.rand(240, 300, 3) * 255).byte().numpy()).save(path)
+    rows = road_solve.run(path, [0.5], repeats=1)
+    assert len(rows) == 4 and all(float(r["max_abs_diff"]) <= 1e-9 for r in rows)
+    table = road_solve.render(rows)
+    assert table.count("| 50% |") == 4 and "All 4 solves" in table
