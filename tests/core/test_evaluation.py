@@ -156,3 +156,28 @@ def test_the_summary_ranks_every_row_with_road_and_diffid(tmp_path: Path) -> Non
     for metric in ("insertion ↑", "deletion ↓", "sic ↑", "aic ↑", "diffid ↑", "road_morf ↓", "road_lerf ↑"):
         assert f"| {metric} |" in summary
     assert "### Ranks (1 = best mean)" in summary and all(f"| {r} |" in summary for r in rows)
+
+
+def test_shards_share_one_cache_and_cache_what_one_run_would(tmp_path: Path) -> None:
+    """Two processes each take every other image into one cache folder: each computes only its own
+    images, and the records (ROAD's noise and PIC's mask are seeded by an image's position in the
+    whole list) equal one unsharded run's; a run without a shard then reads all from the cache."""
+    from idg_core.evaluation.runner import WITH_ROAD
+
+    model = tiny_classifier()
+    cfg = EvalConfig(model="tiny", methods={"IDG": ("idg", {"steps": 4, "probe_steps": 4})}, rise_step=128,
+                     pic_min_confidence=0.0, batch_size=16, metrics=WITH_ROAD)
+    images = _images(tmp_path)
+    odd = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, shard=(1, 2))
+    assert [r["image"] for r in odd] == [images[1].name]
+    even = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, shard=(0, 2))
+    assert [r["image"] for r in even] == [images[0].name, images[2].name]
+    model.net.calls.clear()
+    merged = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False)
+    assert model.net.calls == []  # every image came from the shards' cache
+    whole = evaluate_folder(model, images, tmp_path / "whole", cfg, workers=0, progress=False)
+    for a, b in zip(merged, whole, strict=True):
+        a.pop("seconds"), b.pop("seconds")
+        assert a == b
+    with pytest.raises(ValueError, match="shard"):
+        evaluate_folder(model, images, tmp_path / "bad", cfg, workers=0, progress=False, shard=(2, 2))
