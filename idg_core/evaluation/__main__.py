@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="only the images at positions K, K+N, K+2N, ... (0 <= K < N): several processes share one cache, "
                         "each its own images, with the seeds one run would use; run once more without --shard for the report")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report from the images already in the cache (a run still going on: 'N of M images'); "
+                        "evaluate nothing")
     p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--rise-step", type=int, default=224)
@@ -108,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     images = image_files(args.images)
     total = len(images)
     images = images[: args.limit] if args.limit else images
-    records = evaluate_folder(model, images, args.out, cfg, workers=args.workers, shard=shard)
+    records = evaluate_folder(model, images, args.out, cfg, workers=args.workers, shard=shard, compute=not args.report_only)
+    if args.report_only and not records:
+        p.error("no image is cached for these settings yet: nothing to report")
     if shard:
         logging.getLogger("idg_core.evaluation").info("shard %s done (%d images): run again without --shard for the report",
                                                       args.shard, len(records))

@@ -160,8 +160,9 @@ def test_the_summary_ranks_every_row_with_road_and_diffid(tmp_path: Path) -> Non
 
 def test_shards_share_one_cache_and_cache_what_one_run_would(tmp_path: Path) -> None:
     """Two processes each take every other image into one cache folder: each computes only its own
-    images, and the records (ROAD's noise and PIC's mask are seeded by an image's position in the
-    whole list) equal one unsharded run's; a run without a shard then reads all from the cache."""
+    images, a report meanwhile reads what is cached and computes nothing, and the records (ROAD's noise
+    and PIC's mask are seeded by an image's position in the whole list) equal one unsharded run's; a run
+    without a shard then reads all from the cache."""
     from idg_core.evaluation.runner import WITH_ROAD
 
     model = tiny_classifier()
@@ -170,6 +171,9 @@ def test_shards_share_one_cache_and_cache_what_one_run_would(tmp_path: Path) -> 
     images = _images(tmp_path)
     odd = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, shard=(1, 2))
     assert [r["image"] for r in odd] == [images[1].name]
+    model.net.calls.clear()
+    so_far = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, compute=False)
+    assert so_far == odd and model.net.calls == []  # a report of the run so far evaluates nothing
     even = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, shard=(0, 2))
     assert [r["image"] for r in even] == [images[0].name, images[2].name]
     model.net.calls.clear()
