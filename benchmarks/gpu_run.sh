@@ -2,9 +2,9 @@
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
 #   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [simulated] [variants] [variants-compile]
-#                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval]
+#                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval] [quality]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
-# EVAL_MODEL picks another model). One step per 10-minute device call: each fits, the compile steps only just.
+# EVAL_MODEL picks another model; quality is issue #31's table, resumable: repeat the step until it says "wrote"). One step per 10-minute device call: each fits, the compile steps only just.
 # The ResNet-101 steps run bf16 as the issue's targets do (the service's auto gives a torchvision model TF32 on CUDA until
 # its bf16 faithfulness is measured; the report says so); shares of peak are of PEAK_BF16_TFLOPS (H100 SXM dense: 989).
 # Preparing an offline machine whose Python already has CUDA torch and torchvision (both ignored by git):
@@ -120,6 +120,18 @@ eval)
     timeout "${EVAL_TIMEOUT:-520}" python3 -m idg_core.evaluation --images "$IMAGES" --out "$OUT/evaluation-$model" --model "$model" \
         --device cuda --workers 15 --batch-size 256 2>&1 | grep -v "img/s\]$" | tail -30
     tar czf "$OUT/evaluation-$model.tgz" -C "$OUT" "evaluation-$model" && rm -rf "$OUT/evaluation-$model"
+    ;;
+quality)  # issue #31's table (results/evaluation-quality/README.md), every row, the 65 samples, IEEE fp32; its cache stays in
+    # QUALITY_DIR between calls on a warm machine (repeat the step to go on), and the report and a tar of the cache come back
+    dir=${QUALITY_DIR:-results/evaluation-quality-gpu}
+    timeout "${EVAL_TIMEOUT:-540}" python3 -m idg_core.evaluation --images "$IMAGES" --out "$dir" --no-ablation --workers 15 \
+        --batch-size 32 --fold-bn --channels-last --methods AGI IDG IDG+IDGI IDG+SmoothGrad IDG+IDGI+SmoothGrad IDG+Blur EG IDG-EG LA \
+        idg@quality "idg@fast+SmoothGrad:smooth_samples=16" "idg@fast+IDGI+SmoothGrad:smooth_samples=2" \
+        "idg@fast+IDGI+SmoothGrad:smooth_samples=4" "idg@fast+IDGI+SmoothGrad:smooth_samples=8" \
+        "idg@fast+IDGI+SmoothGrad:smooth_samples=8,smooth_std=0.1" "idg@fast+IDGI+SmoothGrad:smooth_samples=8,smooth_std=0.25" \
+        2>&1 | grep -v "img/s\]$" | tail -5
+    mkdir -p "$OUT/evaluation-quality" && cp "$dir"/*.md "$dir"/*.csv "$dir"/*.png "$OUT/evaluation-quality/" 2>/dev/null
+    tar czf "$OUT/evaluation-quality/cache.tgz" -C "$dir" cache
     ;;
 esac
 done

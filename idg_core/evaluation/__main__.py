@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
     p.add_argument("--no-road", action="store_true", help="skip ROAD (2 x 9 sparse solves and forward passes per row and image)")
     p.add_argument("--limit", type=int, default=None, help="first N images only")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="only the images at positions K, K+N, K+2N, ... (0 <= K < N): several processes share one cache, "
+                        "each its own images, with the seeds one run would use; run once more without --shard for the report")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report from the images already in the cache (a run still going on: 'N of M images'); "
+                        "evaluate nothing")
     p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--rise-step", type=int, default=224)
@@ -76,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="an earlier run's per_image.csv with the same model and settings: its other methods (e.g. IDG, AGI) "
                         "join the report, paired by image, without being computed again")
     args = p.parse_args(argv)
+    shard = None
+    if args.shard:
+        k, slash, n = args.shard.partition("/")
+        if not (slash and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+            p.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
+        shard = (int(k), int(n))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     keep_freed_memory()  # as the service does by default: fewer page faults on the CPU, same results
     metrics: tuple[str, ...]
@@ -99,7 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     images = image_files(args.images)
     total = len(images)
     images = images[: args.limit] if args.limit else images
-    records = evaluate_folder(model, images, args.out, cfg, workers=args.workers)
+    records = evaluate_folder(model, images, args.out, cfg, workers=args.workers, shard=shard, compute=not args.report_only)
+    if args.report_only and not records:
+        p.error("no image is cached for these settings yet: nothing to report")
+    if shard:
+        logging.getLogger("idg_core.evaluation").info("shard %s done (%d images): run again without --shard for the report",
+                                                      args.shard, len(records))
+        return 0
     speed = "".join(f", {flag}" for flag, on in (("batch norm folded", args.fold_bn), ("channels-last", args.channels_last)) if on)
     machine, date = f"{_machine()}, precision {args.precision}{speed}", time.strftime("%Y-%m-%d")
     if args.suite == "cost":

@@ -138,6 +138,72 @@ def _rank_table(ranks: dict[str, list[str]], names: list[str]) -> list[str]:
     return lines
 
 
+def _cost(records: list[dict[str, Any]], name: str) -> tuple[float, float, float] | None:
+    """Mean forward passes per image of a row (gradient passes included), mean gradient passes, and the most
+    forward passes on any image (None for rows merged from an earlier run, which did not keep them)."""
+    passes = [(m["forward_passes"], m["backward_passes"]) for r in records if (m := r["methods"].get(name)) and "forward_passes" in m]
+    if not passes:
+        return None
+    return float(np.mean([f for f, _ in passes])), float(np.mean([b for _, b in passes])), float(max(f for f, _ in passes))
+
+
+def _paired_diff(records: list[dict[str, Any]], a: str, b: str, metric: str, arrow: str) -> tuple[float, float, int]:
+    """Mean of (a − b) per image on ``metric``, signed so that > 0 favours ``a``, its 95% half-width, n."""
+    sign = 1 if arrow == "↑" else -1
+    return mean_ci([(x - y) * sign for r in records if a in r["methods"] and b in r["methods"]
+                    for x, y in [(value(r["methods"][a], metric), value(r["methods"][b], metric))] if x is not None and y is not None])
+
+
+def preset_choice(records: list[dict[str, Any]], names: list[str], ranks: dict[str, list[str]], *, ref: str = "AGI",
+                  budget: float = 10.0) -> tuple[str | None, list[str]]:
+    """Issue #31's rule for the ``quality`` preset: among the rows that cost at most ``budget`` × ``ref``'s model
+    passes per image (its most on any image: AGI stops early on some, but a user pays its bound) and are ahead
+    of ``ref`` in the mean on insertion, deletion, SIC and AIC, the one first on the most of the four (ties:
+    the better mean rank over the four, then fewer passes). Returns that row
+    (None when no row qualifies) and the report's lines: every row's cost, ranks and paired lead over ``ref``,
+    and for the chosen row how far it trails the first row on each metric it is not first on."""
+    four = [m for m, _ in METRICS if m in ranks]
+    arrows = dict(METRICS)
+    ref_cost = _cost(records, ref)
+    limit = budget * ref_cost[2] if ref_cost else float("inf")
+    head = ["| row | passes (gradient) | within budget | " + " | ".join(f"{m} rank / lead over {ref}" for m in four) + " | firsts |",
+            "|---|---|---|" + "---|" * (len(four) + 1)]
+    eligible: list[tuple[int, float, float, str]] = []
+    for n in names:
+        cost = _cost(records, n)
+        within = cost is not None and cost[0] <= limit
+        cells, ahead = [], n != ref
+        for m in four:
+            rank = ranks[m].index(n) + 1 if n in ranks[m] else None
+            mean, half, count = _paired_diff(records, n, ref, m, arrows[m]) if n != ref else (float("nan"), float("nan"), 0)
+            ahead = ahead and count > 0 and mean > 0
+            sig = "**" if count > 1 and abs(mean) > half else ""
+            lead = f"{sig}{mean:+.3f} ± {half:.3f}{sig}" if count else "—"
+            cells.append(f"{rank if rank else 'n/a'} / {lead}")
+        firsts = sum(1 for m in four if ranks[m] and ranks[m][0] == n)
+        known = [ranks[m].index(n) + 1 for m in four if n in ranks[m]]
+        if within and ahead and known:
+            eligible.append((-firsts, sum(known) / len(known), cost[0] if cost else 0.0, n))
+        passes = f"{cost[0]:.0f} ({cost[1]:.0f})" if cost else "n/a"
+        head.append(f"| {n} | {passes} | {'yes' if within else 'no'} | " + " | ".join(cells) + f" | {firsts} |")
+    chosen = min(eligible)[3] if eligible else None
+    lines = [f"Budget: ≤ {budget:g} × {ref}'s most passes on an image ({limit:.0f} forward passes); passes: mean per image, "
+             f"gradient passes included in the first figure. Lead over {ref}: mean paired "
+             f"difference, > 0 favours the row, bold where the 95% interval excludes 0.", "", *head, ""]
+    if chosen is None:
+        lines.append(f"No row within the budget is ahead of {ref} on all four.")
+        return None, lines
+    gaps = []
+    for m in four:
+        first = ranks[m][0]
+        if first != chosen:
+            mean, half, count = _paired_diff(records, chosen, first, m, arrows[m])
+            gaps.append(f"{m}: behind {first} by {-mean:.3f} ± {half:.3f} (n={count})")
+    lines.append(f"By this rule: **{chosen}**, " + (f"first on all {len(four)}." if not gaps else
+                 "first on " + (", ".join(m for m in four if ranks[m][0] == chosen) or "none") + "; " + "; ".join(gaps) + "."))
+    return chosen, lines
+
+
 def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date: str, model: str, total_images: int,
                  earlier: tuple[Path, list[str]] | None = None) -> Path:
     """``summary.md``, ``per_image.csv``, ``curves.png`` and ``idg_curves.png`` under ``out``.
@@ -173,6 +239,8 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
                   "Mean of (variant − other) per image, signed so that > 0 favours the variant, ± half-width of its 95% "
                   "interval; bold where the interval excludes 0.", "",
                   *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]
+    if "AGI" in main and len(main) > 2:
+        lines += ["### Choosing the `quality` preset", "", *preset_choice(records, main, ranks)[1], ""]
     paired = _paired(records, [n for n in main if n not in variants])
     if paired:
         lines += ["### IDG against each method, paired by image", "",

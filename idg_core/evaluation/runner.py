@@ -229,20 +229,30 @@ def evaluate_image(
 
 
 def evaluate_folder(model: ImageClassifier, images: list[Path], out: Path, cfg: EvalConfig, *, workers: int = 0,
-                    progress: bool = True) -> list[dict[str, Any]]:
+                    progress: bool = True, shard: tuple[int, int] | None = None, compute: bool = True) -> list[dict[str, Any]]:
     """Evaluate ``images``, caching each image's record under ``out/cache/<config>/``; images
-    already cached are read back, so an interrupted run goes on where it stopped."""
+    already cached are read back, so an interrupted run goes on where it stopped.
+
+    ``shard=(k, n)``: only the images at positions i with i % n == k (several processes or machines
+    share one cache folder, each its own images); an image's seed is still its position in the whole
+    list, so a sharded run caches exactly what one unsharded run would. ``compute=False``: only the images
+    already cached (a report of a run still going on), nothing evaluated."""
+    if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+        raise ValueError(f"shard must be k/n with 0 <= k < n, got {shard[0]}/{shard[1]}")
     cache = out / "cache" / cfg.key()
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     records = []
     pool = pic_pool(workers)
     try:
-        bar = _progress(images, progress)
-        for i, path in enumerate(bar):
+        mine = [(i, path) for i, path in enumerate(images) if shard is None or i % shard[1] == shard[0]]
+        bar = _progress(mine, progress)
+        for i, path in bar:
             target = cache / f"{path.stem}.json"
             if target.is_file():
                 records.append(json.loads(target.read_text()))
+                continue
+            if not compute:
                 continue
             record = evaluate_image(model, path, imagenet_label(path.name, model.num_classes), cfg, pool, seed=i)
             tmp = target.with_suffix(".tmp")
@@ -256,7 +266,7 @@ def evaluate_folder(model: ImageClassifier, images: list[Path], out: Path, cfg: 
     return records
 
 
-def _progress(items: list[Path], show: bool) -> Any:
+def _progress(items: list[tuple[int, Path]], show: bool) -> Any:
     if not show:
         return items
     try:

@@ -156,3 +156,55 @@ def test_the_summary_ranks_every_row_with_road_and_diffid(tmp_path: Path) -> Non
     for metric in ("insertion ↑", "deletion ↓", "sic ↑", "aic ↑", "diffid ↑", "road_morf ↓", "road_lerf ↑"):
         assert f"| {metric} |" in summary
     assert "### Ranks (1 = best mean)" in summary and all(f"| {r} |" in summary for r in rows)
+
+
+def test_shards_share_one_cache_and_cache_what_one_run_would(tmp_path: Path) -> None:
+    """Two processes each take every other image into one cache folder: each computes only its own
+    images, a report meanwhile reads what is cached and computes nothing, and the records (ROAD's noise
+    and PIC's mask are seeded by an image's position in the whole list) equal one unsharded run's; a run
+    without a shard then reads all from the cache."""
+    from idg_core.evaluation.runner import WITH_ROAD
+
+    model = tiny_classifier()
+    cfg = EvalConfig(model="tiny", methods={"IDG": ("idg", {"steps": 4, "probe_steps": 4})}, rise_step=128,
+                     pic_min_confidence=0.0, batch_size=16, metrics=WITH_ROAD)
+    images = _images(tmp_path)
+    odd = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, shard=(1, 2))
+    assert [r["image"] for r in odd] == [images[1].name]
+    model.net.calls.clear()
+    so_far = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, compute=False)
+    assert so_far == odd and model.net.calls == []  # a report of the run so far evaluates nothing
+    even = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False, shard=(0, 2))
+    assert [r["image"] for r in even] == [images[0].name, images[2].name]
+    model.net.calls.clear()
+    merged = evaluate_folder(model, images, tmp_path / "sharded", cfg, workers=0, progress=False)
+    assert model.net.calls == []  # every image came from the shards' cache
+    whole = evaluate_folder(model, images, tmp_path / "whole", cfg, workers=0, progress=False)
+    for a, b in zip(merged, whole, strict=True):
+        a.pop("seconds"), b.pop("seconds")
+        assert a == b
+    with pytest.raises(ValueError, match="shard"):
+        evaluate_folder(model, images, tmp_path / "bad", cfg, workers=0, progress=False, shard=(2, 2))
+
+
+def test_the_quality_rule_takes_the_row_first_on_most_within_budget_and_ahead_of_agi() -> None:
+    """AGI costs at most 40 passes, so the budget is 400. B is first everywhere but costs 1000; C is first
+    on three but behind AGI on deletion; A (within budget, ahead of AGI on all four, first on SIC and AIC)
+    is chosen, and the report says how far it trails on insertion and deletion."""
+    from idg_core.evaluation.report import _table, preset_choice
+
+    def row(ins: float, dele: float, sic: float, aic: float, passes: int) -> dict[str, float | int | None]:
+        return {"insertion": ins, "deletion": dele, "sic": sic, "aic": aic, "forward_passes": passes, "backward_passes": passes}
+
+    records = [{"methods": {"AGI": row(0.40 + e, 0.20, 0.40, 0.40, 40 - 20 * i), "A": row(0.45 + e, 0.18, 0.50 + e, 0.50, 384),
+                            "B": row(0.50 + e, 0.10, 0.40, 0.45, 1000), "C": row(0.48 + e, 0.21, 0.45, 0.45, 96)}}
+               for i, e in enumerate((0.0, 0.01, 0.02))]
+    names = ["AGI", "A", "B", "C"]
+    ranks = _table(records, names)[1]
+    assert ranks["sic"][0] == "A" and ranks["insertion"][0] == "B"
+    chosen, lines = preset_choice(records, names, ranks)
+    text = "\n".join(lines)
+    assert chosen == "A"
+    assert "(400 forward passes)" in text and "| B | 1000 (1000) | no |" in text
+    assert "first on sic, aic; insertion: behind B by 0.050" in text and "deletion: behind B by 0.080" in text
+    assert preset_choice(records, ["AGI", "B", "C"], _table(records, ["AGI", "B", "C"])[1])[0] is None
