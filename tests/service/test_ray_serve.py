@@ -43,23 +43,42 @@ COLORS = [(40, 120, 200), (200, 30, 60), (10, 220, 90), (250, 250, 20), (90, 10,
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, outside the ranges other processes take ports from while Ray starts: the kernel's
+    ephemeral range (32768-60999 here; a port the kernel handed out could be handed out again before Serve binds
+    it, which failed a CI run) and Ray's worker ports (10002-19999)."""
+    rng = np.random.default_rng()
+    for _ in range(200):
+        port = int(rng.integers(20000, 32768))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port in 20000-32767")
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    """A local Ray cluster (2 CPUs) with Serve on a free loopback port and the app as 2 replicas of the tiny model."""
+    """A local Ray cluster (2 CPUs) with Serve on a free loopback port and the app as 2 replicas of the tiny model
+    (a port taken between the check and Serve's bind is retried on another)."""
     from app.ray_serve import IDGReplica
 
-    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        env = {"PYTHONPATH": str(ROOT), "IDG_WARMUP": "false", "IDG_TORCH_THREADS": "1", "IDG_TEST_DELAY_S": "0.02"}
-        deployment = IDGReplica.options(num_replicas=2, ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": env}})
-        serve.run(deployment.bind(factory="tests.service.reliability.server_app:make_app"), name="idg", route_prefix="/")
+        for attempt in range(3):
+            port = free_port()
+            try:
+                serve.start(http_options={"host": "127.0.0.1", "port": port})
+                env = {"PYTHONPATH": str(ROOT), "IDG_WARMUP": "false", "IDG_TORCH_THREADS": "1", "IDG_TEST_DELAY_S": "0.02"}
+                deployment = IDGReplica.options(num_replicas=2, ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": env}})
+                serve.run(deployment.bind(factory="tests.service.reliability.server_app:make_app"), name="idg", route_prefix="/")
+                break
+            except Exception as exc:  # Serve's proxy could not bind: another port
+                if "Failed to bind" not in str(exc) or attempt == 2:
+                    raise
+                log.warning("Serve could not bind 127.0.0.1:%d, another port: %s", port, exc)
+                serve.shutdown()
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
