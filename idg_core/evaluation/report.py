@@ -109,6 +109,13 @@ def _paired(records: list[dict[str, Any]], names: list[str], ref: str = "IDG") -
     return _paired_pairs(records, [(ref, n) for n in names if n != ref] if ref in names else [])
 
 
+def _paired_diffs(records: list[dict[str, Any]], a: str, b: str, metric: str, arrow: str) -> list[float]:
+    """(a − b) on ``metric`` for each image that has both, signed so that > 0 favours ``a``."""
+    sign = 1 if arrow == "↑" else -1
+    return [(x - y) * sign for r in records if a in r["methods"] and b in r["methods"]
+            for x, y in [(value(r["methods"][a], metric), value(r["methods"][b], metric))] if x is not None and y is not None]
+
+
 def _paired_pairs(records: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[str]:
     if not pairs:
         return []
@@ -116,8 +123,7 @@ def _paired_pairs(records: list[dict[str, Any]], pairs: list[tuple[str, str]]) -
     for metric, arrow in metrics_of(records):
         cells = []
         for ref, n in pairs:
-            diffs = [(a - b) * (1 if arrow == "↑" else -1) for r in records if ref in r["methods"] and n in r["methods"]
-                     for a, b in [(value(r["methods"][ref], metric), value(r["methods"][n], metric))] if a is not None and b is not None]
+            diffs = _paired_diffs(records, ref, n, metric, arrow)
             mean, half, count = mean_ci(diffs)
             wins = sum(d > 0 for d in diffs)
             mark = "**" if count > 1 and abs(mean) > half else ""
@@ -149,9 +155,7 @@ def _cost(records: list[dict[str, Any]], name: str) -> tuple[float, float, float
 
 def _paired_diff(records: list[dict[str, Any]], a: str, b: str, metric: str, arrow: str) -> tuple[float, float, int]:
     """Mean of (a − b) per image on ``metric``, signed so that > 0 favours ``a``, its 95% half-width, n."""
-    sign = 1 if arrow == "↑" else -1
-    return mean_ci([(x - y) * sign for r in records if a in r["methods"] and b in r["methods"]
-                    for x, y in [(value(r["methods"][a], metric), value(r["methods"][b], metric))] if x is not None and y is not None])
+    return mean_ci(_paired_diffs(records, a, b, metric, arrow))
 
 
 def preset_choice(records: list[dict[str, Any]], names: list[str], ranks: dict[str, list[str]], *, ref: str = "AGI",
