@@ -19,9 +19,9 @@ IMPORTANCE = ("finite_difference", "exact")
 FAST = {"probe_steps": 8, "steps": 16}
 """The ``fast`` preset and the defaults: the cheapest steps that keep IDG-50/50's faithfulness (:mod:`idg_core.presets`)."""
 PAPER = {"probe_steps": 50, "steps": 50}
-QUALITY = {**FAST, "postprocess": "idgi", "smooth_samples": 8, "smooth_std": 0.15}
-"""The ``quality`` preset: IDG fast + IDGI + SmoothGrad over 8 noisy copies, 192 forward / 128 gradient passes,
-chosen by issue #31's 65-photo table (:mod:`idg_core.presets`)."""
+QUALITY = {**FAST, "postprocess": "idgi", "smooth_samples": 16, "smooth_std": 0.15}
+"""The ``quality`` preset: IDG fast + IDGI + SmoothGrad over 16 noisy copies, 384 forward / 256 gradient passes
+(within AGI's 40 x 10 = 400), chosen by issue #31's 65-photo table (:mod:`idg_core.presets`)."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
