@@ -14,9 +14,12 @@ other methods keep their paper settings under it. Explicit ``steps``/``probe_ste
 
 ``quality`` adds post-steps: for IDG it is ``fast``'s steps with IDGI inside and SmoothGrad over 16 noisy
 copies (σ 0.15) around it, 16 × (8 + 16) = 384 forward and 256 gradient passes, within the cap of ten times
-AGI's 40. **Provisional**: chosen from the 100-photo H100 table of issue #31 (IDG+SmoothGrad first on deletion,
-SIC and AIC, IDG+IDGI first on insertion) at the cap, not yet from the 65-sample table that is to decide it
-(``results/evaluation-quality/README.md`` has the command and what is measured so far). The other methods
+AGI's 40. Chosen by issue #31's table (all 65 sample photos, EfficientNet-Lite0 with the service's CPU
+settings, 16 rows: ``results/evaluation-quality/``) by the report's rule: among rows within the cap and ahead
+of AGI in the mean on insertion, deletion, SIC and AIC, the most firsts, then the best mean rank, then the
+fewest passes. No row is first on all four; this one ranks 3rd, 14th, 2nd, 2nd of 16, and against AGI gains
+insertion +0.037 ± 0.032, deletion +0.001 ± 0.022, SIC +0.052 ± 0.042, AIC +0.049 ± 0.056 (paired, 95%).
+Deletion resists: IDG+SmoothGrad without IDGI leads it by 0.035 ± 0.016. The other methods
 run their paper settings under it. A request's own ``postprocess`` / ``smooth_*`` override the preset's.
 """
 
