@@ -33,8 +33,9 @@ class AttributeCommon(PredictParams):
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
     preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
                            "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos), 'paper' (the paper's "
-                           f"50 steps) or 'quality' (IDG fast + IDGI + SmoothGrad over {METHODS['idg'].presets['quality']['smooth_samples']} noisy "
-                           "copies, chosen by faithfulness against AGI on sample photos); explicit steps / "
+                           "50 steps) or 'quality' (IDG fast + IDGI + SmoothGrad over "
+                           f"{METHODS['idg'].presets['quality']['smooth_samples']} noisy copies, chosen by faithfulness against "
+                           "AGI on sample photos); explicit steps / "
                            "probe_steps / max_iter / postprocess / smooth_* override it. The other methods run their paper "
                            "settings under paper and quality")
     baseline: Literal["mean", "black"] = Field(
