@@ -64,15 +64,16 @@ def cluster() -> Iterator[str]:
     (a port taken between the check and Serve's bind is retried on another)."""
     from app.ray_serve import IDGReplica
 
+    env = {"PYTHONPATH": str(ROOT), "IDG_WARMUP": "false", "IDG_TORCH_THREADS": "1", "IDG_TEST_DELAY_S": "0.02"}
+    deployment = IDGReplica.options(num_replicas=2, ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": env}})
+    app = deployment.bind(factory="tests.service.reliability.server_app:make_app")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         for attempt in range(3):
             port = free_port()
             try:
                 serve.start(http_options={"host": "127.0.0.1", "port": port})
-                env = {"PYTHONPATH": str(ROOT), "IDG_WARMUP": "false", "IDG_TORCH_THREADS": "1", "IDG_TEST_DELAY_S": "0.02"}
-                deployment = IDGReplica.options(num_replicas=2, ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": env}})
-                serve.run(deployment.bind(factory="tests.service.reliability.server_app:make_app"), name="idg", route_prefix="/")
+                serve.run(app, name="idg", route_prefix="/")
                 break
             except Exception as exc:  # Serve's proxy could not bind: another port
                 if "Failed to bind" not in str(exc) or attempt == 2:
