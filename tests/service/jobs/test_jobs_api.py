@@ -259,7 +259,12 @@ class _Receiver(BaseHTTPRequestHandler):
         pass
 
 
-async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: AppFactory) -> None:
+async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    contexts: list[object] = []
+    build = httpx.create_ssl_context
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda: contexts.append(build()) or contexts[-1])
     _Receiver.bodies = []
     server = HTTPServer(("127.0.0.1", 0), _Receiver)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -269,14 +274,17 @@ async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: 
             url = f"http://127.0.0.1:{server.server_address[1]}/hook?from=idg"
             job = await submit(client, images(3), callback_url=url)
             await wait_done(client, job["id"])
+            other = await submit(client, images(1), callback_url=url)
+            await wait_done(client, other["id"])
             for _ in range(100):
-                if _Receiver.bodies:
+                if len(_Receiver.bodies) >= 2:
                     break
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.2)
     finally:
         server.shutdown()
-    assert len(_Receiver.bodies) == 1
-    body = _Receiver.bodies[0]
+    assert sorted(b["id"] for b in _Receiver.bodies) == sorted([job["id"], other["id"]])  # each job's once
+    assert len(contexts) == 1  # the TLS context is built once for the runner (40-50 ms each), not per callback
+    body = next(b for b in _Receiver.bodies if b["id"] == job["id"])
     assert (body["id"], body["state"], body["done"], body["total"]) == (job["id"], "done", 3, 3)
     assert body["results_url"] == f"http://test/jobs/{job['id']}/results"
