@@ -218,7 +218,7 @@ class PlanState:
 
     def __init__(self, plan: PlanOf[Any]) -> None:
         self.plan = plan
-        self.pending: list[Query] | None = None
+        self.pending = None
         self.answers: list[Answer | None] = []
         self.taken = 0
         """Rows of ``pending`` already taken into a model call."""
@@ -237,41 +237,68 @@ class PlanState:
         self.taken = 0
         return True
 
+    @property
+    def pending(self) -> list[Query] | None:
+        """The queries of the current step (None once the plan returned)."""
+        return self._pending
+
+    @pending.setter
+    def pending(self, queries: list[Query] | None) -> None:
+        self._pending = queries
+        self._sizes = [q.n for q in queries or []]
+        self._step_rows = sum(self._sizes)
+        """The step's rows, counted once: the scheduler reads ``rows`` of every waiting job before every call
+        (128 jobs of several queries each: thousands of tensor-shape reads per call on the worker thread)."""
+
     def step_answers(self) -> list[Answer]:
         return [a for a in self.answers if a is not None]
 
     @property
     def rows(self) -> int:
         """Points of the current step not yet taken into a model call."""
-        return sum(q.n for q in self.pending or []) - self.taken
+        return self._step_rows - self.taken
 
     @property
     def step_answered(self) -> bool:
-        return self.rows == 0 and all(a is not None for a in self.answers)
+        return self.taken == self._step_rows and all(a is not None for a in self.answers)
 
     @property
     def next_grad(self) -> bool:
         """Whether the next row not yet taken needs a gradient."""
         pos = 0
-        for q in self.pending or []:
-            pos += q.n
+        for q, n in zip(self._pending or [], self._sizes, strict=True):
+            pos += n
             if pos > self.taken:
                 return q.grad
         return False
+
+    def ready_rows(self, grad: bool) -> int:
+        """Rows of the step not yet taken that one call of kind ``grad`` could take (those before the first
+        row of the other kind)."""
+        count = pos = 0
+        for q, n in zip(self._pending or [], self._sizes, strict=True):
+            start = max(self.taken - pos, 0)
+            pos += n
+            if start >= n:
+                continue
+            if q.grad != grad:
+                break
+            count += n - start
+        return count
 
     def take(self, budget: int | None = None, grad: bool | None = None) -> Rows:
         """Up to ``budget`` (None: every) rows of the step not taken yet, in order and, with ``grad``
         given, while they are of that kind."""
         out: Rows = []
         pos = 0
-        for qi, q in enumerate(self.pending or []):
+        for qi, (q, n) in enumerate(zip(self._pending or [], self._sizes, strict=True)):
             start = max(self.taken - pos, 0)
-            pos += q.n
-            if start >= q.n:
+            pos += n
+            if start >= n:
                 continue
             if budget == 0 or (grad is not None and q.grad != grad):
                 break
-            stop = q.n if budget is None else min(q.n, start + budget)
+            stop = n if budget is None else min(n, start + budget)
             out.append((qi, start, stop))
             if budget is not None:
                 budget -= stop - start
@@ -289,7 +316,7 @@ class PlanState:
 
     def store(self, qi: int, start: int, stop: int, ans: Answer) -> None:
         """Keep the model's answer to rows ``start:stop`` of pending query ``qi``."""
-        n = (self.pending or [])[qi].n
+        n = self._sizes[qi]
         if start == 0 and stop == n:
             self.answers[qi] = ans
             return

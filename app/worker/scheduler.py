@@ -55,6 +55,8 @@ class Schedulable(Protocol):
 
     def take(self, budget: int | None = None, grad: bool | None = None) -> Rows: ...
 
+    def ready_rows(self, grad: bool) -> int: ...
+
 
 J = TypeVar("J", bound=Schedulable)
 
@@ -144,13 +146,4 @@ class Scheduler:
 def ready_rows(job: Schedulable, grad: bool) -> int:
     """Rows of the job's step not yet taken that one call of kind ``grad`` could take (those before
     the first row of the other kind)."""
-    count = pos = 0
-    for q in job.pending or []:
-        start = max(job.taken - pos, 0)
-        pos += q.n
-        if start >= q.n:
-            continue
-        if q.grad != grad:
-            break
-        count += q.n - start
-    return count
+    return job.ready_rows(grad)
