@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -89,6 +90,9 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         if settings.warmup:
             await service.warm_up_requests()
         app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready)
+        if settings.gc_freeze:
+            await asyncio.to_thread(gc.collect)
+            gc.freeze()  # start-up's objects live on: the cyclic collector's full passes no longer walk them under traffic
         app.state.ready = True
         metrics.ready.set(1)
         log.info("ready: %s on %s", ", ".join(loaded), device)
@@ -97,6 +101,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         finally:
             app.state.ready = False
             metrics.ready.set(0)
+            if settings.gc_freeze:
+                gc.unfreeze()  # an app stopped in a process that goes on (tests, a reload) can be collected
             await app.state.jobs.stop()  # its images in the worker are dropped and given back to the store
             if drain.drained:  # app.server drained the requests already and is stopping the worker
                 await wait_thread(drain.worker_stopper, 1.0)

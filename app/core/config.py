@@ -71,6 +71,9 @@ class Settings(BaseSettings):
         None, gt=0, le=100, description="Python's GIL switch interval (sys.setswitchinterval) in milliseconds; unset: Python's 5 ms. "
         "The worker thread releases the GIL at every torch op and may wait up to this long to get it back while the event loop "
         "holds it (see results/benchmarks for what it measured)")
+    gc_freeze: bool = Field(
+        True, description="gc.freeze() once ready: the objects start-up made (~250,000: torch, FastAPI, the models) leave the cyclic "
+        "garbage collector's full passes, each of which otherwise holds the GIL 0.1-0.3 s under traffic, stalling every thread")
     pipeline_depth: int = Field(
         2, ge=1, le=8, description="Model calls handed to the device at once: with 2, the worker gathers call k+1's inputs and "
         "books call k's answers while call k+1 waits behind call k, so the device does not wait for the host")

@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from app.core.config import Settings
-from tests.service.conftest import AppFactory, serve
+from tests.service.conftest import AppFactory, image_bytes, serve
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -46,3 +46,16 @@ async def test_start_up_keeps_freed_memory_unless_told_not_to(tiny_app: AppFacto
     async with serve(tiny_app(keep_freed_memory=keep)) as client:
         assert (await client.get("/health/ready")).status_code == 200
     assert len(calls) == int(keep)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_start_up_freezes_its_objects_out_of_the_collector_until_the_app_stops(tiny_app: AppFactory, freeze: bool) -> None:
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    async with serve(tiny_app(gc_freeze=freeze)) as client:
+        assert (await client.get("/health/ready")).status_code == 200
+        frozen = gc.get_freeze_count()
+        assert (await client.post("/predict", files={"file": ("a.png", image_bytes())})).status_code == 200
+    assert (frozen > 10_000) is freeze  # the modules, the app and the models made before ready
+    assert gc.get_freeze_count() == 0  # stopped: a process that goes on can collect them again
