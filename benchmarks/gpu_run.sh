@@ -39,20 +39,20 @@ tests)
     python3 -m benchmarks.compiled_check --out "$OUT" 2>&1 | tail -14
     ;;
 service)  # the service as users get it: Lite0 at every default, 8/32/128 clients x 6 requests, the first request vs the next 99
-    python3 -m benchmarks.load --label h100-service-lite0 --images "$IMAGES" --levels 8 32 128 --per-client 6 --serial 99 \
+    python3 -m benchmarks.load --label h100-service-lite0 --images "$IMAGES" --levels 8 32 128 --per-client 6 --serial 99 --client-processes 4 \
         --profile --out "$OUT" 2>&1 | grep "^|\|^- \|by thread"
     ;;
 service-resnet101)  # ResNet-101 (random weights) at precision auto and at bf16, 128 clients x 6
     for precision in auto bf16; do
-        python3 -m benchmarks.load --label "h100-service-resnet101-$precision" --images "$IMAGES" --levels 32 128 --per-client 6 \
+        python3 -m benchmarks.load --label "h100-service-resnet101-$precision" --images "$IMAGES" --levels 32 128 --per-client 6 --client-processes 4 \
             --env IDG_MODELS=resnet101=random IDG_PRECISION=$precision --out "$OUT" 2>&1 | grep "^|"
     done
     ;;
 service-ab)  # what the defaults are made of, each against the default (depth 2, listed first) in the same call: cudnn.benchmark, no pipeline,
     # no fixed sizes (the old service), two server processes on one GPU (half the clients each)
-    for variant in IDG_PIPELINE_DEPTH=2 IDG_SWITCH_INTERVAL_MS=0.5 IDG_SWITCH_INTERVAL_MS=1 IDG_CUDA_GRAPHS=false IDG_CUDNN_BENCHMARK=true IDG_PIPELINE_DEPTH=1 \
+    for variant in IDG_PIPELINE_DEPTH=2 IDG_SWITCH_INTERVAL_MS=0.5 IDG_SWITCH_INTERVAL_MS=1 IDG_CUDA_GRAPHS=false IDG_CUDNN_BENCHMARK=true IDG_PIPELINE_DEPTH=1 IDG_GC_FREEZE=false \
         IDG_FIXED_CALL_SIZES=false; do
-        python3 -m benchmarks.load --label "h100-service-lite0-${variant/=/-}" --images "$IMAGES" --levels 128 --per-client 6 \
+        python3 -m benchmarks.load --label "h100-service-lite0-${variant/=/-}" --images "$IMAGES" --levels 128 --per-client 6 --client-processes 4 \
             --env "$variant" --out "$OUT" 2>&1 | grep "^|" | tail -1
     done
     python3 -m benchmarks.two_servers --label h100-service-lite0-two-processes --images "$IMAGES" --clients 128 --per-client 6 \
