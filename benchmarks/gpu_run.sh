@@ -50,7 +50,7 @@ service-resnet101)  # ResNet-101 (random weights) at precision auto and at bf16,
     ;;
 service-ab)  # what the defaults are made of, each against the default (depth 2, listed first) in the same call: cudnn.benchmark, no pipeline,
     # no fixed sizes (the old service), two server processes on one GPU (half the clients each)
-    for variant in IDG_PIPELINE_DEPTH=2 IDG_SWITCH_INTERVAL_MS=0.5 IDG_SWITCH_INTERVAL_MS=1 IDG_CUDA_GRAPHS=false IDG_CUDNN_BENCHMARK=true IDG_PIPELINE_DEPTH=1 IDG_GC_FREEZE=false \
+    for variant in IDG_PIPELINE_DEPTH=2 IDG_SWITCH_INTERVAL_MS=0.5 IDG_SWITCH_INTERVAL_MS=1 IDG_CUDA_GRAPHS=false IDG_CUDNN_BENCHMARK=true IDG_PIPELINE_DEPTH=1 IDG_GC_FREEZE=false IDG_LAUNCH_AHEAD=1 \
         IDG_FIXED_CALL_SIZES=false; do
         python3 -m benchmarks.load --label "h100-service-lite0-${variant/=/-}" --images "$IMAGES" --levels 128 --per-client 6 --client-processes 4 \
             --env "$variant" --out "$OUT" 2>&1 | grep "^|" | tail -1

@@ -6,9 +6,9 @@ the settings given), N concurrent clients on loopback sending real photos, and w
     python -m benchmarks.load --label cpu-simulated-20ms --simulated-ms 20 --levels 8 32 128 --per-client 6
 
 ``--simulated-ms`` serves a light TorchScript CNN (saved as a user would, :func:`light_cnn`)
-whose every call takes that long with the GIL released (``IDG_SIMULATED_CALL_MS``, as a GPU kernel
-does), with fixed call sizes up to 128: the device-busy fraction under load then says whether the host
-keeps a device fed, on a machine without one. Each level reports throughput, p50/p95/p99 and p99/p50,
+whose every call takes that long on a device timeline of its own, as on a CUDA stream (``IDG_SIMULATED_CALL_MS``,
+``IDG_SIMULATED_STREAM``), with fixed call sizes up to 128: the device-busy fraction under load then says whether the
+host keeps a device fed, on a machine without one. Each level reports throughput, p50/p95/p99 and p99/p50,
 model calls and images per call, the device-busy counter, padding rows per real row (fixed sizes'
 waste), calls at an unwarmed size, and on a GPU the SM utilisation ``nvidia-smi dmon`` saw.
 """

@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     pipeline_depth: int = Field(
         2, ge=1, le=8, description="Model calls handed to the device at once: with 2, the worker gathers call k+1's inputs and "
         "books call k's answers while call k+1 waits behind call k, so the device does not wait for the host")
+    launch_ahead: int = Field(
+        2, ge=1, le=8, description="Model calls launched on an asynchronous device (CUDA, a simulated stream) at once: with 2, call k+1 "
+        "is queued on the device behind call k, so the device goes on without waiting for the host's Python between calls; 1: "
+        "a call is launched only once the one before it ended")
     cudnn_benchmark: bool = Field(
         False, description="torch.backends.cudnn.benchmark: let cuDNN time its kernels for each new shape (with fixed call "
         "sizes, once per size during warm-up; see results/benchmarks for whether it pays)")
@@ -84,6 +88,9 @@ class Settings(BaseSettings):
         None, ge=0, description="For benchmarks and tests without a GPU: every model call takes this many milliseconds (+ "
         "simulated_image_ms per image) with the GIL released, as a GPU kernel does, and returns the model's real outputs "
         "(idg_core.models.simulated); unset: off")
+    simulated_stream: bool = Field(
+        True, description="The simulated device behaves as a CUDA stream (a call returns at once and its time is booked on the "
+        "device's own timeline, after the calls before it); false: each call holds the launching thread for its time")
     simulated_image_ms: float = Field(0.0, ge=0, description="Milliseconds per image added to simulated_call_ms")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
     keep_freed_memory: bool = Field(

@@ -14,6 +14,12 @@ outputs are used, so a plan's synchronisation (``.tolist()`` of a probe) waits f
 not for the one running behind it. Tensors that cross streams are recorded on the stream that uses
 them (``record_stream``), so the caching allocator does not hand their memory out too early.
 Device time is measured per call: CUDA events on a GPU, the stage thread's time elsewhere.
+
+On an asynchronous device (CUDA, or a simulated accelerator run as a stream) the stage only *launches* a
+call and a second thread of its own waits for it to end; up to ``ahead`` calls are launched at once, so
+call k+1 is queued on the device behind call k and the device goes from one to the next without waiting
+for this process's Python (the launching thread's wait for the GIL, the bookkeeping of call k's end).
+Elsewhere (a CPU, where the call is the computation) a call runs to its end on the stage's thread.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 from torch import Tensor
 
 from idg_core.model_calls import PreparedCall, run_call
+from idg_core.models.simulated import SimulatedAccelerator
 from idg_core.types import Model
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,7 @@ class Call:
     _inputs_ready: Any = None  # torch.cuda.Event recorded on the submitter's stream
     _start: Any = None
     _end: Any = None
+    _ready_at: float | None = None  # on a simulated stream: when its result is ready (time.perf_counter)
 
 
 def name_os_thread(name: str) -> None:
@@ -96,17 +104,24 @@ class DeviceStage:
     """Runs :class:`Call` s in order on a thread of its own (and, on CUDA, a stream of its own)."""
 
     def __init__(self, device: torch.device, depth: int = 2, name: str = "idg-device",
-                 on_event: Callable[[str, int], None] | None = None) -> None:
+                 on_event: Callable[[str, int], None] | None = None, ahead: int = 2) -> None:
         self.device = device
         self.on_event = on_event
-        """Called with ("submitted" | "started" | "ended", call number) as each happens (tests)."""
+        """Called with ("submitted" | "started" | "ended", call number) as each happens (tests); on an
+        asynchronous device "started" is the launch."""
         self._numbers = 0
         self.depth = max(1, depth)
+        self.ahead = max(1, ahead)
+        """Calls launched on an asynchronous device at once (the running one and those queued behind it)."""
         self._queue: queue.Queue[Call | _Task | None] = queue.Queue()
+        self._launched: queue.Queue[Call | None] = queue.Queue()
+        self._slots = threading.Semaphore(self.ahead)
         self._in_flight = 0
         self._lock = threading.Lock()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._ends = threading.Thread(target=self._end_loop, name=f"{name}-done"[:15], daemon=True)
+        self._ends.start()
         self._thread.start()
 
     @property
@@ -166,30 +181,75 @@ class DeviceStage:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        """The launching thread: takes each call as the worker hands it over and runs it (or, on an
+        asynchronous device, launches it behind the calls already there and leaves its end to ``_end_loop``)."""
         name_os_thread(self._thread.name)
         while True:
-            call = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                self._launched.put(None)
+                self._ends.join(timeout=10)
+                return
+            if isinstance(item, _Task):
+                self._quiet()
+                item.run(self._stream)
+                continue
+            self._slots.acquire()
+            item.started = time.monotonic()
+            self._event("started", item)
+            began = time.perf_counter()
+            launched = False
+            try:
+                launched = self._launch(item)
+            except BaseException as err:  # noqa: BLE001 - handed to the worker, which isolates the failing request
+                item.error = err
+            if launched:
+                self._launched.put(item)
+            else:
+                item.device_seconds = time.perf_counter() - began
+                self._ended(item)
+
+    def _quiet(self) -> None:
+        """Wait until no launched call is on the device (before a warm-up task)."""
+        for _ in range(self.ahead):
+            self._slots.acquire()
+        for _ in range(self.ahead):
+            self._slots.release()
+
+    def _end_loop(self) -> None:
+        """The second thread: waits for each launched call's end, in order, and marks it done."""
+        name_os_thread(self._ends.name)
+        while True:
+            call = self._launched.get()
             if call is None:
                 return
-            if isinstance(call, _Task):
-                call.run(self._stream)
-                continue
-            call.started = time.monotonic()
-            self._event("started", call)
-            began = time.perf_counter()
             try:
-                call.out = self._execute(call)
-            except BaseException as err:  # noqa: BLE001 - handed to the worker, which isolates the failing request
-                call.error = err
-            call.device_seconds = time.perf_counter() - began
-            call.ended = time.monotonic()
-            self._event("ended", call)
-            call.done.set()
+                if call._ready_at is not None:  # a simulated stream: its result is ready then
+                    time.sleep(max(0.0, call._ready_at - time.perf_counter()))
+                else:
+                    call._end.synchronize()  # this thread waits (GIL released); the next call is already on the device
+            except BaseException as err:  # noqa: BLE001 - a kernel's error shows here: handed to the worker
+                call.error, call.out = err, None
+            self._ended(call)
 
-    def _execute(self, call: Call) -> tuple[Tensor, Tensor | None, Tensor]:
+    def _ended(self, call: Call) -> None:
+        call.ended = time.monotonic()
+        self._event("ended", call)
+        call.done.set()
+        self._slots.release()
+
+    def _launch(self, call: Call) -> bool:
+        """Run ``call`` here (False), or launch it on an asynchronous device (True: ``_end_loop`` waits for it)."""
         p = call.prepared
+        sim = getattr(call.model, "net", None)
+        if isinstance(sim, SimulatedAccelerator) and sim.stream:
+            before = sim.busy_s
+            call.out = run_call(call.model, p.inputs, p.rows, p.grad)
+            call._ready_at, call.device_seconds = sim.ready_at(), sim.busy_s - before
+            return True
         if self._stream is None:
-            return run_call(call.model, p.inputs, p.rows, p.grad)
+            call.out = run_call(call.model, p.inputs, p.rows, p.grad)
+            return False
         stream = self._stream
         with torch.cuda.stream(stream):
             stream.wait_event(call._inputs_ready)
@@ -199,7 +259,6 @@ class DeviceStage:
             call._start, call._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             call._start.record(stream)
             graph = (call.graphs or {}).get((p.size, p.grad))
-            out = graph.run(p.inputs, p.rows) if graph is not None else run_call(call.model, p.inputs, p.rows, p.grad)
+            call.out = graph.run(p.inputs, p.rows) if graph is not None else run_call(call.model, p.inputs, p.rows, p.grad)
             call._end.record(stream)
-        call._end.synchronize()  # this thread waits (GIL released), so the next call launches as soon as this one ends
-        return out
+        return True

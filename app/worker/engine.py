@@ -54,7 +54,7 @@ class Worker:
         self, models: Mapping[str, Model], device: torch.device, metrics: Metrics, *, max_batch_images: int,
         max_round_images: int, batch_wait_ms: float, max_queue: int, max_predict_queue: int = 16,
         watchdog_grace_s: float = 10.0, shapes: Mapping[str, CallShapes] | None = None, pipeline_depth: int = 2,
-        on_device_event: Callable[[str, int], None] | None = None,
+        on_device_event: Callable[[str, int], None] | None = None, launch_ahead: int = 2,
     ) -> None:
         self.models = dict(models)
         self.device = device
@@ -71,6 +71,7 @@ class Worker:
                                    max_batch={name: getattr(m, "max_batch", None) for name, m in self.models.items()})
         self.watchdog = Watchdog(watchdog_grace_s, self._fail_late)
         self.pipeline_depth = max(1, pipeline_depth)
+        self.launch_ahead = max(1, launch_ahead)
         self._on_device_event = on_device_event
         self._device: DeviceStage
         self._calls: deque[Call] = deque()  # handed to the device stage, not yet booked, oldest first
@@ -89,7 +90,7 @@ class Worker:
         thread, where the requests will run (its malloc arena, thread-local caches), and this returns only
         once it has; if it raises, the worker does not start and the exception is raised here."""
         self._warm_up = warm_up
-        self._device = DeviceStage(self.device, self.pipeline_depth, on_event=self._on_device_event)
+        self._device = DeviceStage(self.device, self.pipeline_depth, on_event=self._on_device_event, ahead=self.launch_ahead)
         self._thread.start()
         self._warmed.wait()
         if self._warm_up_error is not None:

@@ -6,7 +6,15 @@ load?) can then be tested and measured on a machine without a GPU: the wrapped n
 the real, checkable answer, and the call is stretched to ``call_ms`` (+ ``image_ms`` per image) by
 sleeping, which, like waiting on a CUDA kernel, leaves the GIL to the other threads. Each call is
 logged (start and end, in order, with its batch size) for tests that prove overlap by event order.
-The service wraps its models in it with ``IDG_SIMULATED_CALL_MS`` (benchmarks and tests only).
+
+With ``stream=True`` it behaves as a CUDA stream does instead: a call returns at once (its real outputs
+computed on the caller's thread, as a launch costs the host its Python), and its time is booked on the
+device's own timeline, after the calls launched before it: it begins when the device is free or when it
+is launched, whichever is later, and its result is ready ``call_ms`` later (:meth:`ready_at`; the caller
+waits for it, as for a CUDA event). A device that waits for the host then shows as a gap in that timeline
+(:attr:`idle_s`), and the host's own waits for the GIL between calls do not stop the device, as on a GPU,
+where the kernels need no Python. The service wraps its models in it with ``IDG_SIMULATED_CALL_MS``
+(benchmarks and tests only), as a stream.
 """
 
 from __future__ import annotations
@@ -24,14 +32,19 @@ class SimulatedAccelerator(nn.Module):
     :attr:`events` holds ``("start" | "end", call number, batch size)`` in the order they happened;
     :attr:`busy_s` the seconds calls took."""
 
-    def __init__(self, net: nn.Module, call_ms: float, image_ms: float = 0.0) -> None:
+    def __init__(self, net: nn.Module, call_ms: float, image_ms: float = 0.0, stream: bool = False) -> None:
         super().__init__()
         self.net = net
         self.call_ms = call_ms
         self.image_ms = image_ms
+        self.stream = stream
         self.events: list[tuple[str, int, int]] = []
         self.busy_s = 0.0
+        self.idle_s = 0.0
+        """With ``stream``: seconds the device's timeline stood empty between two calls (it waited for the host)."""
         self.calls = 0
+        self.free_at: float | None = None
+        """With ``stream``: when (``time.perf_counter``) the last call launched ends on the device."""
         self._device = threading.Lock()
         self._log = threading.Lock()
 
@@ -40,6 +53,8 @@ class SimulatedAccelerator(nn.Module):
             self.events.append((what, number, size))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.stream:
+            return self._launch(x)
         with self._device:
             self.calls += 1
             number, size = self.calls, int(x.shape[0])
@@ -52,3 +67,22 @@ class SimulatedAccelerator(nn.Module):
             self.busy_s += time.perf_counter() - started
             self.note("end", number, size)
         return out
+
+    def _launch(self, x: Tensor) -> Tensor:
+        out: Tensor = self.net(x)
+        size = int(x.shape[0])
+        took = (self.call_ms + self.image_ms * size) / 1000
+        with self._device:
+            self.calls += 1
+            now = time.perf_counter()
+            if self.free_at is not None and now > self.free_at:
+                self.idle_s += now - self.free_at
+            begins = now if self.free_at is None else max(now, self.free_at)
+            self.free_at = begins + took
+            self.busy_s += took
+            self.note("start", self.calls, size)
+        return out
+
+    def ready_at(self) -> float:
+        """When (``time.perf_counter``) the last call launched (on a stream) has its result."""
+        return self.free_at if self.free_at is not None else time.perf_counter()

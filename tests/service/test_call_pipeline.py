@@ -76,12 +76,13 @@ def test_calls_after_warm_up_are_counted_when_their_size_was_not_warmed() -> Non
     assert loose.unwarmed_calls == 1  # a call of 5 the warm-up never ran
 
 
-def _sim_worker(call_ms: float, depth: int, events: list[tuple[str, int]]) -> tuple[Worker, SimulatedAccelerator]:
+def _sim_worker(call_ms: float, depth: int, events: list[tuple[str, int]], stream: bool = False,
+                ahead: int = 2) -> tuple[Worker, SimulatedAccelerator]:
     model = tiny_classifier()
-    sim = SimulatedAccelerator(model.net, call_ms)
+    sim = SimulatedAccelerator(model.net, call_ms, stream=stream)
     model.net = sim
     worker = Worker({"tiny": model}, torch.device("cpu"), Metrics(), max_batch_images=8, max_round_images=8, batch_wait_ms=0,
-                    max_queue=64, pipeline_depth=depth, on_device_event=lambda what, n: events.append((what, n)))
+                    max_queue=64, pipeline_depth=depth, on_device_event=lambda what, n: events.append((what, n)), launch_ahead=ahead)
     worker.start()
     return worker, sim
 
@@ -133,6 +134,37 @@ async def test_without_a_pipeline_the_next_call_is_prepared_only_after_the_last_
         worker.stop(1)
     overlapped, pairs = _overlapped(events)
     assert pairs >= 10 and overlapped == 0
+
+
+def _launched_early(events: list[tuple[str, int]]) -> tuple[int, int]:
+    """(calls launched on the device before the one before them ended, calls with a predecessor)."""
+    at = {e: i for i, e in enumerate(events)}
+    last = max(n for what, n in events if what == "ended")
+    early = sum(at[("started", k + 1)] < at[("ended", k)] for k in range(1, last) if ("started", k + 1) in at)
+    return early, last - 1
+
+
+async def test_on_a_stream_call_k_plus_1_is_launched_behind_call_k_with_the_same_answers() -> None:
+    """On an asynchronous device (CUDA; here the simulated stream) the next call is queued on the device
+    while the one before it runs, so the device does not wait for the host's Python between them."""
+    answers = {}
+    for stream, ahead in ((False, 2), (True, 2), (True, 1)):
+        events: list[tuple[str, int]] = []
+        worker, sim = _sim_worker(call_ms=20, depth=2, events=events, stream=stream, ahead=ahead)
+        torch.manual_seed(0)
+        try:
+            results = await _run_jobs(worker, 6)
+        finally:
+            worker.stop(1)
+        answers[stream, ahead] = torch.stack([r.result.attributions for r in results])  # type: ignore[attr-defined]
+        early, pairs = _launched_early(events)
+        assert pairs >= 10
+        if stream and ahead == 2:
+            assert early >= pairs * 0.5, (early, pairs)  # under load most calls are launched behind a running one
+            assert sim.busy_s == pytest.approx(0.020 * sim.calls)  # each call's time booked once on the device's timeline
+        else:
+            assert early == 0  # the control: a call starts only once the one before it ended (so the line above can fail)
+    assert torch.equal(answers[True, 2], answers[False, 2]) and torch.equal(answers[True, 1], answers[False, 2])
 
 
 def _metric(text: str, name: str) -> float:
