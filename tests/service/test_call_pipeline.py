@@ -99,11 +99,11 @@ async def _run_jobs(worker: Worker, n: int) -> list[object]:
     return list(await asyncio.wait_for(asyncio.gather(*[j.future for j in jobs]), 60))
 
 
-def _overlapped(events: list[tuple[str, int]]) -> tuple[int, int]:
-    """(calls whose successor was handed over before they ended, calls with a successor)."""
+def _overlapped(events: list[tuple[str, int]], what: str = "submitted") -> tuple[int, int]:
+    """(calls whose successor was handed over, or with ``what="started"`` launched, before they ended; calls with a successor)."""
     at = {e: i for i, e in enumerate(events)}
-    last = max(n for what, n in events if what == "ended")
-    overlapped = sum(at[("submitted", k + 1)] < at[("ended", k)] for k in range(1, last) if ("submitted", k + 1) in at)
+    last = max(n for kind, n in events if kind == "ended")
+    overlapped = sum(at[(what, k + 1)] < at[("ended", k)] for k in range(1, last) if (what, k + 1) in at)
     return overlapped, last - 1
 
 
@@ -136,14 +136,6 @@ async def test_without_a_pipeline_the_next_call_is_prepared_only_after_the_last_
     assert pairs >= 10 and overlapped == 0
 
 
-def _launched_early(events: list[tuple[str, int]]) -> tuple[int, int]:
-    """(calls launched on the device before the one before them ended, calls with a predecessor)."""
-    at = {e: i for i, e in enumerate(events)}
-    last = max(n for what, n in events if what == "ended")
-    early = sum(at[("started", k + 1)] < at[("ended", k)] for k in range(1, last) if ("started", k + 1) in at)
-    return early, last - 1
-
-
 async def test_on_a_stream_call_k_plus_1_is_launched_behind_call_k_with_the_same_answers() -> None:
     """On an asynchronous device (CUDA; here the simulated stream) the next call is queued on the device
     while the one before it runs, so the device does not wait for the host's Python between them."""
@@ -157,7 +149,7 @@ async def test_on_a_stream_call_k_plus_1_is_launched_behind_call_k_with_the_same
         finally:
             worker.stop(1)
         answers[stream, ahead] = torch.stack([r.result.attributions for r in results])  # type: ignore[attr-defined]
-        early, pairs = _launched_early(events)
+        early, pairs = _overlapped(events, "started")
         assert pairs >= 10
         if stream and ahead == 2:
             assert early >= pairs * 0.5, (early, pairs)  # under load most calls are launched behind a running one
