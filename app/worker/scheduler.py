@@ -96,7 +96,7 @@ class Scheduler:
         model = self.next_model(ordered)
         mine = [j for j in ordered if j.model == model]
         grad = self.next_kind(mine)
-        budget = self.call_size(model, sum(ready_rows(j, grad) for j in mine))
+        budget = self.call_size(model, sum(j.ready_rows(grad) for j in mine))
         selection: Selection[J] = Selection(model, grad)
         for job in mine:
             if job.next_grad != grad:
@@ -142,8 +142,3 @@ class Scheduler:
         self.last_model = model
         return model
 
-
-def ready_rows(job: Schedulable, grad: bool) -> int:
-    """Rows of the job's step not yet taken that one call of kind ``grad`` could take (those before
-    the first row of the other kind)."""
-    return job.ready_rows(grad)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app.worker.scheduler import BACKGROUND, Scheduler, Selection, ready_rows
+from app.worker.scheduler import BACKGROUND, Scheduler, Selection
 from idg_core.call_shapes import CallShapes
 from idg_core.model_calls import PlanState
 from idg_core.types import Query
@@ -70,7 +70,7 @@ def test_a_call_is_of_one_kind_and_a_job_passed_over_decides_the_next_kind() -> 
     assert forward.passed_over == 0 and gradients.passed_over == 1
     third = scheduler.select([gradients, forward], calls_in_flight=False)
     assert third is not None and third.grad and _rows(third) == [(gradients, 8)]  # both want gradients: the older fills the call
-    assert ready_rows(forward, True) == 3 and ready_rows(forward, False) == 0
+    assert forward.ready_rows(True) == 3 and forward.ready_rows(False) == 0
 
 
 def test_models_take_turns_at_the_most_urgent_priority() -> None:
