@@ -65,7 +65,6 @@ class Call:
     _inputs_ready: Any = None  # torch.cuda.Event recorded on the submitter's stream
     _start: Any = None
     _end: Any = None
-    _ready_at: float | None = None  # on a simulated stream: when its result is ready (time.perf_counter)
 
 
 def name_os_thread(name: str) -> None:
@@ -156,7 +155,7 @@ class DeviceStage:
             return False
         with self._lock:
             self._in_flight -= 1
-        if self._stream is not None and call.out is not None:
+        if call._start is not None and call.out is not None:  # launched on the CUDA stream (a simulated stream's end is no CUDA event)
             current = torch.cuda.current_stream(self.device)
             current.wait_event(call._end)
             for t in call.out:
@@ -224,10 +223,7 @@ class DeviceStage:
             if call is None:
                 return
             try:
-                if call._ready_at is not None:  # a simulated stream: its result is ready then
-                    time.sleep(max(0.0, call._ready_at - time.perf_counter()))
-                else:
-                    call._end.synchronize()  # this thread waits (GIL released); the next call is already on the device
+                call._end.synchronize()  # this thread waits (GIL released); the next call is already on the device
             except BaseException as err:  # noqa: BLE001 - a kernel's error shows here: handed to the worker
                 call.error, call.out = err, None
             self._ended(call)
@@ -245,7 +241,7 @@ class DeviceStage:
         if isinstance(sim, SimulatedAccelerator) and sim.stream:
             before = sim.busy_s
             call.out = run_call(call.model, p.inputs, p.rows, p.grad)
-            call._ready_at, call.device_seconds = sim.ready_at(), sim.busy_s - before
+            call._end, call.device_seconds = sim.end_event(), sim.busy_s - before
             return True
         if self._stream is None:
             call.out = run_call(call.model, p.inputs, p.rows, p.grad)

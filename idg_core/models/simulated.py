@@ -10,10 +10,10 @@ logged (start and end, in order, with its batch size) for tests that prove overl
 With ``stream=True`` it behaves as a CUDA stream does instead: a call returns at once (its real outputs
 computed on the caller's thread, as a launch costs the host its Python), and its time is booked on the
 device's own timeline, after the calls launched before it: it begins when the device is free or when it
-is launched, whichever is later, and its result is ready ``call_ms`` later (:meth:`ready_at`; the caller
-waits for it, as for a CUDA event). A device that waits for the host then shows as a gap in that timeline
-(:attr:`idle_s`), and the host's own waits for the GIL between calls do not stop the device, as on a GPU,
-where the kernels need no Python. The service wraps its models in it with ``IDG_SIMULATED_CALL_MS``
+is launched, whichever is later, and its result is ready ``call_ms`` later (:meth:`end_event`: the caller
+waits for it, as for a CUDA event). A device that waits for the host then shows as a gap in that timeline,
+and the host's own waits for the GIL between calls do not stop the device, as on a GPU, where the kernels
+need no Python. The service wraps its models in it with ``IDG_SIMULATED_CALL_MS``
 (benchmarks and tests only), as a stream.
 """
 
@@ -40,8 +40,6 @@ class SimulatedAccelerator(nn.Module):
         self.stream = stream
         self.events: list[tuple[str, int, int]] = []
         self.busy_s = 0.0
-        self.idle_s = 0.0
-        """With ``stream``: seconds the device's timeline stood empty between two calls (it waited for the host)."""
         self.calls = 0
         self.free_at: float | None = None
         """With ``stream``: when (``time.perf_counter``) the last call launched ends on the device."""
@@ -75,14 +73,23 @@ class SimulatedAccelerator(nn.Module):
         with self._device:
             self.calls += 1
             now = time.perf_counter()
-            if self.free_at is not None and now > self.free_at:
-                self.idle_s += now - self.free_at
             begins = now if self.free_at is None else max(now, self.free_at)
             self.free_at = begins + took
             self.busy_s += took
             self.note("start", self.calls, size)
         return out
 
-    def ready_at(self) -> float:
-        """When (``time.perf_counter``) the last call launched (on a stream) has its result."""
-        return self.free_at if self.free_at is not None else time.perf_counter()
+    def end_event(self) -> EndEvent:
+        """The end of the last call launched (on a stream), to wait for as for a CUDA event."""
+        return EndEvent(self.free_at if self.free_at is not None else time.perf_counter())
+
+
+class EndEvent:
+    """When a simulated stream's call has its result (``time.perf_counter``); :meth:`synchronize` waits
+    for it with the GIL released, as ``torch.cuda.Event.synchronize`` does."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def synchronize(self) -> None:
+        time.sleep(max(0.0, self.at - time.perf_counter()))
