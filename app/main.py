@@ -65,7 +65,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         if settings.simulated_call_ms is not None:
             for m in loaded.values():
                 m.net = SimulatedAccelerator(m.net, settings.simulated_call_ms, settings.simulated_image_ms,
-                                             stream=settings.simulated_stream)
+                                             stream=settings.simulated_stream,  # only a stream's calls share a timeline
+                                             timeline=settings.simulated_timeline if settings.simulated_stream else None)
             log.warning("simulated device: every model call takes %g ms + %g ms per image (IDG_SIMULATED_CALL_MS)",
                         settings.simulated_call_ms, settings.simulated_image_ms)
         if device.type == "cuda":

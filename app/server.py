@@ -14,6 +14,9 @@ uvicorn, configured from the ``IDG_*`` settings, with two additions:
   connection), with a JSON 408 when some bytes came; a body is bounded by ``IDG_BODY_TIMEOUT_S``:
   the app answers 408 when it reads the body (``app.api.requests.read_body``), and the protocol
   closes the connection :data:`BODY_BACKSTOP_S` later when nobody reads it.
+
+With ``IDG_PROCESSES`` > 1 (or ``--processes``) it binds the port once and runs that many of these servers on
+it, each its own process with its own models and worker (:mod:`app.core.processes`).
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
 import logging
 import os
 import signal
+import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import Any
 
@@ -37,8 +44,10 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
+from app.core.processes import serve_processes
 
 log = logging.getLogger("app.server")
 
@@ -163,6 +172,13 @@ class Server(uvicorn.Server):
         self.app = app
         self.grace_s = grace_s
         self._watchdog: threading.Timer | None = None
+        self.on_started: Callable[[], None] | None = None
+        """Called once the app is ready and the sockets accept (a supervisor's child reports it)."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._watchdog is None:
@@ -221,15 +237,38 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
     return Server(config, app, settings.shutdown_grace_s)
 
 
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.error").addFilter(StartupErrorFilter())
+
+
+def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
+    """One of several server processes (:mod:`app.core.processes`): the app on the shared socket."""
+    _configure_logging()
+    server = build(load_app(spec), host, port, log_level)
+    server.on_started = ready.set
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="idg-serve", description="Serve the IDG app; settings come from IDG_* variables (see README).")
     parser.add_argument("--host", help="listen address (default: IDG_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default: IDG_PORT, 8000)")
+    parser.add_argument("--processes", type=int, help="server processes on the port, each with its own models and worker "
+                        "(default: IDG_PROCESSES, 1)")
     parser.add_argument("--app", default="app.main:app", help="module:attribute of the app or of a factory (default: app.main:app)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("uvicorn.error").addFilter(StartupErrorFilter())
+    if args.processes is not None and args.processes < 1:
+        parser.error("--processes: at least 1")
+    _configure_logging()
+    settings = Settings()
+    processes = args.processes or settings.processes
+    if processes > 1:
+        host, port = args.host or settings.host, settings.port if args.port is None else args.port
+        target = functools.partial(serve_child, args.app, host, port, args.log_level)
+        sys.exit(serve_processes(target, processes, host, port, settings.shutdown_grace_s, settings.simulated_call_ms is not None))
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl+C it handled gracefully
         build(load_app(args.app), args.host, args.port, args.log_level).run()
 

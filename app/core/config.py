@@ -92,6 +92,9 @@ class Settings(BaseSettings):
         True, description="The simulated device behaves as a CUDA stream (a call returns at once and its time is booked on the "
         "device's own timeline, after the calls before it); false: each call holds the launching thread for its time")
     simulated_image_ms: float = Field(0.0, ge=0, description="Milliseconds per image added to simulated_call_ms")
+    simulated_timeline: Path | None = Field(
+        None, description="A file that several processes' simulated devices share as one device (a call begins once the calls "
+        "launched before it in any of them have ended); python -m app.server sets it for its processes with IDG_PROCESSES > 1")
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
     keep_freed_memory: bool = Field(
         True, description="glibc malloc keeps freed tensor memory for reuse instead of returning it to the kernel after every "
@@ -119,6 +122,10 @@ class Settings(BaseSettings):
         "finish for this long, the rest is answered 503; the process exits within this + 5 s")
     host: str = Field("127.0.0.1", description="Address python -m app.server listens on (0.0.0.0 in the Docker image)")
     port: int = Field(8000, ge=0, le=65535, description="Port python -m app.server listens on")
+    processes: int = Field(
+        1, ge=1, le=64, description="Server processes python -m app.server runs on the one port, each with its own copy of the "
+        "models on the same device and its own worker: more host (HTTP, decode, render, the worker's Python) per device, whose "
+        "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode)")
     header_timeout_s: float = Field(
         10.0, gt=0, description="Most seconds a client may take to send a request's headers (from connecting, or from the "
         "request's first byte on a kept-alive connection); beyond, 408 and the connection is closed")

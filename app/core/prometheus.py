@@ -1,11 +1,19 @@
-"""Prometheus metrics, one registry per app (so several apps can live in one process, as in tests)."""
+"""Prometheus metrics, one registry per app (so several apps can live in one process, as in tests).
+
+With several server processes (``IDG_PROCESSES``), ``python -m app.server`` sets ``PROMETHEUS_MULTIPROC_DIR``
+before it starts them: prometheus_client then keeps every value in a file per process there, and
+:func:`exposition` answers the sum over all of them (a gauge by its ``multiprocess_mode``: ``livesum`` over
+the live processes, ``livemin`` for readiness, ``livemax`` for a start-up cost), whichever process the
+scrape reached."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,7 +30,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter("idg_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
         self.latency = Histogram("idg_http_request_seconds", "HTTP latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_depth = Gauge("idg_queue_depth", "Requests admitted and not finished (queued or running)", registry=r)
+        self.queue_depth = Gauge("idg_queue_depth", "Requests admitted and not finished (queued or running)", registry=r,
+                                 multiprocess_mode="livesum")
         self.batch_images = Histogram("idg_batch_images", "Images per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
         self.batch_requests = Histogram(
             "idg_batch_requests", "Requests sharing one worker round", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
@@ -31,7 +40,7 @@ class Metrics:
                                  "size (IDG_FIXED_CALL_SIZES)", ["model", "kind"], registry=r)
         self.unwarmed_calls = Gauge("idg_unwarmed_calls", "Model calls since ready at a batch size the warm-up did not run (with "
                                     "fixed call sizes this stays 0; each such call may cost cuDNN seconds on a GPU)", ["model"],
-                                    registry=r)
+                                    registry=r, multiprocess_mode="livesum")
         self.device_busy = Counter("idg_device_busy_seconds", "Seconds the worker spent in model calls (until their results were "
                                    "on the host); rate() of it is the device's busy fraction", registry=r)
         self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)
@@ -45,10 +54,12 @@ class Metrics:
         self.job_store_errors = Counter(
             "idg_durable_job_store_errors", "Job store operations that failed (the store unreachable or refusing), by operation",
             ["operation"], registry=r)
-        self.job_images_in_flight = Gauge("idg_durable_job_images_in_flight", "Images of durable jobs in this process's worker now",
-                                          registry=r)
-        self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak", ["device", "kind"], registry=r)
-        self.ready = Gauge("idg_ready", "1 when models are loaded and warm", registry=r)
+        self.job_images_in_flight = Gauge("idg_durable_job_images_in_flight", "Images of durable jobs in the workers now",
+                                          registry=r, multiprocess_mode="livesum")
+        self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak (summed over the server "
+                                   "processes)", ["device", "kind"], registry=r, multiprocess_mode="livesum")
+        self.ready = Gauge("idg_ready", "1 when models are loaded and warm (in every server process)", registry=r,
+                           multiprocess_mode="livemin")
         self.faithfulness = Histogram(
             "idg_faithfulness", "Faithfulness scores of returned maps (insertion / deletion AUC in [0, 1]) by model, method and metric",
             ["model", "method", "metric"], buckets=tuple(i / 20 for i in range(1, 21)), registry=r)
@@ -61,20 +72,38 @@ class Metrics:
             "idg_read_timeouts", "Connections closed because the client was too slow sending its request, by phase (headers, body)",
             ["phase"], registry=r)
         self.compile_seconds = Gauge("idg_compile_seconds", "Start-up seconds spent compiling a model's graphs (IDG_COMPILE)",
-                                     ["model"], registry=r)
+                                     ["model"], registry=r, multiprocess_mode="livemax")
         self.compile_late_graphs = Gauge(
             "idg_compile_late_graphs", "Graphs compiled after warm-up, under traffic (should stay 0: calls are padded to the "
-            "compiled batch sizes)", ["model"], registry=r)
+            "compiled batch sizes)", ["model"], registry=r, multiprocess_mode="livesum")
+        self._compiled: dict[str, FixedBatchCompiled] = {}
 
     def track_compiled(self, model: str, part: FixedBatchCompiled) -> None:
-        """Export a compiled model's start-up cost and its count of graphs compiled under traffic."""
+        """Export a compiled model's start-up cost and its count of graphs compiled under traffic (brought up to
+        date after each of its calls, :meth:`after_call`: a value, not a function, so a multiprocess scrape sees it)."""
+        self._compiled[model] = part
         self.compile_seconds.labels(model).set(part.compile_seconds or 0.0)
-        self.compile_late_graphs.labels(model).set_function(lambda: part.late_graphs)
+        self.compile_late_graphs.labels(model).set(part.late_graphs)
+
+    def after_call(self, model: str, unwarmed_calls: int) -> None:
+        """The gauges a model call may have moved."""
+        self.unwarmed_calls.labels(model).set(unwarmed_calls)
+        if (part := self._compiled.get(model)) is not None:
+            self.compile_late_graphs.labels(model).set(part.late_graphs)
 
     def sample_device_memory(self, device: torch.device) -> None:
         if device.type == "cuda":
             self.device_memory.labels(str(device), "allocated").set(torch.cuda.memory_allocated(device))
             self.device_memory.labels(str(device), "peak").set(torch.cuda.max_memory_allocated(device))
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """``/metrics``: this app's registry, or with ``PROMETHEUS_MULTIPROC_DIR`` set, every server process's values."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        every = CollectorRegistry()
+        MultiProcessCollector(every)
+        return generate_latest(every)
+    return generate_latest(registry)
 
 
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection before the answer"

@@ -302,7 +302,7 @@ class Worker:
                     job.store(qi, a, b, ans)
                     job.done_units += row_units(b - a, prepared.grad)
             units = row_units(prepared.n, prepared.grad)
-        self.metrics.unwarmed_calls.labels(model_name).set(self.shapes[model_name].unwarmed_calls)
+        self.metrics.after_call(model_name, self.shapes[model_name].unwarmed_calls)
         for job, _ in work:
             if job not in self._active or job.in_flight:
                 continue  # failed in this call, or has rows in a later one

@@ -15,14 +15,49 @@ waits for it, as for a CUDA event). A device that waits for the host then shows 
 and the host's own waits for the GIL between calls do not stop the device, as on a GPU, where the kernels
 need no Python. The service wraps its models in it with ``IDG_SIMULATED_CALL_MS``
 (benchmarks and tests only), as a stream.
+
+Several processes can share one simulated device, as several server processes share one GPU: give each
+the same ``timeline`` file (:class:`SharedTimeline`), and a call launched in one begins only once the calls
+launched before it in any of them have ended.
 """
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
+import struct
 import threading
 import time
+from pathlib import Path
 
 from torch import Tensor, nn
+
+_FREE_AT = struct.Struct("d")
+
+
+class SharedTimeline:
+    """When the device is next free (``time.perf_counter``, the system-wide monotonic clock on Linux), in a
+    file that every process using the device maps: :meth:`book` takes the file's lock, so two processes'
+    calls never overlap."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        if os.fstat(self._fd).st_size < _FREE_AT.size:
+            os.ftruncate(self._fd, _FREE_AT.size)  # a new file is zeros: free at time 0, i.e. now
+        self._map = mmap.mmap(self._fd, _FREE_AT.size)
+
+    def book(self, took: float) -> tuple[float, float]:
+        """Book a call of ``took`` seconds launched now: its begin and end on the device."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            now = time.perf_counter()
+            begins = max(now, _FREE_AT.unpack_from(self._map)[0])
+            _FREE_AT.pack_into(self._map, 0, begins + took)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return begins, begins + took
 
 
 class SimulatedAccelerator(nn.Module):
@@ -32,8 +67,11 @@ class SimulatedAccelerator(nn.Module):
     :attr:`events` holds ``("start" | "end", call number, batch size)`` in the order they happened;
     :attr:`busy_s` the seconds calls took."""
 
-    def __init__(self, net: nn.Module, call_ms: float, image_ms: float = 0.0, stream: bool = False) -> None:
+    def __init__(self, net: nn.Module, call_ms: float, image_ms: float = 0.0, stream: bool = False,
+                 timeline: Path | None = None) -> None:
         super().__init__()
+        if timeline is not None and not stream:
+            raise ValueError("a shared timeline needs stream=True: only a stream's calls are booked on the device's timeline")
         self.net = net
         self.call_ms = call_ms
         self.image_ms = image_ms
@@ -42,7 +80,9 @@ class SimulatedAccelerator(nn.Module):
         self.busy_s = 0.0
         self.calls = 0
         self.free_at: float | None = None
-        """With ``stream``: when (``time.perf_counter``) the last call launched ends on the device."""
+        """With ``stream``: when (``time.perf_counter``) the last call launched here ends on the device."""
+        self.timeline = SharedTimeline(timeline) if timeline is not None else None
+        """With a ``timeline`` file: the device shared with the other processes that map it."""
         self._device = threading.Lock()
         self._log = threading.Lock()
 
@@ -72,9 +112,12 @@ class SimulatedAccelerator(nn.Module):
         took = (self.call_ms + self.image_ms * size) / 1000
         with self._device:
             self.calls += 1
-            now = time.perf_counter()
-            begins = now if self.free_at is None else max(now, self.free_at)
-            self.free_at = begins + took
+            if self.timeline is not None:
+                self.free_at = self.timeline.book(took)[1]
+            else:
+                now = time.perf_counter()
+                begins = now if self.free_at is None else max(now, self.free_at)
+                self.free_at = begins + took
             self.busy_s += took
             self.note("start", self.calls, size)
         return out

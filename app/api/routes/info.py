@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import get_service, has_api_key, require_api_key, require_api_key_for_metrics
+from app.core.prometheus import exposition
 from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, method_parameters
 from app.service import Service
 from idg_core import METHODS
@@ -66,4 +67,4 @@ async def ready(request: Request) -> JSONResponse:
             responses={401: ERROR_RESPONSES[401]})
 async def metrics(request: Request) -> Response:
     """Prometheus text format. Behind the API key when ``IDG_METRICS_NEED_KEY`` is set (with ``IDG_API_KEY``)."""
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

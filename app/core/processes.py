@@ -1,0 +1,153 @@
+"""Several server processes on one port (``IDG_PROCESSES``): more host per device.
+
+One server process answers at most what its host side can prepare: HTTP, decode, render and the worker's
+Python run under one GIL, about 13 ms of CPU per default attribution (results/benchmarks), so a process
+cannot feed a GPU that explains an image in 3 ms. With ``IDG_PROCESSES=N`` the launcher binds the port once
+and starts N server processes on it (spawned, as uvicorn's ``--workers`` does); the kernel hands each new
+connection to one of them. Each loads its own copy of the models onto the same device, warms it and only
+then accepts connections, and batches its own requests; the device runs their calls one after another.
+
+The launcher (this module, in the parent process):
+
+- gives the processes one metrics directory (``PROMETHEUS_MULTIPROC_DIR``), so ``/metrics`` answers the sum
+  over all of them whichever process the scrape reaches (:func:`app.core.prometheus.exposition`), and one
+  simulated device's timeline (``IDG_SIMULATED_TIMELINE``, for benchmarks without a GPU);
+- stops them on SIGTERM or Ctrl+C: each drains as one process does (``IDG_SHUTDOWN_GRACE_S``), and one still
+  running at grace + :data:`STOP_MARGIN_S` is killed;
+- starts another in place of one that dies after it was ready (a crash, the kernel's OOM killer), and stops
+  them all with the exit code of one that failed before it was ready (a model that cannot load fails the
+  same way every time: a loop of restarts would hide it).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+from prometheus_client.multiprocess import mark_process_dead
+
+log = logging.getLogger("app.processes")
+
+STOP_MARGIN_S = 6.0  # past the grace: a child's own watchdog exits at grace + 4.5 s
+POLL_S = 0.2
+CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
+"""A stopped child's exit codes: uvicorn raises the signal it handled again once it has shut down."""
+Target = Callable[[socket.socket, Event], None]
+
+
+@dataclass
+class Child:
+    index: int
+    process: multiprocessing.process.BaseProcess
+    ready: Event
+    started_at: float = field(default_factory=time.monotonic)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket every process shares (uvicorn's own binding: SO_REUSEADDR, inheritable)."""
+    return uvicorn.Config(app="unused", host=host, port=port).bind_socket()
+
+
+class Supervisor:
+    """Runs ``count`` processes of ``target(sock, ready)`` on one socket until a signal stops them."""
+
+    def __init__(self, target: Target, count: int, sock: socket.socket, grace_s: float) -> None:
+        self.target = target
+        self.count = count
+        self.sock = sock
+        self.grace_s = grace_s
+        self.children: list[Child] = []
+        self._stop = threading.Event()
+        self._context = multiprocessing.get_context("spawn")
+        self.exit_code = 0
+
+    def _start(self, index: int) -> Child:
+        ready = self._context.Event()
+        process = self._context.Process(target=self.target, args=(self.sock, ready), name=f"idg-server-{index}")
+        process.start()
+        log.info("server process %d: pid %s", index, process.pid)
+        return Child(index, process, ready)
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        """Start the processes, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.children = [self._start(i) for i in range(self.count)]
+            while not self._stop.wait(POLL_S):
+                self._replace_dead()
+            self._stop_all()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.exit_code
+
+    def _replace_dead(self) -> None:
+        for i, child in enumerate(self.children):
+            if child.process.is_alive():
+                continue
+            code = child.process.exitcode
+            if child.process.pid is not None:
+                mark_process_dead(child.process.pid)
+            if not child.ready.is_set():  # it never served: the next one would fail the same way
+                log.error("server process %d (pid %s) failed to start (exit code %s): stopping the others",
+                          child.index, child.process.pid, code)
+                self.exit_code = code or 1
+                self._stop.set()
+                return
+            log.warning("server process %d (pid %s) exited with code %s: starting another in its place",
+                        child.index, child.process.pid, code)
+            self.children[i] = self._start(child.index)
+
+    def _stop_all(self) -> None:
+        alive = [c for c in self.children if c.process.is_alive()]
+        log.info("stopping %d server process(es) (grace %g s)", len(alive), self.grace_s)
+        for child in alive:
+            if child.process.pid is not None:
+                os.kill(child.process.pid, signal.SIGTERM)  # each drains as one server does
+        deadline = time.monotonic() + self.grace_s + STOP_MARGIN_S
+        for child in self.children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+            if child.process.is_alive():
+                log.error("server process %d (pid %s) still running %g s after the signal: killed",
+                          child.index, child.process.pid, self.grace_s + STOP_MARGIN_S)
+                child.process.kill()
+                child.process.join()
+            code = child.process.exitcode
+            if code not in CLEAN_EXITS:
+                log.warning("server process %d (pid %s) exited with code %s", child.index, child.process.pid, code)
+                if not self.exit_code:
+                    self.exit_code = code if code is not None and code > 0 else 1
+            if child.process.pid is not None:
+                mark_process_dead(child.process.pid)
+
+
+def serve_processes(target: Target, count: int, host: str, port: int, grace_s: float, simulated: bool) -> int:
+    """Bind ``host:port``, run ``count`` server processes on it until a signal; the exit code."""
+    run_dir = Path(tempfile.mkdtemp(prefix="idg-processes-"))
+    try:
+        (run_dir / "metrics").mkdir()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")  # read by prometheus_client in each child
+        if simulated:
+            os.environ["IDG_SIMULATED_TIMELINE"] = str(run_dir / "simulated-device")
+        sock = bind(host, port)
+        log.info("%d server processes on %s:%d, one device", count, host, sock.getsockname()[1])
+        with sock:
+            return Supervisor(target, count, sock, grace_s).run()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,100 @@
+"""``IDG_PROCESSES=2``: two real server processes on one port under the launcher (``python -m app.server``).
+
+Each answers (``X-IDG-Replica`` names it), ``/metrics`` is the sum over both whichever one the scrape
+reaches, one that dies is replaced, SIGTERM stops them all, and one that cannot start stops the launcher
+with its reason instead of a loop of restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.service.conftest import image_bytes
+from tests.service.reliability.server_app import ROOT, Served, serve_process
+
+
+def _replica_pids(served: Served, want: int, limit_s: float = 90) -> set[int]:
+    """The server processes' pids seen answering /health/ready (a new connection each), once ``want`` are seen."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + limit_s
+    while len(seen) < want and time.monotonic() < deadline:
+        r = httpx.get(served.url + "/health/ready", timeout=10)
+        if r.status_code == 200:
+            seen.add(int(r.headers["x-idg-replica"].rsplit(":", 1)[1]))
+        else:
+            time.sleep(0.1)
+    assert len(seen) >= want, f"saw {seen} of {want} processes:\n{served.log()}"
+    return seen
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _predict(served: Served) -> httpx.Response:
+    files = {"file": ("x.png", image_bytes(), "image/png")}
+    return httpx.post(served.url + "/predict", files=files, timeout=30)
+
+
+def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Path) -> None:
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2) as served:
+        pids = _replica_pids(served, 2)
+        assert served.proc.pid not in pids  # the launcher serves nothing itself
+        answered_by: set[int] = set()
+        for _ in range(12):  # a new connection each: the kernel spreads them over both
+            r = _predict(served)
+            assert r.status_code == 200, r.text
+            answered_by.add(int(r.headers["x-idg-replica"].rsplit(":", 1)[1]))
+        # every scrape, whichever process answers it, counts the requests of both
+        for _ in range(6):
+            assert served.metric('idg_http_requests_total{route="/predict",status="200"}') == 12
+        assert served.metric("idg_ready") == 1  # every process ready
+        assert served.metric('idg_model_calls_total{model="tiny"}') >= 12
+    assert answered_by <= pids
+
+
+def test_a_process_that_dies_is_replaced_and_the_port_keeps_answering(tmp_path: Path) -> None:
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2) as served:
+        first = _replica_pids(served, 2)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)  # as the kernel's OOM killer would
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "starting another in its place" not in served.log():
+            time.sleep(0.1)
+        assert "starting another in its place" in served.log()
+        after = _replica_pids(served, 2)
+        while victim in after:  # a connection the dead process had accepted is gone; new ones go to the living
+            after = _replica_pids(served, 2)
+        assert len(after - first) == 1 and served.proc.poll() is None
+        assert _predict(served).status_code == 200
+
+
+def test_sigterm_stops_every_process_and_the_launcher_exits_0(tmp_path: Path) -> None:
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2, IDG_SHUTDOWN_GRACE_S=5) as served:
+        pids = _replica_pids(served, 2)
+        started = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=30) == 0, served.log()
+        took = time.monotonic() - started
+    assert took < 5 + 6  # the grace and the launcher's margin: an idle server stops at once
+    assert not any(_alive(pid) for pid in pids)
+    assert served.log().count("Finished server process") == 2
+
+
+def test_a_process_that_cannot_start_stops_the_launcher_with_its_reason(tmp_path: Path) -> None:
+    env = {**os.environ, "IDG_PROCESSES": "2", "IDG_MODELS": f"resnet50={tmp_path / 'missing.pth'}", "IDG_WARMUP": "false"}
+    proc = subprocess.run([sys.executable, "-m", "app.server", "--port", "0"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "failed to start" in proc.stderr and "missing.pth" in proc.stderr
+    assert proc.stderr.count("server process 0: pid") == 1  # not restarted
