@@ -48,6 +48,7 @@ from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.processes import serve_processes
+from app.core.prometheus import not_ready_yet
 
 log = logging.getLogger("app.server")
 
@@ -244,6 +245,7 @@ def _configure_logging() -> None:
 
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on the shared socket."""
+    not_ready_yet()
     _configure_logging()
     server = build(load_app(spec), host, port, log_level)
     server.on_started = ready.set

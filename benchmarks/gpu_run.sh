@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
-#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [simulated] [variants] [variants-compile]
+#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [simulated] [variants] [variants-compile]
 #                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval] [quality]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model; quality is issue #31's table, resumable: repeat the step until it says "wrote"). One step per 10-minute device call: each fits, the compile steps only just.
@@ -49,14 +49,23 @@ service-resnet101)  # ResNet-101 (random weights) at precision auto and at bf16,
     done
     ;;
 service-ab)  # what the defaults are made of, each against the default (depth 2, listed first) in the same call: cudnn.benchmark, no pipeline,
-    # no fixed sizes (the old service), two server processes on one GPU (half the clients each)
+    # no fixed sizes (the old service)
     for variant in IDG_PIPELINE_DEPTH=2 IDG_SWITCH_INTERVAL_MS=0.5 IDG_SWITCH_INTERVAL_MS=1 IDG_CUDA_GRAPHS=false IDG_CUDNN_BENCHMARK=true IDG_PIPELINE_DEPTH=1 IDG_GC_FREEZE=false IDG_LAUNCH_AHEAD=1 \
         IDG_FIXED_CALL_SIZES=false; do
         python3 -m benchmarks.load --label "h100-service-lite0-${variant/=/-}" --images "$IMAGES" --levels 128 --per-client 6 --client-processes 4 \
             --env "$variant" --out "$OUT" 2>&1 | grep "^|" | tail -1
     done
-    python3 -m benchmarks.two_servers --label h100-service-lite0-two-processes --images "$IMAGES" --clients 128 --per-client 6 \
-        --out "$OUT" 2>&1 | tail -3
+    ;;
+service-processes)  # more host per GPU: 1, 2 and 4 server processes on one port (IDG_PROCESSES), Lite0 at its defaults and
+    # ResNet-101 bf16, 128 and 256 clients from 8 load-generating processes
+    for n in 1 2 4; do
+        python3 -m benchmarks.load --label "h100-service-lite0-processes-$n" --images "$IMAGES" --levels 128 256 --per-client 6 \
+            --client-processes 8 --env "IDG_PROCESSES=$n" --out "$OUT" 2>&1 | grep "^|" | tail -2
+    done
+    for n in 1 4; do
+        python3 -m benchmarks.load --label "h100-service-resnet101-bf16-processes-$n" --images "$IMAGES" --levels 128 --per-client 6 \
+            --client-processes 8 --env IDG_MODELS=resnet101=random IDG_PRECISION=bf16 "IDG_PROCESSES=$n" --out "$OUT" 2>&1 | grep "^|" | tail -1
+    done
     ;;
 clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (one process's client tops out)
     python3 -m benchmarks.load --label h100-service-lite0-8-client-processes --images "$IMAGES" --levels 128 --per-client 6 \
@@ -68,9 +77,14 @@ profile-idle)  # where the threads of the Lite0 default service wait at 128 clie
     python3 -m benchmarks.load --label "h100-service-resnet101-bf16" --images "$IMAGES" --levels 128 --per-client 6 \
         --env IDG_MODELS=resnet101=random IDG_PRECISION=bf16 --out "$OUT" 2>&1 | grep "^|" | tail -1
     ;;
-simulated)  # the simulated device (benchmarks/load.py --simulated-ms) on this host's CPU, for comparison with the VM's
+simulated)  # the simulated device (benchmarks/load.py --simulated-ms) on this host's CPU, for comparison with the VM's; then 1, 2
+    # and 4 server processes on it (IDG_PROCESSES) with a call that costs by its rows (4 ms + 0.125 ms per row: 20 ms at 128)
     python3 -m benchmarks.load --label gpu-host-simulated-20ms --simulated-ms 20 --levels 8 32 128 --per-client 6 --images "$IMAGES" \
-        --out "$OUT" 2>&1 | grep "^|"
+        --client-processes 4 --out "$OUT" 2>&1 | grep "^|"
+    for n in 1 2 4; do
+        python3 -m benchmarks.load --label "gpu-host-simulated-by-rows-processes-$n" --simulated-ms 4 --levels 128 --per-client 6 \
+            --images "$IMAGES" --client-processes 4 --env IDG_SIMULATED_IMAGE_MS=0.125 "IDG_PROCESSES=$n" --out "$OUT" 2>&1 | grep "^|" | tail -1
+    done
     ;;
 variants)  # random weights: speed only; Lite0 (trained): speed and faithfulness against IEEE fp32, with its CUDA default
     python3 -m benchmarks.gpu_variants --model resnet101 --weights random --images 32 --image-dir "$IMAGES" --out "$OUT" \

@@ -32,7 +32,10 @@ def _free_port() -> int:
 
 def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     """A real server process with ``env``, once ready: within 150 s, or 900 s with ``IDG_COMPILE``,
-    whose graphs compile before readiness (minutes for a large network on CUDA)."""
+    whose graphs compile before readiness (minutes for a large network on CUDA). With ``IDG_PROCESSES`` > 1, once
+    that many processes answered ready (``X-IDG-Replica``), so no level begins while one still loads."""
+    processes = int(env.get("IDG_PROCESSES", "1"))
+    ready: set[str] = set()
     ready_within_s = 900.0 if env.get("IDG_COMPILE", "").lower() == "true" else 150.0
     port = _free_port()
     # a pipe nobody reads would fill and stall the server; the server keeps writing to its own copy
@@ -46,8 +49,12 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
         deadline = time.monotonic() + ready_within_s
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
-                    return proc, url
+                r = httpx.get(f"{url}/health/ready", timeout=1)
+                if r.status_code == 200:
+                    ready.add(r.headers.get("x-idg-replica", ""))
+                    if len(ready) >= processes:
+                        return proc, url
+                    continue  # a new connection at once: the next may reach another process
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None:
@@ -73,30 +80,43 @@ def _counter(text: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def server_pids(pid: int) -> list[int]:
+    """The server's process and, when it is the launcher of several (``IDG_PROCESSES``), its server processes."""
+    family = [pid]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            family += [int(c) for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        pass
+    return family
+
+
 def host_cpu_s(pid: int) -> tuple[float, float] | None:
-    """CPU seconds (user + system) the server process has used in all its threads, and in its main
-    thread, which runs the event loop (HTTP, routing, the answer's JSON); None off Linux. The rest
-    of the process's time is the worker thread's and the decode/render threads'."""
+    """CPU seconds (user + system) the server's processes (:func:`server_pids`) have used in all their threads,
+    and in their main threads, which run the event loops (HTTP, routing, the answer's JSON); None off Linux. The
+    rest is the worker threads' and the decode/render threads'."""
     def used(stat: Path) -> float:
         fields = stat.read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     try:
-        return used(Path(f"/proc/{pid}/stat")), used(Path(f"/proc/{pid}/task/{pid}/stat"))
+        pids = server_pids(pid)
+        return sum(used(Path(f"/proc/{p}/stat")) for p in pids), sum(used(Path(f"/proc/{p}/task/{p}/stat")) for p in pids)
     except (OSError, ValueError, IndexError):
         return None
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds of the server's threads by OS thread name (the worker and device threads name themselves
-    ``idg-worker`` / ``idg-device``; the main thread is the event loop; the rest: decode, render, HTTP)."""
+    """CPU seconds of the server's threads by OS thread name, over its processes (the worker and device threads name
+    themselves ``idg-worker`` / ``idg-device``; a main thread is an event loop; the rest: decode, render, HTTP)."""
     out: dict[str, float] = {}
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            name = "event loop" if task.name == str(pid) else (task / "comm").read_text().strip()
-            name = name if name.startswith("idg-") else ("event loop" if name == "event loop" else "other threads")
-            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for p in server_pids(pid):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                name = "event loop" if task.name == str(p) else (task / "comm").read_text().strip()
+                name = name if name.startswith("idg-") else ("event loop" if name == "event loop" else "other threads")
+                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return {}
     return out
@@ -244,7 +264,7 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
     try:
         mode = "--idle" if os.environ.get("IDG_BENCH_PROFILE") == "idle" else "--gil"  # idle: where threads wait, too
         return subprocess.Popen([exe, "record", "-p", str(pid), "-o", str(out), "-f", "raw", mode,
-                                 "--threads", "-r", "200", "-d", "600", "--nonblocking"], stdout=subprocess.DEVNULL)
+                                 "--threads", "--subprocesses", "-r", "200", "-d", "600", "--nonblocking"], stdout=subprocess.DEVNULL)
     except OSError:
         return None
 
@@ -258,6 +278,8 @@ def gil_profile_summary(raw: Path, top: int = 8) -> list[str]:
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
+        if frames[0].startswith("process ") and len(frames) > 1:  # --subprocesses: the process, then the thread
+            frames = frames[1:]
         thread = frames[0].split(": ", 1)[-1]
         by_thread[thread] += int(count)
         leaves.setdefault(thread, Counter())[frames[-1]] += int(count)

@@ -58,8 +58,7 @@ class Metrics:
                                           registry=r, multiprocess_mode="livesum")
         self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak (summed over the server "
                                    "processes)", ["device", "kind"], registry=r, multiprocess_mode="livesum")
-        self.ready = Gauge("idg_ready", "1 when models are loaded and warm (in every server process)", registry=r,
-                           multiprocess_mode="livemin")
+        self.ready = _ready_gauge(r)
         self.faithfulness = Histogram(
             "idg_faithfulness", "Faithfulness scores of returned maps (insertion / deletion AUC in [0, 1]) by model, method and metric",
             ["model", "method", "metric"], buckets=tuple(i / 20 for i in range(1, 21)), registry=r)
@@ -95,6 +94,17 @@ class Metrics:
         if device.type == "cuda":
             self.device_memory.labels(str(device), "allocated").set(torch.cuda.memory_allocated(device))
             self.device_memory.labels(str(device), "peak").set(torch.cuda.max_memory_allocated(device))
+
+
+def _ready_gauge(registry: CollectorRegistry | None) -> Gauge:
+    return Gauge("idg_ready", "1 when models are loaded and warm (in every server process)", registry=registry,
+                 multiprocess_mode="livemin")
+
+
+def not_ready_yet() -> None:
+    """A server process of several says at once that it is not ready (``idg_ready`` 0 in its file), so the minimum
+    over the processes is 0 until it is, not only the minimum over the processes already serving."""
+    _ready_gauge(None).set(0)
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

@@ -98,3 +98,17 @@ def test_a_process_that_cannot_start_stops_the_launcher_with_its_reason(tmp_path
     assert proc.returncode != 0
     assert "failed to start" in proc.stderr and "missing.pth" in proc.stderr
     assert proc.stderr.count("server process 0: pid") == 1  # not restarted
+
+
+def test_idg_ready_is_0_while_one_process_has_started_and_is_not_ready(tmp_path: Path) -> None:
+    """What a scrape reads during a start or a restart: the process still loading has said it is not ready."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    loading = "from app.core.prometheus import not_ready_yet; not_ready_yet()"
+    serving = ("from app.core.prometheus import Metrics, exposition; m = Metrics(); m.ready.set(1); "
+               "print([l for l in exposition(m.registry).decode().splitlines() if l.startswith('idg_ready ')][0])")
+    run = [sys.executable, "-c"]
+    alone = subprocess.run([*run, serving], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert alone.stdout.split() == ["idg_ready", "1.0"]
+    subprocess.run([*run, loading], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True)
+    both = subprocess.run([*run, serving], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert both.stdout.split() == ["idg_ready", "0.0"]
