@@ -47,7 +47,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
-from app.core.processes import serve_processes
+from app.core.processes import die_with_parent, serve_processes
 from app.core.prometheus import not_ready_yet
 
 log = logging.getLogger("app.server")
@@ -245,6 +245,7 @@ def _configure_logging() -> None:
 
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on the shared socket."""
+    die_with_parent()
     not_ready_yet()
     _configure_logging()
     server = build(load_app(spec), host, port, log_level)

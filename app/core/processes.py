@@ -21,6 +21,7 @@ The launcher (this module, in the parent process):
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -54,6 +55,23 @@ class Child:
     process: multiprocessing.process.BaseProcess
     ready: Event
     started_at: float = field(default_factory=time.monotonic)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a server process: be sent SIGTERM (and so drain and stop) when the launcher dies, even by SIGKILL, instead
+    of serving on as an orphan that nothing supervises and that holds the port (Linux's ``PR_SET_PDEATHSIG``)."""
+    parent = multiprocessing.parent_process()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the launcher's own stop is the only one
+        log.debug("PR_SET_PDEATHSIG not available")
+        return
+    if parent is not None and parent.pid is not None and os.getppid() != parent.pid:  # it died before the call
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -91,6 +91,18 @@ def test_sigterm_stops_every_process_and_the_launcher_exits_0(tmp_path: Path) ->
     assert served.log().count("Finished server process") == 2
 
 
+def test_a_killed_launcher_takes_its_processes_with_it(tmp_path: Path) -> None:
+    """SIGKILL gives the launcher no chance to stop them: the kernel tells each (PR_SET_PDEATHSIG), and they stop."""
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2) as served:
+        pids = _replica_pids(served, 2)
+        served.proc.kill()
+        served.proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in pids), served.log()
+
+
 def test_a_process_that_cannot_start_stops_the_launcher_with_its_reason(tmp_path: Path) -> None:
     env = {**os.environ, "IDG_PROCESSES": "2", "IDG_MODELS": f"resnet50={tmp_path / 'missing.pth'}", "IDG_WARMUP": "false"}
     proc = subprocess.run([sys.executable, "-m", "app.server", "--port", "0"], cwd=ROOT, env=env, capture_output=True,
