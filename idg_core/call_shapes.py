@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from idg_core.types import Model
 
@@ -117,16 +116,6 @@ class CallShapes:
     def info(self) -> dict[str, object]:
         return {"call_sizes": list(self.sizes) or None, "warm_seconds": self.warm_seconds, "cuda_graphs": bool(self.graphs),
                 "warmed": sorted({s for s, _ in self.warmed}), "unwarmed_calls": self.unwarmed_calls}
-
-
-def pad_rows(x: Tensor, size: int) -> Tensor:
-    """``x`` with copies of its last row appended up to ``size`` rows, in ``x``'s memory format."""
-    n = x.shape[0]
-    if size <= n:
-        return x
-    channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-    out = torch.cat([x, x[-1:].expand(size - n, *x.shape[1:])])
-    return out.contiguous(memory_format=torch.channels_last) if channels_last else out
 
 
 def warm_call_shapes(model: Model, shapes: CallShapes, input_size: int, device: torch.device,

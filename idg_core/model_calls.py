@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from idg_core.call_shapes import CallShapes, pad_rows
+from idg_core.call_shapes import CallShapes
 from idg_core.types import Answer, Model, PlanOf, Query, to_device
 
 log = logging.getLogger(__name__)
@@ -118,11 +118,21 @@ class PreparedCall:
 
 def prepare_call(queries: Sequence[Query], chunk: list[tuple[int, int, int]], grad: bool,
                  shapes: CallShapes | None = None) -> PreparedCall:
-    """Gather the points of ``chunk`` into one batch, padded to ``shapes``' size for it."""
-    inputs = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])  # (rows, C, H, W) from several queries
-    n = inputs.shape[0]
-    if shapes is not None and shapes.fixed:
-        inputs = pad_rows(inputs, shapes.size_for(n))
+    """Gather the points of ``chunk`` into one batch, padded to ``shapes``' size for it with copies of its last point.
+
+    Each query writes its points straight into the batch (:meth:`Query.write_points`): building each query's points,
+    concatenating them and padding the result had copied a 128-row batch of 224-pixel images three more times, 100 ms
+    against 19 ms on one core of the 2-core VM."""
+    n = sum(b - a for _, a, b in chunk)
+    size = shapes.size_for(n) if shapes is not None and shapes.fixed else n
+    like = queries[chunk[0][0]].origin
+    inputs = torch.empty((size, *like.shape[-3:]), dtype=like.dtype, device=like.device)
+    row = 0
+    for qi, a, b in chunk:  # (rows, C, H, W) from several queries
+        queries[qi].write_points(a, b, inputs[row : row + b - a])
+        row += b - a
+    if size > n:
+        inputs[n:] = inputs[n - 1 : n]
     return PreparedCall(inputs, RowSelect.of(queries, chunk, inputs.device), grad, chunk)
 
 

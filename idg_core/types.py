@@ -146,6 +146,16 @@ class Query:
         a = to_device(self.alphas[start:stop].to(self.origin.dtype), self.origin.device)
         return self.origin.unsqueeze(0) + a.view(-1, 1, 1, 1) * self.direction.unsqueeze(0)
 
+    def write_points(self, start: int, stop: int, out: Tensor) -> None:
+        """The points ``start:stop`` written into ``out`` (``(stop - start, C, H, W)``, a slice of a call's batch): the
+        same numbers as :meth:`points` (``alpha * direction``, then ``+ origin``), without a tensor of their own to copy."""
+        if self.direction is None:
+            out.copy_(self.origin[start:stop])
+            return
+        a = to_device(self.alphas[start:stop].to(self.origin.dtype), self.origin.device)
+        torch.mul(self.direction.unsqueeze(0), a.view(-1, 1, 1, 1), out=out)
+        out.add_(self.origin.unsqueeze(0))
+
 
 @dataclass
 class Answer:

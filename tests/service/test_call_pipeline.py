@@ -19,6 +19,7 @@ from idg_core import CallStats, evaluate_queries
 from idg_core.call_shapes import CallShapes, power_of_two_sizes, warm_call_shapes
 from idg_core.explain import explain_plan
 from idg_core.methods import METHODS
+from idg_core.model_calls import prepare_call
 from idg_core.models.simulated import SimulatedAccelerator
 from idg_core.types import Query
 from tests.models import tiny_classifier
@@ -215,3 +216,19 @@ async def test_padded_calls_answer_as_unpadded_ones(tiny_app: AppFactory) -> Non
             answers.append(r.json())
     assert answers[0]["curve"]["alphas"] == answers[1]["curve"]["alphas"]
     assert np.allclose(answers[0]["curve"]["logits"], answers[1]["curve"]["logits"], atol=1e-5)
+
+
+def test_a_calls_batch_holds_each_querys_points_bit_for_bit_and_pads_with_its_last() -> None:
+    """The points are written straight into the call's batch: the same numbers as each query's own points (the
+    path form and the explicit one), in the chunk's order, and padding rows that copy the last real one."""
+    torch.manual_seed(0)
+    x, base = torch.randn(3, 3, 8, 8), torch.randn(3, 8, 8)
+    queries = [Query.path(base, x[i] - base, torch.rand(5), target=i, grad=True, output="logit") for i in range(2)]
+    queries.append(Query.at(x, target=2, grad=True, output="logit"))
+    chunk = [(1, 1, 4), (0, 0, 5), (2, 0, 3)]  # 11 rows, padded to 16
+    prepared = prepare_call(queries, chunk, grad=True, shapes=CallShapes(power_of_two_sizes(16)))
+    expected = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])
+    assert prepared.size == 16 and prepared.n == 11
+    assert torch.equal(prepared.inputs[:11], expected)
+    assert torch.equal(prepared.inputs[11:], expected[-1:].expand(5, 3, 8, 8))
+    assert torch.equal(prepare_call(queries, chunk, grad=True).inputs, expected)  # sizes not fixed: no padding
