@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import importlib
 import json
 import logging
@@ -47,8 +46,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
-from app.core.processes import die_with_parent, serve_processes
-from app.core.prometheus import not_ready_yet
+from app.core.processes import serve_processes
 
 log = logging.getLogger("app.server")
 
@@ -245,8 +243,6 @@ def _configure_logging() -> None:
 
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on the shared socket."""
-    die_with_parent()
-    not_ready_yet()
     _configure_logging()
     server = build(load_app(spec), host, port, log_level)
     server.on_started = ready.set
@@ -270,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     processes = args.processes or settings.processes
     if processes > 1:
         host, port = args.host or settings.host, settings.port if args.port is None else args.port
-        target = functools.partial(serve_child, args.app, host, port, args.log_level)
+        target = ("app.server:serve_child", (args.app, host, port, args.log_level))
         sys.exit(serve_processes(target, processes, host, port, settings.shutdown_grace_s, settings.simulated_call_ms is not None))
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl+C it handled gracefully
         build(load_app(args.app), args.host, args.port, args.log_level).run()

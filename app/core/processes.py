@@ -22,6 +22,7 @@ The launcher (this module, in the parent process):
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import multiprocessing
 import os
@@ -31,7 +32,6 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -40,13 +40,17 @@ from types import FrameType
 import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
 
+from app.core.prometheus import not_ready_yet
+
 log = logging.getLogger("app.processes")
 
 STOP_MARGIN_S = 6.0  # past the grace: a child's own watchdog exits at grace + 4.5 s
 POLL_S = 0.2
 CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
 """A stopped child's exit codes: uvicorn raises the signal it handled again once it has shut down."""
-Target = Callable[[socket.socket, Event], None]
+Target = tuple[str, tuple[object, ...]]
+"""What each server process runs: ``module:function`` and its first arguments, then the socket and the ready event.
+A name, not a function, so the process says it is not ready before it imports the app (seconds: torch and the rest)."""
 
 
 @dataclass
@@ -74,13 +78,23 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def child_main(target: Target, sock: socket.socket, ready: Event) -> None:
+    """A server process's first steps, before the app's imports: die with the launcher, say it is not ready (so
+    ``idg_ready`` is 0 until it is), then run the target."""
+    die_with_parent()
+    not_ready_yet()
+    spec, args = target
+    module, _, name = spec.partition(":")
+    getattr(importlib.import_module(module), name)(*args, sock, ready)
+
+
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket every process shares (uvicorn's own binding: SO_REUSEADDR, inheritable)."""
     return uvicorn.Config(app="unused", host=host, port=port).bind_socket()
 
 
 class Supervisor:
-    """Runs ``count`` processes of ``target(sock, ready)`` on one socket until a signal stops them."""
+    """Runs ``count`` processes of :func:`child_main` on one socket until a signal stops them."""
 
     def __init__(self, target: Target, count: int, sock: socket.socket, grace_s: float) -> None:
         self.target = target
@@ -94,7 +108,7 @@ class Supervisor:
 
     def _start(self, index: int) -> Child:
         ready = self._context.Event()
-        process = self._context.Process(target=self.target, args=(self.sock, ready), name=f"idg-server-{index}")
+        process = self._context.Process(target=child_main, args=(self.target, self.sock, ready), name=f"idg-server-{index}")
         process.start()
         log.info("server process %d: pid %s", index, process.pid)
         return Child(index, process, ready)

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
-import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from idg_core.models.compiled import FixedBatchCompiled
+if TYPE_CHECKING:  # the module itself stays light: a server process of several imports it first (not_ready_yet)
+    import torch
+
+    from idg_core.models.compiled import FixedBatchCompiled
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
@@ -92,6 +95,8 @@ class Metrics:
 
     def sample_device_memory(self, device: torch.device) -> None:
         if device.type == "cuda":
+            import torch
+
             self.device_memory.labels(str(device), "allocated").set(torch.cuda.memory_allocated(device))
             self.device_memory.labels(str(device), "peak").set(torch.cuda.max_memory_allocated(device))
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -123,3 +126,21 @@ async def test_the_service_replays_graphs_and_answers_as_without_them() -> None:
         assert got["curve"]["alphas"] == want["curve"]["alphas"]
         assert max(abs(a - b) for a, b in zip(got["curve"]["logits"], want["curve"]["logits"], strict=True)) < 1e-3
     set_tf32(False)
+
+
+def test_two_server_processes_share_one_gpu_and_both_answer(tmp_path: Path) -> None:
+    """IDG_PROCESSES=2 on CUDA: each process holds its own CUDA context and copy of the model on the one GPU, and
+    both answer on the one port with the same numbers."""
+    from tests.service.reliability.server_app import serve_process
+
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2, IDG_DEVICE="cuda") as served:
+        answers: dict[str, list[float]] = {}
+        deadline = time.monotonic() + 60
+        while len(answers) < 2 and time.monotonic() < deadline:
+            r = httpx.post(served.url + "/predict", files={"file": ("x.png", image_bytes(), "image/png")}, timeout=60)
+            assert r.status_code == 200, r.text
+            answers[r.headers["x-idg-replica"]] = [c["probability"] for c in r.json()["top_k"]]
+        assert len(answers) == 2, served.log()
+        first, second = answers.values()
+        assert first == pytest.approx(second, abs=1e-4)
+        assert served.log().count("ready: tiny on cuda") == 2

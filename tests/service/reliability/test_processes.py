@@ -1,8 +1,8 @@
 """``IDG_PROCESSES=2``: two real server processes on one port under the launcher (``python -m app.server``).
 
 Each answers (``X-IDG-Replica`` names it), ``/metrics`` is the sum over both whichever one the scrape
-reaches, one that dies is replaced, SIGTERM stops them all, and one that cannot start stops the launcher
-with its reason instead of a loop of restarts."""
+reaches, one that dies is replaced, SIGTERM stops them all, so does the launcher's death, and one that cannot
+start stops the launcher with its reason instead of a loop of restarts."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Pa
     assert answered_by <= pids
 
 
-def test_a_process_that_dies_is_replaced_and_the_port_keeps_answering(tmp_path: Path) -> None:
-    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2) as served:
+def test_a_process_that_dies_is_replaced_and_sigterm_then_stops_every_process(tmp_path: Path) -> None:
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2, IDG_SHUTDOWN_GRACE_S=5) as served:
         first = _replica_pids(served, 2)
         victim = min(first)
         os.kill(victim, signal.SIGKILL)  # as the kernel's OOM killer would
@@ -78,17 +78,13 @@ def test_a_process_that_dies_is_replaced_and_the_port_keeps_answering(tmp_path: 
         assert len(after - first) == 1 and served.proc.poll() is None
         assert _predict(served).status_code == 200
 
-
-def test_sigterm_stops_every_process_and_the_launcher_exits_0(tmp_path: Path) -> None:
-    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2, IDG_SHUTDOWN_GRACE_S=5) as served:
-        pids = _replica_pids(served, 2)
         started = time.monotonic()
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=30) == 0, served.log()
         took = time.monotonic() - started
     assert took < 5 + 6  # the grace and the launcher's margin: an idle server stops at once
-    assert not any(_alive(pid) for pid in pids)
-    assert served.log().count("Finished server process") == 2
+    assert not any(_alive(pid) for pid in after)
+    assert served.log().count("Finished server process") == 2  # each drained and shut down (the killed one could not)
 
 
 def test_a_killed_launcher_takes_its_processes_with_it(tmp_path: Path) -> None:
@@ -113,14 +109,19 @@ def test_a_process_that_cannot_start_stops_the_launcher_with_its_reason(tmp_path
 
 
 def test_idg_ready_is_0_while_one_process_has_started_and_is_not_ready(tmp_path: Path) -> None:
-    """What a scrape reads during a start or a restart: the process still loading has said it is not ready."""
+    """What a scrape reads during a start or a restart: the process still loading has said it is not ready. Each
+    process here is a Python of its own (the values are kept per pid), writing into one metrics directory."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    serving = "from app.core.prometheus import Metrics; Metrics().ready.set(1)"
     loading = "from app.core.prometheus import not_ready_yet; not_ready_yet()"
-    serving = ("from app.core.prometheus import Metrics, exposition; m = Metrics(); m.ready.set(1); "
-               "print([l for l in exposition(m.registry).decode().splitlines() if l.startswith('idg_ready ')][0])")
-    run = [sys.executable, "-c"]
-    alone = subprocess.run([*run, serving], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True)
-    assert alone.stdout.split() == ["idg_ready", "1.0"]
-    subprocess.run([*run, loading], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True)
-    both = subprocess.run([*run, serving], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True)
-    assert both.stdout.split() == ["idg_ready", "0.0"]
+
+    def scrape() -> str:
+        text = subprocess.run([sys.executable, "-c", "from prometheus_client import CollectorRegistry; from app.core.prometheus "
+                               "import exposition; print(exposition(CollectorRegistry()).decode())"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120, check=True).stdout
+        return next(line for line in text.splitlines() if line.startswith("idg_ready "))
+
+    subprocess.run([sys.executable, "-c", serving], cwd=ROOT, env=env, timeout=120, check=True)
+    assert scrape() == "idg_ready 1.0"  # the serving process's value (the scraping one holds no gauge here)
+    subprocess.run([sys.executable, "-c", loading], cwd=ROOT, env=env, timeout=120, check=True)
+    assert scrape() == "idg_ready 0.0"
