@@ -180,3 +180,26 @@ def test_a_real_prometheus_records_the_real_servers_series(tmp_path: Path) -> No
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_the_compose_file_sets_only_settings_the_service_has_and_keeps_their_defaults_where_it_says_nothing() -> None:
+    """Every IDG_* variable the compose file passes is a setting, and its fallback is the setting's own default
+    (a compose file that pinned IDG_PRECISION to fp32 had given every GPU user IEEE fp32)."""
+    from app.core.config import Settings
+
+    yaml = pytest.importorskip("yaml")
+    compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    env = compose["services"]["idg"]["environment"]
+    fields = Settings.model_fields
+    for name, value in env.items():
+        field = name.removeprefix("IDG_").lower()
+        assert field in fields, f"{name} is not a setting"
+        fallback = str(value).split(":-", 1)[1].rstrip("}") if ":-" in str(value) else None
+        default = fields[field].default
+        if fallback is None or field in ("host", "port", "api_key", "cors_origins", "models"):  # deployment choices
+            continue
+        try:
+            same = float(fallback) == float(default)
+        except (TypeError, ValueError):
+            same = fallback.lower() == str(default).lower()
+        assert same, f"{name}: the compose file falls back to {fallback}, the service to {default}"
