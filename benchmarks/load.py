@@ -39,6 +39,13 @@ def _machine(m: dict[str, Any]) -> str:
     return f"{where}, {m.get('platform')}, torch {m.get('torch')}"
 
 
+def _busy(row: dict[str, Any]) -> str:
+    """The machine's CPU use during the level, over all its cores."""
+    if row.get("machine_cpu_busy") is None:
+        return "n/a"
+    return f"{row['machine_cpu_busy']:.0%} of {row.get('machine_cores', '?')} cores"
+
+
 def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     env = ", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) or "none"
     lines = [f"# Service load `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine(meta['machine'])}.", "",
@@ -48,8 +55,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
              "Models as served (`/models`): " + "; ".join(json.dumps(m) for m in rows[0].get("models", [])) + ".", "",
              "| clients | ok | 503 | p50 s | p95 s | p99 s | p99/p50 | attributions/s | model calls | images/call | padding/real rows "
              "| device busy | GPU SM util % (dmon) | unwarmed calls | host CPU ms/attr | event loop ms/attr | client CPU ms/request "
-             "| server p50 / p99 s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| machine CPU busy | server p50 / p99 s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['clients']} | {r['ok']} | {r['rejected_503']} | {_fmt(r['p50_s'], '.3f')} | {_fmt(r['p95_s'], '.3f')} | "
@@ -58,7 +65,7 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{r['device_busy_fraction']:.0%} | {_fmt(r.get('gpu_sm_util_mean'), '.0f')} | "
             f"{r.get('unwarmed_calls', 0):.0f} | {_fmt(r.get('host_cpu_ms_per_attr'), '.1f')} | "
             f"{_fmt(r.get('event_loop_cpu_ms_per_attr'), '.1f')} | {_fmt(r.get('client_cpu_ms_per_request'), '.1f')} | "
-            f"{_fmt(r.get('server_p50_s'), '.3f')} / {_fmt(r.get('server_p99_s'), '.3f')} |")
+            f"{_busy(r)} | {_fmt(r.get('server_p50_s'), '.3f')} / {_fmt(r.get('server_p99_s'), '.3f')} |")
     split = [(r["clients"], r["cpu_ms_per_attr_by_thread"]) for r in rows if r.get("cpu_ms_per_attr_by_thread")]
     if split:
         lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(
@@ -71,7 +78,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines += ["", "Device busy: the service's own counter (`idg_device_busy_seconds_total`: CUDA-event time of each model call on a "
               "GPU, the device thread's time in the call elsewhere) over the level's wall time. GPU SM util: the mean of "
               "`nvidia-smi dmon -s u` samples during the level. The first row is the first request after ready; the second (with "
-              "`--serial`) the next ones one at a time."]
+              "`--serial`) the next ones one at a time. Machine CPU busy: every core's time not idle (`/proc/stat`) over the level, the "
+              "server's processes, the load generator and the kernel together: near 100%, the machine's cores are the limit."]
     return "\n".join(lines) + "\n"
 
 

@@ -122,6 +122,16 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
+def machine_cpu() -> tuple[float, float] | None:
+    """The machine's busy and total CPU seconds so far, over all its cores (``/proc/stat``); None off Linux."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return float(sum(fields) - idle), float(sum(fields))
+
+
 def _labelled(text: str, name: str) -> float:
     """A metric summed over its labels."""
     return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
@@ -216,8 +226,10 @@ async def load_level(
     before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
     rows_before = _rows(text)
     dmon = SmMonitor()
+    machine_before = machine_cpu()
     lat, codes, client_cpu, server_ms, (began, ended) = await _clients(url, images, clients, per_client, fields, client_processes)
     wall = ended - began
+    machine_after = machine_cpu()
     sm = dmon.stop()
     text = httpx.get(f"{url}/metrics").text
     after, busy = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total") - busy_before
@@ -230,6 +242,10 @@ async def load_level(
     host: dict[str, Any] = {}
     if threads_after and ok:
         host["cpu_ms_per_attr_by_thread"] = {k: round(1000 * (v - threads_before.get(k, 0.0)) / ok, 2) for k, v in threads_after.items()}
+    if machine_before is not None and machine_after is not None and machine_after[1] > machine_before[1]:
+        # the whole machine (server, load generator, kernel): near 1, the cores are the limit, not one process's GIL
+        host["machine_cpu_busy"] = (machine_after[0] - machine_before[0]) / (machine_after[1] - machine_before[1])
+        host["machine_cores"] = os.cpu_count()
     if cpu_before is not None and cpu_after is not None and ok:
         host |= {"host_cpu_ms_per_attr": 1000 * (cpu_after[0] - cpu_before[0]) / ok,
                  "event_loop_cpu_ms_per_attr": 1000 * (cpu_after[1] - cpu_before[1]) / ok}
