@@ -139,7 +139,7 @@ class Supervisor:
             if not child.ready.is_set():  # it never served: the next one would fail the same way
                 log.error("server process %d (pid %s) failed to start (exit code %s): stopping the others",
                           child.index, child.process.pid, code)
-                self.exit_code = code or 1
+                self.exit_code = code if code is not None and code > 0 else 1  # killed by a signal: 1
                 self._stop.set()
                 return
             log.warning("server process %d (pid %s) exited with code %s: starting another in its place",
