@@ -176,6 +176,9 @@ class Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started and sockets:  # uvicorn leaves the message to whoever gave the sockets: one of several processes
+            host, port = sockets[0].getsockname()[:2]
+            logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (one of several server processes)", host, port)
         if self.started and self.on_started is not None:
             self.on_started()
 

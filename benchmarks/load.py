@@ -66,6 +66,10 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{r.get('unwarmed_calls', 0):.0f} | {_fmt(r.get('host_cpu_ms_per_attr'), '.1f')} | "
             f"{_fmt(r.get('event_loop_cpu_ms_per_attr'), '.1f')} | {_fmt(r.get('client_cpu_ms_per_request'), '.1f')} | "
             f"{_busy(r)} | {_fmt(r.get('server_p50_s'), '.3f')} / {_fmt(r.get('server_p99_s'), '.3f')} |")
+    shares = [(r["clients"], r["answer_shares"]) for r in rows if r.get("answer_shares")]
+    if shares:
+        lines += ["", "Answers by server process (`X-IDG-Replica`, largest share first): " + "; ".join(
+            f"{c} clients: " + " / ".join(f"{x:.0%}" for x in share) for c, share in shares) + "."]
     split = [(r["clients"], r["cpu_ms_per_attr_by_thread"]) for r in rows if r.get("cpu_ms_per_attr_by_thread")]
     if split:
         lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -156,15 +157,16 @@ async def _client(client: httpx.AsyncClient, url: str, images: list[Path], n: in
                 lat.append(time.perf_counter() - started)
                 found = _TOTAL_MS.search(r.content)
                 if found:  # the server's own time (from its reading the body to its answer), beside the client's
-                    SERVER_MS.append(float(found.group(1)))
+                    SERVER_MS.append((float(found.group(1)), r.headers.get("x-idg-replica", "")))
 
 
 _TOTAL_MS = re.compile(rb'"total_ms":\s*([0-9.]+)')
-SERVER_MS: list[float] = []
-"""The server-side ``timings.total_ms`` of the answers this process received (a load level reads and clears it)."""
+SERVER_MS: list[tuple[float, str]] = []
+"""The server-side ``timings.total_ms`` of the answers this process received, with the server process that answered
+(``X-IDG-Replica``); a load level reads and clears it."""
 
 
-Share = tuple[list[float], list[int], float, list[float], tuple[float, float]]
+Share = tuple[list[float], list[int], float, list[tuple[float, str]], tuple[float, float]]
 """What a group of clients measured: latencies, status codes, client CPU seconds, the server's own times, and
 the span (monotonic start, end) in which they sent and received, on the clock every process shares."""
 
@@ -227,7 +229,9 @@ async def load_level(
     rows_before = _rows(text)
     dmon = SmMonitor()
     machine_before = machine_cpu()
-    lat, codes, client_cpu, server_ms, (began, ended) = await _clients(url, images, clients, per_client, fields, client_processes)
+    lat, codes, client_cpu, answered, (began, ended) = await _clients(url, images, clients, per_client, fields, client_processes)
+    server_ms = [ms for ms, _ in answered]
+    by_process = Counter(who for _, who in answered)
     wall = ended - began
     machine_after = machine_cpu()
     sm = dmon.stop()
@@ -260,6 +264,8 @@ async def load_level(
         "client_cpu_ms_per_request": 1000 * client_cpu / len(codes) if codes else None,
         "server_p50_s": float(np.percentile(server_ms, 50)) / 1000 if server_ms else None,
         "server_p99_s": float(np.percentile(server_ms, 99)) / 1000 if server_ms else None, "gpu_sm_util_mean": sm, **host,
+        # with several server processes: each one's share of the answers, largest first (the kernel's spread)
+        "answer_shares": sorted((n / len(answered) for n in by_process.values()), reverse=True) if len(by_process) > 1 else None,
     }
 
 
@@ -287,8 +293,6 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
 
 def gil_profile_summary(raw: Path, top: int = 8) -> list[str]:
     """The threads and leaf functions that held the GIL most, from py-spy's raw output."""
-    from collections import Counter
-
     by_thread: Counter[str] = Counter()
     leaves: dict[str, Counter[str]] = {}
     for line in raw.read_text().splitlines():

@@ -51,16 +51,17 @@ def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Pa
         pids = _replica_pids(served, 2)
         assert served.proc.pid not in pids  # the launcher serves nothing itself
         answered_by: set[int] = set()
-        for _ in range(12):  # a new connection each: the kernel spreads them over both
+        for _ in range(24):  # a new connection each: the kernel spreads them over both (by their hash: all 24 to one,
+            # 1 in 8 million)
             r = _predict(served)
             assert r.status_code == 200, r.text
             answered_by.add(int(r.headers["x-idg-replica"].rsplit(":", 1)[1]))
         # every scrape, whichever process answers it, counts the requests of both
         for _ in range(6):
-            assert served.metric('idg_http_requests_total{route="/predict",status="200"}') == 12
+            assert served.metric('idg_http_requests_total{route="/predict",status="200"}') == 24
         assert served.metric("idg_ready") == 1  # every process ready
         assert served.metric('idg_model_calls_total{model="tiny"}') >= 12
-    assert answered_by <= pids
+    assert answered_by == pids
 
 
 def test_a_process_that_dies_is_replaced_and_sigterm_then_stops_every_process(tmp_path: Path) -> None:
