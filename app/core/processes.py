@@ -33,7 +33,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
@@ -58,7 +58,6 @@ class Child:
     index: int
     process: multiprocessing.process.BaseProcess
     ready: Event
-    started_at: float = field(default_factory=time.monotonic)
 
 
 PR_SET_PDEATHSIG = 1
