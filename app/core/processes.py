@@ -92,7 +92,7 @@ def bind(host: str, port: int, count: int) -> list[socket.socket]:
     connections over them evenly (by a hash of each connection's addresses). One socket shared by all had let
     whichever process woke first accept a burst of connections at once (asyncio accepts up to its backlog per
     wake-up): 74% / 26% of 128 clients' answers on two processes, and the clients of the busier one waited longer.
-    The launcher keeps each socket, so connections that reach one whose process is being replaced wait for it."""
+    A socket takes connections only once its process listens, that is once it is ready."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     socks: list[socket.socket] = []
     try:
@@ -112,11 +112,12 @@ def bind(host: str, port: int, count: int) -> list[socket.socket]:
 
 
 class Supervisor:
-    """Runs one process of :func:`child_main` per socket (the same one again in place of one that died) until a
-    signal stops them."""
+    """Runs one process of :func:`child_main` per socket until a signal stops them (a new process on a new socket in
+    place of one that died); closes the sockets at the end."""
 
-    def __init__(self, target: Target, socks: list[socket.socket], grace_s: float) -> None:
+    def __init__(self, target: Target, socks: list[socket.socket], grace_s: float, host: str = "127.0.0.1") -> None:
         self.target = target
+        self.host = host
         self.count = len(socks)
         self.socks = socks
         self.grace_s = grace_s
@@ -146,6 +147,8 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            for sock in self.socks:
+                sock.close()
         return self.exit_code
 
     def _replace_dead(self) -> None:
@@ -163,6 +166,17 @@ class Supervisor:
                 return
             log.warning("server process %d (pid %s) exited with code %s: starting another in its place",
                         child.index, child.process.pid, code)
+            # its socket goes with it: the connections still waiting there are refused (they never reached a process)
+            # rather than held for the replacement's start-up (a GPU model's: up to a minute); new ones go to the others
+            port = self.socks[i].getsockname()[1]
+            self.socks[i].close()
+            try:
+                self.socks[i] = bind(self.host, port, 1)[0]
+            except OSError as err:
+                log.error("cannot listen on %s:%d again for a new server process: %s: stopping the others", self.host, port, err)
+                self.exit_code = 1
+                self._stop.set()
+                return
             self.children[i] = self._start(child.index)
 
     def _stop_all(self) -> None:
@@ -202,10 +216,6 @@ def serve_processes(target: Target, count: int, host: str, port: int, grace_s: f
             log.error("cannot listen on %s:%d: %s", host, port, err)
             return 1
         log.info("%d server processes on %s:%d, one device", count, host, socks[0].getsockname()[1])
-        try:
-            return Supervisor(target, socks, grace_s).run()
-        finally:
-            for sock in socks:
-                sock.close()
+        return Supervisor(target, socks, grace_s, host).run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -73,10 +73,12 @@ def test_a_process_that_dies_is_replaced_and_sigterm_then_stops_every_process(tm
         while time.monotonic() < deadline and "starting another in its place" not in served.log():
             time.sleep(0.1)
         assert "starting another in its place" in served.log()
-        after = _replica_pids(served, 2)
-        while victim in after:  # a connection the dead process had accepted is gone; new ones go to the living
-            after = _replica_pids(served, 2)
-        assert len(after - first) == 1 and served.proc.poll() is None
+        # while the replacement starts, every new connection goes to the living process (the dead one's socket is closed)
+        for _ in range(8):
+            r = _predict(served)
+            assert r.status_code == 200 and int(r.headers["x-idg-replica"].rsplit(":", 1)[1]) in first - {victim}, r.text
+        after = _replica_pids(served, 2)  # then the replacement answers too, on the same port
+        assert len(after - first) == 1 and victim not in after and served.proc.poll() is None
         assert _predict(served).status_code == 200
 
         started = time.monotonic()
