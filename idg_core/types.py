@@ -143,12 +143,13 @@ class Query:
         """The points ``start:stop`` as a ``(stop - start, C, H, W)`` tensor."""
         if self.direction is None:
             return self.origin[start:stop]
-        a = to_device(self.alphas[start:stop].to(self.origin.dtype), self.origin.device)
-        return self.origin.unsqueeze(0) + a.view(-1, 1, 1, 1) * self.direction.unsqueeze(0)
+        out = torch.empty((stop - start, *self.origin.shape), dtype=self.origin.dtype, device=self.origin.device)
+        self.write_points(start, stop, out)
+        return out
 
     def write_points(self, start: int, stop: int, out: Tensor) -> None:
-        """The points ``start:stop`` written into ``out`` (``(stop - start, C, H, W)``, a slice of a call's batch): the
-        same numbers as :meth:`points` (``alpha * direction``, then ``+ origin``), without a tensor of their own to copy."""
+        """The points ``start:stop`` written into ``out`` (``(stop - start, C, H, W)``, a slice of a call's batch):
+        ``origin + alpha * direction`` (``alpha * direction`` first, then ``+ origin``), without a tensor of their own."""
         if self.direction is None:
             out.copy_(self.origin[start:stop])
             return

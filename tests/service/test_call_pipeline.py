@@ -219,15 +219,19 @@ async def test_padded_calls_answer_as_unpadded_ones(tiny_app: AppFactory) -> Non
 
 
 def test_a_calls_batch_holds_each_querys_points_bit_for_bit_and_pads_with_its_last() -> None:
-    """The points are written straight into the call's batch: the same numbers as each query's own points (the
-    path form and the explicit one), in the chunk's order, and padding rows that copy the last real one."""
+    """The points are written straight into the call's batch: bit for bit the path's formula, base + alpha * (x - base)
+    as the reference computes it (and an explicit query's own points), in the chunk's order, and padding rows that copy
+    the last real one."""
     torch.manual_seed(0)
     x, base = torch.randn(3, 3, 8, 8), torch.randn(3, 8, 8)
-    queries = [Query.path(base, x[i] - base, torch.rand(5), target=i, grad=True, output="logit") for i in range(2)]
+    alphas = [torch.rand(5) for _ in range(2)]
+    queries = [Query.path(base, x[i] - base, alphas[i], target=i, grad=True, output="logit") for i in range(2)]
     queries.append(Query.at(x, target=2, grad=True, output="logit"))
     chunk = [(1, 1, 4), (0, 0, 5), (2, 0, 3)]  # 11 rows, padded to 16
     prepared = prepare_call(queries, chunk, grad=True, shapes=CallShapes(power_of_two_sizes(16)))
-    expected = torch.cat([queries[qi].points(a, b) for qi, a, b in chunk])
+    path = [base.unsqueeze(0) + alphas[i].view(-1, 1, 1, 1) * (x[i] - base).unsqueeze(0) for i in range(2)]
+    expected = torch.cat([path[1][1:4], path[0][0:5], x[0:3]])
+    assert all(torch.equal(queries[i].points(0, 5), path[i]) for i in range(2))  # the query's own points: the same
     assert prepared.size == 16 and prepared.n == 11
     assert torch.equal(prepared.inputs[:11], expected)
     assert torch.equal(prepared.inputs[11:], expected[-1:].expand(5, 3, 8, 8))
