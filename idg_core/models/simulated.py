@@ -36,12 +36,26 @@ from torch import Tensor, nn
 _FREE_AT = struct.Struct("d")
 
 
-class SharedTimeline:
-    """When the device is next free (``time.perf_counter``, the system-wide monotonic clock on Linux), in a
-    file that every process using the device maps: :meth:`book` takes the file's lock, so two processes'
-    calls never overlap."""
+class Timeline:
+    """When the device is next free (``time.perf_counter``; 0: now): a call launched now begins then or now,
+    whichever is later. This process's own device; :class:`SharedTimeline` is one several processes share."""
+
+    def __init__(self) -> None:
+        self._free_at = 0.0
+
+    def book(self, took: float) -> tuple[float, float]:
+        """Book a call of ``took`` seconds launched now: its begin and end on the device (callers hold a lock)."""
+        begins = max(time.perf_counter(), self._free_at)
+        self._free_at = begins + took
+        return begins, begins + took
+
+
+class SharedTimeline(Timeline):
+    """The timeline in a file that every process using the device maps (``time.perf_counter`` is the system-wide
+    monotonic clock on Linux): :meth:`book` takes the file's lock, so two processes' calls never overlap."""
 
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         if os.fstat(self._fd).st_size < _FREE_AT.size:
@@ -49,15 +63,14 @@ class SharedTimeline:
         self._map = mmap.mmap(self._fd, _FREE_AT.size)
 
     def book(self, took: float) -> tuple[float, float]:
-        """Book a call of ``took`` seconds launched now: its begin and end on the device."""
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            now = time.perf_counter()
-            begins = max(now, _FREE_AT.unpack_from(self._map)[0])
-            _FREE_AT.pack_into(self._map, 0, begins + took)
+            self._free_at = _FREE_AT.unpack_from(self._map)[0]
+            span = super().book(took)
+            _FREE_AT.pack_into(self._map, 0, self._free_at)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return begins, begins + took
+        return span
 
 
 class SimulatedAccelerator(nn.Module):
@@ -81,8 +94,9 @@ class SimulatedAccelerator(nn.Module):
         self.calls = 0
         self.free_at: float | None = None
         """With ``stream``: when (``time.perf_counter``) the last call launched here ends on the device."""
-        self.timeline = SharedTimeline(timeline) if timeline is not None else None
-        """With a ``timeline`` file: the device shared with the other processes that map it."""
+        self.timeline = SharedTimeline(timeline) if timeline is not None else Timeline()
+        """With ``stream``: the device's timeline, this process's own or, with a ``timeline`` file, the one shared with
+        the other processes that map it."""
         self._device = threading.Lock()
         self._log = threading.Lock()
 
@@ -112,12 +126,7 @@ class SimulatedAccelerator(nn.Module):
         took = (self.call_ms + self.image_ms * size) / 1000
         with self._device:
             self.calls += 1
-            if self.timeline is not None:
-                self.free_at = self.timeline.book(took)[1]
-            else:
-                now = time.perf_counter()
-                begins = now if self.free_at is None else max(now, self.free_at)
-                self.free_at = begins + took
+            self.free_at = self.timeline.book(took)[1]
             self.busy_s += took
             self.note("start", self.calls, size)
         return out
