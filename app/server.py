@@ -15,8 +15,8 @@ uvicorn, configured from the ``IDG_*`` settings, with two additions:
   the app answers 408 when it reads the body (``app.api.requests.read_body``), and the protocol
   closes the connection :data:`BODY_BACKSTOP_S` later when nobody reads it.
 
-With ``IDG_PROCESSES`` > 1 (or ``--processes``) it binds the port once and runs that many of these servers on
-it, each its own process with its own models and worker (:mod:`app.core.processes`).
+With ``IDG_PROCESSES`` > 1 (or ``--processes``) it runs that many of these servers on the port, each its own
+process with its own listening socket there, models and worker (:mod:`app.core.processes`).
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def _configure_logging() -> None:
 
 
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
-    """One of several server processes (:mod:`app.core.processes`): the app on the shared socket."""
+    """One of several server processes (:mod:`app.core.processes`): the app on this process's socket of the port."""
     _configure_logging()
     server = build(load_app(spec), host, port, log_level)
     server.on_started = ready.set

@@ -115,7 +115,7 @@ class Supervisor:
     """Runs one process of :func:`child_main` per socket until a signal stops them (a new process on a new socket in
     place of one that died); closes the sockets at the end."""
 
-    def __init__(self, target: Target, socks: list[socket.socket], grace_s: float, host: str = "127.0.0.1") -> None:
+    def __init__(self, target: Target, socks: list[socket.socket], grace_s: float, host: str) -> None:
         self.target = target
         self.host = host
         self.count = len(socks)
