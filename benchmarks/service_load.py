@@ -92,17 +92,19 @@ def server_pids(pid: int) -> list[int]:
     return family
 
 
+def _cpu_s(stat: Path) -> float:
+    """CPU seconds (user + system) from a ``/proc`` ``stat`` file, of a process or of one of its threads."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def host_cpu_s(pid: int) -> tuple[float, float] | None:
     """CPU seconds (user + system) the server's processes (:func:`server_pids`) have used in all their threads,
     and in their main threads, which run the event loops (HTTP, routing, the answer's JSON); None off Linux. The
     rest is the worker threads' and the decode/render threads'."""
-    def used(stat: Path) -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     try:
         pids = server_pids(pid)
-        return sum(used(Path(f"/proc/{p}/stat")) for p in pids), sum(used(Path(f"/proc/{p}/task/{p}/stat")) for p in pids)
+        return sum(_cpu_s(Path(f"/proc/{p}/stat")) for p in pids), sum(_cpu_s(Path(f"/proc/{p}/task/{p}/stat")) for p in pids)
     except (OSError, ValueError, IndexError):
         return None
 
@@ -114,10 +116,9 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     try:
         for p in server_pids(pid):
             for task in Path(f"/proc/{p}/task").iterdir():
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
                 name = "event loop" if task.name == str(p) else (task / "comm").read_text().strip()
                 name = name if name.startswith("idg-") else ("event loop" if name == "event loop" else "other threads")
-                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                out[name] = out.get(name, 0.0) + _cpu_s(task / "stat")
     except (OSError, ValueError, IndexError):
         return {}
     return out
