@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +47,14 @@ def _busy(row: dict[str, Any]) -> str:
     return f"{row['machine_cpu_busy']:.0%} of {row.get('machine_cores', '?')} cores"
 
 
+def _idle(row: dict[str, Any]) -> str:
+    """The device's idle time over the level, by what it waited for: the worker's host steps, or requests."""
+    idle = row.get("device_idle_fraction")
+    if not idle:
+        return "n/a"
+    return f"{idle.get('host', 0.0):.0%} / {idle.get('no_work', 0.0):.0%}"
+
+
 def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     env = ", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) or "none"
     lines = [f"# Service load `{meta['label']}`", "", f"Measured {meta['date']} on: {_machine(meta['machine'])}.", "",
@@ -54,15 +63,16 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
              f"{meta['per_client']} requests per client at each level, clients in {meta.get('client_processes', 1)} process(es).", "",
              "Models as served (`/models`): " + "; ".join(json.dumps(m) for m in rows[0].get("models", [])) + ".", "",
              "| clients | ok | 503 | p50 s | p95 s | p99 s | p99/p50 | attributions/s | model calls | images/call | padding/real rows "
-             "| device busy | GPU SM util % (dmon) | unwarmed calls | host CPU ms/attr | event loop ms/attr | client CPU ms/request "
+             "| device busy | device idle: worker / no request | GPU SM util % (dmon) | unwarmed calls | host CPU ms/attr "
+             "| event loop ms/attr | client CPU ms/request "
              "| machine CPU busy | server p50 / p99 s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['clients']} | {r['ok']} | {r['rejected_503']} | {_fmt(r['p50_s'], '.3f')} | {_fmt(r['p95_s'], '.3f')} | "
             f"{_fmt(r['p99_s'], '.3f')} | {_fmt(r.get('p99_over_p50'), '.2f')} | {r['throughput_per_s']:.1f} | {r['model_calls']} | "
             f"{_fmt(r['mean_images_per_call'], '.1f')} | {_fmt(r.get('padded_per_real_row'), '.2f')} | "
-            f"{r['device_busy_fraction']:.0%} | {_fmt(r.get('gpu_sm_util_mean'), '.0f')} | "
+            f"{r['device_busy_fraction']:.0%} | {_idle(r)} | {_fmt(r.get('gpu_sm_util_mean'), '.0f')} | "
             f"{r.get('unwarmed_calls', 0):.0f} | {_fmt(r.get('host_cpu_ms_per_attr'), '.1f')} | "
             f"{_fmt(r.get('event_loop_cpu_ms_per_attr'), '.1f')} | {_fmt(r.get('client_cpu_ms_per_request'), '.1f')} | "
             f"{_busy(r)} | {_fmt(r.get('server_p50_s'), '.3f')} / {_fmt(r.get('server_p99_s'), '.3f')} |")
@@ -70,18 +80,29 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if shares:
         lines += ["", "Answers by server process (`X-IDG-Replica`, largest share first): " + "; ".join(
             f"{c} clients: " + " / ".join(f"{x:.0%}" for x in share) for c, share in shares) + "."]
+    spent = [(r["clients"], r["server_ms_split"]) for r in rows if r.get("server_ms_split")]
+    if spent:
+        lines += ["", "Server time per answer, mean ms (`timings`: intake = decoding, checks, planning and the answer's JSON; "
+                  "queued = admitted, before the worker took it; worker = its rounds; render = its PNGs): " + "; ".join(
+                      f"{c} clients: " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()) for c, t in spent) + "."]
     split = [(r["clients"], r["cpu_ms_per_attr_by_thread"]) for r in rows if r.get("cpu_ms_per_attr_by_thread")]
     if split:
         lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(
             f"{c} clients: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items())) for c, t in split) + "."]
     if meta.get("gil_profile"):
-        lines += ["", f"Who held the GIL during the last level (py-spy --gil, {meta['levels'][-1]} clients):", ""]
+        mode = meta.get("profile_mode", "gil")  # IDG_BENCH_PROFILE: gil (who held it), idle (waits too), cpu (every running thread)
+        what = {"gil": "Who held the GIL", "idle": "Where the threads were, waiting too", "cpu": "Where the CPU went"}.get(mode, mode)
+        lines += ["", f"{what} during the last level (py-spy{'' if mode == 'cpu' else ' --' + mode}, {meta['levels'][-1]} clients; "
+                  "share of samples):", ""]
         lines += [f"- {line}" for line in meta["gil_profile"]]
     lines += ["", "Server p50 / p99: the answers' own `timings.total_ms` (from the server's reading the body to its answer); "
               "where they are far below the client's, the time went to HTTP, the network stack or the load generator."]
     lines += ["", "Device busy: the service's own counter (`idg_device_busy_seconds_total`: CUDA-event time of each model call on a "
               "GPU, the device thread's time in the call elsewhere) over the level's wall time. GPU SM util: the mean of "
-              "`nvidia-smi dmon -s u` samples during the level. The first row is the first request after ready; the second (with "
+              "`nvidia-smi dmon -s u` samples during the level. Device idle (`idg_device_idle_seconds_total`): the gaps between "
+              "calls, split by what the device waited for: the worker, while it held requests (planning, gathering points, "
+              "booking: the host side of the device loop) or no request (they were still arriving or being decoded: more "
+              "clients, or more server processes, fill that). The first row is the first request after ready; the second (with "
               "`--serial`) the next ones one at a time. Machine CPU busy: every core's time not idle (`/proc/stat`) over the level, the "
               "server's processes, the load generator and the kernel together: near 100%, the machine's cores are the limit."]
     return "\n".join(lines) + "\n"
@@ -134,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_load(image_files(args.images), args.levels, args.per_client, fields, env, serial=args.serial, profile=profile,
                         client_processes=args.client_processes)
     gil = gil_profile_summary(profile) if profile is not None and profile.exists() else []
-    meta = {"gil_profile": gil, "label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "env": env, "fields": fields,
+    meta = {"gil_profile": gil, "profile_mode": os.environ.get("IDG_BENCH_PROFILE", "gil"),
+            "label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "env": env, "fields": fields,
             "images": str(args.images), "per_client": args.per_client, "levels": args.levels,
             "client_processes": args.client_processes}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -134,6 +134,14 @@ def machine_cpu() -> tuple[float, float] | None:
     return float(sum(fields) - idle), float(sum(fields))
 
 
+def _idle(text: str) -> dict[str, float]:
+    """``idg_device_idle_seconds_total`` by cause (summed over server processes)."""
+    out: dict[str, float] = {}
+    for cause, v in re.findall(r'^idg_device_idle_seconds_total{cause="(\w+)"} ([0-9.e+-]+)$', text, re.M):
+        out[cause] = out.get(cause, 0.0) + float(v)
+    return out
+
+
 def _labelled(text: str, name: str) -> float:
     """A metric summed over its labels."""
     return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
@@ -156,18 +164,30 @@ async def _client(client: httpx.AsyncClient, url: str, images: list[Path], n: in
             codes.append(r.status_code)
             if r.status_code == 200:
                 lat.append(time.perf_counter() - started)
-                found = _TOTAL_MS.search(r.content)
-                if found:  # the server's own time (from its reading the body to its answer), beside the client's
-                    SERVER_MS.append((float(found.group(1)), r.headers.get("x-idg-replica", "")))
+                found = {k.decode(): float(v) for k, v in _TIMING.findall(r.content)}
+                if "total_ms" in found:  # the server's own time (from its reading the body to its answer), beside the client's
+                    SERVER_MS.append((found["total_ms"], r.headers.get("x-idg-replica", ""), found))
 
 
-_TOTAL_MS = re.compile(rb'"total_ms":\s*([0-9.]+)')
-SERVER_MS: list[tuple[float, str]] = []
-"""The server-side ``timings.total_ms`` of the answers this process received, with the server process that answered
-(``X-IDG-Replica``); a load level reads and clears it."""
+_TIMING = re.compile(rb'"(queued_ms|compute_ms|render_ms|total_ms)":\s*([0-9.]+)')
+SERVER_MS: list[tuple[float, str, dict[str, float]]] = []
+"""The server-side ``timings.total_ms`` of the answers this process received, the server process that answered
+(``X-IDG-Replica``) and all of the answer's ``timings``; a load level reads and clears it."""
 
 
-Share = tuple[list[float], list[int], float, list[tuple[float, str]], tuple[float, float]]
+def server_time_split(answered: list[tuple[float, str, dict[str, float]]]) -> dict[str, float] | None:
+    """Where the server's time per answer went, the mean in ms over the answers: ``intake`` (decoding, checks, the
+    plan, the answer's JSON: the total less the rest), ``queued`` (admitted, before the worker took it), ``worker``
+    (its rounds on the device and the host steps between them) and ``render`` (its PNGs)."""
+    timings = [t for _, _, t in answered if {"queued_ms", "compute_ms", "total_ms"} <= t.keys()]
+    if not timings:
+        return None
+    mean = {k: float(np.mean([t.get(k, 0.0) for t in timings])) for k in ("queued_ms", "compute_ms", "render_ms", "total_ms")}
+    return {"intake": mean["total_ms"] - mean["queued_ms"] - mean["compute_ms"] - mean["render_ms"], "queued": mean["queued_ms"],
+            "worker": mean["compute_ms"], "render": mean["render_ms"]}
+
+
+Share = tuple[list[float], list[int], float, list[tuple[float, str, dict[str, float]]], tuple[float, float]]
 """What a group of clients measured: latencies, status codes, client CPU seconds, the server's own times, and
 the span (monotonic start, end) in which they sent and received, on the clock every process shares."""
 
@@ -227,18 +247,20 @@ async def load_level(
     threads_before = {} if pid is None else thread_cpu_s(pid)
     text = httpx.get(f"{url}/metrics").text
     before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
+    idle_before = _idle(text)
     rows_before = _rows(text)
     dmon = SmMonitor()
     machine_before = machine_cpu()
     lat, codes, client_cpu, answered, (began, ended) = await _clients(url, images, clients, per_client, fields, client_processes)
-    server_ms = [ms for ms, _ in answered]
-    by_process = Counter(who for _, who in answered)
+    server_ms = [ms for ms, _, _ in answered]
+    by_process = Counter(who for _, who, _ in answered)
     wall = ended - began
     machine_after = machine_cpu()
     sm = dmon.stop()
     text = httpx.get(f"{url}/metrics").text
     after, busy = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total") - busy_before
     rows_after = _rows(text)
+    idle = {cause: v - idle_before.get(cause, 0.0) for cause, v in _idle(text).items()}
     real, padding = rows_after[0] - rows_before[0], rows_after[1] - rows_before[1]
     calls = after["count"] - before["count"]
     cpu_after = None if pid is None else host_cpu_s(pid)
@@ -260,7 +282,10 @@ async def load_level(
         "p50_s": float(np.percentile(lat, 50)) if lat else None, "p95_s": float(np.percentile(lat, 95)) if lat else None,
         "p99_s": float(np.percentile(lat, 99)) if lat else None, "throughput_per_s": codes.count(200) / wall,
         "model_calls": int(calls), "mean_images_per_call": (after["sum"] - before["sum"]) / calls if calls else None,
-        "wall_s": wall, "device_busy_fraction": busy / wall, "padded_per_real_row": padding / real if real else None,
+        "wall_s": wall, "device_busy_fraction": busy / wall,
+        # the device's idle time by what it waited for: requests (no_work) or this process's worker (host)
+        "device_idle_fraction": {cause: v / wall for cause, v in idle.items()} or None,
+        "server_ms_split": server_time_split(answered), "padded_per_real_row": padding / real if real else None,
         "unwarmed_calls": _labelled(text, "idg_unwarmed_calls"), "client_processes": client_processes,
         "client_cpu_ms_per_request": 1000 * client_cpu / len(codes) if codes else None,
         "server_p50_s": float(np.percentile(server_ms, 50)) / 1000 if server_ms else None,
@@ -285,8 +310,9 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
         log.warning("py-spy not found: no GIL profile")
         return None
     try:
-        mode = "--idle" if os.environ.get("IDG_BENCH_PROFILE") == "idle" else "--gil"  # idle: where threads wait, too
-        return subprocess.Popen([exe, "record", "-p", str(pid), "-o", str(out), "-f", "raw", mode,
+        # idle: where threads wait, too; cpu: every thread while it runs, with or without the GIL (where the cores go)
+        modes = {"idle": ["--idle"], "cpu": []}.get(os.environ.get("IDG_BENCH_PROFILE", ""), ["--gil"])
+        return subprocess.Popen([exe, "record", "-p", str(pid), "-o", str(out), "-f", "raw", *modes,
                                  "--threads", "--subprocesses", "-r", "200", "-d", "600", "--nonblocking"], stdout=subprocess.DEVNULL)
     except OSError:
         return None
@@ -307,7 +333,7 @@ def gil_profile_summary(raw: Path, top: int = 8) -> list[str]:
     total = sum(by_thread.values()) or 1
     lines = []
     for thread, n in by_thread.most_common(6):
-        lines.append(f"{thread}: {n / total:.0%} of GIL samples; " + ", ".join(
+        lines.append(f"{thread}: {n / total:.0%} of samples; " + ", ".join(
             f"{leaf.split(' (')[0]} {m / total:.1%}" for leaf, m in leaves[thread].most_common(top)))
     return lines
 
@@ -347,7 +373,8 @@ def run_load(images: list[Path], levels: list[int], per_client: int, fields: dic
     proc, url = start_server(env)
     try:
         models = httpx.get(f"{url}/models").json()["models"]
-        rows = [{**asyncio.run(load_level(url, images, 1, 1, fields)), "clients": "first after ready",
+        # device idle n/a: the first request's gap began at the warm-up, before the level, and is booked whole
+        rows = [{**asyncio.run(load_level(url, images, 1, 1, fields)), "clients": "first after ready", "device_idle_fraction": None,
                  "models": [{k: m.get(k) for k in ("name", "precision", "call_sizes", "warm_seconds", "cuda_graphs")} for m in models]}]
         if serial:
             rows.append({**asyncio.run(load_level(url, images, 1, serial, fields)), "clients": f"1 (next {serial})"})

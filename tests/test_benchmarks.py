@@ -204,3 +204,19 @@ def test_the_road_solve_benchmark_reports_both_solvers_and_their_difference(tmp_
     assert len(rows) == 4 and all(float(r["max_abs_diff"]) <= 1e-9 for r in rows)
     table = road_solve.render(rows)
     assert table.count("| 50% |") == 4 and "All 4 solves" in table
+
+
+def test_the_load_report_splits_the_servers_time_and_the_devices_idle_time() -> None:
+    from benchmarks import load
+    from benchmarks.service_load import _idle, server_time_split
+
+    answered = [(100.0, "a", {"queued_ms": 10.0, "compute_ms": 60.0, "render_ms": 5.0, "total_ms": 100.0}),
+                (200.0, "b", {"queued_ms": 30.0, "compute_ms": 100.0, "render_ms": 15.0, "total_ms": 200.0}),
+                (50.0, "a", {"total_ms": 50.0})]  # a /predict-like answer without the worker's timings: left out
+    assert server_time_split(answered) == {"intake": 40.0, "queued": 20.0, "worker": 80.0, "render": 10.0}
+    assert server_time_split([]) is None
+    metrics = ('idg_device_idle_seconds_total{cause="host"} 1.5\nidg_device_idle_seconds_total{cause="no_work"} 0.25\n'
+               'idg_device_idle_seconds_created{cause="host"} 17.0\n')
+    assert _idle(metrics) == {"host": 1.5, "no_work": 0.25}
+    assert load._idle({"device_idle_fraction": {"host": 0.57, "no_work": 0.09}}) == "57% / 9%"
+    assert load._idle({"device_idle_fraction": None}) == "n/a"

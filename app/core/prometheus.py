@@ -46,6 +46,11 @@ class Metrics:
                                     registry=r, multiprocess_mode="livesum")
         self.device_busy = Counter("idg_device_busy_seconds", "Seconds the worker spent in model calls (until their results were "
                                    "on the host); rate() of it is the device's busy fraction", registry=r)
+        self.device_idle = Counter(
+            "idg_device_idle_seconds", "Seconds the device had no model call of this process to run, by what it waited for: "
+            "no_work (the worker held no request: they were still arriving or being decoded; more clients or more server "
+            "processes fill it) or host (the worker held requests and was still preparing their next call: planning, "
+            "gathering points, booking the last call, the batch wait)", ["cause"], registry=r)
         self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)
         self.job_seconds = Histogram(
             "idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)

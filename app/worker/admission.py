@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 from app.core.prometheus import Metrics
 from app.worker.jobs import SHUTDOWN_REASON, Job
@@ -64,11 +65,17 @@ class Admission:
         self._held: set[Job] = set()  # admitted, slot not yet freed
         self._lock = threading.Lock()
         self._accepting = True
+        self._held_since: float | None = None
 
     @property
     def depth(self) -> int:
         """Requests admitted and not finished, cancelled or timed out."""
         return len(self._held)
+
+    @property
+    def held_since(self) -> float | None:
+        """Since when (``time.monotonic``) at least one request has been admitted without a break; None: none is."""
+        return self._held_since
 
     def admit(self, job: Job, stuck: str | None = None) -> int:
         """Take ``job``'s slot and return the depth, or raise :class:`QueueFull` (at once, never blocking):
@@ -85,6 +92,8 @@ class Admission:
                 raise QueueFull(retry_after=max(1, math.ceil(self._wait_locked(job.priority))))
             self._held.add(job)
             depth = len(self._held)
+            if depth == 1:
+                self._held_since = time.monotonic()
         self.metrics.queue_depth.set(depth)
         return depth
 
@@ -95,6 +104,8 @@ class Admission:
                 return
             self._held.discard(job)
             depth = len(self._held)
+            if depth == 0:
+                self._held_since = None
         self.metrics.queue_depth.set(depth)
 
     def close(self) -> None:

@@ -13,7 +13,10 @@ after its inputs were gathered, and the worker's stream waits for the call's end
 outputs are used, so a plan's synchronisation (``.tolist()`` of a probe) waits for its own call,
 not for the one running behind it. Tensors that cross streams are recorded on the stream that uses
 them (``record_stream``), so the caching allocator does not hand their memory out too early.
-Device time is measured per call: CUDA events on a GPU, the stage thread's time elsewhere.
+Device time is measured per call: CUDA events on a GPU, the stage thread's time elsewhere. So is the time between
+calls, when the device has nothing to run (:class:`IdleTime`): each such gap is split into the part while the worker
+held no request (the device waited for requests to arrive: HTTP, decoding, clients) and the part while it held one
+(the device waited for this process's host steps: planning, gathering points, booking, the batch wait).
 
 On an asynchronous device (CUDA, or a simulated accelerator run as a stream) the stage only *launches* a
 call and a second thread of its own waits for it to end; up to ``ahead`` calls are launched at once, so
@@ -62,9 +65,32 @@ class Call:
     error: BaseException | None = None
     device_seconds: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
+    work_since: float | None = None
+    """When it was launched: since when the submitter had held work without a break (:class:`IdleTime`)."""
+    idle_before: float | None = None
+    """Seconds the device had nothing to run before this call (None: unknown, or the first call)."""
     _inputs_ready: Any = None  # torch.cuda.Event recorded on the submitter's stream
+    _prev_end: Any = None  # on CUDA: the end event of the call launched before this one
     _start: Any = None
     _end: Any = None
+
+
+@dataclass
+class IdleTime:
+    """The device's idle gaps (no call launched and not ended), split by what it waited for: ``no_work`` while the
+    worker held no request, ``host`` while it held one (its host steps were the holdup). Seconds, since the first call."""
+
+    no_work: float = 0.0
+    host: float = 0.0
+
+    def split(self, idle_since: float, now: float, work_since: float | None) -> tuple[float, float]:
+        """Book the gap ``idle_since .. now`` (``time.monotonic``); ``work_since``: since when the worker has held a
+        request without a break (None: it holds none). Returns the (no_work, host) seconds booked."""
+        gap = max(0.0, now - idle_since)
+        host = 0.0 if work_since is None else min(gap, max(0.0, now - max(idle_since, work_since)))
+        self.no_work += gap - host
+        self.host += host
+        return gap - host, host
 
 
 def name_os_thread(name: str) -> None:
@@ -103,11 +129,20 @@ class DeviceStage:
     """Runs :class:`Call` s in order on a thread of its own (and, on CUDA, a stream of its own)."""
 
     def __init__(self, device: torch.device, depth: int = 2, name: str = "idg-device",
-                 on_event: Callable[[str, int], None] | None = None, ahead: int = 2) -> None:
+                 on_event: Callable[[str, int], None] | None = None, ahead: int = 2,
+                 work_since: Callable[[], float | None] | None = None,
+                 on_idle: Callable[[float, float], None] | None = None) -> None:
         self.device = device
         self.on_event = on_event
         """Called with ("submitted" | "started" | "ended", call number) as each happens (tests); on an
         asynchronous device "started" is the launch."""
+        self.work_since = work_since
+        """Since when the submitter has held work without a break (``time.monotonic``; None: none now)."""
+        self.on_idle = on_idle
+        """Called with the (no_work, host) seconds of each idle gap as it ends, at the next call's launch."""
+        self.idle = IdleTime()
+        self._last_end: float | None = None  # a call run here: when the last one ended (time.monotonic)
+        self._last_cuda_end: Any = None  # on CUDA: the last launched call's end event
         self._numbers = 0
         self.depth = max(1, depth)
         self.ahead = max(1, ahead)
@@ -162,6 +197,9 @@ class DeviceStage:
                 if t is not None:
                     t.record_stream(current)
             call.device_seconds = call._start.elapsed_time(call._end) / 1000 if call._end.query() else call.device_seconds
+            if call._prev_end is not None and call._end.query():  # the device's gap between the call before and this one
+                call.idle_before = max(0.0, call._prev_end.elapsed_time(call._start) / 1000)
+        self._book_idle(call)
         return True
 
     def run_here(self, fn: Callable[[], T]) -> T:
@@ -195,6 +233,7 @@ class DeviceStage:
                 continue
             self._slots.acquire()
             item.started = time.monotonic()
+            item.work_since = self.work_since() if self.work_since is not None else None
             self._event("started", item)
             began = time.perf_counter()
             launched = False
@@ -228,6 +267,16 @@ class DeviceStage:
                 call.error, call.out = err, None
             self._ended(call)
 
+    def _book_idle(self, call: Call) -> None:
+        """Book the device's idle gap before ``call`` (once it is known), split by what the worker held then. The gap is
+        the device's own: between the CUDA events of the call before and this one, the simulated device's timeline, or
+        the stage thread's calls; it ended when ``call`` was launched (``started``). The first call's is not counted."""
+        if call.idle_before is None or call.started is None or call.number <= 1:
+            return
+        no_work, host = self.idle.split(call.started - call.idle_before, call.started, call.work_since)
+        if self.on_idle is not None:
+            self.on_idle(no_work, host)
+
     def _ended(self, call: Call) -> None:
         call.ended = time.monotonic()
         self._event("ended", call)
@@ -241,10 +290,15 @@ class DeviceStage:
         if isinstance(sim, SimulatedAccelerator) and sim.stream:
             before = sim.busy_s
             call.out = run_call(call.model, p.inputs, p.rows, p.grad)
-            call._end, call.device_seconds = sim.end_event(), sim.busy_s - before
+            call._end, call.device_seconds, call.idle_before = sim.end_event(), sim.busy_s - before, sim.idle_before
             return True
         if self._stream is None:
-            call.out = run_call(call.model, p.inputs, p.rows, p.grad)
+            if self._last_end is not None and call.started is not None:
+                call.idle_before = max(0.0, call.started - self._last_end)
+            try:
+                call.out = run_call(call.model, p.inputs, p.rows, p.grad)
+            finally:
+                self._last_end = time.monotonic()
             return False
         stream = self._stream
         with torch.cuda.stream(stream):
@@ -257,4 +311,5 @@ class DeviceStage:
             graph = (call.graphs or {}).get((p.size, p.grad))
             call.out = graph.run(p.inputs, p.rows) if graph is not None else run_call(call.model, p.inputs, p.rows, p.grad)
             call._end.record(stream)
+            call._prev_end, self._last_cuda_end = self._last_cuda_end, call._end
         return True

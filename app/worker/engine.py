@@ -90,7 +90,8 @@ class Worker:
         thread, where the requests will run (its malloc arena, thread-local caches), and this returns only
         once it has; if it raises, the worker does not start and the exception is raised here."""
         self._warm_up = warm_up
-        self._device = DeviceStage(self.device, self.pipeline_depth, on_event=self._on_device_event, ahead=self.launch_ahead)
+        self._device = DeviceStage(self.device, self.pipeline_depth, on_event=self._on_device_event, ahead=self.launch_ahead,
+                                   work_since=lambda: self.admission.held_since, on_idle=self._book_idle)
         self._thread.start()
         self._warmed.wait()
         if self._warm_up_error is not None:
@@ -264,6 +265,11 @@ class Worker:
         self.metrics.batch_requests.observe(len(work))
         self._device.submit(call)
         return call
+
+    def _book_idle(self, no_work: float, host: float) -> None:
+        """An idle gap of the device, split by what it waited for (:class:`app.worker.device.IdleTime`)."""
+        self.metrics.device_idle.labels("no_work").inc(no_work)
+        self.metrics.device_idle.labels("host").inc(host)
 
     def _mark_busy(self) -> None:
         """What the watchdog sees: the jobs of every call on the device, since the oldest was handed over."""

@@ -42,10 +42,14 @@ class Timeline:
 
     def __init__(self) -> None:
         self._free_at = 0.0
+        self.idle_before: float | None = None
+        """Seconds the device had nothing to run before the call booked last (None: it was the device's first)."""
 
     def book(self, took: float) -> tuple[float, float]:
         """Book a call of ``took`` seconds launched now: its begin and end on the device (callers hold a lock)."""
-        begins = max(time.perf_counter(), self._free_at)
+        now = time.perf_counter()
+        begins = max(now, self._free_at)
+        self.idle_before = max(0.0, now - self._free_at) if self._free_at else None
         self._free_at = begins + took
         return begins, begins + took
 
@@ -94,6 +98,9 @@ class SimulatedAccelerator(nn.Module):
         self.calls = 0
         self.free_at: float | None = None
         """With ``stream``: when (``time.perf_counter``) the last call launched here ends on the device."""
+        self.idle_before: float | None = None
+        """With ``stream``: seconds the device had nothing to run before the last call launched here (a shared
+        timeline's device: no call of any process); None before the device's first call."""
         self.timeline = SharedTimeline(timeline) if timeline is not None else Timeline()
         """With ``stream``: the device's timeline, this process's own or, with a ``timeline`` file, the one shared with
         the other processes that map it."""
@@ -127,6 +134,7 @@ class SimulatedAccelerator(nn.Module):
         with self._device:
             self.calls += 1
             self.free_at = self.timeline.book(took)[1]
+            self.idle_before = self.timeline.idle_before
             self.busy_s += took
             self.note("start", self.calls, size)
         return out

@@ -1,0 +1,71 @@
+"""What the device waited for when it had nothing to run: ``idg_device_idle_seconds_total{cause}`` splits each idle
+gap into ``no_work`` (the worker held no request) and ``host`` (it held one and was still preparing its next call),
+so a device that is not busy says whether more requests (clients, server processes) or a faster worker would fill it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+import torch
+from prometheus_client import generate_latest
+
+from app.core.prometheus import Metrics
+from app.worker.device import IdleTime
+from app.worker.engine import Worker
+from app.worker.jobs import Job
+from idg_core.models.simulated import SimulatedAccelerator
+from idg_core.types import AttributionResult, Plan, Query
+from tests.models import tiny_classifier
+
+
+def test_a_gap_is_host_time_from_when_the_worker_held_work_and_no_work_before() -> None:
+    idle = IdleTime()
+    assert idle.split(10.0, 12.0, None) == (2.0, 0.0)  # no request held: the whole gap waited for work
+    assert idle.split(10.0, 12.0, 11.5) == (1.5, 0.5)  # a request arrived 0.5 s before the launch: that part waited for the host
+    assert idle.split(10.0, 12.0, 9.0) == (0.0, 2.0)  # held work all along: the host was the holdup
+    assert idle.split(10.0, 9.5, 9.0) == (0.0, 0.0)  # a launch before the recorded end books nothing
+    assert (idle.no_work, idle.host) == (3.5, 2.5)
+
+
+def _two_calls(host_s: float) -> Plan:
+    """A plan with ``host_s`` of host work between its two model calls (on the worker thread, as a plan's host steps run)."""
+    yield [Query.at(torch.rand(1, 3, 32, 32), 0, grad=False, output="logit")]
+    time.sleep(host_s)
+    yield [Query.at(torch.rand(1, 3, 32, 32), 0, grad=False, output="logit")]
+    return AttributionResult(attributions=torch.zeros(1, 3, 2, 2))
+
+
+def _idle(metrics: Metrics) -> dict[str, float]:
+    text = generate_latest(metrics.registry).decode()
+    return {cause: float(v) for cause, v in re.findall(r'^idg_device_idle_seconds_total{cause="(\w+)"} ([0-9.e+-]+)$', text, re.M)}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["calls-on-the-stage-thread", "simulated-stream"])
+async def test_idle_time_is_split_by_whether_the_worker_held_a_request(stream: bool) -> None:
+    model = tiny_classifier()
+    model.net = SimulatedAccelerator(model.net, 20, stream=stream)
+    metrics = Metrics()
+    worker = Worker({"tiny": model}, torch.device("cpu"), metrics, max_batch_images=8, max_round_images=8, batch_wait_ms=0,
+                    max_queue=8)
+    worker.start()
+    loop = asyncio.get_running_loop()
+
+    async def run(host_s: float) -> None:
+        job = Job("tiny", _two_calls(host_s), "attribute", time.monotonic() + 30, loop, loop.create_future())
+        worker.submit(job)
+        await asyncio.wait_for(job.future, 10)
+
+    try:
+        await run(0.4)  # the device idles 0.4 s between the job's calls, while the worker does the job's host work
+        first = _idle(metrics)
+        await asyncio.sleep(0.5)  # then nothing is held for 0.5 s
+        await run(0.0)
+        second = _idle(metrics)
+    finally:
+        worker.stop(1)
+    assert first["host"] >= 0.35 and first["no_work"] < 0.05, first  # the gap before the very first call is not counted
+    assert second["no_work"] - first["no_work"] >= 0.45, second  # waiting for the next request
+    assert second["host"] - first["host"] < 0.1, second  # the second job's own host work is a gathering of points
