@@ -84,7 +84,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if spent:
         lines += ["", "Server time per answer, mean ms (`timings`: intake = decoding, checks, planning and the answer's JSON; "
                   "queued = admitted, before the worker took it; worker = its rounds; render = its PNGs): " + "; ".join(
-                      f"{c} clients: " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()) for c, t in spent) + "."]
+                      (f"{c} clients: " if isinstance(c, int) else f"{c}: ") + ", ".join(f"{k} {v:.0f}" for k, v in t.items())
+                      for c, t in spent) + "."]
     split = [(r["clients"], r["cpu_ms_per_attr_by_thread"]) for r in rows if r.get("cpu_ms_per_attr_by_thread")]
     if split:
         lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(
