@@ -32,7 +32,7 @@ from app.worker.engine import Worker
 from idg_core.call_shapes import CallShapes
 from idg_core.models import ImageClassifier, keep_freed_memory
 from idg_core.models.compiled import compiled_part
-from idg_core.models.simulated import SimulatedAccelerator
+from idg_core.models.simulated import SharedTimeline, SimulatedAccelerator, Timeline
 from idg_core.models.speed import tune_all
 
 log = logging.getLogger("app")
@@ -63,10 +63,13 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
         if settings.simulated_call_ms is not None:
+            # one device: the models' calls share one timeline (the processes' file, with IDG_PROCESSES); only a stream's
+            # calls are booked on one
+            path = settings.simulated_timeline
+            timeline = (SharedTimeline(path) if path is not None else Timeline()) if settings.simulated_stream else None
             for m in loaded.values():
                 m.net = SimulatedAccelerator(m.net, settings.simulated_call_ms, settings.simulated_image_ms,
-                                             stream=settings.simulated_stream,  # only a stream's calls share a timeline
-                                             timeline=settings.simulated_timeline if settings.simulated_stream else None)
+                                             stream=settings.simulated_stream, timeline=timeline)
             log.warning("simulated device: every model call takes %g ms + %g ms per image (IDG_SIMULATED_CALL_MS)",
                         settings.simulated_call_ms, settings.simulated_image_ms)
         if device.type == "cuda":

@@ -82,7 +82,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{c} clients: " + " / ".join(f"{x:.0%}" for x in share) for c, share in shares) + "."]
     spent = [(r["clients"], r["server_ms_split"]) for r in rows if r.get("server_ms_split")]
     if spent:
-        lines += ["", "Server time per answer, mean ms (`timings`: intake = decoding, checks, planning and the answer's JSON; "
+        lines += ["", "Server time per answer, mean ms (`timings`: intake = decoding, checks, planning and the event loop's resuming "
+                  "the request after the worker; "
                   "queued = admitted, before the worker took it; worker = its rounds; render = its PNGs): " + "; ".join(
                       (f"{c} clients: " if isinstance(c, int) else f"{c}: ") + ", ".join(f"{k} {v:.0f}" for k, v in t.items())
                       for c, t in spent) + "."]

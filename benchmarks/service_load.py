@@ -176,9 +176,10 @@ SERVER_MS: list[tuple[float, str, dict[str, float]]] = []
 
 
 def server_time_split(answered: list[tuple[float, str, dict[str, float]]]) -> dict[str, float] | None:
-    """Where the server's time per answer went, the mean in ms over the answers: ``intake`` (decoding, checks, the
-    plan, the answer's JSON: the total less the rest), ``queued`` (admitted, before the worker took it), ``worker``
-    (its rounds on the device and the host steps between them) and ``render`` (its PNGs)."""
+    """Where the server's time per answer went, the mean in ms over the answers: ``intake`` (the total less the rest:
+    decoding, checks, the plan, and the event loop's resuming the request once the worker finished it; the answer's
+    JSON comes after ``total_ms``), ``queued`` (admitted, before the worker took it), ``worker`` (its rounds on the
+    device and the host steps between them) and ``render`` (its PNGs)."""
     timings = [t for _, _, t in answered if {"queued_ms", "compute_ms", "total_ms"} <= t.keys()]
     if not timings:
         return None
@@ -240,9 +241,14 @@ async def _clients(url: str, images: list[Path], clients: int, per_client: int, 
 
 async def load_level(
     url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str], pid: int | None = None,
-    client_processes: int = 1,
+    client_processes: int = 1, prime: bool = True,
 ) -> dict[str, Any]:
-    """One load level; with the server's ``pid``, also its host CPU per attribution (:func:`host_cpu_s`)."""
+    """One load level; with the server's ``pid``, also its host CPU per attribution (:func:`host_cpu_s`). ``prime``:
+    one /predict first (not counted), so the device's idle time before the level is booked before it begins."""
+    # A device gap is booked when the call that ends it is launched: one small call now books the pause since the last
+    # level (its scrape, the clients' set-up) before the snapshot, so this level's idle time is its own.
+    if prime:
+        httpx.post(f"{url}/predict", files={"file": (images[0].name, images[0].read_bytes())}, timeout=600)
     cpu_before = None if pid is None else host_cpu_s(pid)
     threads_before = {} if pid is None else thread_cpu_s(pid)
     text = httpx.get(f"{url}/metrics").text
@@ -374,7 +380,8 @@ def run_load(images: list[Path], levels: list[int], per_client: int, fields: dic
     try:
         models = httpx.get(f"{url}/models").json()["models"]
         # device idle n/a: the first request's gap began at the warm-up, before the level, and is booked whole
-        rows = [{**asyncio.run(load_level(url, images, 1, 1, fields)), "clients": "first after ready", "device_idle_fraction": None,
+        first = asyncio.run(load_level(url, images, 1, 1, fields, prime=False))
+        rows = [{**first, "clients": "first after ready", "device_idle_fraction": None,
                  "models": [{k: m.get(k) for k in ("name", "precision", "call_sizes", "warm_seconds", "cuda_graphs")} for m in models]}]
         if serial:
             rows.append({**asyncio.run(load_level(url, images, 1, serial, fields)), "clients": f"1 (next {serial})"})

@@ -69,6 +69,11 @@ class Call:
     """When it was launched: since when the submitter had held work without a break (:class:`IdleTime`)."""
     idle_before: float | None = None
     """Seconds the device had nothing to run before this call (None: unknown, or the first call)."""
+    idle_ended: float | None = None
+    """When that gap ended (``time.monotonic``), if later than ``started``: a simulated call is booked on its device's
+    timeline only after its outputs were computed on the host."""
+    skip_gap: bool = False
+    """Its gap is not booked: work ran outside the stage just before it (a failed call evaluated again by the worker)."""
     _inputs_ready: Any = None  # torch.cuda.Event recorded on the submitter's stream
     _prev_end: Any = None  # on CUDA: the end event of the call launched before this one
     _start: Any = None
@@ -143,6 +148,7 @@ class DeviceStage:
         self.idle = IdleTime()
         self._last_end: float | None = None  # a call run here: when the last one ended (time.monotonic)
         self._last_cuda_end: Any = None  # on CUDA: the last launched call's end event
+        self._skip_gap = False
         self._numbers = 0
         self.depth = max(1, depth)
         self.ahead = max(1, ahead)
@@ -234,6 +240,7 @@ class DeviceStage:
             self._slots.acquire()
             item.started = time.monotonic()
             item.work_since = self.work_since() if self.work_since is not None else None
+            item.skip_gap, self._skip_gap = self._skip_gap, False
             self._event("started", item)
             began = time.perf_counter()
             launched = False
@@ -267,13 +274,19 @@ class DeviceStage:
                 call.error, call.out = err, None
             self._ended(call)
 
+    def skip_next_gap(self) -> None:
+        """Do not book the gap before the next call launched: the device ran work outside the stage meanwhile (the
+        worker's evaluation of a failed call's requests one by one), already counted as busy."""
+        self._skip_gap = True
+
     def _book_idle(self, call: Call) -> None:
         """Book the device's idle gap before ``call`` (once it is known), split by what the worker held then. The gap is
         the device's own: between the CUDA events of the call before and this one, the simulated device's timeline, or
         the stage thread's calls; it ended when ``call`` was launched (``started``). The first call's is not counted."""
-        if call.idle_before is None or call.started is None or call.number <= 1:
+        if call.idle_before is None or call.started is None or call.number <= 1 or call.skip_gap:
             return
-        no_work, host = self.idle.split(call.started - call.idle_before, call.started, call.work_since)
+        ended = max(call.started, call.idle_ended or call.started)
+        no_work, host = self.idle.split(ended - call.idle_before, ended, call.work_since)
         if self.on_idle is not None:
             self.on_idle(no_work, host)
 
@@ -291,6 +304,7 @@ class DeviceStage:
             before = sim.busy_s
             call.out = run_call(call.model, p.inputs, p.rows, p.grad)
             call._end, call.device_seconds, call.idle_before = sim.end_event(), sim.busy_s - before, sim.idle_before
+            call.idle_ended = time.monotonic()  # the call was booked on the device's timeline just now
             return True
         if self._stream is None:
             if self._last_end is not None and call.started is not None:

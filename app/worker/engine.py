@@ -293,6 +293,7 @@ class Worker:
             if call.error is not None and not isinstance(call.error, torch.cuda.OutOfMemoryError):
                 log.warning("a model call for %d jobs failed (%s); retrying each alone", len(work), call.error)
             units = self._evaluate_isolated(self.models[model_name], work)
+            self._device.skip_next_gap()  # that time was the device's (busy), not a gap before the next call
         else:
             self.stats.record(prepared.size, prepared.grad)
             self.shapes[model_name].note(prepared.size, prepared.n, prepared.grad)

@@ -85,7 +85,7 @@ class SimulatedAccelerator(nn.Module):
     :attr:`busy_s` the seconds calls took."""
 
     def __init__(self, net: nn.Module, call_ms: float, image_ms: float = 0.0, stream: bool = False,
-                 timeline: Path | None = None) -> None:
+                 timeline: Path | Timeline | None = None) -> None:
         super().__init__()
         if timeline is not None and not stream:
             raise ValueError("a shared timeline needs stream=True: only a stream's calls are booked on the device's timeline")
@@ -101,9 +101,9 @@ class SimulatedAccelerator(nn.Module):
         self.idle_before: float | None = None
         """With ``stream``: seconds the device had nothing to run before the last call launched here (a shared
         timeline's device: no call of any process); None before the device's first call."""
-        self.timeline = SharedTimeline(timeline) if timeline is not None else Timeline()
-        """With ``stream``: the device's timeline, this process's own or, with a ``timeline`` file, the one shared with
-        the other processes that map it."""
+        self.timeline = timeline if isinstance(timeline, Timeline) else SharedTimeline(timeline) if timeline is not None else Timeline()
+        """With ``stream``: the device's timeline: its own, one given (the other models of the process share it: one
+        device) or, with a ``timeline`` file, the one shared with the other processes that map it."""
         self._device = threading.Lock()
         self._log = threading.Lock()
 
