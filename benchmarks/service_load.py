@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.raw_http import Connection, multipart_post
+
 log = logging.getLogger(__name__)
 
 
@@ -147,26 +149,33 @@ def _labelled(text: str, name: str) -> float:
     return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
 
 
-def _http_client() -> httpx.AsyncClient:
-    """One client's connection. ``verify=False``: the URL is plain HTTP on loopback, and httpx builds an SSL context
-    for every client otherwise (39 ms of CPU each on the 2-core VM: 128 clients spent 5 s building them on the load
-    generator's event loop inside the level's span, which read as a 35% idle device and a 3x p99/p50)."""
-    return httpx.AsyncClient(timeout=600, verify=False)  # noqa: S501 - http:// on loopback, no TLS
-
-
-async def _client(client: httpx.AsyncClient, url: str, images: list[Path], n: int, fields: dict[str, str], lat: list[float],
-                  codes: list[int]) -> None:
-    async with client:
+async def _client(conn: Connection, requests: list[bytes], n: int, lat: list[float], codes: list[int]) -> None:
+    """One client: ``n`` requests one after another on its connection, cycling through ``requests``."""
+    try:
         for i in range(n):
-            img = images[i % len(images)]
             started = time.perf_counter()
-            r = await client.post(f"{url}/attribute", files={"file": (img.name, img.read_bytes())}, data=fields)
-            codes.append(r.status_code)
-            if r.status_code == 200:
+            answer = await conn.send(requests[i % len(requests)])
+            codes.append(answer.status)
+            if answer.status == 200:
                 lat.append(time.perf_counter() - started)
-                found = {k.decode(): float(v) for k, v in _TIMING.findall(r.content)}
+                found = {k.decode(): float(v) for k, v in _TIMING.findall(answer.body)}
                 if "total_ms" in found:  # the server's own time (from its reading the body to its answer), beside the client's
-                    SERVER_MS.append((found["total_ms"], r.headers.get("x-idg-replica", ""), found))
+                    SERVER_MS.append((found["total_ms"], answer.headers.get("x-idg-replica", ""), found))
+    finally:
+        conn.close()
+
+
+async def _run_clients(url: str, images: list[Path], first: int, clients: int, per_client: int, fields: dict[str, str],
+                       lat: list[float], codes: list[int]) -> tuple[float, float]:
+    """Clients ``first .. first + clients - 1``, client ``c`` starting at image ``c``; returns the span (monotonic start,
+    end). Every request's bytes are encoded before the span starts: preparing is not traffic (:mod:`benchmarks.raw_http`)."""
+    encoded = {img: multipart_post(url, "/attribute", fields, img.name, img.read_bytes()) for img in images}
+    requests = [encoded[img] for img in images]
+    conns = [Connection(url) for _ in range(clients)]
+    began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
+    await asyncio.gather(*[_client(conns[c - first], requests[c:] + requests[:c], per_client, lat, codes)
+                           for c in range(first, first + clients)])
+    return began, time.monotonic()
 
 
 _TIMING = re.compile(rb'"(queued_ms|compute_ms|render_ms|total_ms)":\s*([0-9.]+)')
@@ -199,24 +208,14 @@ def _client_share(url: str, images: list[Path], first: int, clients: int, per_cl
     lat: list[float] = []
     codes: list[int] = []
     cpu = time.process_time()
-
-    began = 0.0
-
-    async def run() -> None:
-        nonlocal began
-        http = [_http_client() for _ in range(clients)]  # made before the span starts: setting up is not traffic
-        began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
-        await asyncio.gather(*[_client(http[c - first], url, images[c:] + images[:c], per_client, fields, lat, codes)
-                               for c in range(first, first + clients)])
-
     SERVER_MS.clear()
-    asyncio.run(run())
-    return lat, codes, time.process_time() - cpu, list(SERVER_MS), (began, time.monotonic())
+    span = asyncio.run(_run_clients(url, images, first, clients, per_client, fields, lat, codes))
+    return lat, codes, time.process_time() - cpu, list(SERVER_MS), span
 
 
 async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str], processes: int) -> Share:
-    """Run the clients in ``processes`` processes (one Python process's HTTP client tops out near 100 requests/s of
-    uploads and JSON answers: a load generator must not be what it measures). The span runs from the first
+    """Run the clients in ``processes`` processes (a load generator must not be what it measures: one Python process
+    with httpx topped out near 100 requests/s of uploads and JSON answers; :mod:`benchmarks.raw_http` costs less). The span runs from the first
     process's first request to the last one's last answer: spawning the processes (seconds each: they import
     the benchmark's modules) is left out, or it would dilute the throughput and the device-busy fraction."""
     if processes <= 1:
@@ -224,10 +223,8 @@ async def _clients(url: str, images: list[Path], clients: int, per_client: int, 
         codes: list[int] = []
         cpu = time.process_time()
         SERVER_MS.clear()
-        http = [_http_client() for _ in range(clients)]  # made before the span starts: setting up is not traffic
-        began = time.monotonic()
-        await asyncio.gather(*[_client(http[c], url, images[c:] + images[:c], per_client, fields, lat, codes) for c in range(clients)])
-        return lat, codes, time.process_time() - cpu, list(SERVER_MS), (began, time.monotonic())
+        span = await _run_clients(url, images, 0, clients, per_client, fields, lat, codes)
+        return lat, codes, time.process_time() - cpu, list(SERVER_MS), span
     shares = [clients // processes + (i < clients % processes) for i in range(processes)]
     starts = [sum(shares[:i]) for i in range(processes)]
     loop = asyncio.get_running_loop()
