@@ -213,12 +213,29 @@ def _client_share(url: str, images: list[Path], first: int, clients: int, per_cl
     return lat, codes, time.process_time() - cpu, list(SERVER_MS), span
 
 
-async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str], processes: int) -> Share:
-    """Run the clients in ``processes`` processes (a load generator must not be what it measures: one Python process
-    with httpx topped out near 100 requests/s of uploads and JSON answers; :mod:`benchmarks.raw_http` costs less). The span runs from the first
-    process's first request to the last one's last answer: spawning the processes (seconds each: they import
-    the benchmark's modules) is left out, or it would dilute the throughput and the device-busy fraction."""
+def _started(_: int) -> int:
+    """A task that only makes a client process start and import this module."""
+    time.sleep(0.2)  # each of the first tasks holds its process a moment, so every process gets one
+    return os.getpid()
+
+
+def client_pool(processes: int) -> ProcessPoolExecutor | None:
+    """The load generator's processes, started and with this module imported (seconds each), before a level's counters
+    are read: while they start the device idles, and that idle time is no part of the level. None for one process."""
     if processes <= 1:
+        return None
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+    list(pool.map(_started, range(processes)))
+    return pool
+
+
+async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str],
+                   pool: ProcessPoolExecutor | None, processes: int) -> Share:
+    """Run the clients in ``processes`` processes (a load generator must not be what it measures: one Python process
+    with httpx topped out near 100 requests/s of uploads and JSON answers; :mod:`benchmarks.raw_http` costs less). The
+    span runs from the first process's first request to the last one's last answer: spawning the processes (seconds each: they import
+    the benchmark's modules) is left out, or it would dilute the throughput and the device-busy fraction."""
+    if pool is None:
         lat: list[float] = []
         codes: list[int] = []
         cpu = time.process_time()
@@ -228,9 +245,8 @@ async def _clients(url: str, images: list[Path], clients: int, per_client: int, 
     shares = [clients // processes + (i < clients % processes) for i in range(processes)]
     starts = [sum(shares[:i]) for i in range(processes)]
     loop = asyncio.get_running_loop()
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = await asyncio.gather(*[loop.run_in_executor(pool, _client_share, url, images, a, n, per_client, fields)
-                                       for a, n in zip(starts, shares, strict=True) if n])
+    parts = await asyncio.gather(*[loop.run_in_executor(pool, _client_share, url, images, a, n, per_client, fields)
+                                   for a, n in zip(starts, shares, strict=True) if n])
     span = (min(p[4][0] for p in parts), max(p[4][1] for p in parts))
     return ([x for p in parts for x in p[0]], [x for p in parts for x in p[1]], sum(p[2] for p in parts),
             [x for p in parts for x in p[3]], span)
@@ -244,17 +260,23 @@ async def load_level(
     one /predict first (not counted), so the device's idle time before the level is booked before it begins."""
     # A device gap is booked when the call that ends it is launched: one small call now books the pause since the last
     # level (its scrape, the clients' set-up) before the snapshot, so this level's idle time is its own.
-    if prime:
-        httpx.post(f"{url}/predict", files={"file": (images[0].name, images[0].read_bytes())}, timeout=600)
-    cpu_before = None if pid is None else host_cpu_s(pid)
-    threads_before = {} if pid is None else thread_cpu_s(pid)
-    text = httpx.get(f"{url}/metrics").text
-    before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
-    idle_before = _idle(text)
-    rows_before = _rows(text)
-    dmon = SmMonitor()
-    machine_before = machine_cpu()
-    lat, codes, client_cpu, answered, (began, ended) = await _clients(url, images, clients, per_client, fields, client_processes)
+    pool = client_pool(client_processes)
+    try:
+        if prime:
+            httpx.post(f"{url}/predict", files={"file": (images[0].name, images[0].read_bytes())}, timeout=600)
+        cpu_before = None if pid is None else host_cpu_s(pid)
+        threads_before = {} if pid is None else thread_cpu_s(pid)
+        text = httpx.get(f"{url}/metrics").text
+        before, busy_before = _histogram(text, "idg_batch_images"), _counter(text, "idg_device_busy_seconds_total")
+        idle_before = _idle(text)
+        rows_before = _rows(text)
+        dmon = SmMonitor()
+        machine_before = machine_cpu()
+        lat, codes, client_cpu, answered, (began, ended) = await _clients(url, images, clients, per_client, fields, pool,
+                                                                          client_processes)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     server_ms = [ms for ms, _, _ in answered]
     by_process = Counter(who for _, who, _ in answered)
     wall = ended - began
