@@ -165,12 +165,16 @@ async def _client(conn: Connection, requests: list[bytes], n: int, lat: list[flo
         conn.close()
 
 
-async def _run_clients(url: str, images: list[Path], first: int, clients: int, per_client: int, fields: dict[str, str],
+def prepare_requests(url: str, images: list[Path], fields: dict[str, str]) -> list[bytes]:
+    """Each image's ``POST /attribute`` as bytes (:mod:`benchmarks.raw_http`), encoded before a level's counters are
+    read: preparing is not traffic."""
+    return [multipart_post(url, "/attribute", fields, img.name, img.read_bytes()) for img in images]
+
+
+async def _run_clients(url: str, requests: list[bytes], first: int, clients: int, per_client: int,
                        lat: list[float], codes: list[int]) -> tuple[float, float]:
-    """Clients ``first .. first + clients - 1``, client ``c`` starting at image ``c``; returns the span (monotonic start,
-    end). Every request's bytes are encoded before the span starts: preparing is not traffic (:mod:`benchmarks.raw_http`)."""
-    encoded = {img: multipart_post(url, "/attribute", fields, img.name, img.read_bytes()) for img in images}
-    requests = [encoded[img] for img in images]
+    """Clients ``first .. first + clients - 1``, client ``c`` starting at request ``c``; returns the span (monotonic
+    start, end)."""
     conns = [Connection(url) for _ in range(clients)]
     began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
     await asyncio.gather(*[_client(conns[c - first], requests[c:] + requests[:c], per_client, lat, codes)
@@ -202,14 +206,14 @@ Share = tuple[list[float], list[int], float, list[tuple[float, str, dict[str, fl
 the span (monotonic start, end) in which they sent and received, on the clock every process shares."""
 
 
-def _client_share(url: str, images: list[Path], first: int, clients: int, per_client: int, fields: dict[str, str]) -> Share:
+def _client_share(url: str, requests: list[bytes], first: int, clients: int, per_client: int) -> Share:
     """Clients ``first .. first + clients - 1`` in this process (one of several). Its span starts after the process
     has started and imported what it needs, so a level's wall time is the traffic's, not the processes' start-up."""
     lat: list[float] = []
     codes: list[int] = []
     cpu = time.process_time()
     SERVER_MS.clear()
-    span = asyncio.run(_run_clients(url, images, first, clients, per_client, fields, lat, codes))
+    span = asyncio.run(_run_clients(url, requests, first, clients, per_client, lat, codes))
     return lat, codes, time.process_time() - cpu, list(SERVER_MS), span
 
 
@@ -229,8 +233,8 @@ def client_pool(processes: int) -> ProcessPoolExecutor | None:
     return pool
 
 
-async def _clients(url: str, images: list[Path], clients: int, per_client: int, fields: dict[str, str],
-                   pool: ProcessPoolExecutor | None, processes: int) -> Share:
+async def _clients(url: str, requests: list[bytes], clients: int, per_client: int, pool: ProcessPoolExecutor | None,
+                   processes: int) -> Share:
     """Run the clients in ``processes`` processes (a load generator must not be what it measures: one Python process
     with httpx topped out near 100 requests/s of uploads and JSON answers; :mod:`benchmarks.raw_http` costs less). The
     span runs from the first process's first request to the last one's last answer: spawning the processes (seconds each: they import
@@ -240,12 +244,12 @@ async def _clients(url: str, images: list[Path], clients: int, per_client: int, 
         codes: list[int] = []
         cpu = time.process_time()
         SERVER_MS.clear()
-        span = await _run_clients(url, images, 0, clients, per_client, fields, lat, codes)
+        span = await _run_clients(url, requests, 0, clients, per_client, lat, codes)
         return lat, codes, time.process_time() - cpu, list(SERVER_MS), span
     shares = [clients // processes + (i < clients % processes) for i in range(processes)]
     starts = [sum(shares[:i]) for i in range(processes)]
     loop = asyncio.get_running_loop()
-    parts = await asyncio.gather(*[loop.run_in_executor(pool, _client_share, url, images, a, n, per_client, fields)
+    parts = await asyncio.gather(*[loop.run_in_executor(pool, _client_share, url, requests, a, n, per_client)
                                    for a, n in zip(starts, shares, strict=True) if n])
     span = (min(p[4][0] for p in parts), max(p[4][1] for p in parts))
     return ([x for p in parts for x in p[0]], [x for p in parts for x in p[1]], sum(p[2] for p in parts),
@@ -260,6 +264,7 @@ async def load_level(
     one /predict first (not counted), so the device's idle time before the level is booked before it begins."""
     # A device gap is booked when the call that ends it is launched: one small call now books the pause since the last
     # level (its scrape, the clients' set-up) before the snapshot, so this level's idle time is its own.
+    requests = prepare_requests(url, images, fields)
     pool = client_pool(client_processes)
     try:
         if prime:
@@ -272,7 +277,7 @@ async def load_level(
         rows_before = _rows(text)
         dmon = SmMonitor()
         machine_before = machine_cpu()
-        lat, codes, client_cpu, answered, (began, ended) = await _clients(url, images, clients, per_client, fields, pool,
+        lat, codes, client_cpu, answered, (began, ended) = await _clients(url, requests, clients, per_client, pool,
                                                                           client_processes)
     finally:
         if pool is not None:
