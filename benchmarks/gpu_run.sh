@@ -67,7 +67,7 @@ service-processes)  # more host per GPU: 1, 2 and 4 server processes on one port
             --client-processes 8 --env IDG_MODELS=resnet101=random IDG_PRECISION=bf16 "IDG_PROCESSES=$n" --out "$OUT" 2>&1 | grep "^|" | tail -1
     done
     ;;
-clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (one process's client tops out)
+clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (against step service's 4: is the generator the limit?)
     python3 -m benchmarks.load --label h100-service-lite0-8-client-processes --images "$IMAGES" --levels 128 --per-client 6 \
         --client-processes 8 --out "$OUT" 2>&1 | grep "^|" | tail -1
     ;;
