@@ -133,6 +133,8 @@ class JobRunner:
         self._tls: ssl.SSLContext | None = None
         """The callbacks' TLS context, built once off the event loop: httpx builds one per client otherwise
         (40-50 ms of CPU loading the CA bundle, which would stall every request on the loop at each job's end)."""
+        self._tls_lock = asyncio.Lock()
+        """Held while the context is built, so callbacks that start meanwhile wait for it instead of each building one."""
         self.answered = 0
         """Images this runner stored answers for (tests, logs)."""
         self.metrics = service.metrics
@@ -301,8 +303,9 @@ class JobRunner:
         in all: one still due when the process stops is sent by the next)."""
         assert job.callback_url is not None
         body = job_status(job, job.params.get("base_url", "/"))
-        if self._tls is None:
-            self._tls = await asyncio.to_thread(httpx.create_ssl_context)
+        async with self._tls_lock:
+            if self._tls is None:
+                self._tls = await asyncio.to_thread(httpx.create_ssl_context)
         async with httpx.AsyncClient(timeout=CALLBACK_TIMEOUT_S, follow_redirects=False, verify=self._tls) as client:
             for attempt in range(CALLBACK_TRIES):
                 try:

@@ -8,6 +8,7 @@ import io
 import json
 import tarfile
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
@@ -264,7 +265,13 @@ async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: 
 
     contexts: list[object] = []
     build = httpx.create_ssl_context
-    monkeypatch.setattr(httpx, "create_ssl_context", lambda: contexts.append(build()) or contexts[-1])
+
+    def slow_build() -> object:  # as slow as on a loaded machine: the second job's callback starts while it runs
+        time.sleep(0.5)
+        contexts.append(build())
+        return contexts[-1]
+
+    monkeypatch.setattr(httpx, "create_ssl_context", slow_build)
     _Receiver.bodies = []
     server = HTTPServer(("127.0.0.1", 0), _Receiver)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -273,8 +280,8 @@ async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: 
         async with serve(tiny_app()) as client:
             url = f"http://127.0.0.1:{server.server_address[1]}/hook?from=idg"
             job = await submit(client, images(3), callback_url=url)
-            await wait_done(client, job["id"])
             other = await submit(client, images(1), callback_url=url)
+            await wait_done(client, job["id"])
             await wait_done(client, other["id"])
             for _ in range(100):
                 if len(_Receiver.bodies) >= 2:
