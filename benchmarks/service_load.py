@@ -136,12 +136,19 @@ def machine_cpu() -> tuple[float, float] | None:
     return float(sum(fields) - idle), float(sum(fields))
 
 
+def _by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """A metric by the values of one of its labels, summed over the others."""
+    out: dict[str, float] = {}
+    for labels, v in re.findall(rf"^{name}{{([^}}]*)}} ([0-9.e+-]+)$", text, re.M):
+        found = re.search(rf'\b{label}="([^"]*)"', labels)
+        if found:
+            out[found.group(1)] = out.get(found.group(1), 0.0) + float(v)
+    return out
+
+
 def _idle(text: str) -> dict[str, float]:
     """``idg_device_idle_seconds_total`` by cause (summed over server processes)."""
-    out: dict[str, float] = {}
-    for cause, v in re.findall(r'^idg_device_idle_seconds_total{cause="(\w+)"} ([0-9.e+-]+)$', text, re.M):
-        out[cause] = out.get(cause, 0.0) + float(v)
-    return out
+    return _by_label(text, "idg_device_idle_seconds_total", "cause")
 
 
 def _labelled(text: str, name: str) -> float:
@@ -327,9 +334,8 @@ async def load_level(
 
 def _rows(text: str) -> tuple[float, float]:
     """Real and padding rows of model calls so far (``idg_call_rows_total``), all models."""
-    real = sum(float(v) for v in re.findall(r'idg_call_rows_total{kind="real"[^}]*} ([0-9.e+]+)', text))
-    pad = sum(float(v) for v in re.findall(r'idg_call_rows_total{kind="padding"[^}]*} ([0-9.e+]+)', text))
-    return real, pad
+    rows = _by_label(text, "idg_call_rows_total", "kind")
+    return rows.get("real", 0.0), rows.get("padding", 0.0)
 
 
 def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:

@@ -14,7 +14,7 @@ outputs are used, so a plan's synchronisation (``.tolist()`` of a probe) waits f
 not for the one running behind it. Tensors that cross streams are recorded on the stream that uses
 them (``record_stream``), so the caching allocator does not hand their memory out too early.
 Device time is measured per call: CUDA events on a GPU, the stage thread's time elsewhere. So is the time between
-calls, when the device has nothing to run (:class:`IdleTime`): each such gap is split into the part while the worker
+calls, when the device has nothing to run (:func:`split_gap`): each such gap is split into the part while the worker
 held no request (the device waited for requests to arrive: HTTP, decoding, clients) and the part while it held one
 (the device waited for this process's host steps: planning, gathering points, booking, the batch wait).
 
@@ -66,7 +66,7 @@ class Call:
     device_seconds: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     work_since: float | None = None
-    """When it was launched: since when the submitter had held work without a break (:class:`IdleTime`)."""
+    """When it was launched: since when the submitter had held work without a break (:func:`split_gap`)."""
     idle_before: float | None = None
     """Seconds the device had nothing to run before this call (None: unknown, or the first call)."""
     idle_ended: float | None = None
@@ -80,22 +80,13 @@ class Call:
     _end: Any = None
 
 
-@dataclass
-class IdleTime:
-    """The device's idle gaps (no call launched and not ended), split by what it waited for: ``no_work`` while the
-    worker held no request, ``host`` while it held one (its host steps were the holdup). Seconds, since the first call."""
-
-    no_work: float = 0.0
-    host: float = 0.0
-
-    def split(self, idle_since: float, now: float, work_since: float | None) -> tuple[float, float]:
-        """Book the gap ``idle_since .. now`` (``time.monotonic``); ``work_since``: since when the worker has held a
-        request without a break (None: it holds none). Returns the (no_work, host) seconds booked."""
-        gap = max(0.0, now - idle_since)
-        host = 0.0 if work_since is None else min(gap, max(0.0, now - max(idle_since, work_since)))
-        self.no_work += gap - host
-        self.host += host
-        return gap - host, host
+def split_gap(idle_since: float, now: float, work_since: float | None) -> tuple[float, float]:
+    """The device's idle gap ``idle_since .. now`` (``time.monotonic``) as (no_work, host) seconds: ``host`` from when
+    the worker began holding a request without a break (``work_since``; None: it holds none), its host steps being
+    the holdup; ``no_work`` before that, while it held none."""
+    gap = max(0.0, now - idle_since)
+    host = 0.0 if work_since is None else min(gap, max(0.0, now - max(idle_since, work_since)))
+    return gap - host, host
 
 
 def name_os_thread(name: str) -> None:
@@ -145,7 +136,6 @@ class DeviceStage:
         """Since when the submitter has held work without a break (``time.monotonic``; None: none now)."""
         self.on_idle = on_idle
         """Called with the (no_work, host) seconds of each idle gap as it ends, at the next call's launch."""
-        self.idle = IdleTime()
         self._last_end: float | None = None  # a call run here: when the last one ended (time.monotonic)
         self._last_cuda_end: Any = None  # on CUDA: the last launched call's end event
         self._skip_gap = False
@@ -286,7 +276,7 @@ class DeviceStage:
         if call.idle_before is None or call.started is None or call.number <= 1 or call.skip_gap:
             return
         ended = max(call.started, call.idle_ended or call.started)
-        no_work, host = self.idle.split(ended - call.idle_before, ended, call.work_since)
+        no_work, host = split_gap(ended - call.idle_before, ended, call.work_since)
         if self.on_idle is not None:
             self.on_idle(no_work, host)
 

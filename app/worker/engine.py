@@ -267,7 +267,7 @@ class Worker:
         return call
 
     def _book_idle(self, no_work: float, host: float) -> None:
-        """An idle gap of the device, split by what it waited for (:class:`app.worker.device.IdleTime`)."""
+        """An idle gap of the device, split by what it waited for (:func:`app.worker.device.split_gap`)."""
         self.metrics.device_idle.labels("no_work").inc(no_work)
         self.metrics.device_idle.labels("host").inc(host)
 

@@ -13,7 +13,7 @@ import torch
 from prometheus_client import generate_latest
 
 from app.core.prometheus import Metrics
-from app.worker.device import IdleTime
+from app.worker.device import split_gap
 from app.worker.engine import Worker
 from app.worker.jobs import Job
 from idg_core.models.simulated import SimulatedAccelerator
@@ -22,12 +22,10 @@ from tests.models import tiny_classifier
 
 
 def test_a_gap_is_host_time_from_when_the_worker_held_work_and_no_work_before() -> None:
-    idle = IdleTime()
-    assert idle.split(10.0, 12.0, None) == (2.0, 0.0)  # no request held: the whole gap waited for work
-    assert idle.split(10.0, 12.0, 11.5) == (1.5, 0.5)  # a request arrived 0.5 s before the launch: that part waited for the host
-    assert idle.split(10.0, 12.0, 9.0) == (0.0, 2.0)  # held work all along: the host was the holdup
-    assert idle.split(10.0, 9.5, 9.0) == (0.0, 0.0)  # a launch before the recorded end books nothing
-    assert (idle.no_work, idle.host) == (3.5, 2.5)
+    assert split_gap(10.0, 12.0, None) == (2.0, 0.0)  # no request held: the whole gap waited for work
+    assert split_gap(10.0, 12.0, 11.5) == (1.5, 0.5)  # a request arrived 0.5 s before the launch: that part waited for the host
+    assert split_gap(10.0, 12.0, 9.0) == (0.0, 2.0)  # held work all along: the host was the holdup
+    assert split_gap(10.0, 9.5, 9.0) == (0.0, 0.0)  # a launch before the recorded end books nothing
 
 
 def _two_calls(host_s: float) -> Plan:
