@@ -178,15 +178,18 @@ def prepare_requests(url: str, images: list[Path], fields: dict[str, str]) -> li
     return [multipart_post(url, "/attribute", fields, img.name, img.read_bytes()) for img in images]
 
 
-async def _run_clients(url: str, requests: list[bytes], first: int, clients: int, per_client: int,
-                       lat: list[float], codes: list[int]) -> tuple[float, float]:
-    """Clients ``first .. first + clients - 1``, client ``c`` starting at request ``c``; returns the span (monotonic
-    start, end)."""
+async def _run_clients(url: str, requests: list[bytes], first: int, clients: int, per_client: int) -> Share:
+    """Clients ``first .. first + clients - 1``, client ``c`` starting at request ``c``: what they measured, the span
+    from the first request sent to the last answer read (monotonic), and this process's CPU meanwhile."""
+    lat: list[float] = []
+    codes: list[int] = []
+    cpu = time.process_time()
+    SERVER_MS.clear()
     conns = [Connection(url) for _ in range(clients)]
     began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
     await asyncio.gather(*[_client(conns[c - first], requests[c:] + requests[:c], per_client, lat, codes)
                            for c in range(first, first + clients)])
-    return began, time.monotonic()
+    return lat, codes, time.process_time() - cpu, list(SERVER_MS), (began, time.monotonic())
 
 
 _TIMING = re.compile(rb'"(queued_ms|compute_ms|render_ms|total_ms)":\s*([0-9.]+)')
@@ -216,12 +219,7 @@ the span (monotonic start, end) in which they sent and received, on the clock ev
 def _client_share(url: str, requests: list[bytes], first: int, clients: int, per_client: int) -> Share:
     """Clients ``first .. first + clients - 1`` in this process (one of several). Its span starts after the process
     has started and imported what it needs, so a level's wall time is the traffic's, not the processes' start-up."""
-    lat: list[float] = []
-    codes: list[int] = []
-    cpu = time.process_time()
-    SERVER_MS.clear()
-    span = asyncio.run(_run_clients(url, requests, first, clients, per_client, lat, codes))
-    return lat, codes, time.process_time() - cpu, list(SERVER_MS), span
+    return asyncio.run(_run_clients(url, requests, first, clients, per_client))
 
 
 def _started(_: int) -> int:
@@ -247,12 +245,7 @@ async def _clients(url: str, requests: list[bytes], clients: int, per_client: in
     span runs from the first process's first request to the last one's last answer: spawning the processes (seconds each: they import
     the benchmark's modules) is left out, or it would dilute the throughput and the device-busy fraction."""
     if pool is None:
-        lat: list[float] = []
-        codes: list[int] = []
-        cpu = time.process_time()
-        SERVER_MS.clear()
-        span = await _run_clients(url, requests, 0, clients, per_client, lat, codes)
-        return lat, codes, time.process_time() - cpu, list(SERVER_MS), span
+        return await _run_clients(url, requests, 0, clients, per_client)
     shares = [clients // processes + (i < clients % processes) for i in range(processes)]
     starts = [sum(shares[:i]) for i in range(processes)]
     loop = asyncio.get_running_loop()
