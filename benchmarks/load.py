@@ -47,6 +47,11 @@ def _busy(row: dict[str, Any]) -> str:
     return f"{row['machine_cpu_busy']:.0%} of {row.get('machine_cores', '?')} cores"
 
 
+def _level(clients: int | str) -> str:
+    """A level's name in the report's lines: "32 clients", or the first row's own ("first after ready")."""
+    return f"{clients} clients" if isinstance(clients, int) else clients
+
+
 def _idle(row: dict[str, Any]) -> str:
     """The device's idle time over the level, by what it waited for: the worker's host steps, or requests."""
     idle = row.get("device_idle_fraction")
@@ -79,18 +84,17 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     shares = [(r["clients"], r["answer_shares"]) for r in rows if r.get("answer_shares")]
     if shares:
         lines += ["", "Answers by server process (`X-IDG-Replica`, largest share first): " + "; ".join(
-            f"{c} clients: " + " / ".join(f"{x:.0%}" for x in share) for c, share in shares) + "."]
+            f"{_level(c)}: " + " / ".join(f"{x:.0%}" for x in share) for c, share in shares) + "."]
     spent = [(r["clients"], r["server_ms_split"]) for r in rows if r.get("server_ms_split")]
     if spent:
         lines += ["", "Server time per answer, mean ms (`timings`: intake = decoding, checks, planning and the event loop's resuming "
                   "the request after the worker; "
                   "queued = admitted, before the worker took it; worker = its rounds; render = its PNGs): " + "; ".join(
-                      (f"{c} clients: " if isinstance(c, int) else f"{c}: ") + ", ".join(f"{k} {v:.0f}" for k, v in t.items())
-                      for c, t in spent) + "."]
+                      f"{_level(c)}: " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()) for c, t in spent) + "."]
     split = [(r["clients"], r["cpu_ms_per_attr_by_thread"]) for r in rows if r.get("cpu_ms_per_attr_by_thread")]
     if split:
         lines += ["", "Host CPU ms per attribution by thread: " + "; ".join(
-            f"{c} clients: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items())) for c, t in split) + "."]
+            f"{_level(c)}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items())) for c, t in split) + "."]
     if meta.get("gil_profile"):
         mode = meta.get("profile_mode", "gil")  # IDG_BENCH_PROFILE: gil (who held it), idle (waits too), cpu (every running thread)
         what = {"gil": "Who held the GIL", "idle": "Where the threads were, waiting too", "cpu": "Where the CPU went"}.get(mode, mode)
