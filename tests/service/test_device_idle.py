@@ -28,11 +28,11 @@ def test_a_gap_is_host_time_from_when_the_worker_held_work_and_no_work_before() 
     assert split_gap(10.0, 9.5, 9.0) == (0.0, 0.0)  # a launch before the recorded end books nothing
 
 
-def _two_calls(host_s: float) -> Plan:
+def _two_calls(host_s: float, device: torch.device) -> Plan:
     """A plan with ``host_s`` of host work between its two model calls (on the worker thread, as a plan's host steps run)."""
-    yield [Query.at(torch.rand(1, 3, 32, 32), 0, grad=False, output="logit")]
+    yield [Query.at(torch.rand(1, 3, 32, 32, device=device), 0, grad=False, output="logit")]
     time.sleep(host_s)
-    yield [Query.at(torch.rand(1, 3, 32, 32), 0, grad=False, output="logit")]
+    yield [Query.at(torch.rand(1, 3, 32, 32, device=device), 0, grad=False, output="logit")]
     return AttributionResult(attributions=torch.zeros(1, 3, 2, 2))
 
 
@@ -41,20 +41,26 @@ def _idle(metrics: Metrics) -> dict[str, float]:
     return {cause: float(v) for cause, v in re.findall(r'^idg_device_idle_seconds_total{cause="(\w+)"} ([0-9.e+-]+)$', text, re.M)}
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["calls-on-the-stage-thread", "simulated-stream"])
-async def test_idle_time_is_split_by_whether_the_worker_held_a_request(stream: bool) -> None:
-    model = tiny_classifier()
-    model.net = SimulatedAccelerator(model.net, 20, stream=stream)
-    model.net(torch.rand(1, 3, 32, 32))  # a warm-up call on the device before the worker's first: its gap is not the traffic's
+_CUDA = pytest.param("cuda-events", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])
+
+
+@pytest.mark.parametrize("where", ["calls-on-the-stage-thread", "simulated-stream", _CUDA])
+async def test_idle_time_is_split_by_whether_the_worker_held_a_request(where: str) -> None:
+    """The gap measured three ways: the stage thread's clock between calls (a CPU), the simulated device's timeline,
+    and the CUDA events of the calls on either side of it (a GPU)."""
+    device = torch.device("cuda" if where == "cuda-events" else "cpu")
+    model = tiny_classifier().to(device)
+    if where != "cuda-events":
+        model.net = SimulatedAccelerator(model.net, 20, stream=where == "simulated-stream")
+    model.net(torch.rand(1, 3, 32, 32, device=device))  # a call on the device before the worker's first: its gap is not traffic's
     time.sleep(0.3)
     metrics = Metrics()
-    worker = Worker({"tiny": model}, torch.device("cpu"), metrics, max_batch_images=8, max_round_images=8, batch_wait_ms=0,
-                    max_queue=8)
+    worker = Worker({"tiny": model}, device, metrics, max_batch_images=8, max_round_images=8, batch_wait_ms=0, max_queue=8)
     worker.start()
     loop = asyncio.get_running_loop()
 
     async def run(host_s: float) -> None:
-        job = Job("tiny", _two_calls(host_s), "attribute", time.monotonic() + 30, loop, loop.create_future())
+        job = Job("tiny", _two_calls(host_s, device), "attribute", time.monotonic() + 30, loop, loop.create_future())
         worker.submit(job)
         await asyncio.wait_for(job.future, 10)
 
