@@ -20,6 +20,50 @@ def test_allocation_always_sums_to_m_and_never_uses_slot_zero(logits: list[float
     assert counts[0] == 0 and (counts >= 0).all()
 
 
+def _allocate_in_torch(probe_logits: torch.Tensor, steps: int) -> list[int]:
+    """The rule as it was written in torch before it moved to numpy (for speed), step for step: the reference."""
+    logits = probe_logits.to(torch.float64)
+    n = logits.shape[0]
+    slopes = torch.zeros(n, dtype=torch.float64)
+    slopes[1:] = (logits[1:] - logits[:-1]) * (n - 1)
+    spread = slopes.max() - slopes.min()
+    norm = (slopes - slopes.min()) / spread if spread > 0 else torch.ones(n, dtype=torch.float64)
+    norm[0] = 0
+    if norm.sum() <= 0:
+        norm[1:] = 1
+    share = norm / norm.sum() * steps
+    counts = share.floor().long()
+    counts[0] = 0
+    left = steps - int(counts.sum())
+    frac = share - counts
+    frac[0] = -1.0
+    empty_first = torch.where(counts == 0, frac, torch.full_like(frac, -2.0))
+    for k in torch.argsort(empty_first, descending=True, stable=True)[:left].tolist():
+        if empty_first[k] < -0.5 or left == 0:
+            break
+        counts[k] += 1
+        left -= 1
+    order = torch.argsort(frac, descending=True, stable=True)[: n - 1].tolist()
+    while left > 0:
+        for k in order:
+            if left == 0:
+                break
+            counts[k] += 1
+            left -= 1
+    return [int(c) for c in counts]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    logits=st.lists(st.one_of(st.floats(-50, 50, allow_nan=False), st.sampled_from([0.0, 1.0, -1.0, 2.5])), min_size=3, max_size=60),
+    steps=st.integers(2, 120),
+)
+def test_allocation_matches_the_torch_reference(logits: list[float], steps: int) -> None:
+    """Ties (repeated values: equal slopes, equal fractional shares) included, as the stable order decides them."""
+    values = torch.tensor(logits, dtype=torch.float64)
+    assert allocate_samples(values, steps).tolist() == _allocate_in_torch(values, steps)
+
+
 def test_flat_curve_spreads_samples_uniformly() -> None:
     counts = allocate_samples(torch.zeros(11), 50)
     assert counts.tolist() == [0] + [5] * 10
