@@ -13,6 +13,7 @@ from idg_core.model_calls import (
     RowSelect,
     answer_rows,
     book_call,
+    booked_answers,
     default_batch_size,
     empty_answers,
     evaluate_queries,
@@ -21,7 +22,7 @@ from idg_core.model_calls import (
     run_plans,
 )
 
-__all__ = ["CallStats", "PlanState", "PreparedCall", "RowSelect", "Rows", "answer_rows", "book_call", "default_batch_size",
-           "empty_answers", "evaluate_queries", "prepare_call", "run_call", "run_plans"]
+__all__ = ["CallStats", "PlanState", "PreparedCall", "RowSelect", "Rows", "answer_rows", "book_call", "booked_answers",
+           "default_batch_size", "empty_answers", "evaluate_queries", "prepare_call", "run_call", "run_plans"]
 
 warnings.warn("idg_core.evaluator is renamed idg_core.model_calls; import it from there", DeprecationWarning, stacklevel=2)

@@ -37,7 +37,7 @@ from app.worker.scheduler import BACKGROUND, Scheduler
 from app.worker.watchdog import Watchdog
 from idg_core.budget import GRAD_UNITS, row_units, work_units
 from idg_core.call_shapes import CallShapes
-from idg_core.model_calls import CallStats, answer_rows, book_call, empty_answers, prepare_call
+from idg_core.model_calls import CallStats, answer_rows, book_call, booked_answers, prepare_call
 from idg_core.types import Answer, Model
 
 __all__ = ["BACKGROUND", "GRAD_UNITS", "QueueFull", "Worker", "work_units"]  # GRAD_UNITS, work_units: idg_core.budget
@@ -302,9 +302,9 @@ class Worker:
             self.metrics.model_calls.labels(model_name).inc()
             self.metrics.call_rows.labels(model_name, "real").inc(prepared.n)
             self.metrics.call_rows.labels(model_name, "padding").inc(prepared.size - prepared.n)
-            answers = empty_answers(queries)
-            book_call(prepared, queries, answers, call.out)
-            for (job, qi, a, b), ans in zip(owners, answers, strict=True):
+            booked: list[Answer | None] = [None] * len(queries)
+            book_call(prepared, queries, booked, call.out)
+            for (job, qi, a, b), ans in zip(owners, booked_answers(queries, booked), strict=True):
                 if job.cancel_reason is None:
                     job.store(qi, a, b, ans)
                     job.done_units += row_units(b - a, prepared.grad)

@@ -11,6 +11,7 @@ from torch import nn
 
 from idg_core import METHODS, CallStats, agi, evaluate_queries, guided_ig, idg, ig, left_ig
 from idg_core.presets import PRESETS
+from idg_core.types import Query
 from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
 
 
@@ -195,6 +196,27 @@ def test_batch_size_caps_every_model_call() -> None:
     model = Counting(SmallCNN())
     ig(model, torch.rand(3, 3, 16, 16), "black", 0, steps=10, batch_size=7)
     assert max(model.calls) <= 7 and sum(model.calls) == 30 and len(model.calls) == 5
+
+
+def test_a_query_one_call_holds_whole_is_answered_with_views_of_it_and_a_split_one_the_same_numbers() -> None:
+    """Booking copies no gradients for a query whose rows are all in one call: its answer shares the call's output
+    (one storage for both queries' gradients); one split over calls (batch 7 cuts the 10-row query) gets its own
+    buffer, holding what the unsplit evaluation holds, row for row."""
+    torch.manual_seed(0)
+    model, x = SmallCNN(), torch.rand(2, 3, 16, 16)
+    queries = [Query.path(x[0] * 0, x[0], torch.linspace(0, 1, 10, dtype=torch.float64), 1, grad=True, output="logit"),
+               Query.at(x[1:].expand(4, 3, 16, 16), 6, grad=True, output="logit", full=True)]
+    whole = evaluate_queries(model, queries, batch_size=64)
+    assert whole[0].grads is not None and whole[1].grads is not None
+    assert whole[0].grads.untyped_storage().data_ptr() == whole[1].grads.untyped_storage().data_ptr()
+    split = evaluate_queries(model, queries, batch_size=7)  # calls of 7 + 3 + 4 rows: the first query in two
+    assert split[0].grads is not None and split[1].grads is not None
+    assert split[0].grads.untyped_storage().data_ptr() != split[1].grads.untyped_storage().data_ptr()
+    for w, s in zip(whole, split, strict=True):
+        assert torch.allclose(w.values, s.values, atol=1e-6) and torch.equal(w.top1, s.top1)
+        assert w.grads is not None and s.grads is not None and torch.allclose(w.grads, s.grads, atol=1e-6)
+    assert whole[1].all_logits is not None and split[1].all_logits is not None and whole[1].all_logits.shape == (4, 10)
+    assert torch.allclose(whole[1].all_logits, split[1].all_logits, atol=1e-6) and whole[0].all_logits is None
 
 
 def test_evaluator_leaves_no_parameter_gradients() -> None:
