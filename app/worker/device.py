@@ -310,7 +310,9 @@ class DeviceStage:
             for t in (p.inputs, p.rows.targets, p.rows.is_prob):
                 if t is not None:
                     t.record_stream(stream)
-            call._start, call._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # the end event blocks: its waiter (the end thread) sleeps until the call ends, where a default event's
+            # synchronize spins a host core for the whole call (a core per server process, taken from decode and render)
+            call._start, call._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True, blocking=True)
             call._start.record(stream)
             graph = (call.graphs or {}).get((p.size, p.grad))
             call.out = graph.run(p.inputs, p.rows) if graph is not None else run_call(call.model, p.inputs, p.rows, p.grad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -144,3 +145,57 @@ def test_two_server_processes_share_one_gpu_and_both_answer(tmp_path: Path) -> N
         first, second = answers.values()
         assert first == pytest.approx(second, abs=1e-4)
         assert served.log().count("ready: tiny on cuda") == 2
+
+
+class _Sleeps(torch.nn.Module):
+    """The wrapped network, after ``seconds`` of GPU time (a kernel that spins on the device, not the host)."""
+
+    def __init__(self, net: torch.nn.Module, seconds: float) -> None:
+        super().__init__()
+        self.net, self.cycles = net, int(seconds * torch.cuda.clock_rate() * 1e6)  # clock_rate: MHz
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(self.cycles)
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+def _thread_cpu_s(name: str) -> float:
+    """CPU seconds of this process's threads whose OS name is ``name`` (the stage names its threads)."""
+    total = 0.0
+    for task in Path("/proc/self/task").iterdir():
+        if (task / "comm").read_text().strip() == name:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def test_the_end_thread_sleeps_while_a_call_runs_on_the_gpu() -> None:
+    """The thread that waits for each call's end waits on a blocking CUDA event: a default event's synchronize spins a
+    host core for as long as the kernels run, taken from decode and render (a core per server process)."""
+    from app.core.prometheus import Metrics
+    from app.worker.engine import Worker
+    from app.worker.jobs import Job
+    from idg_core.types import AttributionResult, Plan, Query
+
+    device = torch.device("cuda")
+    model = tiny_classifier().to(device)
+    model.net = _Sleeps(model.net, 0.5)
+
+    def plan() -> Plan:
+        yield [Query.at(torch.rand(1, 3, 32, 32, device=device), 0, grad=False, output="logit")]
+        return AttributionResult(attributions=torch.zeros(1, 3, 2, 2))
+
+    worker = Worker({"tiny": model}, device, Metrics(), max_batch_images=8, max_round_images=8, batch_wait_ms=0, max_queue=8)
+    worker.start()
+    loop = asyncio.get_running_loop()
+    try:
+        before, started = _thread_cpu_s("idg-device-done"), time.monotonic()
+        job = Job("tiny", plan(), "attribute", time.monotonic() + 30, loop, loop.create_future())
+        worker.submit(job)
+        await asyncio.wait_for(job.future, 20)
+        took, spent = time.monotonic() - started, _thread_cpu_s("idg-device-done") - before
+    finally:
+        worker.stop(1)
+    assert took >= 0.45, took  # the call did run half a second on the GPU
+    assert spent < 0.1, f"the end thread spent {spent:.2f} s of CPU waiting for a {took:.2f} s call"
