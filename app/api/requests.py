@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 
+from app.api.multipart import FilePart, FormItems, simple_form
 from app.core.errors import ApiError
 from app.core.images import decode_base64
 from app.schemas import AttributeCommon, AttributeParams, ImageJSON
@@ -83,15 +84,17 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
         fields = payload.model_dump(exclude={"image"}, exclude_unset=True, exclude_none=True)  # null: not given
         return _not_empty(decode_base64(payload.image)), _validate(params_cls, fields)
     if ctype.startswith("multipart/form-data"):
-        try:
-            form = await request.form(max_files=2, max_fields=64)
-        except Exception as err:  # noqa: BLE001 - any multipart parse failure is the client's
-            raise ApiError(400, f"the multipart body could not be parsed: {err}", code="bad_request") from err
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
+        items = simple_form(body, request.headers.get("content-type", ""), max_files=2, max_fields=64)
+        if items is None:  # not the common form: Starlette's parser reads it, and words what is wrong
+            try:
+                form = await request.form(max_files=2, max_fields=64)
+            except Exception as err:  # noqa: BLE001 - any multipart parse failure is the client's
+                raise ApiError(400, f"the multipart body could not be parsed: {err}", code="bad_request") from err
+            items = [(k, v if isinstance(v, str) else FilePart(v.filename or "", await v.read())) for k, v in form.multi_items()]
+        upload = dict(items).get("file")  # the last part of that name, as Starlette's form.get
+        if not isinstance(upload, FilePart):
             raise ApiError(422, "file: send the image as a multipart file field named 'file'", code="missing_file")
-        data = await upload.read()
-        return _not_empty(data), _validate(params_cls, form_fields(form, "file"))
+        return _not_empty(upload.data), _validate(params_cls, form_fields(items, "file"))
     raise ApiError(
         415, "send multipart/form-data with the image in a 'file' field, or application/json with a base64 'image'",
         code="unsupported_media_type",
@@ -157,11 +160,11 @@ def _not_empty(data: bytes) -> bytes:
     return data
 
 
-def form_fields(form: FormData, files: str) -> dict[str, object]:
+def form_fields(form: FormData | FormItems, files: str) -> dict[str, object]:
     """The form's fields but ``files`` (an empty one is not given); 422 for a field sent twice (one
     value each: which one would count is no rule a client should have to guess)."""
     fields: dict[str, object] = {}
-    for k, v in form.multi_items():
+    for k, v in form.multi_items() if isinstance(form, FormData) else form:
         if k == files or (isinstance(v, str) and v == ""):
             continue
         if k in fields:
