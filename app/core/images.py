@@ -108,9 +108,22 @@ def _unless_late(deadline: float | None, data: bytes, model: ImageClassifier, se
     return model_input(data, model, settings, device)
 
 
+class _Large:
+    """A decode over ``LARGE_DECODE_PIXELS``: not started, it waits for a slot on the event loop."""
+
+
+def _small_now(deadline: float | None, data: bytes, model: ImageClassifier, settings: Settings, device: torch.device) -> Tensor | _Large:
+    """:func:`_unless_late` for an image of at most ``LARGE_DECODE_PIXELS`` (its header read first), in the same
+    thread: the common image costs the event loop one hand-over to a thread, not two."""
+    if decode_pixels(data, model, settings) > LARGE_DECODE_PIXELS:
+        return _Large()
+    return _unless_late(deadline, data, model, settings, device)
+
+
 async def _load(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device, deadline: float | None) -> Tensor:
-    if await asyncio.to_thread(decode_pixels, data, model, settings) <= LARGE_DECODE_PIXELS:
-        return await asyncio.to_thread(_unless_late, deadline, data, model, settings, device)
+    small = await asyncio.to_thread(_small_now, deadline, data, model, settings, device)
+    if not isinstance(small, _Large):
+        return small
     per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
     slots = per_loop.setdefault(settings.max_concurrent_decodes, asyncio.Semaphore(settings.max_concurrent_decodes))
     async with slots:  # held until the decode's thread returns: this task is never cancelled (see load_input)

@@ -257,3 +257,21 @@ async def test_large_decodes_take_turns_and_small_ones_do_not_wait(monkeypatch: 
     assert codes == [200, 200, 200, 200]
     assert state["most"] == 1  # large decodes took turns
     assert state["small_first"] == [True, True, True]
+
+
+async def test_a_small_image_costs_the_event_loop_one_hand_over_to_a_thread_and_a_large_one_two(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header is read in the thread that then decodes a small image; a large one comes back to wait for a slot."""
+    real, calls = asyncio.to_thread, []
+
+    async def counting(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        calls.append(func.__name__)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(images.asyncio, "to_thread", counting)
+    model, settings = tiny_classifier(), Settings(models=["tiny"], warmup=False)
+    x = await images.load_input(image_bytes(), model, settings, torch.device("cpu"))
+    assert x.shape == (3, 32, 32) and calls == ["_small_now"]
+    calls.clear()
+    big = await images.load_input(_solid("PNG", (2100, 2100), "L"), model, settings, torch.device("cpu"))
+    assert big.shape == (3, 32, 32) and calls == ["_small_now", "_unless_late"]
