@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 MAX_FIELD_BYTES = 1024 * 1024
 """Starlette's limit on a text field (``max_part_size``): a longer one is left to its parser, to refuse."""
+MAX_HEADER_LINE = 4096
+"""Longer header lines are left to the parser (python-multipart refuses those over 4224 bytes)."""
 _HEADER = re.compile(rb"([A-Za-z0-9-]+): ?([^\r\n\x00]*)")
 _HEADERS = (b"content-disposition", b"content-type")
 _CONTENT_TYPE = re.compile(r"multipart/form-data; ?boundary=([0-9A-Za-z'()+_,./:=?-]{1,70})", re.IGNORECASE)
@@ -52,6 +54,8 @@ def _decode(raw: bytes) -> str:
 def _part_headers(block: bytes) -> dict[bytes, bytes] | None:
     headers: dict[bytes, bytes] = {}
     for line in block.split(b"\r\n"):
+        if len(line) > MAX_HEADER_LINE:
+            return None
         m = _HEADER.fullmatch(line)
         if m is None:
             return None
@@ -89,7 +93,7 @@ def simple_form(body: bytes, content_type: str, max_files: int, max_fields: int)
     while True:
         head_end = body.find(b"\r\n\r\n", pos)
         end = body.find(delimiter, pos)
-        if head_end == -1 or end == -1 or head_end > end:
+        if head_end == -1 or end < head_end + 4:  # a part's data begins after its blank line, whatever it holds
             return None
         headers = _part_headers(body[pos:head_end])
         part = None if headers is None else _part(headers, body[head_end + 4 : end])
