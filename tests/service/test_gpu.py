@@ -148,16 +148,16 @@ def test_two_server_processes_share_one_gpu_and_both_answer(tmp_path: Path) -> N
 
 
 class _Sleeps(torch.nn.Module):
-    """The wrapped network, after a kernel of ``cycles`` GPU clock cycles (it spins on the device, not the host: 10^9
-    cycles are 0.5-0.7 s at a data-centre GPU's 1.4-2 GHz)."""
+    """The wrapped network, then a kernel of ``cycles`` GPU clock cycles (it spins on the device, not the host: 10^9
+    cycles are 0.5-0.7 s at a data-centre GPU's 1.4-2 GHz), queued behind the call's outputs."""
 
     def __init__(self, net: torch.nn.Module, cycles: int) -> None:
         super().__init__()
         self.net, self.cycles = net, cycles
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        torch.cuda._sleep(self.cycles)
-        out: torch.Tensor = self.net(x)
+        out: torch.Tensor = self.net(x)  # first: the tiny network reads a value on the host, which waits for the device
+        torch.cuda._sleep(self.cycles)  # then the long kernel, which only the end thread waits for
         return out
 
 
