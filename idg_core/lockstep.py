@@ -23,6 +23,7 @@ def lockstep(plans: list[PlanOf[Any]]) -> PlanOf[list[Any]]:
                 k = len(pending[i])
                 _step(plans[i], i, answers[pos : pos + k], pending, results)
                 pos += k
+            del answers  # views of whole model calls' outputs: not kept while the next calls run
     finally:
         for p in plans:
             p.close()

@@ -80,11 +80,14 @@ def _plan(x0: Tensor, label: int, classes: list[int], epsilon: float, max_iter: 
                 Query.at(point.unsqueeze(0), label, grad=True, output=output),
             ]
             passes += 2
-            if early_stop and int(adv.top1[0]) == adv_class:
+            stop = early_stop and int(adv.top1[0]) == adv_class
+            if not stop:
+                assert adv.grads is not None and lab.grads is not None
+                point = torch.clamp(x0 + epsilon * adv.grads[0].sign(), 0.0, 1.0)
+                total -= lab.grads[0] * (point - x0)
+            del adv, lab  # views of a whole model call's outputs: not kept while the next call runs
+            if stop:
                 break
-            assert adv.grads is not None and lab.grads is not None
-            point = torch.clamp(x0 + epsilon * adv.grads[0].sign(), 0.0, 1.0)
-            total -= lab.grads[0] * (point - x0)
     return AttributionResult(attributions=total.unsqueeze(0), forward_passes=passes, backward_passes=passes)
 
 

@@ -77,8 +77,9 @@ def _plan(x_in: Tensor, baseline: Tensor, target: int, *, steps: int, fraction: 
     for step in range(steps):
         (ans,) = yield [Query.at(x.to(dtype).unsqueeze(0), target, grad=True, output=output, label=f"step {step + 1}/{steps}")]
         assert ans.grads is not None
-        grad_actual = ans.grads[0].double()
+        grad_actual = ans.grads[0].double().clone()  # its own memory: the answer, a view of a whole call's outputs, goes now
         values.append(float(ans.values[0]))
+        del ans
         grad = grad_actual.clone()
         alpha = (step + 1.0) / steps
         alpha_min, alpha_max = max(alpha - max_dist, 0.0), min(alpha + max_dist, 1.0)

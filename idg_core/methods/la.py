@@ -78,6 +78,7 @@ def _plan(x0: Tensor, label: int, classes: list[int], max_iter: int, spatial_ran
             direction = -lab[0] if adv_class is None else answers[0].grads[0]  # type: ignore[index]
             point = torch.clamp(x0 + step * direction.sign(), 0.0, 1.0)
             total -= lab[0] * (point - x0)
+            del answers, lab, direction  # views of a whole model call's outputs: not kept while the next call runs
     return AttributionResult(attributions=total.unsqueeze(0), forward_passes=passes, backward_passes=passes)
 
 

@@ -50,10 +50,10 @@ def idgi_plan(inner: Plan) -> Plan:
         queries = inner.send(None)  # type: ignore[arg-type]
         while True:
             answers = yield queries
-            for q, a in zip(queries, answers, strict=True):
-                if q.grad and q.direction is not None and a.grads is not None:
-                    captured = (q, a)
+            paths = [(q, a) for q, a in zip(queries, answers, strict=True) if q.grad and q.direction is not None and a.grads is not None]
+            captured = paths[-1] if paths else captured  # the last gradient pass along the path: kept until the end
             queries = inner.send(answers)
+            del answers, paths  # views of whole model calls' outputs: not kept while the next calls run
     except StopIteration as stop:
         result: AttributionResult = stop.value
     finally:

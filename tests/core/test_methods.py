@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import re
+import weakref
 
 import pytest
 import torch
 from torch import nn
 
 from idg_core import METHODS, CallStats, agi, evaluate_queries, guided_ig, idg, ig, left_ig
+from idg_core.postprocess.compose import build_plan
 from idg_core.presets import PRESETS
-from idg_core.types import Query
+from idg_core.types import Answer, Query
 from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
 
 
@@ -217,6 +220,34 @@ def test_a_query_one_call_holds_whole_is_answered_with_views_of_it_and_a_split_o
         assert w.grads is not None and s.grads is not None and torch.allclose(w.grads, s.grads, atol=1e-6)
     assert whole[1].all_logits is not None and split[1].all_logits is not None and whole[1].all_logits.shape == (4, 10)
     assert torch.allclose(whole[1].all_logits, split[1].all_logits, atol=1e-6) and whole[0].all_logits is None
+
+
+@pytest.mark.parametrize("name", [*sorted(METHODS), "idg+idgi+smoothgrad"])
+def test_a_plan_keeps_no_answer_while_its_next_model_call_runs(name: str) -> None:
+    """Answers are views of a whole model call's outputs (for a query the call holds whole): a plan that kept one
+    across its next step would keep the call's buffers alive (on a GPU, up to a 128-row batch of gradients per job).
+    Each step is answered with views of larger buffers; once the plan has taken its next step they must be gone."""
+    torch.manual_seed(0)
+    x = torch.rand(3, 16, 16)
+    plan = (build_plan("idg", x, torch.zeros_like(x), 3, postprocess="idgi", smooth_samples=3) if "+" in name
+            else METHODS[name].plan(x, torch.zeros_like(x), 3))
+    queries = next(plan)
+    for _ in range(8):
+        buffers = [(torch.randn(q.n + 64), torch.randn(q.n + 64, 3, 16, 16) if q.grad else None,
+                    torch.zeros(q.n + 64, dtype=torch.long), torch.randn(q.n + 64, 10) if q.full else None) for q in queries]
+        refs = [weakref.ref(t) for group in buffers for t in group if t is not None]
+        answers = [Answer(v[: q.n], None if g is None else g[: q.n], t[: q.n], None if lg is None else lg[: q.n])
+                   for q, (v, g, t, lg) in zip(queries, buffers, strict=True)]
+        del buffers
+        try:
+            queries = plan.send(answers)
+        except StopIteration:
+            break
+        finally:
+            del answers
+        gc.collect()
+        assert all(r() is None for r in refs), f"{name} kept an answer of its last step while asking its next"
+    plan.close()
 
 
 def test_evaluator_leaves_no_parameter_gradients() -> None:
