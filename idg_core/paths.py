@@ -86,7 +86,8 @@ def allocate_samples(probe_logits: Tensor, steps: int) -> Tensor:
     interval ``[alpha_{k-1}, alpha_k]``) and ``counts.sum() == steps`` always. Slopes are min-max
     normalised, the first set to 0, shares truncated; leftovers go one each to empty intervals with
     the largest fractional share (the authors' rule), then to any interval by fractional share. A
-    flat curve (all slopes equal) is spread uniformly, where the authors' code divides by zero.
+    flat curve (all slopes equal) is spread uniformly, where the authors' code divides by zero. A curve with a
+    NaN or an infinity is refused (``ValueError``, saying so): no allocation of it means anything.
 
     A handful of values (N probe points), so plain Python floats, not tensors: a torch op costs microseconds of
     dispatch, and this runs once per explanation on the service's worker thread, where it had been its largest
@@ -94,8 +95,12 @@ def allocate_samples(probe_logits: Tensor, steps: int) -> Tensor:
     """
     logits = probe_logits.detach().to("cpu", torch.float64).reshape(-1).tolist()
     n = len(logits)
+    bad = sum(not math.isfinite(v) for v in logits)
+    if bad:  # the torch rule had spread such a curve uniformly (NaN) or cast NaN shares to int64's minimum (infinity)
+        raise ValueError(f"the model's output is not finite (NaN or infinity) at {bad} of the {n} probe points: it overflowed "
+                         "on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
     slopes = [0.0] + [(b - a) * (n - 1) for a, b in zip(logits, logits[1:], strict=False)]
-    spread = math.nan if any(math.isnan(v) for v in slopes) else max(slopes) - min(slopes)
+    spread = max(slopes) - min(slopes)
     low = min(slopes)
     norm = [(v - low) / spread for v in slopes] if spread > 0 else [1.0] * n
     norm[0] = 0.0

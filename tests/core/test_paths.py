@@ -64,6 +64,13 @@ def test_allocation_matches_the_torch_reference(logits: list[float], steps: int)
     assert allocate_samples(values, steps).tolist() == _allocate_in_torch(values, steps)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_curve_that_is_not_finite_is_refused_saying_so(bad: float) -> None:
+    """The torch rule had spread a NaN curve uniformly and cast an infinite one's NaN shares to int64's minimum."""
+    with pytest.raises(ValueError, match="not finite .* at 1 of the 5 probe points"):
+        allocate_samples(torch.tensor([0.0, 1.0, bad, 2.0, 3.0], dtype=torch.float64), 16)
+
+
 def test_flat_curve_spreads_samples_uniformly() -> None:
     counts = allocate_samples(torch.zeros(11), 50)
     assert counts.tolist() == [0] + [5] * 10

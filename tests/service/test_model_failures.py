@@ -56,6 +56,34 @@ async def test_a_non_finite_attribution_is_a_500_that_says_why_and_fails_only_it
         assert good.json()["heatmap_png"]
 
 
+class _InfiniteWhenGreen(nn.Module):
+    """TinyNet whose logits are infinite for bright green uploads: the probe's curve then is not finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = TinyNet()
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.net(x)
+        green = x[:, 1].mean(dim=(1, 2)) > 1.5
+        return torch.where(green.view(-1, 1), torch.full_like(out, float("inf")), out)
+
+
+async def test_an_infinite_probe_curve_is_a_500_that_says_why_and_fails_only_its_request() -> None:
+    model = ImageClassifier("tiny", _InfiniteWhenGreen(), Preprocessing(36, 32), imagenet_class_names())
+    app = create_app(Settings(models=["tiny"], batch_wait_ms=50.0), models={"tiny": model})
+    async with serve(app) as client:
+        def post(color: tuple[int, int, int]) -> object:
+            return client.post("/attribute", files={"file": ("x.png", image_bytes(color=color))},
+                               data={"method": "idg", "target": "3"})
+
+        bad, good = await asyncio.gather(post((20, 250, 20)), post((40, 120, 200)))
+        assert bad.status_code == 500, bad.text
+        error = bad.json()["error"]
+        assert error["code"] == "model_error" and "not finite" in error["message"] and "fp32" in error["message"], error
+        assert good.status_code == 200, good.text
+
+
 class _Evil:
     def __reduce__(self) -> tuple:
         import os
