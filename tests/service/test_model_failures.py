@@ -40,22 +40,6 @@ class _Overflowing(nn.Module):
         return self.net(_NanGradWhenGreen.apply(x))
 
 
-async def test_a_non_finite_attribution_is_a_500_that_says_why_and_fails_only_its_request() -> None:
-    model = ImageClassifier("tiny", _Overflowing(), Preprocessing(36, 32), imagenet_class_names())
-    app = create_app(Settings(models=["tiny"], batch_wait_ms=50.0), models={"tiny": model})
-    async with serve(app) as client:
-        def post(color: tuple[int, int, int]) -> object:
-            return client.post("/attribute", files={"file": ("x.png", image_bytes(color=color))},
-                               data={"method": "ig", "steps": "8", "return_attribution": "true"})
-
-        bad, good = await asyncio.gather(post((20, 250, 20)), post((40, 120, 200)))
-        assert bad.status_code == 500, bad.text
-        error = bad.json()["error"]
-        assert error["code"] == "model_error" and "not finite" in error["message"] and "fp32" in error["message"]
-        assert good.status_code == 200, good.text
-        assert good.json()["heatmap_png"]
-
-
 class _InfiniteWhenGreen(nn.Module):
     """TinyNet whose logits are infinite for bright green uploads: the probe's curve then is not finite."""
 
@@ -69,19 +53,24 @@ class _InfiniteWhenGreen(nn.Module):
         return torch.where(green.view(-1, 1), torch.full_like(out, float("inf")), out)
 
 
-async def test_an_infinite_probe_curve_is_a_500_that_says_why_and_fails_only_its_request() -> None:
-    model = ImageClassifier("tiny", _InfiniteWhenGreen(), Preprocessing(36, 32), imagenet_class_names())
+@pytest.mark.parametrize(("net", "fields"), [
+    (_Overflowing, {"method": "ig", "steps": "8", "return_attribution": "true"}),  # NaN gradients: a map of NaNs
+    (_InfiniteWhenGreen, {"method": "idg", "target": "3"}),  # infinite logits: IDG's probe curve is not finite
+])
+async def test_a_non_finite_answer_is_a_500_that_says_why_and_fails_only_its_request(net: type[nn.Module],
+                                                                                     fields: dict[str, str]) -> None:
+    model = ImageClassifier("tiny", net(), Preprocessing(36, 32), imagenet_class_names())
     app = create_app(Settings(models=["tiny"], batch_wait_ms=50.0), models={"tiny": model})
     async with serve(app) as client:
         def post(color: tuple[int, int, int]) -> object:
-            return client.post("/attribute", files={"file": ("x.png", image_bytes(color=color))},
-                               data={"method": "idg", "target": "3"})
+            return client.post("/attribute", files={"file": ("x.png", image_bytes(color=color))}, data=fields)
 
         bad, good = await asyncio.gather(post((20, 250, 20)), post((40, 120, 200)))
         assert bad.status_code == 500, bad.text
         error = bad.json()["error"]
         assert error["code"] == "model_error" and "not finite" in error["message"] and "fp32" in error["message"], error
         assert good.status_code == 200, good.text
+        assert good.json()["heatmap_png"]
 
 
 class _Evil:
