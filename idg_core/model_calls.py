@@ -153,17 +153,16 @@ def book_call(call: PreparedCall, queries: Sequence[Query], answers: list[Answer
         if ans is None and a == 0 and b == q.n:
             answers[qi] = Answer(values[rows].to(torch.get_default_dtype()), None if grads is None or not q.grad else grads[rows],
                                  top1[rows], logits[rows] if q.full else None)
-            row += b - a
-            continue
-        if ans is None:
-            ans = answers[qi] = _allocated_answer(q)
-        ans.values[a:b] = values[rows].to(ans.values.dtype)
-        ans.top1[a:b] = top1[rows]
-        if grads is not None and ans.grads is not None:
-            ans.grads[a:b] = grads[rows]
-        if q.full:
-            part = logits[rows]
-            ans.all_logits = part if ans.all_logits is None else torch.cat([ans.all_logits, part])
+        else:
+            if ans is None:
+                ans = answers[qi] = _allocated_answer(q)
+            ans.values[a:b] = values[rows].to(ans.values.dtype)
+            ans.top1[a:b] = top1[rows]
+            if grads is not None and ans.grads is not None:
+                ans.grads[a:b] = grads[rows]
+            if q.full:
+                part = logits[rows]
+                ans.all_logits = part if ans.all_logits is None else torch.cat([ans.all_logits, part])
         row += b - a
 
 

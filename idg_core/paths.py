@@ -100,8 +100,8 @@ def allocate_samples(probe_logits: Tensor, steps: int) -> Tensor:
         raise ValueError(f"the model's output is not finite (NaN or infinity) at {bad} of the {n} probe points: it overflowed "
                          "on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
     slopes = [0.0] + [(b - a) * (n - 1) for a, b in zip(logits, logits[1:], strict=False)]
-    spread = max(slopes) - min(slopes)
-    low = min(slopes)
+    low, high = min(slopes), max(slopes)
+    spread = high - low
     norm = [(v - low) / spread for v in slopes] if spread > 0 else [1.0] * n
     norm[0] = 0.0
     total = _sum(norm)
