@@ -71,7 +71,7 @@ class Call:
     """Seconds the device had nothing to run before this call (None: unknown, or the first call)."""
     idle_ended: float | None = None
     """When that gap ended (``time.monotonic``), if later than ``started``: a simulated call is booked on its device's
-    timeline only after its outputs were computed on the host."""
+    timeline as its launch begins, after the stage took it."""
     skip_gap: bool = False
     """Its gap is not booked: work ran outside the stage just before it (a failed call evaluated again by the worker)."""
     _inputs_ready: Any = None  # torch.cuda.Event recorded on the submitter's stream
@@ -294,7 +294,7 @@ class DeviceStage:
             before = sim.busy_s
             call.out = run_call(call.model, p.inputs, p.rows, p.grad)
             call._end, call.device_seconds, call.idle_before = sim.end_event(), sim.busy_s - before, sim.idle_before
-            call.idle_ended = time.monotonic()  # the call was booked on the device's timeline just now
+            call.idle_ended = sim.booked_at  # when the call was booked on the device's timeline (as its launch began)
             return True
         if self._stream is None:
             if self._last_end is not None and call.started is not None:

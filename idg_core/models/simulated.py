@@ -7,13 +7,15 @@ the real, checkable answer, and the call is stretched to ``call_ms`` (+ ``image_
 sleeping, which, like waiting on a CUDA kernel, leaves the GIL to the other threads. Each call is
 logged (start and end, in order, with its batch size) for tests that prove overlap by event order.
 
-With ``stream=True`` it behaves as a CUDA stream does instead: a call returns at once (its real outputs
-computed on the caller's thread, as a launch costs the host its Python), and its time is booked on the
-device's own timeline, after the calls launched before it: it begins when the device is free or when it
-is launched, whichever is later, and its result is ready ``call_ms`` later (:meth:`end_event`: the caller
-waits for it, as for a CUDA event). A device that waits for the host then shows as a gap in that timeline,
-and the host's own waits for the GIL between calls do not stop the device, as on a GPU, where the kernels
-need no Python. The service wraps its models in it with ``IDG_SIMULATED_CALL_MS``
+With ``stream=True`` it behaves as a CUDA stream does instead: a call returns once launched (its real outputs
+computed on the caller's thread, standing for the host's cost of launching its kernels), and its time is booked on
+the device's own timeline, after the calls launched before it: it begins when the device is free or when its launch
+began, whichever is later (a GPU runs a call's first kernels while the host still launches the rest), and its result
+is ready ``call_ms`` later, or once the host finished launching it if that is later (:meth:`end_event`: the caller
+waits for it, as for a CUDA event). A device that waits for the host then shows as a gap in that timeline, and the
+host's own waits for the GIL between calls do not stop the device, as on a GPU, where the kernels need no Python.
+(Until 2026-11-25 a call was booked only after its forward pass had been computed on the host: every call's
+device time then began behind ~4-10 ms of the host's CPU work, which a GPU overlaps with the call before it.) The service wraps its models in it with ``IDG_SIMULATED_CALL_MS``
 (benchmarks and tests only), as a stream.
 
 Several processes can share one simulated device, as several server processes share one GPU: give each
@@ -101,6 +103,8 @@ class SimulatedAccelerator(nn.Module):
         self.idle_before: float | None = None
         """With ``stream``: seconds the device had nothing to run before the last call launched here (a shared
         timeline's device: no call of any process); None before the device's first call."""
+        self.booked_at: float | None = None
+        """With ``stream``: when (``time.monotonic``) the last call launched here was booked on the timeline."""
         self.timeline = timeline if isinstance(timeline, Timeline) else SharedTimeline(timeline) if timeline is not None else Timeline()
         """With ``stream``: the device's timeline: its own, one given (the other models of the process share it: one
         device) or, with a ``timeline`` file, the one shared with the other processes that map it."""
@@ -128,20 +132,23 @@ class SimulatedAccelerator(nn.Module):
         return out
 
     def _launch(self, x: Tensor) -> Tensor:
-        out: Tensor = self.net(x)
         size = int(x.shape[0])
         took = (self.call_ms + self.image_ms * size) / 1000
-        with self._device:
+        with self._device:  # booked as the launch begins: the device starts on it while the host goes on launching
             self.calls += 1
             self.free_at = self.timeline.book(took)[1]
             self.idle_before = self.timeline.idle_before
+            self.booked_at = time.monotonic()
             self.busy_s += took
             self.note("start", self.calls, size)
+        out: Tensor = self.net(x)
         return out
 
     def end_event(self) -> EndEvent:
-        """The end of the last call launched (on a stream), to wait for as for a CUDA event."""
-        return EndEvent(self.free_at if self.free_at is not None else time.perf_counter())
+        """The end of the last call launched (on a stream), to wait for as for a CUDA event: its booked end, or now if
+        that is later (called once the host finished launching the call: its last kernel cannot end before)."""
+        now = time.perf_counter()
+        return EndEvent(now if self.free_at is None else max(self.free_at, now))
 
 
 class EndEvent:

@@ -4,6 +4,7 @@ calls launched in any of them never overlap on the device's timeline."""
 from __future__ import annotations
 
 import multiprocessing
+import time
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
@@ -54,3 +55,35 @@ def test_a_simulated_device_on_a_shared_timeline_books_after_the_other_process_c
 def test_a_shared_timeline_needs_a_stream(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="stream"):
         SimulatedAccelerator(nn.Identity(), call_ms=10, stream=False, timeline=tmp_path / "device")
+
+
+class _SlowLaunch(nn.Module):
+    """A network whose forward takes ``seconds`` of the host's time (the launch of a call's kernels)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return x
+
+
+def test_a_stream_call_begins_as_its_launch_begins_and_ends_no_earlier_than_the_launch() -> None:
+    # as on a GPU, the device runs a call's first kernels while the host still launches the rest: a call launched on a
+    # free device begins then (not after the host's 30 ms), and one launched behind it begins when the first one ends
+    sim = SimulatedAccelerator(_SlowLaunch(0.030), call_ms=50, stream=True)
+    x = torch.zeros(1, 3)
+    t0 = time.perf_counter()
+    sim(x)
+    first = sim.end_event()
+    assert first.at == pytest.approx(t0 + 0.050, abs=0.010)  # not t0 + 30 ms of launch + 50 ms
+    sim(x)  # launched at ~t0 + 30 ms, while the first call still runs
+    second = sim.end_event()
+    assert second.at == pytest.approx(first.at + 0.050, abs=1e-6)  # back to back: no gap for the host's launch
+    # a launch longer than the call: its result is not ready before the host finished launching it
+    slow = SimulatedAccelerator(_SlowLaunch(0.040), call_ms=5, stream=True)
+    slow(x)
+    launched = time.perf_counter()
+    assert slow.end_event().at >= launched - 1e-3
+    assert slow.free_at is not None and slow.free_at < launched  # the device's own time ended before: a gap for the host
