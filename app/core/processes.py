@@ -1,7 +1,7 @@
 """Several server processes on one port (``IDG_PROCESSES``): more host per device.
 
 One server process answers at most what its host side can prepare: HTTP, decode, render and the worker's
-Python run under one GIL, about 13 ms of CPU per default attribution (results/benchmarks), so a process
+Python run under one GIL, 7-19 ms of CPU per default attribution on this project's 2-core VMs (results/benchmarks), so a process
 cannot feed a GPU that explains an image in 3 ms. With ``IDG_PROCESSES=N`` the launcher starts N server processes
 on the port (spawned, as uvicorn's ``--workers`` does), each with a socket of its own there (``SO_REUSEPORT``), so
 the kernel spreads new connections evenly over them. Each loads its own copy of the models onto the same device,
