@@ -83,14 +83,20 @@ def image_png(image: Tensor) -> bytes:
 
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+FLOAT16_TINY = float(np.finfo(np.float16).tiny)
+"""float16's smallest normal value (2**-14, ~6.1e-5): below it the spacing is a fixed 2**-24 (~6e-8)."""
 
 
 def attribution_npy(attribution: Tensor) -> tuple[bytes, str]:
     """``attribution`` as the bytes of a NumPy ``.npy`` file (read with ``numpy.load``) and its dtype:
-    float16 (half the size) when every value fits it, else float32, so that no value turns into an
-    infinity (a model with large logits or gradients easily exceeds ±65504)."""
+    float16 (half the size) when it keeps the map, else float32. float16 keeps it when its largest magnitude lies
+    within float16's normal range: then every value is within 2**-11 of that largest one (float16's own precision
+    there), none turns into an infinity (a model with large logits or gradients easily exceeds ±65504), and none
+    is lost to underflow (a map whose values are all below ~6e-5, as a model with small logit changes gives, had
+    come back as zeros)."""
     values = attribution.detach().float().cpu().numpy()
-    fits = values.size == 0 or float(np.abs(values).max()) <= FLOAT16_MAX
+    peak = float(np.abs(values).max()) if values.size else 0.0
+    fits = peak == 0.0 or FLOAT16_TINY <= peak <= FLOAT16_MAX
     dtype = "float16" if fits else "float32"
     buf = io.BytesIO()
     np.save(buf, values.astype(dtype))
