@@ -26,19 +26,7 @@ from tests.service.conftest import image_bytes, serve, tiny_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
 JAY = ROOT.parent / "shared" / "data" / "imagenet-samples" / "n01580077_jay.JPEG"
-
-
-def _textured_photo() -> bytes:
-    """A 300x200 JPEG of seeded noise: without the shared samples, a photo every method finds something in (the
-    one-colour test image with a diagonal line has blurred Expected-Gradients references almost equal to it, so a
-    tiny ViT's logit hardly moves along their paths and IDG's map is rightly all zero)."""
-    pixels = np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="JPEG")
-    return buf.getvalue()
-
-
-PHOTO = JAY.read_bytes() if JAY.is_file() else _textured_photo()
+PHOTO = JAY.read_bytes() if JAY.is_file() else image_bytes(size=(300, 200), fmt="JPEG")
 EXTRAS = {"timm": "timm", "hf_vit": "transformers", "hf_convnext": "transformers", "torchscript": None, "export": None}
 METHOD_ARGS = {name: {p: str(int(m.params[p].low or 1) + 2) for p in m.params.steps} for name, m in METHODS.items()}
 """Each method's own step counts, small (read from the registry: a new method is covered without an edit)."""
