@@ -22,7 +22,12 @@ def predict_plan(x: Tensor) -> PlanOf[Tensor]:
     """All class probabilities ``(num_classes,)`` of one image ``x (C, H, W)``, on the CPU: one forward pass."""
     (ans,) = yield [Query.at(x.unsqueeze(0), 0, grad=False, output="logit", full=True, label="prediction")]
     assert ans.all_logits is not None
-    return torch.softmax(ans.all_logits[0].float(), 0).cpu()
+    logits = ans.all_logits[0].float()
+    bad = int((~torch.isfinite(logits)).sum())
+    if bad:  # softmax would make every probability NaN, and the ranking of the classes arbitrary
+        raise ValueError(f"the model's logits are not finite ({bad} of {logits.numel()} NaN or infinite): no class can be "
+                         "ranked (an overflow in reduced precision? try IDG_PRECISION=fp32)")
+    return torch.softmax(logits, 0).cpu()
 
 
 @dataclass(frozen=True)

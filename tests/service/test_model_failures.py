@@ -4,6 +4,7 @@ heatmap of NaNs), and the requests batched with it are answered as usual."""
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 import torch
@@ -41,21 +42,33 @@ class _Overflowing(nn.Module):
 
 
 class _InfiniteWhenGreen(nn.Module):
-    """TinyNet whose logits are infinite for bright green uploads: the probe's curve then is not finite."""
+    """TinyNet whose logits are infinite (or NaN) where an image's normalised green mean lies in ``band``."""
 
-    def __init__(self) -> None:
+    def __init__(self, band: tuple[float, float] = (1.5, float("inf")), value: float = float("inf")) -> None:
         super().__init__()
         self.net = TinyNet()
+        self.band = band
+        self.value = value
 
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.net(x)
-        green = x[:, 1].mean(dim=(1, 2)) > 1.5
-        return torch.where(green.view(-1, 1), torch.full_like(out, float("inf")), out)
+        green = x[:, 1].mean(dim=(1, 2))
+        bad = (green > self.band[0]) & (green < self.band[1])
+        return torch.where(bad.view(-1, 1), torch.full_like(out, self.value), out)
+
+
+class _InfiniteOnThePath(_InfiniteWhenGreen):
+    """Finite on the bright green image (normalised green ~2.3) and the mean baseline (0), infinite at the path's points
+    between 0.3 and 1.2: the probe's curve is not finite."""
+
+    def __init__(self) -> None:
+        super().__init__((0.3, 1.2))
 
 
 @pytest.mark.parametrize(("net", "fields"), [
     (_Overflowing, {"method": "ig", "steps": "8", "return_attribution": "true"}),  # NaN gradients: a map of NaNs
-    (_InfiniteWhenGreen, {"method": "idg", "target": "3"}),  # infinite logits: IDG's probe curve is not finite
+    (_InfiniteWhenGreen, {"method": "idg", "target": "3"}),  # infinite logits on the image: no class can be ranked
+    (_InfiniteOnThePath, {"method": "idg", "target": "3"}),  # infinite logits on the path: IDG's probe curve is not finite
 ])
 async def test_a_non_finite_answer_is_a_500_that_says_why_and_fails_only_its_request(net: type[nn.Module],
                                                                                      fields: dict[str, str]) -> None:
@@ -71,6 +84,27 @@ async def test_a_non_finite_answer_is_a_500_that_says_why_and_fails_only_its_req
         assert error["code"] == "model_error" and "not finite" in error["message"] and "fp32" in error["message"], error
         assert good.status_code == 200, good.text
         assert good.json()["heatmap_png"]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+async def test_logits_that_are_not_finite_are_a_500_on_every_route_never_a_ranking(value: float) -> None:
+    """softmax of a logit that is NaN or infinite makes every probability NaN: /predict and /v2 had answered 200 with an
+    arbitrary order of the classes (probability null, NaN in /v2), /attribute with the target's probability null."""
+    model = ImageClassifier("tiny", _InfiniteWhenGreen(value=value), Preprocessing(36, 32), imagenet_class_names())
+    app = create_app(Settings(models=["tiny"], batch_wait_ms=5.0), models={"tiny": model})
+    bad, good = image_bytes(color=(20, 250, 20)), image_bytes(color=(40, 120, 200))
+    async with serve(app) as client:
+        for photo, status in ((bad, 500), (good, 200)):
+            answers = [
+                await client.post("/predict", files={"file": ("x.png", photo)}),
+                await client.post("/attribute", files={"file": ("x.png", photo)}, data={"return_overlay": "false", "target": "0"}),
+                await client.post("/v2/models/tiny/infer", json={"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                                                            "data": [base64.b64encode(photo).decode()]}]}),
+            ]
+            for r in answers:
+                assert r.status_code == status, r.text
+                if status == 500:
+                    assert "not finite" in r.text and "fp32" in r.text, r.text
 
 
 class _Evil:
