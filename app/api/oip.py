@@ -183,6 +183,32 @@ def _flat(data: Any, name: str) -> list[Any]:
     return out
 
 
+def _json_numbers(items: list[Any], dtype: np.dtype[Any], name: str, datatype: str) -> np.ndarray:
+    """JSON elements as ``dtype``, each exactly what it says: integers (not booleans) in range for an integer type,
+    finite numbers for a float type. NumPy's own cast had truncated 0.7 to 0 for UINT8 (a [0, 1] photo sent as UINT8
+    read as black), wrapped or refused by value, and read "0.5" and true as numbers."""
+    kinds = set(map(type, items))
+    integer = dtype.kind in "iu"
+    allowed = {int} if integer else {int, float}
+    if not kinds <= allowed:
+        wrong = sorted(k.__name__ for k in kinds - allowed)
+        raise bad(f"input {name!r}: data holds {' and '.join(wrong)} values, not {datatype}"
+                  + (" (integers: send [0, 1] floats as FP32)" if integer and float in kinds else ""))
+    try:
+        wide = np.asarray(items, dtype=np.int64 if integer else np.float64)
+    except OverflowError as err:
+        raise bad(f"input {name!r}: data holds an integer out of {datatype}'s range") from err
+    if integer:
+        info = np.iinfo(dtype)
+        if wide.size and (int(wide.min()) < info.min or int(wide.max()) > info.max):
+            raise bad(f"input {name!r}: data holds an integer out of {datatype}'s range ({info.min} to {info.max})")
+        return wide.astype(dtype)
+    out = wide.astype(dtype)
+    if not np.isfinite(out).all():
+        raise bad(f"input {name!r}: data holds a value that is not a finite {datatype}")
+    return out
+
+
 def _decode(spec: RequestInput, raw: bytes | None) -> Tensor:
     """One input's elements from its JSON ``data`` or its binary bytes, checked against its shape."""
     tensor = Tensor(spec.name, spec.shape, spec.datatype, spec.parameters)
@@ -203,10 +229,7 @@ def _decode(spec: RequestInput, raw: bytes | None) -> Tensor:
                 raise bad(f"input {spec.name!r}: {len(raw)} bytes of binary data is not a whole number of {spec.datatype}")
             tensor.array = np.frombuffer(raw, dtype=dtype)
         else:
-            try:
-                tensor.array = np.asarray(_flat(spec.data, spec.name), dtype=dtype)
-            except (TypeError, ValueError, OverflowError) as err:
-                raise bad(f"input {spec.name!r}: data holds a value that is not {spec.datatype}") from err
+            tensor.array = _json_numbers(_flat(spec.data, spec.name), dtype, spec.name, spec.datatype)
         got = tensor.array.size
     else:
         raise bad(f"input {spec.name!r}: datatype {spec.datatype} is not supported; send BYTES, FP32 or UINT8")
