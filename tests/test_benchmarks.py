@@ -61,6 +61,7 @@ def test_the_host_cost_benchmark_runs_the_services_own_stages(tmp_path: Path) ->
     assert f"**{total:.2f}**" in (tmp_path / "t.md").read_text()
 
 
+@pytest.mark.slow  # 36 s on the fast 2-core VM: IDG-50/50 and PIC on a photo (make test-all runs it)
 def test_speed_settings_benchmark_without_a_batch_sweep_writes_its_table(tmp_path: Path) -> None:
     """`--batch-sizes` with no values (gpu_run.sh's Lite steps) is the variants' table alone: it used to end in
     max() of an empty list after every variant had been measured, and wrote nothing. With `--pic`, SIC and AIC

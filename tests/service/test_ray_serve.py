@@ -291,6 +291,7 @@ def test_killing_a_replica_loses_only_its_in_flight_requests_and_it_comes_back(c
     assert set(replica_targets(cluster)) == {f"idg#{r}" for r in now}
 
 
+@pytest.mark.slow  # 87 s on the fast 2-core VM, ~200 s on the slow one: a fresh Ray and two replicas (make test-all runs it)
 def test_serve_run_the_config_file_as_a_user_would(tmp_path: Path) -> None:
     """``serve run deploy/ray/serve.yaml`` (the default model, 2 CPU replicas) on a free port, then a sample photo."""
     port = free_port()
