@@ -50,7 +50,7 @@ class AttributeCommon(PredictParams):
     return_heatmap: bool = Field(True, description="Return the heatmap PNG (base64)")
     return_overlay: bool = Field(True, description="Return the heatmap over the input as a PNG (base64)")
     return_attribution: bool = Field(False, description="Return the raw (C, H, W) attribution as a base64 .npy "
-                                     "(float16, or float32 when the map's largest magnitude is outside float16's normal range)")
+                                     "(float16 when it keeps every value to float16's precision, else float32)")
     return_input: bool = Field(False, description="Return the model-size input image as a PNG (to layer the heatmap over it)")
     faithfulness: str | None = Field(None, description="Score the returned map: 'insertion', 'deletion' or 'insertion,deletion' "
                                      "(RISE AUCs in [0, 1]); costs steps + 1 forward passes per metric (2 x 29 at the default 28 steps)")
@@ -197,9 +197,9 @@ class Cost(BaseModel):
 
 class RawAttribution(BaseModel):
     format: Literal["npy"] = Field("npy", description="Encoding of `data`: a NumPy .npy file (read with numpy.load)")
-    dtype: Literal["float16", "float32"] = Field("float16", description="Element type of the array in `data`: float16, or "
-                                                 "float32 when the largest magnitude is beyond float16's range (±65504) or below its "
-                                                 "smallest normal value (~6.1e-5): never an infinity, never a map lost to underflow")
+    dtype: Literal["float16", "float32"] = Field("float16", description="Element type of the array in `data`: float16 when "
+                                                 "every nonzero magnitude lies in float16's normal range (~6.1e-5 to 65504), so each value "
+                                                 "keeps float16's precision; float32 otherwise: never an infinity, never a value lost")
     shape: list[int] = Field(..., description="(C, H, W) in the model's input resolution")
     data: str = Field(..., description="base64 of a NumPy .npy file (of `dtype`)")
 
