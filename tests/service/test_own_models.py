@@ -109,6 +109,13 @@ class Echo(torch.nn.Module):
         return x * 2
 
 
+class SigmoidHead(torch.nn.Module):
+    """A binary classifier with one output logit: its softmax would be 1 for every image."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(1, 2, 3)).unsqueeze(1) - 0.5
+
+
 def _start_error(specs: list[str], models_file: Path | None = None) -> str:
     async def start() -> None:
         async with serve(_app(specs, models_file)):
@@ -129,6 +136,9 @@ def test_bad_model_files_stop_start_up_with_a_sentence(tiny, tmp_path: Path) -> 
     assert "give input_size, mean, std in the models file (IDG_MODELS_FILE), table [models.scripted]" in msg
     torch.jit.save(torch.jit.script(Echo()), tmp_path / "echo.ts")
     assert "not logits of shape (batch, classes)" in _start_error([f"scripted=torchscript:{tmp_path / 'echo.ts'}"], toml)
+    torch.jit.save(torch.jit.script(SigmoidHead()), tmp_path / "sigmoid.ts")
+    msg = _start_error([f"scripted=torchscript:{tmp_path / 'sigmoid.ts'}"], toml)
+    assert "returns one logit per image (a sigmoid head?)" in msg and "[1 - sigmoid(z), sigmoid(z)]" in msg
     (tmp_path / "bad.toml").write_text("[models.scripted]\ninput_size = 48\nmean = [0.5, 0.5]\nstd = [1, 1, 1]\n")
     assert "mean must be a list of 3 numbers" in _start_error([f"scripted=torchscript:{folder / 'cnn.ts'}"], tmp_path / "bad.toml")
     assert "IDG_MODELS names the model 'a' twice" in _start_error(["a=torchscript:/a.ts", "a=export:/a.pt2"])
