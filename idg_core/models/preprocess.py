@@ -136,19 +136,22 @@ def decode_image(
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """Any PIL mode -> RGB: 16-bit and float greys are rescaled, alpha is composited on white,
-    palette, CMYK, grey and YCbCr are converted. Large images are converted in strips (every step
-    is per pixel), so the only full-size allocation is the RGB result."""
-    if img.mode == "RGB":
+    """Any PIL mode -> RGB: 16-bit greys are rescaled, alpha is composited on white (an alpha channel, a palette's
+    transparent entry, or an RGB or grey image's transparent colour alike), palette, CMYK, grey and YCbCr are converted.
+    32-bit float images are refused (:class:`UnsupportedImageError`): their range is not defined, and stretching each by
+    its own maximum had made every constant image white. Large images are converted in strips (every step is per
+    pixel), so the only full-size allocation is the RGB result."""
+    if img.mode == "RGB" and "transparency" not in img.info:
         return img
+    if img.mode == "F":
+        raise UnsupportedImageError("32-bit float images are not supported (their value range is not defined): "
+                                    "send it as 8- or 16-bit")
     w, h = img.size
     top = None
-    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
         rows = max(1, STRIP_PIXELS // max(1, w))
         peak = max(float(np.asarray(img.crop((0, y, w, min(h, y + rows))), dtype=np.float64).max()) for y in range(0, h, rows))
         top = 65535.0 if img.mode.startswith("I;16") or peak > 255 else 255.0
-        if img.mode == "F":
-            top = max(peak, 1e-12)
     if w * h <= STRIP_PIXELS:
         return _to_rgb(img, top)
     out = Image.new("RGB", (w, h))
@@ -159,11 +162,11 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def _to_rgb(img: Image.Image, top: float | None) -> Image.Image:
-    if top is not None:  # 16-bit, 32-bit or float grey, rescaled by the whole image's ``top``
+    if top is not None:  # 16-bit or 32-bit integer grey, rescaled by the whole image's ``top``
         arr = np.asarray(img, dtype=np.float64)
         img = Image.fromarray((arr.clip(0, top) / top * 255).round().astype(np.uint8), mode="L")
-    if img.mode == "P":
-        img = img.convert("RGBA")
+    if img.mode == "P" or (img.mode in ("RGB", "L") and "transparency" in img.info):
+        img = img.convert("RGBA")  # a transparent palette entry or colour becomes alpha 0, composited below
     if img.mode in ("RGBA", "LA", "RGBa", "La"):
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

@@ -187,9 +187,12 @@ def test_mode_conversion_in_strips_is_exact(monkeypatch: pytest.MonkeyPatch) -> 
     rgba.putalpha(Image.fromarray(rng.integers(0, 256, (60, 70), dtype=np.uint8)))
     palette = rgb.convert("P")
     palette.info["transparency"] = 3
-    images = [rgba, palette, rgb.convert("CMYK"), rgb.convert("LA"), rgb.convert("1"),
-              Image.fromarray(rng.integers(0, 65536, (60, 70)).astype(np.uint16)),
-              Image.fromarray(rng.random((60, 70)).astype(np.float32) * 9)]
+    keyed = rgb.copy()
+    keyed.info["transparency"] = tuple(int(v) for v in np.asarray(rgb)[5, 5])  # an RGB image's transparent colour
+    grey_keyed = rgb.convert("L")
+    grey_keyed.info["transparency"] = int(np.asarray(grey_keyed)[7, 9])
+    images = [rgba, palette, keyed, grey_keyed, rgb.convert("CMYK"), rgb.convert("LA"), rgb.convert("1"),
+              Image.fromarray(rng.integers(0, 65536, (60, 70)).astype(np.uint16))]
     whole = [np.asarray(to_rgb(img)) for img in images]
     monkeypatch.setattr(preprocess, "STRIP_PIXELS", 150)  # strips of two rows
     for img, want in zip(images, whole, strict=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -57,6 +58,33 @@ def test_sixteen_bit_and_alpha_convert_sensibly() -> None:
     assert decode_upload(_png(grey16), 10_000).getpixel((0, 0)) == (255, 255, 255)
     clear = Image.new("RGBA", (4, 4), (0, 0, 0, 0))
     assert decode_upload(_png(clear), 10_000).getpixel((0, 0)) == (255, 255, 255)  # on white
+
+
+def _png_keyed(img: Image.Image, colour: object) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", transparency=colour)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_a_transparent_colour_is_composited_on_white_as_an_alpha_channel_is(mode: str) -> None:
+    """A PNG's transparent colour (tRNS) in an RGB or grey image had been passed through as that colour (black here),
+    where the same picture with an alpha channel or a palette came out white: the model saw two different images."""
+    img = Image.new("RGB", (4, 4), (0, 0, 0)).convert(mode)
+    img.putpixel((1, 1), 128 if mode == "L" else (128, 128, 128))
+    colour = {"RGB": (0, 0, 0), "L": 0}[mode]
+    out = decode_upload(_png_keyed(img, colour), 10_000)
+    assert out.getpixel((0, 0)) == (255, 255, 255)  # transparent: on white, as RGBA (0, 0, 0, 0) is
+    assert out.getpixel((1, 1)) == (128, 128, 128)  # an opaque pixel keeps its colour
+
+
+async def test_a_float_tiff_is_refused_not_stretched_by_its_own_maximum(tiny_app: AppFactory) -> None:
+    """A 32-bit float image had been divided by its own maximum: constant 0.25, 0.5 and 1.0 images all became white."""
+    buf = io.BytesIO()
+    Image.fromarray(np.full((40, 30), 0.25, np.float32)).save(buf, format="TIFF")
+    async with serve(tiny_app()) as client:
+        r = await client.post("/predict", files={"file": ("a.tiff", buf.getvalue())})
+    assert r.status_code == 415 and "32-bit float images are not supported" in r.json()["error"]["message"], r.text
 
 
 def test_exif_orientation_is_honoured() -> None:
