@@ -188,6 +188,10 @@ class OutputCurve(BaseModel):
                                       "kept for older clients (probabilities when `output` is 'probability')")
     logits: list[float] = Field(..., deprecated=True, description="Deprecated: the same numbers as `values`, kept for older "
                                 "clients (probabilities when `output` is 'probability', despite the name)")
+    input: Literal["photo", "noisy_copy"] = Field(
+        "photo", description="Whose path the curve follows: `photo` (x is the uploaded image), or `noisy_copy` with SmoothGrad / "
+        "VarGrad (`smooth_samples` > 0, as in the idg `quality` preset): x is the first of the noisy copies x + N(0, σ²) whose "
+        "maps were pooled, so F at α = 1 is that copy's, not the photo's (the prediction's probability is the photo's)")
 
 
 class Cost(BaseModel):

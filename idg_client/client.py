@@ -93,6 +93,8 @@ class OutputCurve:
     values: np.ndarray
     importance: np.ndarray
     weights: np.ndarray
+    input: str = "photo"
+    """``photo``, or ``noisy_copy`` where the map pools noisy copies (SmoothGrad): the curve is then the first copy's."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,8 @@ def parse_attribution(body: dict[str, Any]) -> Attribution:
         c = {**c, "values": c["logits"], "probe_values": c["probe_logits"],
              "output": "probability" if body["method"] in ("guided_ig", "agi") else "logit"}
     curve = OutputCurve(c["output"], *(np.asarray(c[k], dtype=np.float64)
-                                       for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")))
+                                       for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")),
+                        input=c.get("input", "photo"))
     t = body["target"]
     return Attribution(body["model"], body["method"], ClassScore(t["index"], t["name"], t["probability"]), _scores(body["prediction"]),
                        body["parameters"], _png(body.get("heatmap_png")), _png(body.get("overlay_png")), array, curve, body)

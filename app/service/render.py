@@ -52,9 +52,10 @@ def _npy(attr: Tensor) -> dict[str, Any]:
     return {"format": "npy", "dtype": dtype, "shape": list(attr.shape), "data": b64(data)}
 
 
-def curve(result: AttributionResult, output: str) -> OutputCurve:
+def curve(result: AttributionResult, output: str, noisy: bool = False) -> OutputCurve:
     """The answer's curve; ``output`` ("logit" or "probability") is what the method differentiated,
-    so what ``result.values`` holds."""
+    so what ``result.values`` holds; ``noisy``: the map pools noisy copies (SmoothGrad, VarGrad), and the
+    curve is the first copy's (:func:`idg_core.postprocess.smooth_plan`), which the answer says."""
     def row(t: Tensor) -> list[float]:
         return [float(v) for v in (t[0] if t.dim() == 2 else t).tolist()] if t.numel() else []
 
@@ -63,6 +64,7 @@ def curve(result: AttributionResult, output: str) -> OutputCurve:
         "output": output, "probe_alphas": row(result.probe_alphas), "probe_values": probe_values, "alphas": row(result.alphas),
         "values": values, "importance": row(result.importance), "weights": row(result.weights),
         "probe_logits": probe_values, "logits": values,  # deprecated names, same numbers
+        "input": "noisy_copy" if noisy else "photo",
     })
 
 
@@ -95,7 +97,7 @@ def attribute_response(
         target=target,
         parameters={**planned.used, "target": found.target},
         precision=precision,
-        curve=curve(found.result, planned.params["output"]),
+        curve=curve(found.result, planned.params["output"], noisy=bool(post_steps(params)["smooth_samples"])),
         cost=Cost(forward_passes=found.forward_passes, backward_passes=found.backward_passes),
         faithfulness=faithfulness,
         timings=timings,

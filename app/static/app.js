@@ -228,6 +228,9 @@ function drawCurve(svg, c) {
   for (const v of [lo, (lo + hi) / 2, hi]) el("text", { x: L - 4, y: sy(v) + 3, "font-size": 10, "text-anchor": "end" }, v.toFixed(2));
   el("text", { x: (W + L) / 2, y: H - 4, "font-size": 11, "text-anchor": "middle" }, "α (path position)");
   el("text", { x: 12, y: (H - B) / 2, "font-size": 11, transform: `rotate(-90 12 ${(H - B) / 2})`, "text-anchor": "middle" }, `target ${c.output}`);
+  if (c.input === "noisy_copy") {
+    el("text", { class: "curve-input", x: L + 6, y: T + 10, "font-size": 10 }, "the path of the first noisy copy (SmoothGrad), not of the photo");
+  }
   const line = c.probe_alphas.length ? [c.probe_alphas, c.probe_values] : [c.alphas, c.values];
   el("polyline", { class: "probe", fill: "none", stroke: "#9aa3b5", "stroke-width": 2,
     points: line[0].map((a, i) => `${sx(a)},${sy(line[1][i])}`).join(" ") });

@@ -106,7 +106,7 @@ async def test_the_explanation_outputs_are_the_attribute_answer(tiny_app: AppFac
     out = outputs(v2.json())
     assert list(out) == ["probabilities", "predicted_class", "attribution", "target", "curve_alpha", "curve_value",
                          "insertion", "deletion"]
-    attribution = npy(expected["attribution"]).astype(np.float32)  # /attribute's is float16
+    attribution = npy(expected["attribution"]).astype(np.float32)  # /attribute's may be float16
     assert out["attribution"].shape == (2, 3, 32, 32)
     np.testing.assert_allclose(out["attribution"][0], attribution, rtol=2e-3, atol=1e-4 * np.abs(attribution).max())
     np.testing.assert_array_equal(out["attribution"][0], out["attribution"][1])
@@ -115,7 +115,7 @@ async def test_the_explanation_outputs_are_the_attribute_answer(tiny_app: AppFac
     np.testing.assert_allclose(out["curve_alpha"][0], expected["curve"]["alphas"], rtol=1e-6)
     np.testing.assert_allclose(out["curve_value"][0], expected["curve"]["values"], rtol=1e-5, atol=1e-6)
     curve = next(o for o in v2.json()["outputs"] if o["name"] == "curve_value")
-    assert curve["parameters"] == {"output": "logit"}
+    assert curve["parameters"] == {"output": "logit", "input": "photo"}
     for metric in ("insertion", "deletion"):
         assert out[metric][0] == pytest.approx(expected["faithfulness"][metric], abs=1e-6)
 
@@ -126,10 +126,13 @@ async def test_asking_for_an_explanation_output_runs_the_default_explanation(tin
         r = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "outputs": asked})
         guided = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "outputs": [{"name": "curve_value"}],
                                                 "parameters": {"method": "guided_ig", "steps": 4, "fraction": 0.5}})
+        smooth = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "outputs": [{"name": "curve_value"}],
+                                                "parameters": {"steps": 4, "probe_steps": 4, "smooth_samples": 2}})
     assert r.status_code == 200, r.text
     out = outputs(r.json())
     assert list(out) == ["target", "curve_alpha"] and out["curve_alpha"].shape[0] == 1
-    assert guided.json()["outputs"][0]["parameters"] == {"output": "probability"}
+    assert guided.json()["outputs"][0]["parameters"] == {"output": "probability", "input": "photo"}
+    assert smooth.json()["outputs"][0]["parameters"] == {"output": "logit", "input": "noisy_copy"}  # the first copy's path
 
 
 async def test_the_images_of_one_request_share_model_calls(tiny_app: AppFactory) -> None:

@@ -61,6 +61,8 @@ async def test_quality_adds_its_post_steps_unless_the_request_gives_its_own(tiny
         per_copy = fast["probe_steps"] + fast["steps"]
         assert body["cost"] == {"forward_passes": 1 + max(copies, 1) * per_copy, "backward_passes": max(copies, 1) * fast["steps"]}
         assert sum(net.calls) == body["cost"]["forward_passes"]
+        # with noisy copies the curve is the first copy's, and the answer says so (its F at α = 1 is not the photo's)
+        assert body["curve"]["input"] == ("noisy_copy" if copies else "photo")
         if fields.get("preset") == "quality" and copies == PRESETS["idg"]["quality"]["smooth_samples"]:
             assert body["cost"]["forward_passes"] - 1 <= 400  # AGI's 2 x 20 passes x 10
 

@@ -14,7 +14,8 @@ Outputs: ``probabilities`` ``FP32 [N, classes]`` (its ``classification`` paramet
 ``"probability:index:label"`` strings instead) and ``predicted_class`` ``INT64 [N]``; and the
 explanation set: ``attribution`` ``FP32 [N, 3, S, S]``, ``target`` ``INT64 [N]``, the output-α curve
 as ``curve_alpha`` and ``curve_value`` ``FP32 [N, K]`` (the target's logit, or its probability for
-guided_ig and agi: the output's ``output`` parameter says which; NaN-padded if the images' K
+guided_ig and agi: the output's ``output`` parameter says which, and its ``input`` whether the path is the
+photo's or, with SmoothGrad, the first noisy copy's; NaN-padded if the images' K
 differ), and ``insertion`` / ``deletion`` ``FP32 [N]`` when ``faithfulness`` asks for them.
 
 An explanation runs when the request asks for an explanation output, sets the parameter
@@ -371,6 +372,8 @@ def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanati
         tensor = _classification(model, probs, int(k)) if k is not None else Output(n, array=made[n]())
         if n == "curve_value" and curve_output:
             tensor.parameters["output"] = curve_output
+            if checked is not None:  # whose path: the photo's, or the first noisy copy's where SmoothGrad pools copies
+                tensor.parameters["input"] = "noisy_copy" if checked.planned.options.post.get("smooth_samples") else "photo"
         out.append((tensor, is_true(p["binary_data"]) if "binary_data" in p else default_binary))
     return out
 
