@@ -150,9 +150,8 @@ def parse_attribution(body: dict[str, Any]) -> Attribution:
     if "values" not in c:  # a server from before `values` / `output`: its "logits" were probabilities for these methods
         c = {**c, "values": c["logits"], "probe_values": c["probe_logits"],
              "output": "probability" if body["method"] in ("guided_ig", "agi") else "logit"}
-    curve = OutputCurve(c["output"], *(np.asarray(c[k], dtype=np.float64)
-                                       for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")),
-                        input=c.get("input", "photo"))
+    arrays = {k: np.asarray(c[k], dtype=np.float64) for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")}
+    curve = OutputCurve(c["output"], **arrays, input=c.get("input", "photo"))
     t = body["target"]
     return Attribution(body["model"], body["method"], ClassScore(t["index"], t["name"], t["probability"]), _scores(body["prediction"]),
                        body["parameters"], _png(body.get("heatmap_png")), _png(body.get("overlay_png")), array, curve, body)
