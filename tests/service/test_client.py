@@ -32,7 +32,8 @@ def test_sync_client_predict_and_attribute(url: str, tmp_path: Path) -> None:
         assert pred.model == "tiny" and len(pred.top_k) == 3 and pred.top_k[0].probability >= pred.top_k[1].probability
         a = c.attribute(path, method="idg", steps=6, probe_steps=5, return_attribution=True, target=pred.top_k[0].index)
         assert isinstance(a.heatmap, Image.Image) and a.heatmap.size == (32, 32)
-        assert a.curve.alphas.shape == (6,) and a.curve.probe_values.shape == (5,) and a.curve.output == "logit" and a.curve.input == "photo"
+        assert a.curve.alphas.shape == (6,) and a.curve.probe_values.shape == (5,)
+        assert a.curve.output == "logit" and a.curve.input == "photo"
         assert a.attribution.shape == (3, 32, 32)
         assert a.target.index == pred.top_k[0].index and a.parameters["steps"] == 6
         with pytest.raises(ServiceError) as err:
