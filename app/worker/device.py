@@ -291,9 +291,9 @@ class DeviceStage:
         p = call.prepared
         sim = getattr(call.model, "net", None)
         if isinstance(sim, SimulatedAccelerator) and sim.stream:
-            before = sim.busy_s
+            before = sim.thread_busy_s  # this thread's own bookings: a call launched meanwhile on another is not this one's
             call.out = run_call(call.model, p.inputs, p.rows, p.grad)
-            call._end, call.device_seconds, call.idle_before = sim.end_event(), sim.busy_s - before, sim.idle_before
+            call._end, call.device_seconds, call.idle_before = sim.end_event(), sim.thread_busy_s - before, sim.idle_before
             call.idle_ended = sim.booked_at  # when the call was booked on the device's timeline (as its launch began)
             return True
         if self._stream is None:

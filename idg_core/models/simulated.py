@@ -98,18 +98,35 @@ class SimulatedAccelerator(nn.Module):
         self.events: list[tuple[str, int, int]] = []
         self.busy_s = 0.0
         self.calls = 0
-        self.free_at: float | None = None
-        """With ``stream``: when (``time.perf_counter``) the last call launched here ends on the device."""
-        self.idle_before: float | None = None
-        """With ``stream``: seconds the device had nothing to run before the last call launched here (a shared
-        timeline's device: no call of any process); None before the device's first call."""
-        self.booked_at: float | None = None
-        """With ``stream``: when (``time.monotonic``) the last call launched here was booked on the timeline."""
+        self._mine = threading.local()  # what the calling thread launched last (free_at, idle_before, booked_at)
         self.timeline = timeline if isinstance(timeline, Timeline) else SharedTimeline(timeline) if timeline is not None else Timeline()
         """With ``stream``: the device's timeline: its own, one given (the other models of the process share it: one
         device) or, with a ``timeline`` file, the one shared with the other processes that map it."""
         self._device = threading.Lock()
         self._log = threading.Lock()
+
+    @property
+    def free_at(self) -> float | None:
+        """With ``stream``: when (``time.perf_counter``) the last call this thread launched here ends on the device.
+        Per thread, as a CUDA event recorded after a launch is that launch's: a call another thread launches meanwhile
+        (the worker evaluating a failed call's requests again, say) does not change it."""
+        return getattr(self._mine, "free_at", None)
+
+    @property
+    def idle_before(self) -> float | None:
+        """With ``stream``: seconds the device had nothing to run before the last call this thread launched here (a
+        shared timeline's device: no call of any process); None before the device's first call."""
+        return getattr(self._mine, "idle_before", None)
+
+    @property
+    def booked_at(self) -> float | None:
+        """With ``stream``: when (``time.monotonic``) the last call this thread launched here was booked on the timeline."""
+        return getattr(self._mine, "booked_at", None)
+
+    @property
+    def thread_busy_s(self) -> float:
+        """Seconds of device time booked by the calls this thread launched here (:attr:`busy_s` counts every thread's)."""
+        return float(getattr(self._mine, "busy_s", 0.0))
 
     def note(self, what: str, number: int, size: int) -> None:
         with self._log:
@@ -136,19 +153,22 @@ class SimulatedAccelerator(nn.Module):
         took = (self.call_ms + self.image_ms * size) / 1000
         with self._device:  # booked as the launch begins: the device starts on it while the host goes on launching
             self.calls += 1
-            self.free_at = self.timeline.book(took)[1]
-            self.idle_before = self.timeline.idle_before
-            self.booked_at = time.monotonic()
+            mine = self._mine
+            mine.free_at = self.timeline.book(took)[1]
+            mine.idle_before = self.timeline.idle_before
+            mine.booked_at = time.monotonic()
+            mine.busy_s = self.thread_busy_s + took
             self.busy_s += took
             self.note("start", self.calls, size)
         out: Tensor = self.net(x)
         return out
 
     def end_event(self) -> EndEvent:
-        """The end of the last call launched (on a stream), to wait for as for a CUDA event: its booked end, or now if
-        that is later (called once the host finished launching the call: its last kernel cannot end before)."""
+        """The end of the last call this thread launched (on a stream), to wait for as for a CUDA event: its booked end,
+        or now if that is later (called once the host finished launching the call: its last kernel cannot end before)."""
         now = time.perf_counter()
-        return EndEvent(now if self.free_at is None else max(self.free_at, now))
+        free_at = self.free_at
+        return EndEvent(now if free_at is None else max(free_at, now))
 
 
 class EndEvent:

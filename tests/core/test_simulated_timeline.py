@@ -4,6 +4,7 @@ calls launched in any of them never overlap on the device's timeline."""
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
@@ -87,3 +88,33 @@ def test_a_stream_call_begins_as_its_launch_begins_and_ends_no_earlier_than_the_
     launched = time.perf_counter()
     assert slow.end_event().at >= launched - 1e-3
     assert slow.free_at is not None and slow.free_at < launched  # the device's own time ended before: a gap for the host
+
+
+def test_each_thread_reads_the_end_and_time_of_its_own_launch() -> None:
+    # the device stage reads a call's end, device time and preceding gap right after launching it; the worker may launch
+    # another call on the same model from its own thread meanwhile (a failed call's requests evaluated again): as with
+    # a CUDA event recorded after each launch, each thread must read its own call's booking, not the other's
+    sim = SimulatedAccelerator(nn.Identity(), call_ms=40, stream=True)
+    x = torch.zeros(1, 3)
+    launched, other_done = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def other() -> None:
+        launched.wait(timeout=10)
+        sim(x)  # booked behind the first thread's call: ends ~40 ms after it
+        seen["other"] = (sim.end_event().at, sim.thread_busy_s, sim.idle_before)
+        other_done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    before = sim.thread_busy_s
+    sim(x)
+    launched.set()
+    other_done.wait(timeout=10)
+    mine = (sim.end_event().at, sim.thread_busy_s - before, sim.idle_before)
+    thread.join(timeout=10)
+    other_end, other_busy, other_idle = seen["other"]  # type: ignore[misc]
+    assert other_end == pytest.approx(mine[0] + 0.040, abs=1e-6)  # back to back on the one device
+    assert mine[1] == pytest.approx(0.040) and other_busy == pytest.approx(0.040)  # each its own call's time
+    assert sim.busy_s == pytest.approx(0.080)  # the device's total counts both
+    assert mine[2] is None and other_idle == 0.0  # the first call began the device's work; the second waited for none
