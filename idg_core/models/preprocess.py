@@ -86,6 +86,8 @@ def open_image(
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=formats)
         check_size(img.size, max_pixels, max_side, max_aspect_ratio)
+        if img.format == "PNG" and "transparency" in img.info and img.mode != "P":
+            _png_transparent_colour(img, data)
         if min_side is not None and img.format in ("JPEG", "MPO"):
             _draft(img, min_side)
     except ImageDecodeError:
@@ -97,6 +99,31 @@ def open_image(
     except Exception as err:  # noqa: BLE001 - Pillow raises many types on malformed files
         raise ImageDecodeError(f"the image could not be decoded, it may be truncated or corrupt ({type(err).__name__}: {err})") from err
     return img
+
+
+def _png_transparent_colour(img: Image.Image, data: bytes) -> None:
+    """Put a grey or RGB PNG's transparent colour (tRNS) on the scale of the pixels Pillow decodes, as :func:`to_rgb`
+    reads it. Pillow keeps the file's own value: a 1-, 2- or 4-bit grey is decoded as 0-255 (0/255, x85, x17) while
+    its key stayed 0-1, 0-3 or 0-15, so no pixel matched it; a key beyond the bit depth (a malformed file) matched
+    the low byte of unrelated pixels, where it should match none. A 16-bit RGB PNG is decoded to 8 bits (the high
+    byte) with its 16-bit key, which then matched the low byte of other pixels (an opaque pixel turned white): its
+    transparent pixels cannot be told apart once read, so it is refused, saying what to send. 16-bit grey keeps
+    its full values (mode I;16) and its key as it is."""
+    if data[12:16] != b"IHDR":  # the first chunk of every PNG
+        return
+    depth, colour_type = data[24], data[25]
+    key = img.info["transparency"]
+    if colour_type == 2 and depth == 16:
+        raise UnsupportedImageError("a 16-bit RGB PNG with a transparent colour (tRNS) is not supported (its transparent "
+                                    "pixels cannot be told apart once read): send it as 8-bit or with an alpha channel")
+    top = (1 << depth) - 1
+    if colour_type == 0 and isinstance(key, int):
+        if key > top:
+            del img.info["transparency"]  # no pixel can have that value: none is transparent
+        elif depth < 8:
+            img.info["transparency"] = key * 255 // top
+    elif colour_type == 2 and isinstance(key, tuple) and max(key) > top:
+        del img.info["transparency"]
 
 
 def _draft(img: Image.Image, min_side: int) -> None:
@@ -137,7 +164,8 @@ def decode_image(
 
 def to_rgb(img: Image.Image) -> Image.Image:
     """Any PIL mode -> RGB: 16-bit greys are rescaled, alpha is composited on white (an alpha channel, a palette's
-    transparent entry, or an RGB or grey image's transparent colour alike), palette, CMYK, grey and YCbCr are converted.
+    transparent entry, or an RGB or grey image's transparent colour alike: ``info["transparency"]`` on the scale its
+    pixels read, as :func:`open_image` puts a PNG's), palette, CMYK, grey and YCbCr are converted.
     32-bit float images are refused (:class:`UnsupportedImageError`): their range is not defined, and stretching each by
     its own maximum had made every constant image white. Large images are converted in strips (every step is per
     pixel), so the only full-size allocation is the RGB result."""
@@ -162,9 +190,17 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def _to_rgb(img: Image.Image, top: float | None) -> Image.Image:
+    key = img.info.get("transparency")
     if top is not None:  # 16-bit or 32-bit integer grey, rescaled by the whole image's ``top``
         arr = np.asarray(img, dtype=np.float64)
-        img = Image.fromarray((arr.clip(0, top) / top * 255).round().astype(np.uint8), mode="L")
+        grey = (arr.clip(0, top) / top * 255).round().astype(np.uint8)
+        if isinstance(key, int):  # its transparent value, on the full-depth scale: alpha 0 where a pixel has it
+            img = Image.fromarray(np.stack([grey, np.where(arr == key, 0, 255).astype(np.uint8)], axis=-1), mode="LA")
+        else:
+            img = Image.fromarray(grey, mode="L")
+    if img.mode == "1" and isinstance(key, int):  # 0 or 255, as its pixels read
+        img = img.convert("L")
+        img.info["transparency"] = key
     if img.mode == "P" or (img.mode in ("RGB", "L") and "transparency" in img.info):
         img = img.convert("RGBA")  # a transparent palette entry or colour becomes alpha 0, composited below
     if img.mode in ("RGBA", "LA", "RGBa", "La"):

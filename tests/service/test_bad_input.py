@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from app.core.images import decode_upload
+from idg_core.models.preprocess import UnsupportedImageError, decode_image
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 
@@ -76,6 +79,50 @@ def test_a_transparent_colour_is_composited_on_white_as_an_alpha_channel_is(mode
     out = decode_upload(_png_keyed(img, colour), 10_000)
     assert out.getpixel((0, 0)) == (255, 255, 255)  # transparent: on white, as RGBA (0, 0, 0, 0) is
     assert out.getpixel((1, 1)) == (128, 128, 128)  # an opaque pixel keeps its colour
+
+
+def _hand_png(bit_depth: int, colour_type: int, row: bytes, key: bytes) -> bytes:
+    """A one-row PNG written by hand (Pillow writes no 1-, 2- or 4-bit grey nor 16-bit RGB), with a tRNS chunk."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    width = len(row) * 8 // (bit_depth * (3 if colour_type == 2 else 1))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, 1, bit_depth, colour_type, 0, 0, 0))
+            + chunk(b"tRNS", key) + chunk(b"IDAT", zlib.compress(b"\x00" + row)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize(("bit_depth", "row", "key", "opaque"), [
+    (1, bytes([0b01000000]), 0, 255),  # 2 pixels: 0 (the key), 1 (white)
+    (2, bytes([0b01100000]), 1, 170),  # 4 pixels, the first two: 1 (the key), 2 (170 of 255)
+    (4, bytes([0x5A]), 5, 170),  # 5 (the key), 10 (170 of 255)
+    (8, bytes([7, 128]), 7, 128),
+    (16, struct.pack(">HH", 0x1234, 0x8000), 0x1234, 128),
+], ids=["1-bit", "2-bit", "4-bit", "8-bit", "16-bit"])
+def test_a_grey_png_s_transparent_value_is_read_at_its_own_bit_depth(bit_depth: int, row: bytes, key: int, opaque: int) -> None:
+    """Pillow decodes 1-, 2- and 4-bit grey as 0-255 but kept the tRNS value on the file's scale, and rescaled 16-bit
+    grey without it: in all four the transparent pixel passed through as its grey (found by review)."""
+    out = decode_upload(_hand_png(bit_depth, 0, row, struct.pack(">H", key)), 10_000)
+    assert out.getpixel((0, 0)) == (255, 255, 255)  # the key: transparent, on white
+    assert out.getpixel((1, 0)) == (opaque,) * 3  # the next pixel keeps its grey
+
+
+def test_a_transparent_value_beyond_the_bit_depth_makes_no_pixel_transparent() -> None:
+    # a malformed key (256 in an 8-bit file) had matched its low byte: every black pixel turned white
+    out = decode_upload(_hand_png(8, 0, bytes([0, 128]), struct.pack(">H", 256)), 10_000)
+    assert out.getpixel((0, 0)) == (0, 0, 0) and out.getpixel((1, 0)) == (128, 128, 128)
+    rgb = decode_upload(_hand_png(8, 2, bytes([0, 0, 0, 9, 9, 9]), struct.pack(">3H", 256, 0, 0)), 10_000)
+    assert rgb.getpixel((0, 0)) == (0, 0, 0)
+
+
+async def test_a_16_bit_rgb_png_with_a_transparent_colour_is_refused(tiny_app: AppFactory) -> None:
+    """Pillow reads a 16-bit RGB PNG as 8-bit (the high bytes) but keeps the 16-bit key, which then matched the low
+    byte of other pixels: here the opaque (0x3400, 0, 0) turned white and the transparent (0x1234, 0, 0) stayed red.
+    Its transparent pixels cannot be told apart once read, so it is a 415 that says what to send."""
+    data = _hand_png(16, 2, struct.pack(">6H", 0x1234, 0, 0, 0x3400, 0, 0), struct.pack(">3H", 0x1234, 0, 0))
+    with pytest.raises(UnsupportedImageError, match="16-bit RGB PNG with a transparent colour"):
+        decode_image(data)
+    async with serve(tiny_app()) as client:
+        r = await client.post("/predict", files={"file": ("a.png", data)})
+    assert r.status_code == 415 and "send it as 8-bit or with an alpha channel" in r.json()["error"]["message"], r.text
 
 
 async def test_a_float_tiff_is_refused_not_stretched_by_its_own_maximum(tiny_app: AppFactory) -> None:
