@@ -367,6 +367,9 @@ def probe(model: ImageClassifier) -> int:
     if out.dim() != 2 or out.shape[0] != PROBE_BATCH or not out.is_floating_point():
         raise ValueError(f"the model returns a {tuple(out.shape)} {out.dtype} tensor for {PROBE_BATCH} images, not logits of "
                          "shape (batch, classes)")
+    if out.shape[1] == 0:
+        raise ValueError(f"the model returns no logits (a {tuple(out.shape)} tensor for {PROBE_BATCH} images): it needs at "
+                         "least two classes")
     if out.shape[1] < 2:  # softmax of one logit is 1 whatever the image: every answer would say "certain"
         raise ValueError("the model returns one logit per image (a sigmoid head?): classes are ranked by the softmax of at least "
                          "two logits; return torch.cat([torch.zeros_like(z), z], 1) for a logit z, whose softmax is "

@@ -116,6 +116,13 @@ class SigmoidHead(torch.nn.Module):
         return x.mean(dim=(1, 2, 3)).unsqueeze(1) - 0.5
 
 
+class NoLogits(torch.nn.Module):
+    """A head with no classes at all: a (batch, 0) tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)[:, :0]
+
+
 def _start_error(specs: list[str], models_file: Path | None = None) -> str:
     async def start() -> None:
         async with serve(_app(specs, models_file)):
@@ -139,6 +146,9 @@ def test_bad_model_files_stop_start_up_with_a_sentence(tiny, tmp_path: Path) -> 
     torch.jit.save(torch.jit.script(SigmoidHead()), tmp_path / "sigmoid.ts")
     msg = _start_error([f"scripted=torchscript:{tmp_path / 'sigmoid.ts'}"], toml)
     assert "returns one logit per image (a sigmoid head?)" in msg and "[1 - sigmoid(z), sigmoid(z)]" in msg
+    torch.jit.save(torch.jit.script(NoLogits()), tmp_path / "none.ts")
+    msg = _start_error([f"scripted=torchscript:{tmp_path / 'none.ts'}"], toml)
+    assert "returns no logits (a (2, 0) tensor" in msg and "sigmoid" not in msg  # not called a sigmoid head (found by review)
     (tmp_path / "bad.toml").write_text("[models.scripted]\ninput_size = 48\nmean = [0.5, 0.5]\nstd = [1, 1, 1]\n")
     assert "mean must be a list of 3 numbers" in _start_error([f"scripted=torchscript:{folder / 'cnn.ts'}"], tmp_path / "bad.toml")
     assert "IDG_MODELS names the model 'a' twice" in _start_error(["a=torchscript:/a.ts", "a=export:/a.pt2"])
