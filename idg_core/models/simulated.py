@@ -32,33 +32,48 @@ import struct
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from torch import Tensor, nn
 
 _FREE_AT = struct.Struct("d")
 
 
+class Booking(NamedTuple):
+    """A call booked on a device's timeline: when it begins and ends (``time.perf_counter``), and the seconds the device
+    had nothing to run before it (None: the device's first call)."""
+
+    begins: float
+    ends: float
+    idle_before: float | None
+
+
 class Timeline:
     """When the device is next free (``time.perf_counter``; 0: now): a call launched now begins then or now,
-    whichever is later. This process's own device; :class:`SharedTimeline` is one several processes share."""
+    whichever is later. This process's own device; :class:`SharedTimeline` is one several processes share.
+    Its lock is its own: the models of one process share one timeline (one device), each with its own lock."""
 
     def __init__(self) -> None:
         self._free_at = 0.0
-        self.idle_before: float | None = None
-        """Seconds the device had nothing to run before the call booked last (None: it was the device's first)."""
+        self._lock = threading.Lock()
 
-    def book(self, took: float) -> tuple[float, float]:
-        """Book a call of ``took`` seconds launched now: its begin and end on the device (callers hold a lock)."""
+    def book(self, took: float) -> Booking:
+        """Book a call of ``took`` seconds launched now: its begin, end and the device's gap before it, in one step."""
+        with self._lock:
+            return self._book(took)
+
+    def _book(self, took: float) -> Booking:
         now = time.perf_counter()
         begins = max(now, self._free_at)
-        self.idle_before = max(0.0, now - self._free_at) if self._free_at else None
+        idle_before = max(0.0, now - self._free_at) if self._free_at else None
         self._free_at = begins + took
-        return begins, begins + took
+        return Booking(begins, begins + took, idle_before)
 
 
 class SharedTimeline(Timeline):
     """The timeline in a file that every process using the device maps (``time.perf_counter`` is the system-wide
-    monotonic clock on Linux): :meth:`book` takes the file's lock, so two processes' calls never overlap."""
+    monotonic clock on Linux): :meth:`book` takes the file's lock (between processes) inside the timeline's own
+    (between threads: ``flock`` does not exclude the threads of one process), so no two calls overlap."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()
@@ -68,15 +83,16 @@ class SharedTimeline(Timeline):
             os.ftruncate(self._fd, _FREE_AT.size)  # a new file is zeros: free at time 0, i.e. now
         self._map = mmap.mmap(self._fd, _FREE_AT.size)
 
-    def book(self, took: float) -> tuple[float, float]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            self._free_at = _FREE_AT.unpack_from(self._map)[0]
-            span = super().book(took)
-            _FREE_AT.pack_into(self._map, 0, self._free_at)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        return span
+    def book(self, took: float) -> Booking:
+        with self._lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                self._free_at = _FREE_AT.unpack_from(self._map)[0]
+                booking = self._book(took)
+                _FREE_AT.pack_into(self._map, 0, self._free_at)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return booking
 
 
 class SimulatedAccelerator(nn.Module):
@@ -154,8 +170,8 @@ class SimulatedAccelerator(nn.Module):
         with self._device:  # booked as the launch begins: the device starts on it while the host goes on launching
             self.calls += 1
             mine = self._mine
-            mine.free_at = self.timeline.book(took)[1]
-            mine.idle_before = self.timeline.idle_before
+            booking = self.timeline.book(took)
+            mine.free_at, mine.idle_before = booking.ends, booking.idle_before
             mine.booked_at = time.monotonic()
             mine.busy_s = self.thread_busy_s + took
             self.busy_s += took
