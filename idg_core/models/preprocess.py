@@ -86,8 +86,8 @@ def open_image(
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=formats)
         check_size(img.size, max_pixels, max_side, max_aspect_ratio)
-        if img.format == "PNG" and "transparency" in img.info and img.mode != "P":
-            _png_transparent_colour(img, data)
+        if img.format == "PNG" and "transparency" in img.info and (_png_rawmode(img) or "").startswith("RGB;16"):
+            raise UnsupportedImageError(_RGB16_KEYED)  # known from the header: refused before any pixel is read
         if min_side is not None and img.format in ("JPEG", "MPO"):
             _draft(img, min_side)
     except ImageDecodeError:
@@ -101,28 +101,46 @@ def open_image(
     return img
 
 
-def _png_transparent_colour(img: Image.Image, data: bytes) -> None:
-    """Put a grey or RGB PNG's transparent colour (tRNS) on the scale of the pixels Pillow decodes, as :func:`to_rgb`
-    reads it. Pillow keeps the file's own value: a 1-, 2- or 4-bit grey is decoded as 0-255 (0/255, x85, x17) while
-    its key stayed 0-1, 0-3 or 0-15, so no pixel matched it; a key beyond the bit depth (a malformed file) matched
-    the low byte of unrelated pixels, where it should match none. A 16-bit RGB PNG is decoded to 8 bits (the high
-    byte) with its 16-bit key, which then matched the low byte of other pixels (an opaque pixel turned white): its
-    transparent pixels cannot be told apart once read, so it is refused, saying what to send. 16-bit grey keeps
-    its full values (mode I;16) and its key as it is."""
-    if data[12:16] != b"IHDR":  # the first chunk of every PNG
+_RGB16_KEYED = ("a 16-bit RGB PNG with a transparent colour (tRNS) is not supported (its transparent pixels cannot be "
+                "told apart once read): send it as 8-bit or with an alpha channel")
+_PNG_GREY_BITS = {"1": 1, "L;2": 2, "L;4": 4, "L": 8}
+"""Pillow's raw modes of the grey PNGs it decodes to 0-255 (mode ``1`` or ``L``), by their bit depth."""
+
+
+def _png_rawmode(img: Image.Image) -> str | None:
+    """A PNG's pixel layout as Pillow parsed it from the file (``L;4``, ``I;16B``, ``RGB;16B``...), before its
+    pixels are read (afterwards Pillow forgets it); None for another format."""
+    rawmode = getattr(getattr(img, "png", None), "im_rawmode", None)
+    tile = getattr(img, "tile", None)  # an ImageFile's (not a plain Image's): [(codec, box, offset, rawmode)] for a PNG
+    if rawmode is None and tile:
+        rawmode = tile[0].args
+    return rawmode if isinstance(rawmode, str) else None
+
+
+def _png_transparent_colour(img: Image.Image, rawmode: str) -> None:
+    """Put a grey or RGB PNG's transparent colour (tRNS) on the scale of the pixels Pillow decoded, as :func:`to_rgb`
+    reads it; called once the pixels are read (a tRNS chunk after the image data is read with them), with the raw
+    mode Pillow parsed (not the header's bytes: Pillow takes files whose first chunk is not IHDR). Pillow keeps the
+    file's own value: a 2- or 4-bit grey is decoded as 0-255 (x85, x17) while its key stayed 0-3 or 0-15, so no pixel
+    matched it; a key beyond the bit depth (a malformed file) matched the low byte of unrelated pixels, where it
+    should match none. A 16-bit RGB PNG is decoded to 8 bits (the high byte) with its 16-bit key, which then matched
+    the low byte of other pixels (an opaque pixel turned white): its transparent pixels cannot be told apart once
+    read, so it is refused, saying what to send. 16-bit grey keeps its full values (mode I;16) and its key."""
+    if "transparency" not in img.info or img.mode == "P":
         return
-    depth, colour_type = data[24], data[25]
     key = img.info["transparency"]
-    if colour_type == 2 and depth == 16:
-        raise UnsupportedImageError("a 16-bit RGB PNG with a transparent colour (tRNS) is not supported (its transparent "
-                                    "pixels cannot be told apart once read): send it as 8-bit or with an alpha channel")
-    top = (1 << depth) - 1
-    if colour_type == 0 and isinstance(key, int):
+    if rawmode.startswith("RGB;16"):
+        raise UnsupportedImageError(_RGB16_KEYED)
+    bits = _PNG_GREY_BITS.get(rawmode)
+    if bits == 1 and isinstance(key, int):
+        img.info["transparency"] = 255 if key else 0  # its pixels read 0 or 255 (Pillow 13 gives the key so already)
+    elif bits is not None and isinstance(key, int):
+        top = (1 << bits) - 1
         if key > top:
             del img.info["transparency"]  # no pixel can have that value: none is transparent
-        elif depth < 8:
+        else:
             img.info["transparency"] = key * 255 // top
-    elif colour_type == 2 and isinstance(key, tuple) and max(key) > top:
+    elif rawmode == "RGB" and isinstance(key, tuple) and max(key) > 255:
         del img.info["transparency"]
 
 
@@ -154,10 +172,13 @@ def decode_image(
     """Check the limits from the header (:func:`open_image`), decode the first frame fully (a
     truncated file fails here), honour EXIF orientation and return an RGB image."""
     img = open_image(data, max_pixels, formats, max_side=max_side, max_aspect_ratio=max_aspect_ratio, min_side=min_side)
+    rawmode = _png_rawmode(img) if img.format == "PNG" else None
     try:
         img.load()
     except Exception as err:  # noqa: BLE001 - Pillow raises many types on malformed files
         raise ImageDecodeError(f"the image could not be decoded, it may be truncated or corrupt ({type(err).__name__}: {err})") from err
+    if rawmode is not None:
+        _png_transparent_colour(img, rawmode)
     ImageOps.exif_transpose(img, in_place=True)
     return to_rgb(img)
 

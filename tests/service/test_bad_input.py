@@ -81,13 +81,19 @@ def test_a_transparent_colour_is_composited_on_white_as_an_alpha_channel_is(mode
     assert out.getpixel((1, 1)) == (128, 128, 128)  # an opaque pixel keeps its colour
 
 
-def _hand_png(bit_depth: int, colour_type: int, row: bytes, key: bytes) -> bytes:
-    """A one-row PNG written by hand (Pillow writes no 1-, 2- or 4-bit grey nor 16-bit RGB), with a tRNS chunk."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _hand_png(bit_depth: int, colour_type: int, row: bytes, key: bytes, *, text_first: bool = False, key_last: bool = False) -> bytes:
+    """A one-row PNG written by hand (Pillow writes no 1-, 2- or 4-bit grey nor 16-bit RGB), with a tRNS chunk; with
+    ``text_first`` a text chunk comes before IHDR, with ``key_last`` tRNS after the image data (both against the
+    PNG spec, both read by Pillow)."""
     width = len(row) * 8 // (bit_depth * (3 if colour_type == 2 else 1))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, 1, bit_depth, colour_type, 0, 0, 0))
-            + chunk(b"tRNS", key) + chunk(b"IDAT", zlib.compress(b"\x00" + row)) + chunk(b"IEND", b""))
+    header = _chunk(b"IHDR", struct.pack(">IIBBBBB", width, 1, bit_depth, colour_type, 0, 0, 0))
+    data, trns = _chunk(b"IDAT", zlib.compress(b"\x00" + row)), _chunk(b"tRNS", key)
+    return (b"\x89PNG\r\n\x1a\n" + (_chunk(b"tEXt", b"a\x00b") if text_first else b"") + header
+            + (data + trns if key_last else trns + data) + _chunk(b"IEND", b""))
 
 
 @pytest.mark.parametrize(("bit_depth", "row", "key", "opaque"), [
@@ -97,10 +103,15 @@ def _hand_png(bit_depth: int, colour_type: int, row: bytes, key: bytes) -> bytes
     (8, bytes([7, 128]), 7, 128),
     (16, struct.pack(">HH", 0x1234, 0x8000), 0x1234, 128),
 ], ids=["1-bit", "2-bit", "4-bit", "8-bit", "16-bit"])
-def test_a_grey_png_s_transparent_value_is_read_at_its_own_bit_depth(bit_depth: int, row: bytes, key: int, opaque: int) -> None:
-    """Pillow decodes 1-, 2- and 4-bit grey as 0-255 but kept the tRNS value on the file's scale, and rescaled 16-bit
-    grey without it: in all four the transparent pixel passed through as its grey (found by review)."""
-    out = decode_upload(_hand_png(bit_depth, 0, row, struct.pack(">H", key)), 10_000)
+@pytest.mark.parametrize("layout", [{}, {"text_first": True}, {"key_last": True}], ids=["plain", "text-first", "key-last"])
+def test_a_grey_png_s_transparent_value_is_read_at_its_own_bit_depth(
+    bit_depth: int, row: bytes, key: int, opaque: int, layout: dict[str, bool],
+) -> None:
+    """Pillow decodes 2- and 4-bit grey as 0-255 but kept the tRNS value on the file's scale, and 16-bit grey was
+    rescaled without it: the transparent pixel passed through as its grey (found by review); so it did again where
+    the bit depth was read at IHDR's place in the file and the file had a chunk before IHDR, or its tRNS after the
+    image data, which Pillow reads with the pixels (found by the review of that fix)."""
+    out = decode_upload(_hand_png(bit_depth, 0, row, struct.pack(">H", key), **layout), 10_000)
     assert out.getpixel((0, 0)) == (255, 255, 255)  # the key: transparent, on white
     assert out.getpixel((1, 0)) == (opaque,) * 3  # the next pixel keeps its grey
 
@@ -118,8 +129,9 @@ async def test_a_16_bit_rgb_png_with_a_transparent_colour_is_refused(tiny_app: A
     byte of other pixels: here the opaque (0x3400, 0, 0) turned white and the transparent (0x1234, 0, 0) stayed red.
     Its transparent pixels cannot be told apart once read, so it is a 415 that says what to send."""
     data = _hand_png(16, 2, struct.pack(">6H", 0x1234, 0, 0, 0x3400, 0, 0), struct.pack(">3H", 0x1234, 0, 0))
-    with pytest.raises(UnsupportedImageError, match="16-bit RGB PNG with a transparent colour"):
-        decode_image(data)
+    for layout in ({}, {"text_first": True}, {"key_last": True}):
+        with pytest.raises(UnsupportedImageError, match="16-bit RGB PNG with a transparent colour"):
+            decode_image(_hand_png(16, 2, struct.pack(">6H", 0x1234, 0, 0, 0x3400, 0, 0), struct.pack(">3H", 0x1234, 0, 0), **layout))
     async with serve(tiny_app()) as client:
         r = await client.post("/predict", files={"file": ("a.png", data)})
     assert r.status_code == 415 and "send it as 8-bit or with an alpha channel" in r.json()["error"]["message"], r.text
