@@ -128,12 +128,12 @@ async def test_a_16_bit_rgb_png_with_a_transparent_colour_is_refused(tiny_app: A
     """Pillow reads a 16-bit RGB PNG as 8-bit (the high bytes) but keeps the 16-bit key, which then matched the low
     byte of other pixels: here the opaque (0x3400, 0, 0) turned white and the transparent (0x1234, 0, 0) stayed red.
     Its transparent pixels cannot be told apart once read, so it is a 415 that says what to send."""
-    data = _hand_png(16, 2, struct.pack(">6H", 0x1234, 0, 0, 0x3400, 0, 0), struct.pack(">3H", 0x1234, 0, 0))
+    row, key = struct.pack(">6H", 0x1234, 0, 0, 0x3400, 0, 0), struct.pack(">3H", 0x1234, 0, 0)
     for layout in ({}, {"text_first": True}, {"key_last": True}):
         with pytest.raises(UnsupportedImageError, match="16-bit RGB PNG with a transparent colour"):
-            decode_image(_hand_png(16, 2, struct.pack(">6H", 0x1234, 0, 0, 0x3400, 0, 0), struct.pack(">3H", 0x1234, 0, 0), **layout))
+            decode_image(_hand_png(16, 2, row, key, **layout))
     async with serve(tiny_app()) as client:
-        r = await client.post("/predict", files={"file": ("a.png", data)})
+        r = await client.post("/predict", files={"file": ("a.png", _hand_png(16, 2, row, key))})
     assert r.status_code == 415 and "send it as 8-bit or with an alpha channel" in r.json()["error"]["message"], r.text
 
 
