@@ -46,7 +46,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
-from app.core.processes import serve_processes
+from app.core.model_loading import ModelLoadError, pick_device
+from app.core.processes import auto_processes, serve_processes, write_memory_report
 
 log = logging.getLogger("app.server")
 
@@ -247,30 +248,61 @@ def _configure_logging() -> None:
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on this process's socket of the port."""
     _configure_logging()
-    server = build(load_app(spec), host, port, log_level)
-    server.on_started = ready.set
+    app = load_app(spec)
+    server = build(app, host, port, log_level)
+
+    def started() -> None:
+        try:  # with IDG_PROCESSES=auto the launcher starts the others by what the first holds on its GPU once warm
+            write_memory_report(getattr(getattr(app.state, "service", None), "device", None))
+        except (OSError, RuntimeError) as err:
+            log.warning("could not report this process's GPU memory to the launcher: %s", err)
+        ready.set()
+
+    server.on_started = started
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
+
+
+def _processes(text: str) -> int | str:
+    """``--processes``: a count of at least 1, or auto."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a count of at least 1, or auto")
+    return int(text)
+
+
+def _auto(device: str) -> tuple[int, bool]:
+    """``IDG_PROCESSES=auto``: the processes to aim at on ``device`` (``IDG_DEVICE``), and whether more than one are
+    started in stages (the others once the first is warm, as many as the GPU holds: :mod:`app.core.processes`)."""
+    try:
+        cuda = pick_device(device).type == "cuda"
+    except (ModelLoadError, RuntimeError):  # IDG_DEVICE=cuda without CUDA: the one process says so as it loads
+        cuda = False
+    n, why = auto_processes(cuda, os.cpu_count() or 1)
+    if n == 1:
+        log.info("IDG_PROCESSES=auto: 1 server process: %s", why)
+    return n, n > 1
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="idg-serve", description="Serve the IDG app; settings come from IDG_* variables (see README).")
     parser.add_argument("--host", help="listen address (default: IDG_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default: IDG_PORT, 8000)")
-    parser.add_argument("--processes", type=int, help="server processes on the port, each with its own models and worker "
-                        "(default: IDG_PROCESSES, 1)")
+    parser.add_argument("--processes", type=_processes, help="server processes on the port, each with its own models and worker, "
+                        "or auto (default: IDG_PROCESSES, auto: one on the CPU, up to two on CUDA)")
     parser.add_argument("--app", default="app.main:app", help="module:attribute of the app or of a factory (default: app.main:app)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = parser.parse_args(argv)
-    if args.processes is not None and args.processes < 1:
-        parser.error("--processes: at least 1")
     _configure_logging()
     settings = Settings()
-    processes = args.processes or settings.processes
+    wanted = args.processes or settings.processes
+    processes, staged = (wanted, False) if wanted != "auto" else _auto(settings.device)
     if processes > 1:
         host, port = args.host or settings.host, settings.port if args.port is None else args.port
         target = ("app.server:serve_child", (args.app, host, port, args.log_level))
-        sys.exit(serve_processes(target, processes, host, port, settings.shutdown_grace_s, settings.simulated_call_ms is not None))
+        sys.exit(serve_processes(target, processes, host, port, settings.shutdown_grace_s, settings.simulated_call_ms is not None,
+                                 staged=staged))
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl+C it handled gracefully
         build(load_app(args.app), args.host, args.port, args.log_level).run()
 

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import numpy as np
@@ -36,8 +36,10 @@ def _free_port() -> int:
 def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     """A real server process with ``env``, once ready: within 150 s, or 900 s with ``IDG_COMPILE``,
     whose graphs compile before readiness (minutes for a large network on CUDA). With ``IDG_PROCESSES`` > 1, once
-    that many processes answered ready (``X-IDG-Replica``), so no level begins while one still loads."""
-    processes = int(env.get("IDG_PROCESSES", "1"))
+    that many processes answered ready (``X-IDG-Replica``), so no level begins while one still loads; with
+    ``IDG_PROCESSES=auto`` (the default), as many as the server's log says it runs."""
+    wanted = env.get("IDG_PROCESSES", "auto")
+    processes = int(wanted) if wanted.isdigit() else None
     ready: set[str] = set()
     ready_within_s = 900.0 if env.get("IDG_COMPILE", "").lower() == "true" else 150.0
     port = _free_port()
@@ -55,7 +57,8 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
                 r = httpx.get(f"{url}/health/ready", timeout=1)
                 if r.status_code == 200:
                     ready.add(r.headers.get("x-idg-replica", ""))
-                    if len(ready) >= processes:
+                    processes = processes or auto_processes_logged(log_file)
+                    if processes is not None and len(ready) >= processes:
                         return proc, url
                     continue  # a new connection at once: the next may reach another process
             except httpx.HTTPError:
@@ -67,6 +70,13 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"the server was not ready within {ready_within_s:.0f} s")
+
+
+def auto_processes_logged(log_file: IO[bytes]) -> int | None:
+    """The server processes an ``IDG_PROCESSES=auto`` server said it runs (its log), or None before it said. Read without
+    moving the file's offset, which the server's own writes share."""
+    found = re.search(rb"IDG_PROCESSES=auto: (\d+) server process", os.pread(log_file.fileno(), 1 << 20, 0))
+    return int(found.group(1)) if found else None
 
 
 def _histogram(text: str, name: str) -> dict[str, float]:

@@ -122,10 +122,12 @@ class Settings(BaseSettings):
         "finish for this long, the rest is answered 503; the process exits within this + 5 s")
     host: str = Field("127.0.0.1", description="Address python -m app.server listens on (0.0.0.0 in the Docker image)")
     port: int = Field(8000, ge=0, le=65535, description="Port python -m app.server listens on")
-    processes: int = Field(
-        1, ge=1, le=64, description="Server processes python -m app.server runs on the one port, each with its own copy of the "
+    processes: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        "auto", description="Server processes python -m app.server runs on the one port, each with its own copy of the "
         "models on the same device and its own worker: more host (HTTP, decode, render, the worker's Python) per device, whose "
-        "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode)")
+        "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
+        "on CUDA two where the host has 4 cores each, the second started once the first is warm and only if the GPU's memory "
+        "holds it (app.core.processes)")
     header_timeout_s: float = Field(
         10.0, gt=0, description="Most seconds a client may take to send a request's headers (from connecting, or from the "
         "request's first byte on a kept-alive connection); beyond, 408 and the connection is closed")

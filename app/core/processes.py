@@ -17,13 +17,17 @@ The launcher (this module, in the parent process):
   running at grace + :data:`STOP_MARGIN_S` is killed;
 - starts another in place of one that dies after it was ready (a crash, the kernel's OOM killer), and stops
   them all with the exit code of one that failed before it was ready (a model that cannot load fails the
-  same way every time: a loop of restarts would hide it).
+  same way every time: a loop of restarts would hide it);
+- with ``IDG_PROCESSES=auto`` on CUDA (:func:`auto_processes`), starts one process, and the others only once it is
+  warm and only as many as the device's memory holds (:func:`processes_that_fit`, from the first process's own
+  :class:`DeviceMemory` report): each holds a copy of the models, their warm-up's activations and CUDA graphs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib
+import json
 import logging
 import multiprocessing
 import os
@@ -33,7 +37,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
@@ -51,6 +55,95 @@ CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
 Target = tuple[str, tuple[object, ...]]
 """What each server process runs: ``module:function`` and its first arguments, then the socket and the ready event.
 A name, not a function, so the process says it is not ready before it imports the app (seconds: torch and the rest)."""
+
+
+AUTO_CUDA_PROCESSES = 2
+"""``IDG_PROCESSES=auto`` on CUDA: server processes per GPU. One process's host side (HTTP, decode, render, the worker's
+Python under one GIL) caps it at 120-200 attributions/s on this project's VMs, below what a GPU explains; a second
+adds 27-62% at 128 clients where a call costs by its rows, as on a GPU, and loses nothing at 8 and 32 clients
+(results/benchmarks/cpu-lean-generator-2026-11-25, cpu-processes-fast-preset-2026-11-25). Four are measured by
+``gpu_run.sh service-processes``, not yet run on a GPU."""
+AUTO_CORES_PER_PROCESS = 4
+"""Host cores a process needs to pay on CUDA: its event loop, worker and device threads, and the decode/render pool."""
+CONTEXT_BYTES = 1 << 30
+"""What a CUDA process holds outside PyTorch's caching allocator (its context, cuDNN and cuBLAS handles): an estimate
+(0.3-0.6 GiB on an H100 with lazy module loading), kept on the generous side."""
+HEADROOM = 0.10
+"""The share of the device's memory :func:`processes_that_fit` leaves free (fragmentation, a request's larger call)."""
+MEMORY_REPORT_DIR = "IDG_MEMORY_REPORT_DIR"
+"""The launcher's folder (its environment variable) where each server process writes its :class:`DeviceMemory` once ready."""
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What one server process holds on its GPU once its models are warm, and what the GPU has left then."""
+
+    peak_reserved: int
+    """PyTorch's caching allocator at its peak (``torch.cuda.max_memory_reserved``): the weights, the warm-up's largest
+    call's activations and gradients (the largest a call can need: call sizes are fixed), the CUDA graphs' pools."""
+    free: int
+    total: int
+
+    @property
+    def footprint(self) -> int:
+        """Device memory another process like this one takes."""
+        return self.peak_reserved + CONTEXT_BYTES
+
+
+def auto_processes(cuda: bool, cores: int) -> tuple[int, str]:
+    """``IDG_PROCESSES=auto``: how many server processes to aim for, and why. One on the CPU, whose torch threads are
+    the device and take every core already; on CUDA :data:`AUTO_CUDA_PROCESSES` where the host has
+    :data:`AUTO_CORES_PER_PROCESS` cores for each (the device's memory decides later: :func:`processes_that_fit`)."""
+    if not cuda:
+        return 1, "the models run on the CPU, whose cores their torch threads already use"
+    n = max(1, min(AUTO_CUDA_PROCESSES, cores // AUTO_CORES_PER_PROCESS))
+    if n == 1:
+        return 1, f"CUDA, but {cores} host cores: too few for a second process ({AUTO_CORES_PER_PROCESS} each)"
+    return n, f"CUDA and {cores} host cores: more host per GPU than one process's GIL gives"
+
+
+def processes_that_fit(memory: DeviceMemory | None, wanted: int) -> tuple[int, str]:
+    """How many of ``wanted`` server processes the GPU holds, given the first one's :class:`DeviceMemory` once warm
+    (itself included), and why: each other process takes :attr:`DeviceMemory.footprint`, and :data:`HEADROOM` of the
+    device stays free."""
+    if memory is None:
+        return 1, "the first process reported no GPU memory (its models are not on CUDA)"
+    spare = memory.free - HEADROOM * memory.total
+    more = max(0, int(spare // memory.footprint))
+    n = 1 + min(wanted - 1, more)
+    gib = 1 << 30
+    why = (f"each takes ~{memory.footprint / gib:.1f} GiB of the GPU's {memory.total / gib:.0f} GiB, "
+           f"{memory.free / gib:.1f} GiB free after the first, {HEADROOM:.0%} kept free")
+    return n, why
+
+
+def write_memory_report(device: object) -> None:
+    """In a server process, once ready: its :class:`DeviceMemory` on ``device`` (a ``torch.device``) into the launcher's
+    folder (:data:`MEMORY_REPORT_DIR`), named by its pid; nothing off CUDA or outside a launcher."""
+    import torch
+
+    if not os.environ.get(MEMORY_REPORT_DIR) or not isinstance(device, torch.device) or device.type != "cuda":
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    save_memory_report(DeviceMemory(torch.cuda.max_memory_reserved(device), free, total))
+
+
+def save_memory_report(report: DeviceMemory) -> None:
+    """Write this process's ``report`` where the launcher reads it (:func:`read_memory_report`), if it asked for one."""
+    folder = os.environ.get(MEMORY_REPORT_DIR)
+    if not folder:
+        return
+    path = Path(folder) / f"device-memory-{os.getpid()}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(asdict(report)))
+    path.with_suffix(".tmp").replace(path)  # whole or absent: the launcher may read it at any time
+
+
+def read_memory_report(folder: Path, pid: int | None) -> DeviceMemory | None:
+    """The :class:`DeviceMemory` that process ``pid`` wrote (:func:`write_memory_report`), or None."""
+    try:
+        return DeviceMemory(**json.loads((folder / f"device-memory-{pid}.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 @dataclass
@@ -115,8 +208,11 @@ class Supervisor:
     """Runs one process of :func:`child_main` per socket until a signal stops them (a new process on a new socket in
     place of one that died); closes the sockets at the end."""
 
-    def __init__(self, target: Target, socks: list[socket.socket], grace_s: float, host: str) -> None:
+    def __init__(self, target: Target, socks: list[socket.socket], grace_s: float, host: str, staged: Path | None = None) -> None:
         self.target = target
+        self.staged = staged
+        """``IDG_PROCESSES=auto``: the folder of the processes' memory reports; the first process starts alone, and as many
+        others as the GPU holds once it is warm (:meth:`_grow`). None: all at once."""
         self.host = host
         self.count = len(socks)
         self.socks = socks
@@ -140,9 +236,11 @@ class Supervisor:
         """Start the processes, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.children = [self._start(i) for i in range(self.count)]
+            self.children = [self._start(i) for i in range(1 if self.staged is not None else self.count)]
             while not self._stop.wait(POLL_S):
                 self._replace_dead()
+                if self.staged is not None and not self._stop.is_set() and self.children[0].ready.is_set():
+                    self._grow(self.staged)
             self._stop_all()
         finally:
             for sig, handler in previous.items():
@@ -150,6 +248,17 @@ class Supervisor:
             for sock in self.socks:
                 sock.close()
         return self.exit_code
+
+    def _grow(self, folder: Path) -> None:
+        """The first process is warm: start as many others as the GPU holds by its report (:func:`processes_that_fit`)
+        and close the sockets of those that will not run."""
+        self.staged = None
+        n, why = processes_that_fit(read_memory_report(folder, self.children[0].process.pid), self.count)
+        log.info("IDG_PROCESSES=auto: %d server process%s: %s", n, "" if n == 1 else "es", why)
+        for sock in self.socks[n:]:
+            sock.close()
+        self.socks, self.count = self.socks[:n], n
+        self.children += [self._start(i) for i in range(1, n)]
 
     def _replace_dead(self) -> None:
         for i, child in enumerate(self.children):
@@ -202,12 +311,16 @@ class Supervisor:
                 mark_process_dead(child.process.pid)
 
 
-def serve_processes(target: Target, count: int, host: str, port: int, grace_s: float, simulated: bool) -> int:
-    """Bind ``host:port``, run ``count`` server processes on it until a signal; the exit code."""
+def serve_processes(target: Target, count: int, host: str, port: int, grace_s: float, simulated: bool, staged: bool = False) -> int:
+    """Bind ``host:port``, run ``count`` server processes on it until a signal; the exit code. ``staged``
+    (``IDG_PROCESSES=auto``): at most ``count``, as many as the GPU holds once the first is warm."""
     run_dir = Path(tempfile.mkdtemp(prefix="idg-processes-"))
     try:
         (run_dir / "metrics").mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")  # read by prometheus_client in each child
+        if staged:
+            (run_dir / "memory").mkdir()
+            os.environ[MEMORY_REPORT_DIR] = str(run_dir / "memory")
         if simulated:
             os.environ["IDG_SIMULATED_TIMELINE"] = str(run_dir / "simulated-device")
         try:
@@ -215,7 +328,11 @@ def serve_processes(target: Target, count: int, host: str, port: int, grace_s: f
         except OSError as err:
             log.error("cannot listen on %s:%d: %s", host, port, err)
             return 1
-        log.info("%d server processes on %s:%d, one device", count, host, socks[0].getsockname()[1])
-        return Supervisor(target, socks, grace_s, host).run()
+        if staged:
+            log.info("IDG_PROCESSES=auto: up to %d server processes on %s:%d, one device: the first, then the others once it "
+                     "is warm, as many as the GPU's memory holds", count, host, socks[0].getsockname()[1])
+        else:
+            log.info("%d server processes on %s:%d, one device", count, host, socks[0].getsockname()[1])
+        return Supervisor(target, socks, grace_s, host, run_dir / "memory" if staged else None).run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -147,6 +147,26 @@ def test_two_server_processes_share_one_gpu_and_both_answer(tmp_path: Path) -> N
         assert served.log().count("ready: tiny on cuda") == 2
 
 
+def test_auto_processes_on_cuda_start_a_second_once_the_first_is_warm_when_the_gpu_holds_it(tmp_path: Path) -> None:
+    """IDG_PROCESSES=auto (the default) on CUDA with the tiny model, which fits a GPU many times: the launcher starts one
+    process, reads what it holds once warm, starts the second, and both answer."""
+    from app.core.processes import auto_processes
+    from tests.service.reliability.server_app import serve_process
+
+    want = auto_processes(True, os.cpu_count() or 1)[0]
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES="auto", IDG_DEVICE="cuda") as served:
+        deadline = time.monotonic() + 120
+        while f"IDG_PROCESSES=auto: {want} server process" not in served.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert f"IDG_PROCESSES=auto: {want} server process" in served.log(), served.log()
+        replicas: set[str] = set()
+        while len(replicas) < want and time.monotonic() < deadline:
+            r = httpx.post(served.url + "/predict", files={"file": ("x.png", image_bytes(), "image/png")}, timeout=60)
+            assert r.status_code == 200, r.text
+            replicas.add(r.headers["x-idg-replica"])
+        assert len(replicas) == want, served.log()
+
+
 class _Sleeps(torch.nn.Module):
     """The wrapped network, then a kernel of ``cycles`` GPU clock cycles (it spins on the device, not the host: 10^9
     cycles are 0.5-0.7 s at a data-centre GPU's 1.4-2 GHz), queued behind the call's outputs."""
