@@ -38,7 +38,8 @@ tests)
     python3 -m pytest -q -p no:cacheprovider tests/service/test_call_pipeline.py 2>&1 | tail -3 | tee -a "$OUT/gpu-tests.txt"
     python3 -m benchmarks.compiled_check --out "$OUT" 2>&1 | tail -14
     ;;
-service)  # the service as users get it: Lite0 at every default, 8/32/128 clients x 6 requests, the first request vs the next 99
+service)  # the service as users get it: Lite0 at every default (IDG_PROCESSES=auto: two processes on a 16-core GPU host if the
+    # GPU holds them, the log says), 8/32/128 clients x 6 requests, the first request vs the next 99
     python3 -m benchmarks.load --label h100-service-lite0 --images "$IMAGES" --levels 8 32 128 --per-client 6 --serial 99 --client-processes 4 \
         --profile --out "$OUT" 2>&1 | grep "^|\|^- \|by thread"
     ;;
@@ -56,7 +57,7 @@ service-ab)  # what the defaults are made of, each against the default (depth 2,
             --env "$variant" --out "$OUT" 2>&1 | grep "^|" | tail -1
     done
     ;;
-service-processes)  # more host per GPU: 1, 2 and 4 server processes on one port (IDG_PROCESSES), Lite0 at its defaults and
+service-processes)  # more host per GPU: 1, 2 and 4 server processes on one port (IDG_PROCESSES; auto's 2 is the service step), Lite0 at its defaults and
     # ResNet-101 bf16, 128 and 256 clients from 8 load-generating processes
     for n in 1 2 4; do
         python3 -m benchmarks.load --label "h100-service-lite0-processes-$n" --images "$IMAGES" --levels 128 256 --per-client 6 \

@@ -59,10 +59,10 @@ A name, not a function, so the process says it is not ready before it imports th
 
 AUTO_CUDA_PROCESSES = 2
 """``IDG_PROCESSES=auto`` on CUDA: server processes per GPU. One process's host side (HTTP, decode, render, the worker's
-Python under one GIL) caps it at 120-200 attributions/s on this project's VMs, below what a GPU explains; a second
-adds 27-62% at 128 clients where a call costs by its rows, as on a GPU, and loses nothing at 8 and 32 clients
-(results/benchmarks/cpu-lean-generator-2026-11-25, cpu-processes-fast-preset-2026-11-25). Four are measured by
-``gpu_run.sh service-processes``, not yet run on a GPU."""
+Python under one GIL) caps it at 120-200 attributions/s on this project's VMs, below what a GPU explains. Where a call
+costs by its rows, as on a GPU, a second adds 22-53% at 32 and 128 clients and loses 4-10% at 8 on the 2-core VM
+(results/benchmarks/cpu-processes-2026-11-26-afternoon; cpu-lean-generator-2026-11-25: +19-20% and +46-52%). Two and
+four are measured by ``gpu_run.sh service-processes``, not yet run on a GPU."""
 AUTO_CORES_PER_PROCESS = 4
 """Host cores a process needs to pay on CUDA: its event loop, worker and device threads, and the decode/render pool."""
 CONTEXT_BYTES = 1 << 30
