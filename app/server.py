@@ -47,7 +47,7 @@ from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.model_loading import ModelLoadError, pick_device
-from app.core.processes import auto_processes, serve_processes, write_memory_report
+from app.core.processes import auto_processes, host_cores, serve_processes, write_memory_report
 
 log = logging.getLogger("app.server")
 
@@ -253,7 +253,8 @@ def serve_child(spec: str, host: str | None, port: int | None, log_level: str, s
 
     def started() -> None:
         try:  # with IDG_PROCESSES=auto the launcher starts the others by what the first holds on its GPU once warm
-            write_memory_report(getattr(getattr(app.state, "service", None), "device", None))
+            settings = getattr(app.state, "settings", None)
+            write_memory_report(getattr(getattr(app.state, "service", None), "device", None), bool(getattr(settings, "warmup", False)))
         except (OSError, RuntimeError) as err:
             log.warning("could not report this process's GPU memory to the launcher: %s", err)
         ready.set()
@@ -279,7 +280,7 @@ def _auto(device: str) -> tuple[int, bool]:
         cuda = pick_device(device).type == "cuda"
     except (ModelLoadError, RuntimeError):  # IDG_DEVICE=cuda without CUDA: the one process says so as it loads
         cuda = False
-    n, why = auto_processes(cuda, os.cpu_count() or 1)
+    n, why = auto_processes(cuda, host_cores())
     if n == 1:
         log.info("IDG_PROCESSES=auto: 1 server process: %s", why)
     return n, n > 1

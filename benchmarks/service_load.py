@@ -38,8 +38,11 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     whose graphs compile before readiness (minutes for a large network on CUDA). With ``IDG_PROCESSES`` > 1, once
     that many processes answered ready (``X-IDG-Replica``), so no level begins while one still loads; with
     ``IDG_PROCESSES=auto`` (the default), as many as the server's log says it runs."""
-    wanted = env.get("IDG_PROCESSES", "auto")
-    processes = int(wanted) if wanted.isdigit() else None
+    wanted = {**os.environ, **env}.get("IDG_PROCESSES", "auto")  # the server's environment: this one's, then env
+    try:
+        processes: int | None = int(float(wanted))  # as pydantic reads it: " 2", "2.0"
+    except ValueError:  # auto
+        processes = None
     ready: set[str] = set()
     ready_within_s = 900.0 if env.get("IDG_COMPILE", "").lower() == "true" else 150.0
     port = _free_port()

@@ -29,7 +29,9 @@ def test_host_cpu_counts_the_main_threads_work() -> None:
     after = host_cpu_s(os.getpid())
     assert after is not None
     process, main = after[0] - before[0], after[1] - before[1]
-    assert 0.2 <= main <= process + 0.02  # clock ticks are 10 ms; the main thread is part of the process
+    # the main thread is part of the process; the kernel scales a process's and a thread's tick counts to their run time
+    # separately, so they can differ by a few 10 ms ticks (the main's once read 0.31 s against the process's 0.29)
+    assert 0.2 <= main <= process + 0.05
     assert host_cpu_s(2**22 + 12345) is None  # above Linux's pid_max: no such process
 
 

@@ -83,6 +83,8 @@ class DeviceMemory:
     call's activations and gradients (the largest a call can need: call sizes are fixed), the CUDA graphs' pools."""
     free: int
     total: int
+    warmed: bool = True
+    """Whether its models ran their largest call before ready (``IDG_WARMUP``): if not, ``peak_reserved`` is not the peak."""
 
     @property
     def footprint(self) -> int:
@@ -102,12 +104,30 @@ def auto_processes(cuda: bool, cores: int) -> tuple[int, str]:
     return n, f"CUDA and {cores} host cores: more host per GPU than one process's GIL gives"
 
 
+def host_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity (``taskset``, a container's cpuset), and no more than a cgroup
+    v2 CPU quota gives (``docker run --cpus``, a Kubernetes CPU limit), where ``os.cpu_count()`` counts the machine's."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 quota readable: the affinity alone
+        pass
+    return max(1, cores)
+
+
 def processes_that_fit(memory: DeviceMemory | None, wanted: int) -> tuple[int, str]:
     """How many of ``wanted`` server processes the GPU holds, given the first one's :class:`DeviceMemory` once warm
     (itself included), and why: each other process takes :attr:`DeviceMemory.footprint`, and :data:`HEADROOM` of the
     device stays free."""
     if memory is None:
         return 1, "the first process reported no GPU memory (its models are not on CUDA)"
+    if not memory.warmed:
+        return 1, "the first process did not warm its models up (IDG_WARMUP=false): what a process needs at its peak is unknown"
     spare = memory.free - HEADROOM * memory.total
     more = max(0, int(spare // memory.footprint))
     n = 1 + min(wanted - 1, more)
@@ -117,15 +137,16 @@ def processes_that_fit(memory: DeviceMemory | None, wanted: int) -> tuple[int, s
     return n, why
 
 
-def write_memory_report(device: object) -> None:
+def write_memory_report(device: object, warmed: bool) -> None:
     """In a server process, once ready: its :class:`DeviceMemory` on ``device`` (a ``torch.device``) into the launcher's
-    folder (:data:`MEMORY_REPORT_DIR`), named by its pid; nothing off CUDA or outside a launcher."""
+    folder (:data:`MEMORY_REPORT_DIR`), named by its pid; nothing off CUDA or outside a launcher. ``warmed``: its models
+    ran their calls' sizes before ready (``IDG_WARMUP``)."""
     import torch
 
     if not os.environ.get(MEMORY_REPORT_DIR) or not isinstance(device, torch.device) or device.type != "cuda":
         return
     free, total = torch.cuda.mem_get_info(device)
-    save_memory_report(DeviceMemory(torch.cuda.max_memory_reserved(device), free, total))
+    save_memory_report(DeviceMemory(torch.cuda.max_memory_reserved(device), free, total, warmed))
 
 
 def save_memory_report(report: DeviceMemory) -> None:
@@ -213,6 +234,10 @@ class Supervisor:
         self.staged = staged
         """``IDG_PROCESSES=auto``: the folder of the processes' memory reports; the first process starts alone, and as many
         others as the GPU holds once it is warm (:meth:`_grow`). None: all at once."""
+        self.optional = staged is not None
+        """``IDG_PROCESSES=auto``: the processes after the first are extras: one that fails to start (the memory estimate
+        was wrong, another tenant took the GPU) is dropped and the others serve on, where a process that fails to start
+        otherwise stops them all."""
         self.host = host
         self.count = len(socks)
         self.socks = socks
@@ -261,12 +286,18 @@ class Supervisor:
         self.children += [self._start(i) for i in range(1, n)]
 
     def _replace_dead(self) -> None:
-        for i, child in enumerate(self.children):
+        for i, child in reversed(list(enumerate(self.children))):  # from the last: dropping one keeps the others' places
             if child.process.is_alive():
                 continue
             code = child.process.exitcode
             if child.process.pid is not None:
                 mark_process_dead(child.process.pid)
+            if not child.ready.is_set() and self.optional and i > 0:  # an extra that does not fit after all
+                log.warning("server process %d (pid %s) failed to start (exit code %s): serving with %d", child.index,
+                            child.process.pid, code, len(self.children) - 1)
+                self.socks.pop(i).close()
+                self.children.pop(i)
+                continue
             if not child.ready.is_set():  # it never served: the next one would fail the same way
                 log.error("server process %d (pid %s) failed to start (exit code %s): stopping the others",
                           child.index, child.process.pid, code)

@@ -150,11 +150,11 @@ def test_two_server_processes_share_one_gpu_and_both_answer(tmp_path: Path) -> N
 def test_auto_processes_on_cuda_start_a_second_once_the_first_is_warm_when_the_gpu_holds_it(tmp_path: Path) -> None:
     """IDG_PROCESSES=auto (the default) on CUDA with the tiny model, which fits a GPU many times: the launcher starts one
     process, reads what it holds once warm, starts the second, and both answer."""
-    from app.core.processes import auto_processes
+    from app.core.processes import auto_processes, host_cores
     from tests.service.reliability.server_app import serve_process
 
-    want = auto_processes(True, os.cpu_count() or 1)[0]
-    with serve_process(tmp_path / "server.log", IDG_PROCESSES="auto", IDG_DEVICE="cuda") as served:
+    want = auto_processes(True, host_cores())[0]
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES="auto", IDG_DEVICE="cuda", IDG_WARMUP="true") as served:
         deadline = time.monotonic() + 120
         while f"IDG_PROCESSES=auto: {want} server process" not in served.log() and time.monotonic() < deadline:
             time.sleep(0.2)

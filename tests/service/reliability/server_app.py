@@ -53,7 +53,8 @@ class Served:
 @contextmanager
 def serve_process(log_path: Path, **settings: object) -> Iterator[Served]:
     """Start the launcher on a free loopback port, wait until ready, kill it on the way out."""
-    env = {**os.environ, "IDG_WARMUP": "false", "IDG_HOST": "127.0.0.1", **{k: str(v) for k, v in settings.items()}}
+    # one process unless asked: IDG_PROCESSES=auto would run two on a CUDA host, and these tests count one's queue
+    env = {**os.environ, "IDG_WARMUP": "false", "IDG_HOST": "127.0.0.1", "IDG_PROCESSES": "1", **{k: str(v) for k, v in settings.items()}}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "app.server", "--app", APP, "--port", "0"], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)

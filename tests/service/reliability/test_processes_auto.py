@@ -5,10 +5,12 @@ with stand-in processes that report a GPU's memory (:mod:`tests.service.reliabil
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from app.core.processes import (
     MEMORY_REPORT_DIR,
     DeviceMemory,
     auto_processes,
+    host_cores,
     processes_that_fit,
     read_memory_report,
     save_memory_report,
@@ -59,12 +62,30 @@ def test_the_gpu_holds_as_many_processes_as_its_free_memory_after_the_first_allo
     assert DeviceMemory(GIB, 0, 0).footprint == GIB + CONTEXT_BYTES
 
 
+def test_a_process_that_did_not_warm_up_makes_no_room_for_another() -> None:
+    n, why = processes_that_fit(DeviceMemory(GIB, 70 * GIB, 80 * GIB, warmed=False), wanted=2)
+    assert n == 1 and "IDG_WARMUP=false" in why
+
+
+def test_host_cores_are_the_affinity_and_no_more_than_a_cgroup_quota(tmp_path: Path) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert host_cores(tmp_path / "absent") == cpus
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
+    assert host_cores(tmp_path / "cpu.max") == cpus
+    (tmp_path / "cpu.max").write_text("100000 100000\n")  # docker run --cpus=1
+    assert host_cores(tmp_path / "cpu.max") == 1
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a core: still one process's worth
+    assert host_cores(tmp_path / "cpu.max") == 1
+    (tmp_path / "cpu.max").write_text(f"{(cpus + 8) * 100000} 100000\n")  # a quota above the affinity
+    assert host_cores(tmp_path / "cpu.max") == cpus
+
+
 def test_a_memory_report_is_written_only_for_a_cuda_device_and_read_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert read_memory_report(tmp_path, os.getpid()) is None  # nothing written
-    write_memory_report(torch.device("cpu"))  # no launcher asked: nothing
+    write_memory_report(torch.device("cpu"), warmed=True)  # no launcher asked: nothing
     monkeypatch.setenv(MEMORY_REPORT_DIR, str(tmp_path))
-    write_memory_report(torch.device("cpu"))
-    write_memory_report(None)  # an app without a service
+    write_memory_report(torch.device("cpu"), warmed=True)
+    write_memory_report(None, warmed=True)  # an app without a service
     assert list(tmp_path.iterdir()) == []
     save_memory_report(DeviceMemory(3, 2, 1))
     assert read_memory_report(tmp_path, os.getpid()) == DeviceMemory(3, 2, 1)
@@ -72,33 +93,52 @@ def test_a_memory_report_is_written_only_for_a_cuda_device_and_read_back_whole(t
     assert read_memory_report(tmp_path, os.getpid()) is None
 
 
-def _launch(report: tuple[int, int, int] | None) -> subprocess.Popen[str]:
-    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
-            "from app.core.processes import serve_processes; "
-            f"sys.exit(serve_processes(('tests.service.reliability.fake_child:serve', ({report!r},)), 2, '127.0.0.1', 0, 1.0, "
-            "False, staged=True))")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+class Launcher:
+    """The launcher in a process of its own with stand-in server processes, its log read line by line as it comes."""
+
+    def __init__(self, report: tuple[int, int, int] | None, extras_fail: bool = False) -> None:
+        code = ("import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+                "from app.core.processes import serve_processes; "
+                f"sys.exit(serve_processes(('tests.service.reliability.fake_child:serve', ({report!r}, {extras_fail!r})), 2, "
+                "'127.0.0.1', 0, 1.0, False, staged=True))")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip())
+
+    def until(self, done: str, limit_s: float = 60) -> list[str]:
+        """The log's next lines, up to the first that starts with ``done``; an AssertionError after ``limit_s``."""
+        seen: list[str] = []
+        deadline = time.monotonic() + limit_s
+        while not (seen and seen[-1].startswith(done)):
+            try:
+                seen.append(self.lines.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"no line starting {done!r} within {limit_s} s:\n" + "\n".join(seen)) from None
+        return seen
+
+    def stop(self) -> tuple[int, list[str]]:
+        """SIGTERM; its exit code and the lines it logged since the last :meth:`until`."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        time.sleep(0.2)  # the reader's last lines
+        rest = []
+        while not self.lines.empty():
+            rest.append(self.lines.get())
+        return self.proc.returncode, rest
 
 
-def _until_decided(proc: subprocess.Popen[str], limit_s: float = 60) -> list[str]:
-    """The launcher's log lines up to its decision."""
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line.rstrip())
-        if line.startswith("IDG_PROCESSES=auto: ") and "server process" in line and "up to" not in line:
-            return lines
-    raise AssertionError("the launcher never decided:\n" + "\n".join(lines))
+DECIDED = "IDG_PROCESSES=auto: "
 
 
-def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
-    return proc.returncode, out
 
 
 @pytest.mark.parametrize(("report", "want"), [
@@ -108,16 +148,32 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
 ])
 def test_the_launcher_starts_the_others_once_the_first_is_ready_and_only_as_many_as_fit(
         report: tuple[int, int, int] | None, want: int) -> None:
-    proc = _launch(report)
+    launcher = Launcher(report)
     try:
-        lines = _until_decided(proc)
+        launcher.until(DECIDED + "up to")
+        lines = launcher.until(DECIDED)
         started = [line for line in lines if re.match(r"server process \d+: pid \d+", line)]
         assert [s.split(":")[0] for s in started] == ["server process 0"], lines  # the first alone until it is ready
-        assert lines[-1].startswith(f"IDG_PROCESSES=auto: {want} server process{'es' if want > 1 else ''}: ")
+        assert lines[-1].startswith(f"{DECIDED}{want} server process{'es' if want > 1 else ''}: ")
         time.sleep(0.5)  # the others, if any, start now
     finally:
-        code, rest = _stop(proc)
-    after = [line for line in rest.splitlines() if re.match(r"server process \d+: pid \d+", line)]
+        code, rest = launcher.stop()
+    after = [line for line in rest if re.match(r"server process \d+: pid \d+", line)]
     assert len(after) == want - 1, rest
-    assert f"stopping {want} server process(es)" in rest
+    assert f"stopping {want} server process(es) (grace 1 s)" in rest
+    assert code == 0, rest
+
+
+def test_an_extra_process_that_fails_to_start_is_dropped_and_the_first_serves_on() -> None:
+    """The memory estimate said two fit, and the second fails as it loads (as one the GPU cannot hold after all): the
+    launcher goes on with the first, where a process that fails to start otherwise stops them all."""
+    launcher = Launcher((4 * GIB, 70 * GIB, 80 * GIB), extras_fail=True)
+    try:
+        launcher.until(DECIDED + "2 server processes")
+        launcher.until("server process 1 (pid")
+        time.sleep(1.0)  # the launcher's polls: still serving
+        assert launcher.proc.poll() is None
+    finally:
+        code, rest = launcher.stop()
+    assert "stopping 1 server process(es) (grace 1 s)" in rest, rest
     assert code == 0, rest
