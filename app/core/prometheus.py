@@ -67,6 +67,9 @@ class Metrics:
         self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak (summed over the server "
                                    "processes)", ["device", "kind"], registry=r, multiprocess_mode="livesum")
         self.ready = _ready_gauge(r)
+        self.ready_processes = Gauge("idg_ready_processes", "Server processes ready now (IDG_PROCESSES; auto's second on a GPU "
+                                     "joins once the first is warm, and idg_ready is 0 until it has)", registry=r,
+                                     multiprocess_mode="livesum")
         self.faithfulness = Histogram(
             "idg_faithfulness", "Faithfulness scores of returned maps (insertion / deletion AUC in [0, 1]) by model, method and metric",
             ["model", "method", "metric"], buckets=tuple(i / 20 for i in range(1, 21)), registry=r)

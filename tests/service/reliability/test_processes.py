@@ -60,6 +60,7 @@ def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Pa
         for _ in range(6):
             assert served.metric('idg_http_requests_total{route="/predict",status="200"}') == 24
         assert served.metric("idg_ready") == 1  # every process ready
+        assert served.metric("idg_ready_processes") == 2
         assert served.metric('idg_model_calls_total{model="tiny"}') >= 12
     assert answered_by == pids
 
