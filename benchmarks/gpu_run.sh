@@ -41,7 +41,7 @@ tests)
 service)  # the service as users get it: Lite0 at every default (IDG_PROCESSES=auto: two processes on a 16-core GPU host if the
     # GPU holds them, the log says), 8/32/128 clients x 6 requests, the first request vs the next 99
     python3 -m benchmarks.load --label h100-service-lite0 --images "$IMAGES" --levels 8 32 128 --per-client 6 --serial 99 --client-processes 4 \
-        --profile --out "$OUT" 2>&1 | grep "^|\|^- \|by thread"
+        --profile --out "$OUT" 2>&1 | grep "^|\|^- \|by thread\|^Answers by"
     ;;
 service-resnet101)  # ResNet-101 (random weights) at precision auto and at bf16, 128 clients x 6
     for precision in auto bf16; do
