@@ -76,10 +76,12 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def auto_processes_logged(log_file: IO[bytes]) -> int | None:
-    """The server processes an ``IDG_PROCESSES=auto`` server said it runs (its log), or None before it said. Read without
-    moving the file's offset, which the server's own writes share."""
-    found = re.search(rb"IDG_PROCESSES=auto: (\d+) server process", os.pread(log_file.fileno(), 1 << 20, 0))
-    return int(found.group(1)) if found else None
+    """The server processes an ``IDG_PROCESSES=auto`` server said it runs (its log: the decision, then "serving with N"
+    for each extra that failed to start), or None before it said. Read without moving the file's offset, which the
+    server's own writes share."""
+    said = re.findall(rb"IDG_PROCESSES=auto: (\d+) server process|failed to start \(exit code [^)]*\): serving with (\d+)",
+                      os.pread(log_file.fileno(), 1 << 20, 0))
+    return int(said[-1][0] or said[-1][1]) if said else None
 
 
 def _histogram(text: str, name: str) -> dict[str, float]:

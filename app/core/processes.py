@@ -104,20 +104,56 @@ def auto_processes(cuda: bool, cores: int) -> tuple[int, str]:
     return n, f"CUDA and {cores} host cores: more host per GPU than one process's GIL gives"
 
 
-def host_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
-    """The cores this process may use: its CPU affinity (``taskset``, a container's cpuset), and no more than a cgroup
-    v2 CPU quota gives (``docker run --cpus``, a Kubernetes CPU limit), where ``os.cpu_count()`` counts the machine's."""
+def host_cores(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> int:
+    """The cores this process may use: its CPU affinity (``taskset``, a container's cpuset), and no more than a cgroup's
+    CPU quota gives (``docker run --cpus``, a Kubernetes CPU limit, systemd's ``CPUQuota=``), where ``os.cpu_count()``
+    counts the machine's."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         cores = os.cpu_count() or 1
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):  # no cgroup v2 quota readable: the affinity alone
-        pass
+    quota = cgroup_cpu_quota(root, membership)
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
     return max(1, cores)
+
+
+def cgroup_cpu_quota(root: Path, membership: Path) -> float | None:
+    """The smallest CPU quota (in cores) over this process's cgroup and its parents, or None without one. cgroup v2:
+    ``cpu.max`` ("max 100000", or "400000 100000" for 4 cores) in the process's own cgroup (``0::/path`` in
+    ``/proc/self/cgroup``) and each parent up to the root (a container with a cgroup namespace sees its own as the root);
+    cgroup v1: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none) in the cpu controller's hierarchy."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    quotas: list[float] = []
+    files: list[tuple[Path, Path | None]]
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":  # v2
+            folder, top = root / path.lstrip("/"), root
+            files = [(d / "cpu.max", None) for d in [folder, *folder.parents] if d == top or top in d.parents]
+        elif "cpu" in controllers.split(","):  # v1: the controller's own mount, its path inside it
+            mount = next((root / name for name in (controllers, "cpu,cpuacct", "cpu") if (root / name).is_dir()), None)
+            if mount is None:
+                continue
+            folder = mount / path.lstrip("/")
+            files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us") for d in [folder, *folder.parents]
+                     if d == mount or mount in d.parents]
+        else:
+            continue
+        for first, second in files:
+            try:
+                if second is None:
+                    limit, period = first.read_text().split()[:2]
+                else:
+                    limit, period = first.read_text().strip(), second.read_text().strip()
+                if limit not in ("max", "-1") and int(period) > 0:
+                    quotas.append(int(limit) / int(period))
+            except (OSError, ValueError):  # absent at this level, or unreadable: no quota there
+                continue
+    return min(quotas) if quotas else None
 
 
 def processes_that_fit(memory: DeviceMemory | None, wanted: int) -> tuple[int, str]:
@@ -172,6 +208,8 @@ class Child:
     index: int
     process: multiprocessing.process.BaseProcess
     ready: Event
+    sock: socket.socket
+    """Its listening socket on the port (its own: a replacement gets a new one)."""
 
 
 PR_SET_PDEATHSIG = 1
@@ -247,12 +285,12 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self.exit_code = 0
 
-    def _start(self, index: int) -> Child:
+    def _start(self, index: int, sock: socket.socket) -> Child:
         ready = self._context.Event()
-        process = self._context.Process(target=child_main, args=(self.target, self.socks[index], ready), name=f"idg-server-{index}")
+        process = self._context.Process(target=child_main, args=(self.target, sock, ready), name=f"idg-server-{index}")
         process.start()
         log.info("server process %d: pid %s", index, process.pid)
-        return Child(index, process, ready)
+        return Child(index, process, ready, sock)
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         self._stop.set()
@@ -261,7 +299,7 @@ class Supervisor:
         """Start the processes, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.children = [self._start(i) for i in range(1 if self.staged is not None else self.count)]
+            self.children = [self._start(i, self.socks[i]) for i in range(1 if self.staged is not None else self.count)]
             while not self._stop.wait(POLL_S):
                 self._replace_dead()
                 if self.staged is not None and not self._stop.is_set() and self.children[0].ready.is_set():
@@ -270,7 +308,7 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for sock in self.socks:
+            for sock in self.socks + [c.sock for c in self.children]:  # a replacement's socket is not in socks
                 sock.close()
         return self.exit_code
 
@@ -283,10 +321,10 @@ class Supervisor:
         for sock in self.socks[n:]:
             sock.close()
         self.socks, self.count = self.socks[:n], n
-        self.children += [self._start(i) for i in range(1, n)]
+        self.children += [self._start(i, self.socks[i]) for i in range(1, n)]
 
     def _replace_dead(self) -> None:
-        for i, child in reversed(list(enumerate(self.children))):  # from the last: dropping one keeps the others' places
+        for i, child in reversed(list(enumerate(self.children))):  # from the last: a drop moves only those after it
             if child.process.is_alive():
                 continue
             code = child.process.exitcode
@@ -295,7 +333,7 @@ class Supervisor:
             if not child.ready.is_set() and self.optional and i > 0:  # an extra that does not fit after all
                 log.warning("server process %d (pid %s) failed to start (exit code %s): serving with %d", child.index,
                             child.process.pid, code, len(self.children) - 1)
-                self.socks.pop(i).close()
+                child.sock.close()
                 self.children.pop(i)
                 continue
             if not child.ready.is_set():  # it never served: the next one would fail the same way
@@ -308,16 +346,16 @@ class Supervisor:
                         child.index, child.process.pid, code)
             # its socket goes with it: the connections still waiting there are refused (they never reached a process)
             # rather than held for the replacement's start-up (a GPU model's: up to a minute); new ones go to the others
-            port = self.socks[i].getsockname()[1]
-            self.socks[i].close()
+            port = child.sock.getsockname()[1]
+            child.sock.close()
             try:
-                self.socks[i] = bind(self.host, port, 1)[0]
+                sock = bind(self.host, port, 1)[0]
             except OSError as err:
                 log.error("cannot listen on %s:%d again for a new server process: %s: stopping the others", self.host, port, err)
                 self.exit_code = 1
                 self._stop.set()
                 return
-            self.children[i] = self._start(child.index)
+            self.children[i] = self._start(child.index, sock)
 
     def _stop_all(self) -> None:
         alive = [c for c in self.children if c.process.is_alive()]
@@ -334,7 +372,10 @@ class Supervisor:
                 child.process.kill()
                 child.process.join()
             code = child.process.exitcode
-            if code not in CLEAN_EXITS:
+            extra = self.optional and child.index > 0 and not child.ready.is_set()  # auto's extra that never served
+            if code not in CLEAN_EXITS and extra:
+                log.warning("server process %d (pid %s) failed to start (exit code %s)", child.index, child.process.pid, code)
+            elif code not in CLEAN_EXITS:
                 log.warning("server process %d (pid %s) exited with code %s", child.index, child.process.pid, code)
                 if not self.exit_code:
                     self.exit_code = code if code is not None and code > 0 else 1

@@ -82,18 +82,6 @@ async def test_models_health_metrics_and_docs(lite0_app) -> None:
         assert "application/json" in spec["paths"]["/predict"]["post"]["requestBody"]["content"]
 
 
-async def test_a_ready_process_counts_itself_in_idg_ready_processes_until_it_drains(tiny_app) -> None:
-    from app.core.drain import start_draining
-
-    app = tiny_app()
-    async with serve(app) as client:
-        lines = (await client.get("/metrics")).text.splitlines()
-        assert "idg_ready_processes 1.0" in lines and "idg_ready 1.0" in lines
-        start_draining(app)
-        lines = (await client.get("/metrics")).text.splitlines()
-        assert "idg_ready_processes 0.0" in lines and "idg_ready 0.0" in lines
-
-
 async def test_every_answer_says_nosniff_and_the_page_forbids_framing_and_foreign_scripts(tiny_app) -> None:
     """#29 item 5: X-Content-Type-Options on every answer (a page, JSON, an error), CSP and X-Frame-Options on the page."""
     async with serve(tiny_app()) as client:

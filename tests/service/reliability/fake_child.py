@@ -5,20 +5,32 @@ launcher's signal. No app, no model: the launcher's decisions alone, in a second
 from __future__ import annotations
 
 import multiprocessing
+import os
 import socket
 import sys
 import time
 from multiprocessing.synchronize import Event
+from pathlib import Path
 
 from app.core.processes import DeviceMemory, save_memory_report
 
 
-def serve(report: tuple[int, int, int] | None, extras_fail: bool, sock: socket.socket, ready: Event) -> None:
-    """``report``: (peak reserved, free, total) bytes to report, or None to report nothing (a CPU process);
-    ``extras_fail``: every process but the first exits with code 1 before it is ready (as one the GPU cannot hold)."""
-    if extras_fail and multiprocessing.current_process().name != "idg-server-0":
+def serve(report: tuple[int, int, int] | None, fail: tuple[int, ...], die_once: tuple[int, ...], marks: str,
+          sock: socket.socket, ready: Event) -> None:
+    """``report``: (peak reserved, free, total) bytes to report, or None to report nothing (a CPU process). The processes
+    whose index is in ``fail`` exit with code 1 before they are ready (as one the GPU cannot hold); those in ``die_once``
+    exit with code 3 a moment after they are ready, the first time only (a file in ``marks`` remembers), as a crash
+    would. Each ready process writes its index and its socket's inode into ``marks`` (which socket it listens on)."""
+    index = int(multiprocessing.current_process().name.rsplit("-", 1)[1])
+    if index in fail:
         sys.exit(1)
     if report is not None:
         save_memory_report(DeviceMemory(*report))
+    (Path(marks) / f"socket-{os.getpid()}").write_text(f"{index} {os.fstat(sock.fileno()).st_ino}")
     ready.set()
+    mark = Path(marks) / f"died-{index}"
+    if index in die_once and not mark.exists():
+        mark.write_text("")
+        time.sleep(0.3)
+        sys.exit(3)
     time.sleep(3600)  # until SIGTERM, whose default action ends the process (a clean exit for the launcher)

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ from app.core.processes import (
     write_memory_report,
 )
 from app.server import _auto
+from benchmarks.service_load import auto_processes_logged
+from tests.service.conftest import AppFactory, serve
 from tests.service.reliability.server_app import ROOT
 
 GIB = 1 << 30
@@ -62,22 +65,55 @@ def test_the_gpu_holds_as_many_processes_as_its_free_memory_after_the_first_allo
     assert DeviceMemory(GIB, 0, 0).footprint == GIB + CONTEXT_BYTES
 
 
+async def test_a_ready_process_counts_itself_in_idg_ready_processes_until_it_drains_or_stops(tiny_app: AppFactory) -> None:
+    from app.core.drain import start_draining
+
+    app = tiny_app()
+    async with serve(app) as client:
+        lines = (await client.get("/metrics")).text.splitlines()
+        assert "idg_ready_processes 1.0" in lines and "idg_ready 1.0" in lines
+        start_draining(app)
+        lines = (await client.get("/metrics")).text.splitlines()
+        assert "idg_ready_processes 0.0" in lines and "idg_ready 0.0" in lines
+    app = tiny_app()
+    async with serve(app):
+        assert app.state.metrics.ready_processes._value.get() == 1
+    assert app.state.metrics.ready_processes._value.get() == 0  # the lifespan ended: not ready
+
+
 def test_a_process_that_did_not_warm_up_makes_no_room_for_another() -> None:
     n, why = processes_that_fit(DeviceMemory(GIB, 70 * GIB, 80 * GIB, warmed=False), wanted=2)
     assert n == 1 and "IDG_WARMUP=false" in why
 
 
-def test_host_cores_are_the_affinity_and_no_more_than_a_cgroup_quota(tmp_path: Path) -> None:
+def _cgroups(root: Path, membership: str, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "self-cgroup").write_text(membership)
+    return root / "self-cgroup"
+
+
+def test_host_cores_are_the_affinity_and_no_more_than_any_cgroup_quota_above_the_process(tmp_path: Path) -> None:
     cpus = len(os.sched_getaffinity(0))
-    assert host_cores(tmp_path / "absent") == cpus
-    (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota
-    assert host_cores(tmp_path / "cpu.max") == cpus
-    (tmp_path / "cpu.max").write_text("100000 100000\n")  # docker run --cpus=1
-    assert host_cores(tmp_path / "cpu.max") == 1
-    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a core: still one process's worth
-    assert host_cores(tmp_path / "cpu.max") == 1
-    (tmp_path / "cpu.max").write_text(f"{(cpus + 8) * 100000} 100000\n")  # a quota above the affinity
-    assert host_cores(tmp_path / "cpu.max") == cpus
+    assert host_cores(tmp_path / "fs", tmp_path / "absent") == cpus  # no /proc/self/cgroup: the affinity
+    # cgroup v2, a container's own namespace: its limit at the root ("--cpus=1")
+    v2 = _cgroups(tmp_path / "a", "0::/\n", {"cpu.max": "100000 100000\n"})
+    assert host_cores(tmp_path / "a", v2) == 1
+    # cgroup v2 seen from the host: no quota at the root or the process's own cgroup, one on a parent (half a core: one)
+    v2 = _cgroups(tmp_path / "b", "0::/system.slice/idg.service\n", {
+        "cpu.max": "max 100000\n", "system.slice/cpu.max": "50000 100000\n", "system.slice/idg.service/cpu.max": "max 100000\n"})
+    assert host_cores(tmp_path / "b", v2) == 1
+    v2 = _cgroups(tmp_path / "c", "0::/kubepods/pod1\n", {"kubepods/pod1/cpu.max": f"{(cpus + 8) * 100000} 100000\n"})
+    assert host_cores(tmp_path / "c", v2) == cpus  # a quota above the affinity
+    # cgroup v1 (this project's VMs): the cpu controller's hierarchy; -1 is no quota
+    v1 = "4:memory:/x\n1:cpu,cpuacct:/docker/abc\n"
+    none = _cgroups(tmp_path / "d", v1, {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "-1\n",
+                                          "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert host_cores(tmp_path / "d", none) == cpus
+    one = _cgroups(tmp_path / "e", v1, {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "100000\n",
+                                         "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"})
+    assert host_cores(tmp_path / "e", one) == 1
 
 
 def test_a_memory_report_is_written_only_for_a_cuda_device_and_read_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,13 +130,17 @@ def test_a_memory_report_is_written_only_for_a_cuda_device_and_read_back_whole(t
 
 
 class Launcher:
-    """The launcher in a process of its own with stand-in server processes, its log read line by line as it comes."""
+    """The launcher in a process of its own with ``count`` stand-in server processes (:func:`fake_child.serve`; in stages
+    unless ``staged`` is False), its log read line by line as it comes."""
 
-    def __init__(self, report: tuple[int, int, int] | None, extras_fail: bool = False) -> None:
+    def __init__(self, report: tuple[int, int, int] | None, marks: Path, count: int = 2, staged: bool = True,
+                 fail: tuple[int, ...] = (), die_once: tuple[int, ...] = ()) -> None:
+        self.marks = marks
+        args = (report, fail, die_once, str(marks))
         code = ("import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
                 "from app.core.processes import serve_processes; "
-                f"sys.exit(serve_processes(('tests.service.reliability.fake_child:serve', ({report!r}, {extras_fail!r})), 2, "
-                "'127.0.0.1', 0, 1.0, False, staged=True))")
+                f"sys.exit(serve_processes(('tests.service.reliability.fake_child:serve', {args!r}), {count}, "
+                f"'127.0.0.1', 0, 1.0, False, staged={staged!r}))")
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -121,9 +161,14 @@ class Launcher:
                 raise AssertionError(f"no line starting {done!r} within {limit_s} s:\n" + "\n".join(seen)) from None
         return seen
 
+    def sockets(self) -> dict[int, int]:
+        """The inode of the socket each ready process (by pid) listens on."""
+        return {int(f.name.split("-")[1]): int(f.read_text().split()[1]) for f in self.marks.glob("socket-*")}
+
     def stop(self) -> tuple[int, list[str]]:
-        """SIGTERM; its exit code and the lines it logged since the last :meth:`until`."""
-        self.proc.send_signal(signal.SIGTERM)
+        """SIGTERM (unless it ended); its exit code and the lines it logged since the last :meth:`until`."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=30)
         finally:
@@ -139,16 +184,14 @@ class Launcher:
 DECIDED = "IDG_PROCESSES=auto: "
 
 
-
-
 @pytest.mark.parametrize(("report", "want"), [
     ((4 * GIB, 70 * GIB, 80 * GIB), 2),  # room for another
     ((4 * GIB, 12 * GIB, 80 * GIB), 1),  # none
     (None, 1),  # the first process reported nothing: its models are not on CUDA
 ])
 def test_the_launcher_starts_the_others_once_the_first_is_ready_and_only_as_many_as_fit(
-        report: tuple[int, int, int] | None, want: int) -> None:
-    launcher = Launcher(report)
+        report: tuple[int, int, int] | None, want: int, tmp_path: Path) -> None:
+    launcher = Launcher(report, tmp_path)
     try:
         launcher.until(DECIDED + "up to")
         lines = launcher.until(DECIDED)
@@ -164,16 +207,54 @@ def test_the_launcher_starts_the_others_once_the_first_is_ready_and_only_as_many
     assert code == 0, rest
 
 
-def test_an_extra_process_that_fails_to_start_is_dropped_and_the_first_serves_on() -> None:
+def test_an_extra_process_that_fails_to_start_is_dropped_and_the_first_serves_on(tmp_path: Path) -> None:
     """The memory estimate said two fit, and the second fails as it loads (as one the GPU cannot hold after all): the
     launcher goes on with the first, where a process that fails to start otherwise stops them all."""
-    launcher = Launcher((4 * GIB, 70 * GIB, 80 * GIB), extras_fail=True)
+    launcher = Launcher((4 * GIB, 70 * GIB, 80 * GIB), tmp_path, fail=(1,))
     try:
-        launcher.until(DECIDED + "2 server processes")
-        launcher.until("server process 1 (pid")
+        lines = launcher.until(DECIDED + "2 server processes")
+        with tempfile.TemporaryFile() as log:  # what the load benchmark reads from a server's log: 2, then 1
+            log.write("\n".join(lines).encode())
+            log.flush()
+            assert auto_processes_logged(log) == 2
+            lines = launcher.until("server process 1 (pid")
+            log.write("\n".join(["", *lines]).encode())
+            log.flush()
+            assert auto_processes_logged(log) == 1
         time.sleep(1.0)  # the launcher's polls: still serving
         assert launcher.proc.poll() is None
     finally:
         code, rest = launcher.stop()
     assert "stopping 1 server process(es) (grace 1 s)" in rest, rest
+    assert code == 0, rest
+
+
+def test_with_a_count_a_process_that_fails_to_start_stops_them_all(tmp_path: Path) -> None:
+    """IDG_PROCESSES=2 (not auto): the second is not an extra; failing to start, it stops the launcher with its code."""
+    launcher = Launcher(None, tmp_path, staged=False, fail=(1,))
+    try:
+        launcher.until("server process 1 (pid")
+        launcher.proc.wait(timeout=30)
+    finally:
+        code, rest = launcher.stop()
+    assert code == 1, rest
+
+
+def test_after_a_dropped_extra_a_replacement_listens_on_a_socket_of_its_own(tmp_path: Path) -> None:
+    """Three wanted, the second fails to start (dropped), the third dies after it served: its replacement gets a new
+    socket on the port, not the first's, and the launcher goes on with two."""
+    launcher = Launcher((GIB, 70 * GIB, 80 * GIB), tmp_path, count=3, fail=(1,), die_once=(2,))
+    try:
+        launcher.until(DECIDED + "3 server processes")
+        launcher.until("server process 2 (pid")  # "... exited with code 3: starting another in its place"
+        launcher.until("server process 2: pid")  # its replacement
+        deadline = time.monotonic() + 30
+        while len(launcher.sockets()) < 3 and time.monotonic() < deadline:  # the first, the one that died, its replacement
+            time.sleep(0.1)
+        inodes = launcher.sockets()
+        assert len(inodes) == 3 and len(set(inodes.values())) == 3, inodes
+        assert launcher.proc.poll() is None
+    finally:
+        code, rest = launcher.stop()
+    assert "stopping 2 server process(es) (grace 1 s)" in rest, rest
     assert code == 0, rest
