@@ -40,9 +40,9 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     ``IDG_PROCESSES=auto`` (the default), as many as the server's log says it runs."""
     wanted = {**os.environ, **env}.get("IDG_PROCESSES", "auto")  # the server's environment: this one's, then env
     try:
-        processes: int | None = int(float(wanted))  # as pydantic reads it: " 2", "2.0"
-    except ValueError:  # auto
-        processes = None
+        fixed: int | None = int(float(wanted))  # as pydantic reads it: " 2", "2.0"
+    except ValueError:  # auto: what the server logs, read again at each probe (an extra may be dropped after the decision)
+        fixed = None
     ready: set[str] = set()
     ready_within_s = 900.0 if env.get("IDG_COMPILE", "").lower() == "true" else 150.0
     port = _free_port()
@@ -60,7 +60,7 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
                 r = httpx.get(f"{url}/health/ready", timeout=1)
                 if r.status_code == 200:
                     ready.add(r.headers.get("x-idg-replica", ""))
-                    processes = processes or auto_processes_logged(log_file)
+                    processes = fixed if fixed is not None else auto_processes_logged(log_file)
                     if processes is not None and len(ready) >= processes:
                         return proc, url
                     continue  # a new connection at once: the next may reach another process

@@ -226,3 +226,44 @@ def test_the_load_report_splits_the_servers_time_and_the_devices_idle_time() -> 
     assert _idle(metrics) == {"host": 1.5, "no_work": 0.25}
     assert load._idle({"device_idle_fraction": {"host": 0.57, "no_work": 0.09}}) == "57% / 9%"
     assert load._idle({"device_idle_fraction": None}) == "n/a"
+
+
+def test_the_load_benchmark_starts_once_the_processes_an_auto_server_keeps_are_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IDG_PROCESSES=auto: the launcher logs its decision (2), then drops an extra that failed to start ("serving with
+    1"); the benchmark must start its levels with the one process that serves, not wait for the dropped one."""
+    import httpx
+
+    from benchmarks import service_load
+
+    monkeypatch.delenv("IDG_PROCESSES", raising=False)
+    lines = [b"IDG_PROCESSES=auto: up to 2 server processes on 127.0.0.1:1, one device\n",
+             b"IDG_PROCESSES=auto: 2 server processes: each takes ~1.1 GiB\n",
+             b"server process 1 (pid 7) failed to start (exit code 1): serving with 1\n"]
+
+    class Server:
+        def __init__(self, args: list[str], env: dict[str, str], stdout: object, stderr: io.BufferedRandom) -> None:
+            self.log = stderr
+
+        def poll(self) -> None:
+            return None
+
+    probes: list[int] = []
+
+    def ready(url: str, timeout: float) -> httpx.Response:
+        probes.append(1)
+        assert len(probes) < 50, "still waiting for a process the launcher dropped"
+        if len(probes) <= len(lines):  # one more line of the server's log at each probe
+            server.log.write(lines[len(probes) - 1])
+            server.log.flush()
+        return httpx.Response(200, headers={"x-idg-replica": "host:100"})  # the one process that serves
+
+    def popen(args: list[str], env: dict[str, str], stdout: object, stderr: io.BufferedRandom) -> Server:
+        nonlocal server
+        server = Server(args, env, stdout, stderr)
+        return server
+
+    server: Server | None = None
+    monkeypatch.setattr(service_load.subprocess, "Popen", popen)
+    monkeypatch.setattr(service_load.httpx, "get", ready)
+    proc, _ = service_load.start_server({})
+    assert proc is server and len(probes) == 3  # after the "serving with 1" line, not before (2) nor never

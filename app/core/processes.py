@@ -124,9 +124,12 @@ def cgroup_cpu_quota(root: Path, membership: Path) -> float | None:
     ``/proc/self/cgroup``) and each parent up to the root (a container with a cgroup namespace sees its own as the root);
     cgroup v1: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none) in the cpu controller's hierarchy."""
     try:
-        lines = membership.read_text().splitlines()
-    except OSError:
+        return _cgroup_cpu_quota(root, membership.read_text(errors="replace").splitlines())
+    except (OSError, ValueError):  # an unreadable hierarchy (permissions, an odd mount): no quota known; start-up goes on
         return None
+
+
+def _cgroup_cpu_quota(root: Path, lines: list[str]) -> float | None:
     quotas: list[float] = []
     files: list[tuple[Path, Path | None]]
     for line in lines:

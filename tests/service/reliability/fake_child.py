@@ -26,7 +26,9 @@ def serve(report: tuple[int, int, int] | None, fail: tuple[int, ...], die_once: 
         sys.exit(1)
     if report is not None:
         save_memory_report(DeviceMemory(*report))
-    (Path(marks) / f"socket-{os.getpid()}").write_text(f"{index} {os.fstat(sock.fileno()).st_ino}")
+    mine = Path(marks) / f"socket-{os.getpid()}"
+    mine.with_suffix(".tmp").write_text(f"{index} {os.fstat(sock.fileno()).st_ino}")
+    mine.with_suffix(".tmp").replace(mine)  # whole: the test reads it while the others start
     ready.set()
     mark = Path(marks) / f"died-{index}"
     if index in die_once and not mark.exists():

@@ -4,10 +4,12 @@ with stand-in processes that report a GPU's memory (:mod:`tests.service.reliabil
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,8 +23,11 @@ import torch
 from app.core.processes import (
     CONTEXT_BYTES,
     MEMORY_REPORT_DIR,
+    Child,
     DeviceMemory,
+    Supervisor,
     auto_processes,
+    cgroup_cpu_quota,
     host_cores,
     processes_that_fit,
     read_memory_report,
@@ -116,6 +121,39 @@ def test_host_cores_are_the_affinity_and_no_more_than_any_cgroup_quota_above_the
     assert host_cores(tmp_path / "e", one) == 1
 
 
+def test_the_smallest_cpu_quota_above_the_process_counts_in_either_cgroup_version(tmp_path: Path) -> None:
+    # v2: the parent's 3 cores under the process's own 6, and the other way round
+    v2 = _cgroups(tmp_path / "a", "0::/p/c\n", {"p/cpu.max": "300000 100000\n", "p/c/cpu.max": "600000 100000\n"})
+    assert cgroup_cpu_quota(tmp_path / "a", v2) == 3
+    v2 = _cgroups(tmp_path / "b", "0::/p/c\n", {"p/cpu.max": "600000 100000\n", "p/c/cpu.max": "250000 100000\n"})
+    assert cgroup_cpu_quota(tmp_path / "b", v2) == 2.5
+    # v1: a quota on the parent, the controllers listed the other way round from the mount's name
+    v1 = _cgroups(tmp_path / "c", "3:cpuacct,cpu:/kube/pod/box\n", {
+        "cpu,cpuacct/kube/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/kube/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/kube/pod/box/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/kube/pod/box/cpu.cfs_period_us": "100000\n"})
+    assert cgroup_cpu_quota(tmp_path / "c", v1) == 2
+    # what start-up must survive: bytes that are not UTF-8, lines of no known shape
+    odd = tmp_path / "odd"
+    odd.write_bytes(b"0::/caf\xe9\n\x00\ngarbage\n7:cpu:\n")
+    assert cgroup_cpu_quota(tmp_path / "d", odd) is None  # (undecodable bytes had raised at start-up)
+
+
+def test_at_the_stop_an_extra_that_never_served_sets_no_exit_code_but_a_counted_process_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))  # the launcher's metrics folder (a dead process's files)
+    context = multiprocessing.get_context("spawn")
+    for optional, want in ((True, 0), (False, 1)):
+        supervisor = Supervisor(("unused:unused", ()), [], 1.0, "127.0.0.1")
+        supervisor.optional = optional
+        failed = context.Process(target=sys.exit, args=(1,))  # it fails before it is ready
+        failed.start()
+        failed.join(30)
+        supervisor.children = [Child(1, failed, context.Event(), socket.socket())]
+        supervisor._stop_all()
+        supervisor.children[0].sock.close()
+        assert supervisor.exit_code == want
+
+
 def test_a_memory_report_is_written_only_for_a_cuda_device_and_read_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert read_memory_report(tmp_path, os.getpid()) is None  # nothing written
     write_memory_report(torch.device("cpu"), warmed=True)  # no launcher asked: nothing
@@ -163,7 +201,7 @@ class Launcher:
 
     def sockets(self) -> dict[int, int]:
         """The inode of the socket each ready process (by pid) listens on."""
-        return {int(f.name.split("-")[1]): int(f.read_text().split()[1]) for f in self.marks.glob("socket-*")}
+        return {int(f.name.split("-")[1]): int(f.read_text().split()[1]) for f in self.marks.glob("socket-*") if not f.suffix}
 
     def stop(self) -> tuple[int, list[str]]:
         """SIGTERM (unless it ended); its exit code and the lines it logged since the last :meth:`until`."""
