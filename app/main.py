@@ -100,15 +100,13 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             await asyncio.to_thread(gc.collect)
             gc.freeze()  # start-up's objects live on: the cyclic collector's full passes no longer walk them under traffic
         app.state.ready = True
-        metrics.ready.set(1)
-        metrics.ready_processes.set(1)
+        metrics.set_ready(True)
         log.info("ready: %s on %s", ", ".join(loaded), device)
         try:
             yield
         finally:
             app.state.ready = False
-            metrics.ready.set(0)
-            metrics.ready_processes.set(0)
+            metrics.set_ready(False)
             if settings.gc_freeze:
                 gc.unfreeze()  # an app stopped in a process that goes on (tests, a reload) can be collected
             await app.state.jobs.stop()  # its images in the worker are dropped and given back to the store

@@ -38,7 +38,8 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     whose graphs compile before readiness (minutes for a large network on CUDA). With ``IDG_PROCESSES`` > 1, once
     that many processes answered ready (``X-IDG-Replica``), so no level begins while one still loads; with
     ``IDG_PROCESSES=auto`` (the default), as many as the server's log says it runs."""
-    wanted = {**os.environ, **env}.get("IDG_PROCESSES", "auto")  # the server's environment: this one's, then env
+    server_env = {**os.environ, **env}
+    wanted = server_env.get("IDG_PROCESSES", "auto")
     try:
         fixed: int | None = int(float(wanted))  # as pydantic reads it: " 2", "2.0"
     except ValueError:  # auto: what the server logs, read again at each probe (an extra may be dropped after the decision)
@@ -51,7 +52,7 @@ def start_server(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     with tempfile.TemporaryFile() as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(port)],
-            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log_file,
+            env=server_env, stdout=subprocess.DEVNULL, stderr=log_file,
         )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + ready_within_s

@@ -96,8 +96,7 @@ def start_draining(app: FastAPI) -> None:
     state = app.state
     state.ready = False
     state.draining = True
-    state.metrics.ready.set(0)
-    state.metrics.ready_processes.set(0)
+    state.metrics.set_ready(False)
 
 
 async def drain(app: FastAPI, grace_s: float, *, settle_s: float = SETTLE_S, force: Callable[[], bool] = lambda: False) -> None:

@@ -135,15 +135,14 @@ def _cgroup_cpu_quota(root: Path, lines: list[str]) -> float | None:
     for line in lines:
         hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if hierarchy == "0" and controllers == "":  # v2
-            folder, top = root / path.lstrip("/"), root
-            files = [(d / "cpu.max", None) for d in [folder, *folder.parents] if d == top or top in d.parents]
+            folder = root / path.lstrip("/")
+            files = [(d / "cpu.max", None) for d in [folder, *folder.parents] if d.is_relative_to(root)]
         elif "cpu" in controllers.split(","):  # v1: the controller's own mount, its path inside it
             mount = next((root / name for name in (controllers, "cpu,cpuacct", "cpu") if (root / name).is_dir()), None)
             if mount is None:
                 continue
             folder = mount / path.lstrip("/")
-            files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us") for d in [folder, *folder.parents]
-                     if d == mount or mount in d.parents]
+            files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us") for d in [folder, *folder.parents] if d.is_relative_to(mount)]
         else:
             continue
         for first, second in files:
@@ -326,6 +325,10 @@ class Supervisor:
         self.socks, self.count = self.socks[:n], n
         self.children += [self._start(i, self.socks[i]) for i in range(1, n)]
 
+    def _extra(self, child: Child) -> bool:
+        """Auto's extra process (not the first) that never served: dropped when it fails, its exit code not the launcher's."""
+        return self.optional and child.index > 0 and not child.ready.is_set()
+
     def _replace_dead(self) -> None:
         for i, child in reversed(list(enumerate(self.children))):  # from the last: a drop moves only those after it
             if child.process.is_alive():
@@ -333,7 +336,7 @@ class Supervisor:
             code = child.process.exitcode
             if child.process.pid is not None:
                 mark_process_dead(child.process.pid)
-            if not child.ready.is_set() and self.optional and i > 0:  # an extra that does not fit after all
+            if self._extra(child):  # it does not fit after all
                 log.warning("server process %d (pid %s) failed to start (exit code %s): serving with %d", child.index,
                             child.process.pid, code, len(self.children) - 1)
                 child.sock.close()
@@ -375,8 +378,7 @@ class Supervisor:
                 child.process.kill()
                 child.process.join()
             code = child.process.exitcode
-            extra = self.optional and child.index > 0 and not child.ready.is_set()  # auto's extra that never served
-            if code not in CLEAN_EXITS and extra:
+            if code not in CLEAN_EXITS and self._extra(child):
                 log.warning("server process %d (pid %s) failed to start (exit code %s)", child.index, child.process.pid, code)
             elif code not in CLEAN_EXITS:
                 log.warning("server process %d (pid %s) exited with code %s", child.index, child.process.pid, code)

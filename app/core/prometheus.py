@@ -88,6 +88,11 @@ class Metrics:
             "compiled batch sizes)", ["model"], registry=r, multiprocess_mode="livesum")
         self._compiled: dict[str, FixedBatchCompiled] = {}
 
+    def set_ready(self, ready: bool) -> None:
+        """This process ready (models loaded and warm) or not: ``idg_ready`` and its count in ``idg_ready_processes``."""
+        self.ready.set(int(ready))
+        self.ready_processes.set(int(ready))
+
     def track_compiled(self, model: str, part: FixedBatchCompiled) -> None:
         """Export a compiled model's start-up cost and its count of graphs compiled under traffic (brought up to
         date after each of its calls, :meth:`after_call`: a value, not a function, so a multiprocess scrape sees it)."""
