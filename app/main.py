@@ -23,7 +23,9 @@ from app.api.routes import attribute, info, jobs, predict, v2
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
+from app.core.image_threads import close_image_threads, image_threads, open_image_threads, processes_on_host
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
+from app.core.processes import host_cores
 from app.core.prometheus import Metrics, MetricsMiddleware
 from app.core.replica import ReplicaHeaderMiddleware
 from app.jobs.runner import start_jobs
@@ -92,6 +94,9 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         for name, model in loaded.items():
             if (part := compiled_part(model)) is not None:
                 metrics.track_compiled(name, part)
+        threads, why = image_threads(settings.image_threads, host_cores(), processes_on_host())
+        pool = open_image_threads(threads)
+        log.info("%d image thread(s) decode uploads and render answers (%s)", threads, why)
         app.state.service = service = Service(settings, loaded, worker, metrics, device)
         if settings.warmup:
             await service.warm_up_requests()
@@ -115,6 +120,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             else:  # served some other way (plain uvicorn, tests): requests are gone, finish their jobs
                 log.info("shutting down: finishing in-flight work (grace %.0f s)", settings.shutdown_grace_s)
                 await asyncio.to_thread(worker.stop, settings.shutdown_grace_s)
+            close_image_threads(pool)
 
     app = FastAPI(
         title="IDG service",

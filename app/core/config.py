@@ -128,6 +128,11 @@ class Settings(BaseSettings):
         "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
         "on CUDA two where the host has 4 cores each, the second started once the first is warm and only if the GPU's memory "
         "holds it (app.core.processes)")
+    image_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
+        "auto", description="Threads per server process that decode uploads and render answers (off the event loop and the "
+        "worker). auto: one per host core the process has (its CPU affinity and cgroup quota, shared among IDG_PROCESSES): "
+        "more CPU-bound threads than cores decode no faster and take the cores from the threads that feed the device "
+        "(app.core.image_threads)")
     header_timeout_s: float = Field(
         10.0, gt=0, description="Most seconds a client may take to send a request's headers (from connecting, or from the "
         "request's first byte on a kept-alive connection); beyond, 408 and the connection is closed")

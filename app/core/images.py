@@ -21,6 +21,7 @@ from torch import Tensor
 from app.core.config import Settings
 from app.core.deadline import past_deadline
 from app.core.errors import ApiError
+from app.core.image_threads import in_image_thread
 from idg_core.models import ImageClassifier
 from idg_core.models.preprocess import (
     ImageDecodeError,
@@ -121,7 +122,7 @@ def _small_now(deadline: float | None, data: bytes, model: ImageClassifier, sett
 
 
 async def _load(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device, deadline: float | None) -> Tensor:
-    small = await asyncio.to_thread(_small_now, deadline, data, model, settings, device)
+    small = await in_image_thread(_small_now, deadline, data, model, settings, device)
     if not isinstance(small, _Large):
         return small
     per_loop = _slots.setdefault(asyncio.get_running_loop(), {})

@@ -44,6 +44,7 @@ from types import FrameType
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from app.core.image_threads import PROCESSES_ON_HOST
 from app.core.prometheus import not_ready_yet
 
 log = logging.getLogger("app.processes")
@@ -64,7 +65,8 @@ costs by its rows, as on a GPU, a second adds 22-53% at 32 and 128 clients and l
 (results/benchmarks/cpu-processes-2026-11-26-afternoon; cpu-lean-generator-2026-11-25: +19-20% and +46-52%). Two and
 four are measured by ``gpu_run.sh service-processes``, not yet run on a GPU."""
 AUTO_CORES_PER_PROCESS = 4
-"""Host cores a process needs to pay on CUDA: its event loop, worker and device threads, and the decode/render pool."""
+"""Host cores a process needs to pay on CUDA: its event loop, worker and device threads, and the decode/render threads
+(one per core it has: :mod:`app.core.image_threads`)."""
 CONTEXT_BYTES = 1 << 30
 """What a CUDA process holds outside PyTorch's caching allocator (its context, cuDNN and cuBLAS handles): an estimate
 (0.3-0.6 GiB on an H100 with lazy module loading), kept on the generous side."""
@@ -395,6 +397,7 @@ def serve_processes(target: Target, count: int, host: str, port: int, grace_s: f
     try:
         (run_dir / "metrics").mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")  # read by prometheus_client in each child
+        os.environ[PROCESSES_ON_HOST] = str(count)  # each sizes its image threads by its share of the cores
         if staged:
             (run_dir / "memory").mkdir()
             os.environ[MEMORY_REPORT_DIR] = str(run_dir / "memory")

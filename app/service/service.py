@@ -4,7 +4,6 @@ plans themselves are :mod:`idg_core.explain`'s."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from torch import Tensor
 from app.core.config import Settings
 from app.core.deadline import deadline_of
 from app.core.errors import ApiError
+from app.core.image_threads import in_image_thread
 from app.core.images import load_input
 from app.core.prometheus import Metrics
 from app.schemas import AttributeCommon, AttributeParams, AttributeResponse, PredictExplainParams, PredictResponse, Timings
@@ -134,7 +134,7 @@ class Service:
             self.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
         rendered_at = time.perf_counter()
         try:
-            images = await asyncio.to_thread(render, x, found.result, params)
+            images = await in_image_thread(render, x, found.result, params)
         except NonFiniteAttribution as err:
             raise ApiError(500, str(err), code="model_error") from err
         timings = Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, render_ms=(time.perf_counter() - rendered_at) * 1000,

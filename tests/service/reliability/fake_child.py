@@ -12,6 +12,7 @@ import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+from app.core.image_threads import PROCESSES_ON_HOST
 from app.core.processes import DeviceMemory, save_memory_report
 
 
@@ -20,14 +21,16 @@ def serve(report: tuple[int, int, int] | None, fail: tuple[int, ...], die_once: 
     """``report``: (peak reserved, free, total) bytes to report, or None to report nothing (a CPU process). The processes
     whose index is in ``fail`` exit with code 1 before they are ready (as one the GPU cannot hold); those in ``die_once``
     exit with code 3 a moment after they are ready, the first time only (a file in ``marks`` remembers), as a crash
-    would. Each ready process writes its index and its socket's inode into ``marks`` (which socket it listens on)."""
+    would. Each ready process writes its index, its socket's inode (which socket it listens on) and the launcher's
+    ``IDG_PROCESSES_ON_HOST`` into ``marks``."""
     index = int(multiprocessing.current_process().name.rsplit("-", 1)[1])
     if index in fail:
         sys.exit(1)
     if report is not None:
         save_memory_report(DeviceMemory(*report))
     mine = Path(marks) / f"socket-{os.getpid()}"
-    mine.with_suffix(".tmp").write_text(f"{index} {os.fstat(sock.fileno()).st_ino}")
+    on_host = os.environ.get(PROCESSES_ON_HOST, "-")  # what the launcher told its processes of their share of the host
+    mine.with_suffix(".tmp").write_text(f"{index} {os.fstat(sock.fileno()).st_ino} {on_host}")
     mine.with_suffix(".tmp").replace(mine)  # whole: the test reads it while the others start
     ready.set()
     mark = Path(marks) / f"died-{index}"

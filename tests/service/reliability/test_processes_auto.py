@@ -267,6 +267,21 @@ def test_an_extra_process_that_fails_to_start_is_dropped_and_the_first_serves_on
     assert code == 0, rest
 
 
+def test_the_launcher_tells_each_process_how_many_share_the_host(tmp_path: Path) -> None:
+    """Each server process sizes its image threads by its share of the host's cores (app.core.image_threads): the
+    launcher's count reaches every one of them."""
+    launcher = Launcher(None, tmp_path, staged=False, count=3)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("socket-*[0-9]"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        told = sorted(f.read_text().split()[2] for f in tmp_path.glob("socket-*") if not f.suffix)
+    finally:
+        code, _ = launcher.stop()
+    assert told == ["3", "3", "3"]
+    assert code == 0
+
+
 def test_with_a_count_a_process_that_fails_to_start_stops_them_all(tmp_path: Path) -> None:
     """IDG_PROCESSES=2 (not auto): the second is not an extra; failing to start, it stops the launcher with its code."""
     launcher = Launcher(None, tmp_path, staged=False, fail=(1,))
