@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
-#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [simulated] [variants] [variants-compile]
+#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [simulated] [variants] [variants-compile]
 #                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval] [quality]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model; quality is issue #31's table, resumable: repeat the step until it says "wrote"). One step per 10-minute device call: each fits, the compile steps only just.
@@ -66,6 +66,15 @@ service-processes)  # more host per GPU: 1, 2 and 4 server processes on one port
     for n in 1 4; do
         python3 -m benchmarks.load --label "h100-service-resnet101-bf16-processes-$n" --images "$IMAGES" --levels 128 --per-client 6 \
             --client-processes 8 --env IDG_MODELS=resnet101=random IDG_PRECISION=bf16 "IDG_PROCESSES=$n" --out "$OUT" 2>&1 | grep "^|" | tail -1
+    done
+    ;;
+service-threads)  # decode/render threads: auto (one per core each process has: 8 with auto's two processes on 16 cores) against
+    # 20, what asyncio's default pool gave each process before 2026-11-26, interleaved, Lite0 at its defaults, 32 and 128 clients
+    for round in 1 2; do
+        for threads in auto 20; do
+            python3 -m benchmarks.load --label "h100-service-lite0-image-threads-$threads-r$round" --images "$IMAGES" --levels 32 128 \
+                --per-client 6 --client-processes 4 --env "IDG_IMAGE_THREADS=$threads" --out "$OUT" 2>&1 | grep "^|" | tail -2
+        done
     done
     ;;
 clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (against step service's 4: is the generator the limit?)
