@@ -23,7 +23,7 @@ from app.api.routes import attribute, info, jobs, predict, v2
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
-from app.core.image_threads import close_image_threads, image_threads, open_image_threads, processes_on_host
+from app.core.image_threads import image_thread_pool, image_threads, processes_on_host
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.processes import host_cores
 from app.core.prometheus import Metrics, MetricsMiddleware
@@ -95,32 +95,31 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             if (part := compiled_part(model)) is not None:
                 metrics.track_compiled(name, part)
         threads, why = image_threads(settings.image_threads, host_cores(), processes_on_host())
-        pool = open_image_threads(threads)
         log.info("%d image thread(s) decode uploads and render answers (%s)", threads, why)
-        app.state.service = service = Service(settings, loaded, worker, metrics, device)
-        if settings.warmup:
-            await service.warm_up_requests()
-        app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready)
-        if settings.gc_freeze:
-            await asyncio.to_thread(gc.collect)
-            gc.freeze()  # start-up's objects live on: the cyclic collector's full passes no longer walk them under traffic
-        app.state.ready = True
-        metrics.set_ready(True)
-        log.info("ready: %s on %s", ", ".join(loaded), device)
-        try:
-            yield
-        finally:
-            app.state.ready = False
-            metrics.set_ready(False)
+        with image_thread_pool(threads):  # closed on every way out, a failed start-up too
+            app.state.service = service = Service(settings, loaded, worker, metrics, device)
+            if settings.warmup:
+                await service.warm_up_requests()
+            app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready)
             if settings.gc_freeze:
-                gc.unfreeze()  # an app stopped in a process that goes on (tests, a reload) can be collected
-            await app.state.jobs.stop()  # its images in the worker are dropped and given back to the store
-            if drain.drained:  # app.server drained the requests already and is stopping the worker
-                await wait_thread(drain.worker_stopper, 1.0)
-            else:  # served some other way (plain uvicorn, tests): requests are gone, finish their jobs
-                log.info("shutting down: finishing in-flight work (grace %.0f s)", settings.shutdown_grace_s)
-                await asyncio.to_thread(worker.stop, settings.shutdown_grace_s)
-            close_image_threads(pool)
+                await asyncio.to_thread(gc.collect)
+                gc.freeze()  # start-up's objects live on: the cyclic collector's full passes no longer walk them under traffic
+            app.state.ready = True
+            metrics.set_ready(True)
+            log.info("ready: %s on %s", ", ".join(loaded), device)
+            try:
+                yield
+            finally:
+                app.state.ready = False
+                metrics.set_ready(False)
+                if settings.gc_freeze:
+                    gc.unfreeze()  # an app stopped in a process that goes on (tests, a reload) can be collected
+                await app.state.jobs.stop()  # its images in the worker are dropped and given back to the store
+                if drain.drained:  # app.server drained the requests already and is stopping the worker
+                    await wait_thread(drain.worker_stopper, 1.0)
+                else:  # served some other way (plain uvicorn, tests): requests are gone, finish their jobs
+                    log.info("shutting down: finishing in-flight work (grace %.0f s)", settings.shutdown_grace_s)
+                    await asyncio.to_thread(worker.stop, settings.shutdown_grace_s)
 
     app = FastAPI(
         title="IDG service",

@@ -11,10 +11,18 @@ call costs by its rows, as on a GPU, +6-9% attributions/s and the device 94-96% 
 -4% to +13%, four pairs of five ahead); where a call costs 20 ms whatever its rows, 96-99% busy against 80-94%, with as
 many attributions/s on average (thinner calls).
 
-Two kinds of work stay in asyncio's default pool: the jobs store's reads and writes (SQLite, PostgreSQL), which wait on
-files and sockets (a slow database must not hold a decode's thread), and decodes over
-:data:`~app.core.images.LARGE_DECODE_PIXELS`, which take one of ``IDG_MAX_CONCURRENT_DECODES`` slots already and may
-run for a second: in the image threads they would hold up every small photo behind them.
+The pool is first come, first served, image by image: the 32 photos of one ``/attribute/batch`` (each under
+:data:`~app.core.images.LARGE_DECODE_PIXELS`) are decoded before a photo that arrives after them, as are a job's. Three
+kinds of work stay in asyncio's default pool: the jobs store's reads and writes (SQLite, PostgreSQL), which wait on
+files and sockets (a slow database must not hold a decode's thread); unpacking a job's uploaded archive; and decodes
+over ``LARGE_DECODE_PIXELS``, which take one of ``IDG_MAX_CONCURRENT_DECODES`` slots already and may run for a second:
+in the image threads they would hold up every small photo behind them.
+
+With ``IDG_PROCESSES=auto`` on CUDA the launcher tells each process the count it aims for before it knows how many
+the GPU holds: a process left alone (the GPU held one, or the second failed to start) keeps its share, half the
+host's cores (at least 4 threads: auto starts two only where the host has 4 cores for each). Elsewhere (Ray Serve
+replicas, ``uvicorn --workers``) nothing tells a process it shares the host: set ``IDG_IMAGE_THREADS`` there
+(``deploy/ray/serve.yaml`` does).
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ import functools
 import logging
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Literal, ParamSpec, TypeVar
 
 log = logging.getLogger("app.image_threads")
@@ -59,6 +68,16 @@ def image_threads(setting: int | Literal["auto"], cores: int, processes: int) ->
     return n, f"auto: {cores} host core(s) / {processes} server process(es)"
 
 
+@contextmanager
+def image_thread_pool(count: int) -> Iterator[ThreadPoolExecutor]:
+    """The running loop's pool of ``count`` threads while the block runs (an app's lifespan), closed however it ends."""
+    pool = open_image_threads(count)
+    try:
+        yield pool
+    finally:
+        close_image_threads(pool)
+
+
 def open_image_threads(count: int) -> ThreadPoolExecutor:
     """The running loop's pool of ``count`` threads (``idg-image_N``), for :func:`in_image_thread`."""
     loop = asyncio.get_running_loop()
@@ -70,10 +89,10 @@ def open_image_threads(count: int) -> ThreadPoolExecutor:
 
 
 def close_image_threads(pool: ThreadPoolExecutor) -> None:
-    """Forget ``pool`` (the running loop's) and let its threads end once their work is done."""
-    loop = asyncio.get_running_loop()
-    if _pools.get(loop) is pool:
-        del _pools[loop]
+    """Forget ``pool`` (later calls go to asyncio's pool) and let its threads end once their work is done."""
+    for loop, open_pool in list(_pools.items()):
+        if open_pool is pool:
+            del _pools[loop]
     pool.shutdown(wait=False)
 
 

@@ -4,6 +4,7 @@ once than the setting, never in asyncio's default pool, one per core the process
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -12,8 +13,10 @@ from typing import Any, Literal
 import pytest
 
 import app.core.images
+import app.main
 import app.service.service
-from app.core.image_threads import PROCESSES_ON_HOST, image_threads, processes_on_host
+from app.core.image_threads import PROCESSES_ON_HOST, image_threads, in_image_thread, processes_on_host
+from app.core.images import LARGE_DECODE_PIXELS
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 
@@ -93,3 +96,50 @@ def test_a_process_outside_a_launcher_is_alone_on_its_host(monkeypatch: pytest.M
     assert processes_on_host() == 2
     monkeypatch.setenv(PROCESSES_ON_HOST, "two")
     assert processes_on_host() == 1
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
+
+
+async def test_once_the_app_stops_or_fails_to_start_its_image_threads_are_closed(
+        tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with serve(tiny_app(image_threads=1)):
+        inside = await in_image_thread(_thread_name)
+    after = await in_image_thread(_thread_name)
+    assert inside == "idg-image_0"
+    assert not after.startswith("idg-image")  # asyncio's own pool: nothing is sent to a closed one
+
+    async def no_jobs(*args: object) -> None:
+        raise RuntimeError("the jobs database cannot be reached")
+
+    monkeypatch.setattr(app.main, "start_jobs", no_jobs)  # start-up fails after the pool opened
+    with pytest.raises(RuntimeError, match="cannot be reached"):
+        async with serve(tiny_app(image_threads=1)):
+            pass
+    assert not (await in_image_thread(_thread_name)).startswith("idg-image")
+
+
+async def test_a_decode_over_the_large_limit_runs_outside_the_image_threads(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large decodes wait for their own slots and run in asyncio's pool: in the image threads they would hold up every
+    small photo behind them."""
+    watch = Watch(hold_s=0.0)
+    monkeypatch.setattr(app.core.images, "model_input", watch.wrap(app.core.images.model_input))
+    side = int(LARGE_DECODE_PIXELS ** 0.5) + 8
+    async with serve(tiny_app(image_threads=1)) as client:
+        watch.calls.clear()  # the warm-up's
+        large = await client.post("/predict", files={"file": ("big.png", image_bytes(size=(side, side)), "image/png")})
+        small = await client.post("/predict", files={"file": ("small.png", image_bytes(), "image/png")})
+    assert large.status_code == 200 and small.status_code == 200, (large.text, small.text)
+    assert [thread.startswith("idg-image") for _, thread in watch.calls] == [False, True]
+
+
+async def test_auto_counts_the_processes_the_launcher_said_share_the_host(
+        tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(PROCESSES_ON_HOST, "64")  # more processes than this machine has cores: one thread each
+    with caplog.at_level(logging.INFO, logger="app"):
+        async with serve(tiny_app()):
+            name = await in_image_thread(_thread_name)
+    said = [r.getMessage() for r in caplog.records if "image thread(s)" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 image thread(s) ") and said[0].endswith(" / 64 server process(es))"), said
+    assert name == "idg-image_0"
