@@ -50,11 +50,11 @@ service-resnet101)  # ResNet-101 (random weights) at precision auto and at bf16,
     done
     ;;
 service-ab)  # what the defaults are made of, each against the default (depth 2, listed first) in the same call: cudnn.benchmark, no pipeline,
-    # no fixed sizes (the old service)
+    # no fixed sizes (the old service); one process each (auto's second would double nine warm-ups past the call's 10 minutes)
     for variant in IDG_PIPELINE_DEPTH=2 IDG_SWITCH_INTERVAL_MS=0.5 IDG_SWITCH_INTERVAL_MS=1 IDG_CUDA_GRAPHS=false IDG_CUDNN_BENCHMARK=true IDG_PIPELINE_DEPTH=1 IDG_GC_FREEZE=false IDG_LAUNCH_AHEAD=1 \
         IDG_FIXED_CALL_SIZES=false; do
         python3 -m benchmarks.load --label "h100-service-lite0-${variant/=/-}" --images "$IMAGES" --levels 128 --per-client 6 --client-processes 4 \
-            --env "$variant" --out "$OUT" 2>&1 | grep "^|" | tail -1
+            --env IDG_PROCESSES=1 "$variant" --out "$OUT" 2>&1 | grep "^|" | tail -1
     done
     ;;
 service-processes)  # more host per GPU: 1, 2 and 4 server processes on one port (IDG_PROCESSES; auto's 2 is the service step), Lite0 at its defaults and
