@@ -4,12 +4,14 @@ loop, per image, with the batch bug fixed); composable post-steps and the blur c
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 from idg_core import METHODS
 from idg_core.methods.agi import adversarial_classes_for
 from idg_core.methods.eg import gaussian_blur, reference_images
+from idg_core.methods.params import InvalidParameter
 from idg_core.model_calls import run_plans
 from idg_core.postprocess import build_plan
 from tests.models import Counting, Linear, SmallCNN
@@ -89,6 +91,17 @@ def test_la_follows_the_authors_loop_and_each_image_keeps_its_own_class() -> Non
         alone = METHODS["la"](model, x[i : i + 1], None, t, max_iter=3, classes=4, spatial_range=10.0, num_classes=10, seed=5)
         assert torch.allclose(res.attributions[i], alone.attributions[0], atol=1e-6)  # the batch does not mix images
     assert res.forward_passes == 2 * (2 * 3 + 1) * 3
+
+
+def test_la_refuses_a_spatial_range_that_would_make_its_step_infinite() -> None:
+    """A divisor near 0 made a black pixel's step 0 / 0 (NaN in float32) and the answer a 500; below 1e-3 it is refused,
+    and at 1e-3 a black image and a white one get finite attributions (the clamp holds every step in [0, 1])."""
+    model = SmallCNN()
+    with pytest.raises(InvalidParameter, match="spatial_range"):
+        METHODS["la"](model, torch.zeros(1, 3, 32, 32), None, 0, max_iter=1, classes=2, spatial_range=5e-324, num_classes=10)
+    for x in (torch.zeros(1, 3, 32, 32), torch.ones(1, 3, 32, 32)):
+        res = METHODS["la"](model, x, None, 0, max_iter=2, classes=2, spatial_range=1e-3, num_classes=10)
+        assert bool(torch.isfinite(res.attributions).all())
 
 
 def test_idgi_and_smoothgrad_compose_on_a_method_and_blur_comes_last() -> None:
