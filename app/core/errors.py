@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +33,29 @@ def error_body(status: int, message: str, code: str) -> dict[str, object]:
     return {"error": {"status": status, "code": code, "message": message}}
 
 
+HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+_PATH_PARAMETER = re.compile(r"\{[^}/]+\}")
+
+
+def documented_methods(app: FastAPI, path: str) -> frozenset[str]:
+    """The methods the served schema (``/openapi.json``) documents for ``path``, upper-case; empty for a path it does
+    not document. A literal path wins over a template; a template's ``{parameter}`` matches one path segment."""
+    paths: dict[str, dict[str, object]] = app.openapi().get("paths", {})
+    ops = paths.get(path)
+    if ops is None:
+        for template, template_ops in paths.items():
+            pieces = _PATH_PARAMETER.split(template)
+            if len(pieces) > 1 and re.fullmatch("[^/]+".join(map(re.escape, pieces)), path):
+                ops = template_ops
+                break
+    return frozenset(m.upper() for m in ops or () if m in HTTP_METHODS)
+
+
+def allow_header(methods: Iterable[str]) -> str:
+    """An ``Allow`` header's value: the methods, sorted."""
+    return ", ".join(sorted(set(methods)))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -56,5 +81,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal"), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail), "http_error"), status_code=exc.status_code, headers=exc.headers)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette's Allow names the methods of the first route on the path only (POST of
+            # /jobs, where GET /jobs is a route of its own): every method the schema documents for the path
+            given = (headers or {}).get("Allow", "").replace(" ", "").split(",")
+            documented = documented_methods(request.app, request.scope["path"])
+            headers = {**(headers or {}), "Allow": allow_header({*documented, *filter(None, given)})}
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), "http_error"), status_code=exc.status_code, headers=headers)

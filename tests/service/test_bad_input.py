@@ -216,3 +216,22 @@ async def test_metrics_behind_the_key_when_asked(tiny_app: AppFactory) -> None:
         assert r.status_code == 200 and "idg_http_requests_total" in r.text
     async with serve(tiny_app(metrics_need_key=True)) as client:  # no key set: nothing to ask for
         assert (await client.get("/metrics")).status_code == 200
+
+
+async def test_a_method_a_path_does_not_take_gets_405_naming_every_method_the_schema_documents_there(tiny_app: AppFactory) -> None:
+    """Starlette's Allow named the first route's methods only (POST for /jobs, whose GET is a route of its own), and the
+    Open Inference Protocol's catch-all answered a known /v2 path with another method 404: schemathesis's coverage
+    run checks both against /openapi.json."""
+    app = tiny_app()
+    async with serve(app) as client:
+        documented = app.openapi()["paths"]
+        for method, path, template in [("PATCH", "/jobs", "/jobs"), ("POST", "/jobs/abc", "/jobs/{job_id}"),
+                                       ("PUT", "/predict", "/predict"), ("POST", "/v2/health/live", "/v2/health/live"),
+                                       ("DELETE", "/v2/models/tiny", "/v2/models/{name}")]:
+            r = await client.request(method, path)
+            assert r.status_code == 405, (method, path, r.text)
+            assert r.headers["allow"] == ", ".join(sorted(m.upper() for m in documented[template])), (method, path)
+            error = r.json()["error"]  # each in its own form: the service's, or the protocol's (a sentence) under /v2
+            assert (method in error) if path.startswith("/v2/") else error["status"] == 405
+        unknown = await client.post("/v2/nothing")
+    assert unknown.status_code == 404 and "allow" not in unknown.headers

@@ -65,7 +65,7 @@ from app.api.oip import (
     write_infer_response,
 )
 from app.api.requests import first_error, read_body, until_disconnected
-from app.core.errors import ApiError
+from app.core.errors import ApiError, allow_header, documented_methods
 from app.core.images import load_input
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams
 from app.service import Checked, RequestContext, Service
@@ -216,8 +216,13 @@ async def versioned(name: str, version: str, rest: str) -> None:
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], include_in_schema=False)
-async def unknown(rest: str) -> None:
-    """Any other /v2 path: a 404 in the protocol's form."""
+async def unknown(rest: str, request: Request) -> None:
+    """Any other /v2 path: a 404 in the protocol's form; a documented path with another method (``POST
+    /v2/health/live``), which this catch-all takes before the router can answer it, a 405 with its ``Allow``."""
+    documented = documented_methods(request.app, request.scope["path"])
+    if documented and request.method not in documented:
+        raise ApiError(405, f"{request.method} is not a method of /v2/{rest}: use {' or '.join(sorted(documented))}",
+                       headers={"Allow": allow_header(documented)}, code="method_not_allowed")
     raise ApiError(404, f"/v2/{rest} is not a route of the Open Inference Protocol here: see /v2/models/NAME", code="not_found")
 
 
