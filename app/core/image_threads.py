@@ -70,30 +70,20 @@ def image_threads(setting: int | Literal["auto"], cores: int, processes: int) ->
 
 @contextmanager
 def image_thread_pool(count: int) -> Iterator[ThreadPoolExecutor]:
-    """The running loop's pool of ``count`` threads while the block runs (an app's lifespan), closed however it ends."""
-    pool = open_image_threads(count)
-    try:
-        yield pool
-    finally:
-        close_image_threads(pool)
-
-
-def open_image_threads(count: int) -> ThreadPoolExecutor:
-    """The running loop's pool of ``count`` threads (``idg-image_N``), for :func:`in_image_thread`."""
+    """The running loop's pool of ``count`` threads (``idg-image_N``) for :func:`in_image_thread` while the block runs (an
+    app's lifespan). However the block ends, the pool is forgotten (later calls go to asyncio's pool) and its threads end
+    once their work is done. A second app opening one on the same loop takes the loop's calls over from the first's."""
     loop = asyncio.get_running_loop()
     old = _pools.pop(loop, None)
     if old is not None:
         old.shutdown(wait=False)
     pool = _pools[loop] = ThreadPoolExecutor(count, thread_name_prefix="idg-image")
-    return pool
-
-
-def close_image_threads(pool: ThreadPoolExecutor) -> None:
-    """Forget ``pool`` (later calls go to asyncio's pool) and let its threads end once their work is done."""
-    for loop, open_pool in list(_pools.items()):
-        if open_pool is pool:
+    try:
+        yield pool
+    finally:
+        if _pools.get(loop) is pool:
             del _pools[loop]
-    pool.shutdown(wait=False)
+        pool.shutdown(wait=False)
 
 
 async def in_image_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
