@@ -126,8 +126,8 @@ class Settings(BaseSettings):
         "auto", description="Server processes python -m app.server runs on the one port, each with its own copy of the "
         "models on the same device and its own worker: more host (HTTP, decode, render, the worker's Python) per device, whose "
         "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
-        "on CUDA two where the host has 4 cores each, the second started once the first is warm and only if the GPU's memory "
-        "holds it (app.core.processes)")
+        "on CUDA up to four, as many as the host has 4 cores for, the others started once the first is warm and only as many as "
+        "the GPU's memory holds (app.core.processes)")
     image_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="Threads per server process that decode uploads and render answers (off the event loop and the "
         "worker). auto: one per host core the process has (its CPU affinity and cgroup quota, shared among IDG_PROCESSES): "

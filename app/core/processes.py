@@ -58,12 +58,12 @@ Target = tuple[str, tuple[object, ...]]
 A name, not a function, so the process says it is not ready before it imports the app (seconds: torch and the rest)."""
 
 
-AUTO_CUDA_PROCESSES = 2
-"""``IDG_PROCESSES=auto`` on CUDA: server processes per GPU. One process's host side (HTTP, decode, render, the worker's
-Python under one GIL) caps it at 120-200 attributions/s on this project's VMs, below what a GPU explains. Where a call
-costs by its rows, as on a GPU, a second adds 22-53% at 32 and 128 clients and loses 4-10% at 8 on the 2-core VM
-(results/benchmarks/cpu-processes-2026-11-26-afternoon; cpu-lean-generator-2026-11-25: +19-20% and +46-52%). Two and
-four are measured by ``gpu_run.sh service-processes``, not yet run on a GPU."""
+AUTO_CUDA_PROCESSES = 4
+"""``IDG_PROCESSES=auto`` on CUDA: the most server processes per GPU. One process's host side (HTTP, decode, render, the
+worker's Python under one GIL) caps it below what a GPU explains; on an H200 with 16 cores (EfficientNet-Lite0 at every
+default, 128 clients, results/benchmarks/gpu-check-h200-2026-11-26) two processes answered 196-241 attributions/s with
+the GPU 35-38% busy, four 268/s (296/s in a longer level) at 44-61%, eight 281/s with p99/p50 over 2. The host's cores
+(:data:`AUTO_CORES_PER_PROCESS` each) and the GPU's memory (:func:`processes_that_fit`) may allow fewer."""
 AUTO_CORES_PER_PROCESS = 4
 """Host cores a process needs to pay on CUDA: its event loop, worker and device threads, and the decode/render threads
 (one per core it has: :mod:`app.core.image_threads`)."""

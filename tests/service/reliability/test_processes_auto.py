@@ -42,9 +42,11 @@ from tests.service.reliability.server_app import ROOT
 GIB = 1 << 30
 
 
-def test_auto_is_one_process_on_the_cpu_and_two_on_cuda_where_the_host_has_the_cores() -> None:
+def test_auto_is_one_process_on_the_cpu_and_up_to_four_on_cuda_where_the_host_has_the_cores() -> None:
     assert auto_processes(cuda=False, cores=64)[0] == 1
-    assert auto_processes(cuda=True, cores=16)[0] == 2
+    assert auto_processes(cuda=True, cores=64)[0] == 4
+    assert auto_processes(cuda=True, cores=16)[0] == 4
+    assert auto_processes(cuda=True, cores=12)[0] == 3
     assert auto_processes(cuda=True, cores=8)[0] == 2
     n, why = auto_processes(cuda=True, cores=4)
     assert n == 1 and "4 host cores" in why

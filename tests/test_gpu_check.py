@@ -1,0 +1,78 @@
+"""The GPU check's table (benchmarks/gpu_check.py): the figures it reads, the targets it judges, and (slow) the whole
+check end to end on the CPU with the simulated device, as ``bash benchmarks/gpu_run.sh check --dry-run`` runs it."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_check import Stage, Target, gpu_busy_percent, pytest_counts, render, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pytest_counts_reads_the_closing_line() -> None:
+    text = "....F.\nFAILED tests/x.py::test_y\n6 passed, 1 failed, 2 skipped, 30 deselected in 4.2s\n"
+    assert pytest_counts(text) == {"passed": 6, "failed": 1, "skipped": 2, "deselected": 30}
+    assert pytest_counts("no closing line") == {}
+
+
+def test_a_target_is_met_missed_or_not_measured() -> None:
+    assert Target("a", 301, ">=", 300).met is True
+    assert Target("a", 299, ">=", 300).met is False
+    assert Target("b", 12.5, "<=", 12, " ms").met is False
+    assert Target("b", None, "<=", 12).met is None
+    assert "**missed**" in Target("a", 299, ">=", 300).row() and "not measured" in Target("b", None, "<=", 1).row()
+
+
+def test_gpu_busy_is_the_sm_utilisation_where_nvidia_smi_read_it() -> None:
+    assert gpu_busy_percent({"gpu_sm_util_mean": 38.0, "device_busy_fraction": 0.67}) == 38.0  # two processes: 67% is summed
+    assert gpu_busy_percent({"gpu_sm_util_mean": None, "device_busy_fraction": 0.9}) == pytest.approx(90.0)
+
+
+def _level(clients: object, throughput: float, p50: float, p99: float, **extra: object) -> dict[str, object]:
+    return {"clients": clients, "throughput_per_s": throughput, "p50_s": p50, "p99_s": p99, "p99_over_p50": p99 / p50,
+            "device_busy_fraction": 0.9, "gpu_sm_util_mean": None, "unwarmed_calls": 0, "requests": 768, "ok": 768,
+            "rejected_503": 0, "models": [{"name": "m", "precision": "bf16"}], **extra}
+
+
+def test_summarise_judges_each_promise_from_the_stages_reports(tmp_path: Path) -> None:
+    lite0 = [_level("first after ready", 20, 0.05, 0.05), _level("1 (next 99)", 30, 0.03, 0.07), _level(128, 310, 0.4, 0.7)]
+    (tmp_path / "check-service-lite0.json").write_text(json.dumps({"rows": lite0}))
+    (tmp_path / "check-service-resnet101-bf16.json").write_text(json.dumps({"rows": [_level(128, 140, 0.5, 0.6)]}))
+    speed = {"batch": 32, "ours_default_s_per_attr": 0.005, "ours_idg_s_per_attr": 0.011, "ours_ig_s_per_attr": 0.01,
+             "captum_ig_default_s_per_attr": 0.023, "default_vs_captum_default": 4.6, "ours_idg_tflops": 180.0}
+    for label in ("check-library-auto", "check-library-bf16"):
+        (tmp_path / f"{label}.json").write_text(json.dumps({"meta": {"precision": "bf16"}, "speed": [speed]}))
+    tests = Stage("gpu-tests", [], 1, status="ok", output="17 passed, 30 deselected in 90s\n")
+    rows, targets, figures = summarise(tmp_path, [tests], 128, 99)
+    verdicts = {t.name: t.met for t in targets}
+    assert verdicts["GPU tests failed"] is True
+    assert verdicts["Lite0 service: attributions/s at 128 clients"] is True
+    assert verdicts["Lite0 service: p99 / p50"] is True
+    assert verdicts["ResNet-101 bf16 service: attributions/s at 128 clients"] is False  # 140 < 150
+    assert verdicts["library, ResNet-101 bf16: IDG-50/50 ms per attribution"] is True  # 11 ms
+    assert verdicts["Lite0 service: first request / p50 of the next (as fast as the hundredth)"] is True
+    assert figures["gpu_tests"] == {"passed": 17, "deselected": 30}
+    table = render(["- GPU: none"], [tests], rows, targets, dry_run=False, total_s=1.0)
+    assert "310.0 attributions/s" in table and "| ResNet-101 bf16 service: attributions/s at 128 clients | 140 | >= 150 | **missed** |" in table
+
+
+def test_a_stage_that_did_not_report_is_not_measured_never_met(tmp_path: Path) -> None:
+    rows, targets, _ = summarise(tmp_path, [Stage("gpu-tests", [], 1, status="timed out", output="")], 128, 99)
+    assert all(t.met is None for t in targets)
+    assert any("not measured" in r for r in rows)
+
+
+@pytest.mark.slow  # 3.5-6 minutes on the 2-core VM: every stage end to end
+def test_the_dry_run_prints_every_figure_of_the_table(tmp_path: Path) -> None:
+    done = subprocess.run(["bash", "benchmarks/gpu_run.sh", "check", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OUT": str(tmp_path)}, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = (tmp_path / "gpu-check.md").read_text()
+    for figure in ("attributions/s", "p99/p50", "unwarmed calls", "padding/real rows", "first request after ready",
+                   "IDG-50/50", "Captum IG-50 at its defaults", "torch", "GPU tests"):
+        assert figure in table
+    assert "not measured" not in table.split("| target |")[1].split("| stage |")[0].replace("GPU tests failed | n/a", "")
