@@ -178,19 +178,23 @@ def _resolve(schema: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _schema_type(s: dict[str, Any]) -> str:
-    if "anyOf" in s:
-        return " or ".join(_schema_type(x) for x in s["anyOf"] if x.get("type") != "null")
+    """A schema's type in a few words: ``integer >= 1 <= 20``, ```idg`, `ig```, ``list of string``."""
+    if "anyOf" in s:  # a form's optional field: its type, or "" (not given) / null
+        kinds = [_schema_type(x) for x in s["anyOf"] if x.get("type") != "null" and x.get("const") != ""]
+        return " or ".join(k for k in kinds if k)
     if "enum" in s:
-        return " \\| ".join(f"`{v}`" for v in s["enum"])
+        return ", ".join(f"`{v}`" for v in s["enum"])
+    if "const" in s:
+        return f"`{s['const']}`"
     t = s.get("type", "")
     if t == "array":
         return f"list of {_schema_type(s.get('items', {}))}"
     if "$ref" in s:
-        return s["$ref"].rsplit("/", 1)[-1]
+        return str(s["$ref"].rsplit("/", 1)[-1])
     bits = [t]
     for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")):
         if key in s:
-            bits.append(f"{op} {s[key]}")
+            bits.append(f"{op} {s[key]:g}" if isinstance(s[key], (int, float)) else f"{op} {s[key]}")
     return " ".join(b for b in bits if b)
 
 
