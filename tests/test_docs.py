@@ -19,7 +19,7 @@ from idg_core.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-NOT_SETTINGS = {"IDG_URL"}  # read by idg-client, not by the server
+NOT_SETTINGS = {"IDG_URL", "IDG_SCREENSHOT"}  # read by idg-client and by the page test, not by the server
 
 
 def _script(name: str) -> ModuleType:
