@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SERVE_ARGS ?=
 
-.PHONY: run test test-all demo lint bench eval
+.PHONY: run test test-all demo lint bench eval docs
 
 run:
 	@scripts/setup.sh
@@ -17,6 +17,7 @@ test:
 	$(PY) -m ruff check idg_core app idg_client tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir "$$(mktemp -d)"
 	scripts/smoke_test.sh
 
 test-all:
@@ -34,3 +35,8 @@ bench:
 eval:
 	scripts/setup.sh bench
 	$(PY) -m idg_core.evaluation --images ../shared/data/imagenet-samples --out results/evaluation $(EVAL_ARGS)
+
+# the documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8001 while you edit it; `make test` builds it --strict
+docs:
+	scripts/setup.sh dev
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve -a 127.0.0.1:8001

@@ -126,6 +126,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         version="0.1.0",
         description="Explain ImageNet classifiers with Integrated Decision Gradients (adaptive sampling) and its baselines.",
         lifespan=lifespan,
+        redirect_slashes=False,  # POST /predict/ is a JSON 404 naming /predict (app.core.errors), not an empty 307
         docs_url=None,  # app.api.docs serves /docs and /redoc with local assets (FastAPI's load from a CDN)
         redoc_url=None,
     )
@@ -145,6 +146,11 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
     install_openapi(app, settings)  # the schema says what this server accepts
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        """The page's icon (browsers ask for it on every page load)."""
+        return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon")
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:

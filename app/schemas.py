@@ -73,12 +73,15 @@ class AttributeCommon(PredictParams):
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
 
-def method_parameters() -> dict[str, list[MethodParameter]]:
-    """The parameters of each method that a request may give, from their declarations."""
+def method_parameters(max_steps: int | None = None) -> dict[str, list[MethodParameter]]:
+    """The parameters of each method that a request may give, from their declarations; a step count's
+    ``maximum`` is ``max_steps`` (the server's ``IDG_MAX_STEPS``, as its OpenAPI schema states) where the
+    declaration sets none."""
     return {
         m.name: [
             MethodParameter(name=p.name, type=_JSON_TYPES[p.kind], default=p.default, minimum=p.low,
-                            exclusive_minimum=p.low_open, maximum=p.high, choices=list(p.choices), description=p.help)
+                            exclusive_minimum=p.low_open, maximum=max_steps if p.step and p.high is None else p.high,
+                            choices=list(p.choices), description=p.help)
             for p in m.params if p.service
         ]
         for m in METHODS.values()

@@ -287,7 +287,7 @@ def _auto(device: str) -> tuple[int, bool]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="idg-serve", description="Serve the IDG app; settings come from IDG_* variables (see README).")
+    parser = argparse.ArgumentParser(prog="idg-serve", description="Serve the IDG app; settings: IDG_* variables (docs/settings.md).")
     parser.add_argument("--host", help="listen address (default: IDG_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default: IDG_PORT, 8000)")
     parser.add_argument("--processes", type=_processes, help="server processes on the port, each with its own models and worker, "

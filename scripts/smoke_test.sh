@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start the real service (uvicorn, default model) on a free loopback port and exercise every
-# README curl example against a sample photo. Exits non-zero on the first wrong answer.
+# Start the real service (uvicorn, default model) on a free loopback port, check its answers against a sample
+# photo and against what the docs say of them, then run every example of README.md and docs/ marked
+# <!-- smoke --> (scripts/doc_examples.py). Exits non-zero on the first wrong answer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -8,9 +9,11 @@ IMG="${SMOKE_IMAGE:-../shared/data/imagenet-samples/n01580077_jay.JPEG}"
 PORT=$($PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 URL="http://127.0.0.1:$PORT"
 LOG=$(mktemp)
+DATA=$(mktemp -d)  # the job store of the examples' jobs: not the checkout's data/
+export IDG_DATA_DIR="$DATA"
 $PY -m app.server --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
 PID=$!
-trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -f "$LOG"' EXIT
+trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -rf "$LOG" "$DATA"' EXIT
 for _ in $(seq 1 120); do
     curl -sf "$URL/health/ready" >/dev/null && break
     kill -0 $PID 2>/dev/null || { cat "$LOG"; echo "smoke: server died"; exit 1; }
@@ -35,16 +38,16 @@ curl -sf -F "file=@$IMG" -F method=ig -F steps=8 -F target=207 "$URL/attribute" 
 curl -sf -F "file=@$IMG" -F method=guided_ig -F steps=5 -F return_attribution=true "$URL/attribute" | check return-attribution \
     "__import__('numpy').load(__import__('io').BytesIO(__import__('base64').b64decode(d['attribution']['data']))).shape == (3, 224, 224) \
      and d['curve']['output'] == 'probability' and len(d['curve']['values']) == 5"
-# What the README says about the answers, compared with the answers themselves:
+# What the docs say about the answers (docs/using.md, docs/methods/index.md), compared with the answers themselves:
 # the raw attribution's object (its keys, format and shape as the README's example shows them) ...
 curl -sf -F "file=@$IMG" -F method=idg -F steps=4 -F probe_steps=4 -F return_attribution=true "$URL/attribute" | check readme-attribution \
     "(lambda r: set(d['attribution']) == set(r) and d['attribution']['format'] == r['format'] and d['attribution']['shape'] == r['shape'] \
      and d['attribution']['dtype'] in ('float16', 'float32'))(json.loads(__import__('re').search(r'attribution: (\{.*?\})\`', \
-     open('README.md').read()).group(1)))"
-# ... and the cost of a default attribution (the fast preset), as the README counts it
+     open('docs/using.md').read()).group(1)))"
+# ... and the cost of a default attribution (the fast preset), as the methods' page counts it
 curl -sf -F "file=@$IMG" "$URL/attribute" | check readme-cost \
     "(lambda m: [d['cost']['forward_passes'], d['cost']['backward_passes']] == [int(m.group(1)), int(m.group(2)) ])(__import__('re').search( \
-     r'IDG 8 probe / 16 main steps \((\d+) forward \+ (\d+) gradient passes', open('README.md').read()))"
+     r'IDG 8 probe / 16 main steps \((\d+) forward \+ (\d+) gradient passes', open('docs/methods/index.md').read()))"
 BIG="${SMOKE_BIG_IMAGE:-../shared/data/imagenet-samples/n02091032_Italian_greyhound.JPEG}"  # 576 KB: inlined in argv it would fail
 BODY=$(mktemp)
 printf '{"image": "%s", "top_k": 3}' "$(base64 -w0 "$BIG")" > "$BODY"
@@ -87,11 +90,25 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@$IMG" -F "explain_if=con
 curl -sf "$URL/metrics" | grep -c 'idg_faithfulness_bucket' >/dev/null || { echo "smoke: faithfulness metrics"; exit 1; }
 ok "monitoring"
 
+# Every example of the README and the docs marked <!-- smoke -->, as written (paths and port made local), in a
+# scratch directory holding the files they name.
+EX=$(mktemp -d)
+mkdir -p "$EX/photos" "$EX/incoming"
+for f in photo.jpg a.jpg b.jpg jay.jpg photos/a.jpg incoming/one.jpg; do cp "$IMG" "$EX/$f"; done
+cp "$BIG" "$EX/photos/b.jpg"
+tar -czf "$EX/photos.tar.gz" -C "$EX" photos
+ROOT=$(pwd)
+$PY scripts/doc_examples.py --port "$PORT" --root "$ROOT" > "$EX/examples.sh"
+(cd "$EX" && bash examples.sh) | tee "$EX/examples.out" || { rm -rf "$EX"; echo "smoke: docs examples failed"; exit 1; }
+grep -c " ok$" "$EX/examples.out" > /dev/null || { rm -rf "$EX"; echo "smoke: no docs example ran"; exit 1; }
+rm -rf "$EX"
+ok "docs examples"
+
 # Your own model: the README's four examples (one env var each; scripted ones with their models file),
 # on tiny random models saved as a user would (scripts/make_tiny_models.py), each in its own server.
 kill $PID 2>/dev/null; wait $PID 2>/dev/null || true
 OWN=$(mktemp -d)
-trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -rf "$LOG" "$OWN"' EXIT
+trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -rf "$LOG" "$OWN" "$DATA"' EXIT
 $PY scripts/make_tiny_models.py "$OWN" timm hf_vit torchscript export > "$OWN/specs.tsv" 2>/dev/null
 own() { # kind, expected classes, extra env
     local spec; spec=$(awk -F'\t' -v k="$1" '$1 == k {print $2}' "$OWN/specs.tsv")

@@ -23,11 +23,15 @@ P = TypeVar("P", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 
-def first_error(err: ValidationError) -> str:
+def first_error(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """The first error as one sentence; an unknown field's names the fields ``model`` (the route's body) takes."""
     e = err.errors()[0]
     where = ".".join(str(p) for p in e.get("loc", ()))
     if e.get("type") == "extra_forbidden":
-        return f"{where}: unknown field"
+        if model is None:
+            return f"{where}: unknown field"
+        names = sorted(f.alias or name for name, f in model.model_fields.items())
+        return f"{where}: unknown field; the fields here are {', '.join(names)}"
     return f"{where}: {e.get('msg')}" if where else str(e.get("msg"))
 
 
@@ -80,7 +84,7 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
             payload = json_cls.model_validate_json(body)
             _json_types(json.loads(body), json_cls)
         except ValidationError as err:
-            raise ApiError(422, first_error(err), code="invalid_parameter") from err
+            raise ApiError(422, first_error(err, json_cls), code="invalid_parameter") from err
         fields = payload.model_dump(exclude={"image"}, exclude_unset=True, exclude_none=True)  # null: not given
         return _not_empty(decode_base64(payload.image)), _validate(params_cls, fields)
     if ctype.startswith("multipart/form-data"):
@@ -177,7 +181,7 @@ def _validate(cls: type[P], fields: Mapping[str, object]) -> P:
     try:
         return cls.model_validate(fields)
     except ValidationError as err:
-        raise ApiError(422, first_error(err), code="invalid_parameter") from err
+        raise ApiError(422, first_error(err, cls), code="invalid_parameter") from err
 
 
 def body_docs(params_cls: type[BaseModel], json_cls: type[BaseModel]) -> dict[str, object]:

@@ -15,7 +15,8 @@ from idg_core.models.speed import Precision, default_precision
 
 
 class Settings(BaseSettings):
-    """Every knob of the service; the README lists them with their environment names."""
+    """Every knob of the service; docs/settings.md lists them with their environment names (made from this class:
+    each field's ``description`` is its line there)."""
 
     model_config = SettingsConfigDict(env_prefix="IDG_", env_file=".env", extra="ignore")
 

@@ -87,5 +87,13 @@ def install_error_handlers(app: FastAPI) -> None:
             # /jobs, where GET /jobs is a route of its own): every method the schema documents for the path
             given = (headers or {}).get("Allow", "").replace(" ", "").split(",")
             documented = documented_methods(request.app, request.scope["path"])
-            headers = {**(headers or {}), "Allow": allow_header({*documented, *filter(None, given)})}
+            allowed = allow_header({*documented, *filter(None, given)})
+            headers = {**(headers or {}), "Allow": allowed}
+            message = f"{request.method} is not allowed on {request.scope['path']}; it takes {allowed}"
+            return JSONResponse(error_body(405, message, "method_not_allowed"), status_code=405, headers=headers)
+        path = request.scope["path"]
+        if exc.status_code == 404 and path.endswith("/") and path != "/" and documented_methods(request.app, path.rstrip("/")):
+            # no redirect to the path without its slash (a 307 with no body, and clients that do not resend a POST's body)
+            message = f"no route {path}; the route is {path.rstrip('/')}, without the trailing slash"
+            return JSONResponse(error_body(404, message, "not_found"), status_code=404, headers=headers)
         return JSONResponse(error_body(exc.status_code, str(exc.detail), "http_error"), status_code=exc.status_code, headers=headers)

@@ -121,6 +121,15 @@ class AttributePlan:
         return explanation_bound(self.bound, o.metrics, x.shape[-2], x.shape[-1], o.steps, predict=probs is None).units
 
 
+def answered_preset(params: AttributeCommon) -> str | None:
+    """The preset an answer names: the one the request named; else the default, unless the request's own values
+    replaced one the default sets (``steps=50`` alone is not the fast preset): then None, no preset."""
+    if "preset" in params.model_fields_set:
+        return params.preset
+    overridden = set(params.method_values()) & set(METHODS[params.method].preset(params.preset))
+    return None if overridden else params.preset
+
+
 def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> AttributePlan:
     """Check an /attribute request against ``model`` (no image needed) and resolve what it runs."""
     if params.target is not None and params.target >= model.num_classes:
@@ -129,7 +138,7 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
     options = explain_options(settings, params, model)
     bound = work_bound(settings, params, kwargs, options)
     used = {k: v for k, v in kwargs.items() if v is not None}  # None: not used (AGI's explicit classes)
-    used |= {"baseline": params.baseline, "preset": params.preset, **options.post}
+    used |= {"baseline": params.baseline, "preset": answered_preset(params), **options.post}
     if options.metrics:
         used |= {"faithfulness": ",".join(options.metrics), "faithfulness_steps": options.steps}
     return AttributePlan(kwargs, used, options, bound, tuple(model.preprocessing.mean))

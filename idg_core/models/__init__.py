@@ -1,5 +1,6 @@
 """Pretrained classifiers (pixel space in, logits out) and the image preprocessing they need."""
 
+from idg_core.models._torchvision_compat import import_torchvision
 from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.preprocess import (
     IMAGENET_MEAN,
@@ -56,6 +57,7 @@ __all__ = [
     "decode_image",
     "efficientnet_lite",
     "image_files",
+    "import_torchvision",
     "imagenet_class_names",
     "imagenet_label",
     "imagenet_wnids",

@@ -40,7 +40,11 @@ def _declare_missing_ops() -> None:
 
 
 def import_torchvision() -> ModuleType:
-    """``import torchvision``, declaring the detection op schemas first when its build needs it."""
+    """``import torchvision``, declaring the detection op schemas first when its build needs it.
+
+    Call it once before ``import timm`` or ``import torchvision`` in your own script beside the CPU torch
+    (both fail there with "operator torchvision::nms does not exist" otherwise); public as
+    ``idg_core.models.import_torchvision``."""
     try:
         return importlib.import_module("torchvision")
     except RuntimeError as err:

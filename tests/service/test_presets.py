@@ -20,9 +20,14 @@ async def _attribute(client, **fields: str) -> dict:  # noqa: ANN001
     ({}, PRESETS["idg"]["fast"]["probe_steps"], PRESETS["idg"]["fast"]["steps"], "fast"),
     ({"preset": "paper"}, 50, 50, "paper"),
     ({"preset": "paper", "steps": "12"}, 50, 12, "paper"),
-    ({"steps": "6", "probe_steps": "5"}, 5, 6, "fast"),
+    ({"steps": "6", "probe_steps": "5"}, 5, 6, None),  # no preset named, and not the default's steps: none
+    ({"steps": "50"}, PRESETS["idg"]["fast"]["probe_steps"], 50, None),
+    ({"preset": "fast", "steps": "50"}, PRESETS["idg"]["fast"]["probe_steps"], 50, "fast"),
+    ({"placement": "authors"}, PRESETS["idg"]["fast"]["probe_steps"], PRESETS["idg"]["fast"]["steps"], "fast"),
 ])
-async def test_the_preset_sets_the_steps_unless_given(tiny_app: AppFactory, fields: dict, probe: int, main: int, preset: str) -> None:
+async def test_the_preset_sets_the_steps_unless_given(
+    tiny_app: AppFactory, fields: dict, probe: int, main: int, preset: str | None,
+) -> None:
     app = tiny_app()
     async with serve(app) as client:
         net = app.state.service.models["tiny"].net

@@ -35,8 +35,8 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
                   cuda_graphs=bool(service.worker.shapes[n].graphs), unwarmed_calls=service.worker.shapes[n].unwarmed_calls)
         for i, (n, m) in enumerate(service.models.items())
     ]
-    return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()}, method_parameters=method_parameters(),
-                          device=str(service.device))
+    return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()},
+                          method_parameters=method_parameters(service.settings.max_steps), device=str(service.device))
 
 
 @router.get("/health/live")

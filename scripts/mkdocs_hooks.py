@@ -1,0 +1,309 @@
+"""MkDocs hooks (mkdocs.yml ``hooks:``): the pages' reference tables, made from the code at build time.
+
+A page asks for a table with a marker line, ``<!-- generated:NAME -->`` (``<!-- generated:method idg -->`` for
+one method's parameters), and the build puts the table in its place, so the settings reference cannot drift from
+``app.core.config.Settings``, the metrics from ``app.core.prometheus.Metrics``, the alerts from
+``deploy/monitoring/rules/idg.rules.yml``, the routes from the app's OpenAPI schema, or a method's parameters from
+its ``Param`` declarations. The site also gets ``openapi.json`` and the result plots under ``results/``.
+``tests/test_docs.py`` calls these functions directly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"^<!-- generated:(\w+)(?: (\w+))? -->$", re.MULTILINE)
+log = logging.getLogger("mkdocs.hooks.idg")
+
+
+def _cell(text: object) -> str:
+    """One table cell: RST's double backticks as Markdown's, no line breaks, pipes escaped."""
+    s = re.sub(r"``([^`]+)``", r"`\1`", str(text))
+    s = re.sub(r":(?:class|func|meth|data|attr):`~?([^`]+)`", r"`\1`", s)
+    return " ".join(s.split()).replace("|", "\\|")
+
+
+# ---- settings ---------------------------------------------------------------------------------------------------
+
+def env_name(field: str) -> str:
+    return "IDG_" + field.upper()
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, list):
+        return f"`{','.join(map(str, value))}`" if value else "empty"
+    if isinstance(value, Path):
+        return f"`{value}`"
+    return f"`{json.dumps(value) if isinstance(value, bool) else value}`"
+
+
+def _bounds(metadata: list[Any]) -> str:
+    parts = []
+    for m in metadata:
+        for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(m, attr, None) is not None:
+                parts.append(f"{op} {getattr(m, attr)}")
+    return ", ".join(parts)
+
+
+def _type(annotation: Any) -> str:
+    """A field's type as a reader writes it: ``int | 'auto'``, ``'fp32' | 'tf32' | 'bf16'``, ``list[str]``."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type(a) for a in args if a is not type(None)) + (" or unset" if type(None) in args else "")
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is not None:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type(a) for a in args)}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _nested_metadata(annotation: Any) -> list[Any]:
+    """The constraints of an ``Annotated`` inside a union (``Annotated[int, Field(ge=1)] | Literal["auto"]``)."""
+    import typing
+
+    if typing.get_origin(annotation) is typing.Annotated:
+        return [m for a in typing.get_args(annotation)[1:] for m in getattr(a, "metadata", [a])]
+    return [m for a in typing.get_args(annotation) for m in _nested_metadata(a)]
+
+
+def settings_rows() -> list[dict[str, str]]:
+    """One row per field of ``Settings``: its environment variable, type, default, bounds and description."""
+    from app.core.config import Settings
+
+    rows = []
+    for name, f in Settings.model_fields.items():
+        rows.append({"name": name, "env": env_name(name), "type": _type(f.annotation), "default": _default(f.default if
+                     f.default_factory is None else f.default_factory()),  # type: ignore[call-arg]
+                     "bounds": _bounds([*f.metadata, *_nested_metadata(f.annotation)]), "description": f.description or ""})
+    return rows
+
+
+def settings_table() -> str:
+    lines = ["| variable | default | type, range | meaning |", "|---|---|---|---|"]
+    for r in settings_rows():
+        if not r["description"]:
+            log.warning("setting %s has no description in app/core/config.py", r["env"])
+        kind = _cell(r["type"]) + (f"; {r['bounds']}" if r["bounds"] else "")
+        lines.append(f"| <span id=\"{r['env'].lower()}\"></span>`{r['env']}` | {r['default']} | {kind} | {_cell(r['description'])} |")
+    return "\n".join(lines)
+
+
+# ---- metrics and alerts -----------------------------------------------------------------------------------------
+
+def metric_rows() -> list[dict[str, str]]:
+    """Every metric the service exports: name as scraped, type, labels, help."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from app.core.prometheus import Metrics
+
+    rows = []
+    for m in vars(Metrics()).values():
+        if isinstance(m, MetricWrapperBase):
+            kind = m._type  # noqa: SLF001 (prometheus_client keeps these private)
+            name = m._name + ("_total" if kind == "counter" else "")  # noqa: SLF001
+            rows.append({"name": name, "type": kind, "labels": ", ".join(m._labelnames),  # noqa: SLF001
+                         "help": m._documentation})  # noqa: SLF001
+    return sorted(rows, key=lambda r: r["name"])
+
+
+def metrics_table() -> str:
+    lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for r in metric_rows():
+        suffix = " (`_bucket`, `_sum`, `_count`)" if r["type"] == "histogram" else ""
+        lines.append(f"| `{r['name']}`{suffix} | {r['type']} | {_cell(r['labels']) or '-'} | {_cell(r['help'])} |")
+    return "\n".join(lines)
+
+
+RULES = ROOT / "deploy" / "monitoring" / "rules" / "idg.rules.yml"
+
+
+def _rules() -> Iterator[dict[str, Any]]:
+    import yaml  # type: ignore[import-untyped]
+
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        yield from group["rules"]
+
+
+def alerts_table() -> str:
+    lines = ["| alert | fires when (PromQL) | for | severity | says |", "|---|---|---|---|---|"]
+    for r in _rules():
+        if "alert" in r:
+            expr = " ".join(r["expr"].split())
+            lines.append(f"| `{r['alert']}` | `{_cell(expr)}` | {r.get('for', '-')} | {r.get('labels', {}).get('severity', '-')} "
+                         f"| {_cell(r.get('annotations', {}).get('summary', ''))} |")
+    return "\n".join(lines)
+
+
+def recordings_table() -> str:
+    lines = ["| recorded series | PromQL |", "|---|---|"]
+    for r in _rules():
+        if "record" in r:
+            lines.append(f"| `{r['record']}` | `{_cell(' '.join(r['expr'].split()))}` |")
+    return "\n".join(lines)
+
+
+# ---- the HTTP API -----------------------------------------------------------------------------------------------
+
+@cache
+def openapi() -> dict[str, Any]:
+    """The app's OpenAPI schema at the default settings (no model is loaded: only the routes are built)."""
+    from app.core.config import Settings
+    from app.main import create_app
+
+    return create_app(Settings(_env_file=None)).openapi()
+
+
+def _resolve(schema: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        node: Any = spec
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        schema = node
+    return schema
+
+
+def _schema_type(s: dict[str, Any]) -> str:
+    """A schema's type in a few words: ``integer >= 1 <= 20``, ```idg`, `ig```, ``list of string``."""
+    if "anyOf" in s:  # a form's optional field: its type, or "" (not given) / null
+        kinds = [_schema_type(x) for x in s["anyOf"] if x.get("type") != "null" and x.get("const") != ""]
+        return " or ".join(k for k in kinds if k)
+    if "enum" in s:
+        return ", ".join(f"`{v}`" for v in s["enum"])
+    if "const" in s:
+        return f"`{s['const']}`"
+    t = s.get("type", "")
+    if t == "array":
+        return f"list of {_schema_type(s.get('items', {}))}"
+    if "$ref" in s:
+        return str(s["$ref"].rsplit("/", 1)[-1])
+    bits = [t]
+    for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("exclusiveMaximum", "<")):
+        if key in s:
+            bits.append(f"{op} {s[key]:g}" if isinstance(s[key], (int, float)) else f"{op} {s[key]}")
+    return " ".join(b for b in bits if b)
+
+
+def routes_markdown() -> str:
+    """Every route of the schema: its summary, description, request fields and answers."""
+    spec = openapi()
+    out = ["| method | path | what |", "|---|---|---|"]
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            out.append(f"| {method.upper()} | [`{path}`](#{_anchor(method, path)}) | {_cell(op.get('summary', ''))} |")
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            out += ["", f"### {method.upper()} `{path}` {{#{_anchor(method, path)}}}", "", _md(op.get("description", "")), ""]
+            params = op.get("parameters", [])
+            if params:
+                out += ["| parameter | in | type | meaning |", "|---|---|---|---|"]
+                out += [f"| `{p['name']}` | {p['in']} | {_cell(_schema_type(p.get('schema', {})))} | "
+                        f"{_cell(p.get('description', p.get('schema', {}).get('description', '')))} |" for p in params]
+                out.append("")
+            for ctype, body in op.get("requestBody", {}).get("content", {}).items():
+                schema = _resolve(body.get("schema", {}), spec)
+                props = schema.get("properties", {})
+                if not props:
+                    continue
+                required = set(schema.get("required", []))
+                out += [f"Body `{ctype}`:", "", "| field | type | default | meaning |", "|---|---|---|---|"]
+                for name, prop in props.items():
+                    prop = _resolve(prop, spec) if "$ref" in prop else prop
+                    default = "required" if name in required else (f"`{prop['default']}`" if "default" in prop else "")
+                    out.append(f"| `{name}` | {_cell(_schema_type(prop))} | {default} | {_cell(prop.get('description', ''))} |")
+                out.append("")
+            codes = ", ".join(f"{code} ({_cell(r.get('description', ''))})" for code, r in op.get("responses", {}).items())
+            if codes:
+                out += [f"Answers: {codes}.", ""]
+    return "\n".join(out)
+
+
+def _anchor(method: str, path: str) -> str:
+    return method.lower() + "-" + re.sub(r"[^a-z0-9]+", "-", path.lower()).strip("-")
+
+
+def _md(text: str) -> str:
+    return re.sub(r"``([^`]+)``", r"`\1`", text)
+
+
+# ---- methods ----------------------------------------------------------------------------------------------------
+
+def method_table(name: str) -> str:
+    """One method's parameters (from its ``Param`` declarations) and what each preset sets."""
+    from idg_core.methods import METHODS
+
+    m = METHODS[name]
+    lines = [f"*{m.summary}*", "", "| parameter | type | default | range | service field | meaning |", "|---|---|---|---|---|---|"]
+    for p in m.params:
+        rng = "" if p.kind is bool else (", ".join(f"`{c}`" for c in p.choices) if p.choices else _range(p))
+        field = ("yes" + (", bounded by `IDG_MAX_STEPS`" if p.step else "")) if p.service else "library only"
+        lines.append(f"| `{p.name}` | {p.kind.__name__} | `{p.default!r}` | {rng} | {field} | {_cell(p.help)} |")
+    if m.presets:
+        lines += ["", "| preset | sets |", "|---|---|"]
+        lines += [f"| `{k}` | {', '.join(f'`{a}={b!r}`' for a, b in v.items()) or 'the defaults'} |" for k, v in m.presets.items()]
+    return "\n".join(lines)
+
+
+def _range(p: Any) -> str:
+    if p.low is None and p.high is None:
+        return ""
+    low = "-∞" if p.low is None else p.low
+    high = "∞" if p.high is None else p.high
+    return f"{'(' if p.low_open else '['}{low}, {high}]"
+
+
+# ---- the hooks --------------------------------------------------------------------------------------------------
+
+TABLES: dict[str, Callable[[], str]] = {
+    "settings": settings_table, "metrics": metrics_table, "alerts": alerts_table, "recordings": recordings_table,
+    "routes": routes_markdown,
+}
+
+
+def render(markdown: str) -> str:
+    """``markdown`` with every marker replaced by its table (an unknown marker is an error: mkdocs --strict fails)."""
+    def table(match: re.Match[str]) -> str:
+        kind, arg = match.group(1), match.group(2)
+        if kind == "method" and arg:
+            return method_table(arg)
+        if kind in TABLES and not arg:
+            return TABLES[kind]()
+        raise ValueError(f"unknown generated table {match.group(0)}")
+    return MARKER.sub(table, markdown)
+
+
+def on_config(config: Any, **_: Any) -> Any:
+    """This checkout's code first on the path (mkdocs restores the path after loading a hook), so the tables and
+    the reference describe it, not an installed copy."""
+    if str(ROOT) not in sys.path[:1]:
+        sys.path.insert(0, str(ROOT))
+    return config
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    return render(markdown)
+
+
+def on_files(files: Any, config: Any, **_: Any) -> Any:
+    """Add the committed result plots (``results/**/*.png``) and the OpenAPI schema to the site."""
+    from mkdocs.structure.files import File
+
+    for png in sorted((ROOT / "results").rglob("*.png")):
+        files.append(File.generated(config, png.relative_to(ROOT).as_posix(), abs_src_path=str(png)))
+    files.append(File.generated(config, "openapi.json", content=json.dumps(openapi(), indent=1)))
+    return files
+

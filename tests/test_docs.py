@@ -1,0 +1,123 @@
+"""The documentation agrees with the code: the reference tables the site is built with (scripts/mkdocs_hooks.py)
+list every setting, metric, alert and method, the pages name only settings that exist, and the smoke test's
+example extractor (scripts/doc_examples.py) finds the marked examples. ``mkdocs build --strict`` itself runs in
+``make test`` (broken links, anchors and pages outside the nav fail it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from app.core.config import Settings
+from idg_core.methods import METHODS
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+NOT_SETTINGS = {"IDG_URL", "IDG_SCREENSHOT"}  # read by idg-client and by the page test, not by the server
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def hooks() -> ModuleType:
+    return _script("mkdocs_hooks")
+
+
+@pytest.fixture(scope="module")
+def doc_examples() -> ModuleType:
+    return _script("doc_examples")
+
+
+def test_the_settings_reference_lists_every_setting_with_its_default_and_meaning(hooks: ModuleType) -> None:
+    table = hooks.settings_table()
+    for name, field in Settings.model_fields.items():
+        env = "IDG_" + name.upper()
+        row = next((line for line in table.splitlines() if f"`{env}`" in line), None)
+        assert row is not None, f"{env} is missing from the settings reference"
+        assert field.description, f"{env} has no description in app/core/config.py: the reference would say nothing"
+        default = field.default
+        if isinstance(default, (int, float, str)) and not isinstance(default, bool):
+            assert f"`{default}`" in row, (env, row)
+    assert (ROOT / "docs" / "settings.md").read_text().count("<!-- generated:settings -->") == 1
+
+
+def test_the_pages_name_only_settings_that_exist() -> None:
+    known = {"IDG_" + name.upper() for name in Settings.model_fields} | NOT_SETTINGS
+    for page in PAGES:
+        named = set(re.findall(r"\bIDG_[A-Z0-9_]*[A-Z0-9]\b", page.read_text()))
+        assert named <= known, f"{page.relative_to(ROOT)} names {sorted(named - known)}, which no setting reads"
+
+
+def test_the_metrics_reference_lists_every_metric_the_service_exports(hooks: ModuleType) -> None:
+    from prometheus_client import generate_latest
+
+    from app.core.prometheus import Metrics
+
+    helps = re.findall(r"^# HELP (\S+)", generate_latest(Metrics().registry).decode(), re.MULTILINE)
+    exported = {name for name in helps if not name.endswith("_created")}  # prometheus_client's creation times
+    table = hooks.metrics_table()
+    assert exported and all(f"`{name}`" in table for name in exported), exported
+
+
+def test_the_alerts_reference_lists_every_alert_of_the_rules(hooks: ModuleType) -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "monitoring" / "rules" / "idg.rules.yml").read_text())
+    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    table = hooks.alerts_table()
+    assert alerts and all(f"`{a}`" in table for a in alerts)
+
+
+def test_every_method_has_a_page_with_its_parameters(hooks: ModuleType) -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for name, method in METHODS.items():
+        page = ROOT / "docs" / "methods" / f"{name}.md"
+        assert f"<!-- generated:method {name} -->" in page.read_text(), page
+        assert f"methods/{name}.md" in nav
+        table = hooks.method_table(name)
+        assert all(f"`{p.name}`" in table for p in method.params)
+
+
+def test_an_unknown_table_marker_fails_the_build(hooks: ModuleType) -> None:
+    with pytest.raises(ValueError, match="unknown generated table"):
+        hooks.render("text\n<!-- generated:nothing -->\n")
+    assert hooks.render("no marker here") == "no marker here"
+
+
+def test_the_readme_is_short_and_its_first_screen_says_how_to_start() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150
+    first = "\n".join(lines[:40])
+    for needed in ("make run", "make test", "PORT=", "IDG_URL", "--url", ".venv/bin/", "curl "):
+        assert needed in first, needed
+
+
+def test_the_smoke_test_finds_the_marked_examples(doc_examples: ModuleType) -> None:
+    found = doc_examples.examples(ROOT)
+    assert {e.language for e in found} == {"bash", "python"}
+    assert any(e.path == "README.md" and "curl" in e.code for e in found)
+    assert all("```" not in e.code and e.code.strip() for e in found)
+
+
+def test_a_mark_without_a_block_is_an_error_and_paths_are_made_local(doc_examples: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# x\n\n<!-- smoke -->\n```bash\ncurl -s localhost:8000/models\n```\n")
+    (tmp_path / "docs" / "a.md").write_text("<!-- smoke -->\nnot a block\n")
+    with pytest.raises(ValueError, match=r"docs/a.md:1"):
+        doc_examples.examples(tmp_path)
+    (tmp_path / "docs" / "a.md").write_text("```bash\nnot marked\n```\n")
+    (only,) = doc_examples.examples(tmp_path)
+    assert (only.path, only.line, only.language) == ("README.md", 5, "bash")
+    local = doc_examples.localise("curl -F file=@../shared/x.jpg localhost:8000/a; .venv/bin/idg-client", 4321, Path("/r"))
+    assert local == "curl -F file=@/r/../shared/x.jpg 127.0.0.1:4321/a; /r/.venv/bin/idg-client"
