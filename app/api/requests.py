@@ -37,7 +37,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     connection, so the slow client's socket is freed). A client that goes away raises Starlette's
     ``ClientDisconnect`` (answered and counted as 499 by the error handlers and the metrics)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {int(declared)} bytes, more than the limit of {limit}", code="too_large")
     timeout = request.app.state.settings.body_timeout_s
     chunks, size = [], 0

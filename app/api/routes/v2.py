@@ -33,6 +33,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Annotated, Any
 
 import numpy as np
@@ -66,14 +67,10 @@ from app.api.oip import (
 )
 from app.api.requests import first_error, read_body, until_disconnected
 from app.core.errors import ApiError, allow_header, documented_methods
-from app.core.images import load_input
-from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams
-from app.service import Checked, RequestContext, Service
-from app.service.render import method_label
-from app.worker.waiting import Submission, UntilDisconnected
-from idg_core.explain import Explanation, predict_plan
+from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
+from app.service import ExplainRequest, Image, PredictRequest, Service
+from idg_core.explain import Explanation
 from idg_core.models import ImageClassifier
-from idg_core.types import to_device
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +79,9 @@ EXTENSIONS = ["binary_tensor_data", "classification"]
 CLASSIFY_OUTPUTS = ("probabilities", "predicted_class")
 EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "insertion", "deletion")
 IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "headers")
+CONTENT_TYPES = ("application/json", "application/octet-stream")
+INLINE_ELEMENTS = 200_000
+"""Answers of more numbers than this are encoded in a thread (about 2 ms of JSON on the event loop at most)."""
 RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
                "return_input")
 """/attribute fields that shape its PNGs and JSON, not the explanation: not request parameters here."""
@@ -179,20 +179,20 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise ApiError(415, "compressed request bodies are not supported: send the body without Content-Encoding",
                        code="unsupported_media_type")
+    _check_content_type(request.headers.get("content-type"))
     key, model = service.model(name)
     body = await read_body(request, service.settings.max_upload_bytes)
     req, tensors = read_infer_request(body, request.headers.get(HEADER_LENGTH))
     wanted = _wanted_outputs(req)
     params, explain = _attribute_params(req, wanted, key)
-    checked = service.check_attribute(params) if explain else None
+    context = service.context(received, until_disconnected=until_disconnected(request))
+    call = service.explain_request(params, context) if explain else service.predict_request(PredictParams(model=key), context)
     items = _images(tensors, model, service.settings.max_batch_files)
-    until = until_disconnected(request)
 
-    async def one(item: bytes | torch.Tensor) -> tuple[torch.Tensor, Explanation | None]:
-        x = await load_input(item, model, service.settings, service.device) if isinstance(item, bytes) else to_device(item, service.device)
-        if checked is None:
-            return await _classify(service, key, x, until), None
-        found = await _explain(service, checked, params, x, until)
+    async def one(item: Image) -> tuple[torch.Tensor, Explanation | None]:
+        if isinstance(call, PredictRequest):
+            return await service.probabilities(call, item), None
+        found = (await service.explanation(call, item)).found
         return found.probs, found
 
     try:
@@ -201,11 +201,37 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     except ExceptionGroup as failed:
         raise _first_failure(failed) from None
     results = [t.result() for t in tasks]
-    outputs = _outputs(model, results, checked, wanted, req)
-    payload, header_length = write_infer_response(key, req.id, outputs, {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
+    checked = call if isinstance(call, ExplainRequest) else None
+    answer = partial(_answer, key, model, results, checked, wanted, req, received)
+    # a large answer (attributions in JSON: 105 MB for 32 images) is built off the event loop, which serves the rest meanwhile
+    payload, header_length = await asyncio.to_thread(answer) if _elements(results) > INLINE_ELEMENTS else answer()
     if header_length is None:
         return Response(payload, media_type="application/json")
     return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)})
+
+
+def _check_content_type(given: str | None) -> None:
+    """415 unless the body is JSON (``application/json``) or the binary extension's JSON and bytes
+    (``application/octet-stream``); no Content-Type is read as JSON, as Triton's clients send none."""
+    if given is None:
+        return
+    kind = given.split(";", 1)[0].strip().lower()
+    if kind not in CONTENT_TYPES:
+        raise ApiError(415, f"Content-Type {kind or given!r} is not an inference request: send {' or '.join(CONTENT_TYPES)}",
+                       code="unsupported_media_type")
+
+
+def _elements(results: list[tuple[torch.Tensor, Explanation | None]]) -> int:
+    """How many numbers the answer may carry (every probability, and every attribution value)."""
+    return sum(p.numel() + (0 if e is None else e.result.attributions.numel()) for p, e in results)
+
+
+def _answer(key: str, model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]],
+            checked: ExplainRequest | None, wanted: list[tuple[str, dict[str, Scalar]]], req: InferRequest,
+            received: float) -> tuple[bytes, int | None]:
+    """The answer's body (and its JSON header's length when an output is binary)."""
+    outputs = _outputs(model, results, checked, wanted, req)
+    return write_infer_response(key, req.id, outputs, {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
 
 
 @router.api_route("/models/{name}/versions/{version}{rest:path}", methods=["GET", "POST"], include_in_schema=False)
@@ -310,28 +336,6 @@ def _pixels(t: Tensor, size: int) -> torch.Tensor:
     return pixels if layout == "NCHW" else pixels.permute(0, 3, 1, 2).contiguous()
 
 
-async def _classify(service: Service, name: str, x: torch.Tensor, until: UntilDisconnected) -> torch.Tensor:
-    """Every class probability of one image: /predict's plan and queue."""
-    outcome = await service.run(Submission(name, predict_plan(x), "predict", priority=0), RequestContext(until_disconnected=until))
-    service.metrics.predictions.labels(name, "none").inc()
-    return outcome.value
-
-
-async def _explain(service: Service, checked: Checked, params: AttributeCommon, x: torch.Tensor, until: UntilDisconnected) -> Explanation:
-    """One image's explanation: /attribute's plan, queue and faithfulness metrics, without its PNGs."""
-    name, planned = checked.name, checked.planned
-    outcome = await service.run(Submission(name, planned.plan(x, params), "attribute", priority=1, cost=planned.cost(x)),
-                                RequestContext(until_disconnected=until))
-    found = outcome.value
-    for metric, value in found.scores.items():
-        service.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
-    attr = found.result.attributions
-    if not bool(torch.isfinite(attr).all()):
-        raise ApiError(500, "the attribution is not finite (NaN or infinity): the model's outputs or gradients overflowed on this "
-                       "image; a model in bf16 may need fp32 (IDG_PRECISION)", code="model_error")
-    return found
-
-
 def _rows(rows: list[torch.Tensor]) -> np.ndarray[Any, Any]:
     """Curves of one row each as ``(N, K)`` float32, NaN-padded to the longest."""
     width = max((r.numel() for r in rows), default=0)
@@ -349,7 +353,7 @@ def _classification(model: ImageClassifier, probs: np.ndarray[Any, Any], k: int)
     return Output("probabilities", items=items, shape=[len(probs), k])
 
 
-def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]], checked: Checked | None,
+def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]], checked: ExplainRequest | None,
              wanted: list[tuple[str, dict[str, Scalar]]], req: InferRequest) -> list[tuple[Output, bool]]:
     """The answer's outputs, in the order asked (default: every output this request produced)."""
     probs = np.stack([p.detach().float().cpu().numpy() for p, _ in results])
