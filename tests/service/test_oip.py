@@ -4,6 +4,7 @@ form. tests/service/test_oip_client.py drives them with Triton's own client over
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -15,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from app.api.routes import v2
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 INFER = "/v2/models/tiny/infer"
@@ -227,6 +229,11 @@ REFUSALS: list[tuple[str, Any, int, str]] = [
     ("too many steps", {"inputs": [image_input(b"x")], "parameters": {"steps": 100}}, 422, "steps must be <= 12"),
     ("score not asked", {"inputs": [image_input(b"x")], "outputs": [{"name": "deletion"}]}, 422, "needs the parameter faithfulness"),
     ("explain false", {"inputs": [image_input(b"x")], "parameters": {"explain": False, "method": "ig"}}, 422, "explain is false"),
+    # NumPy takes at most 64 dimensions: one element in 65 had been a 500 in the service's error form
+    ("65 dimensions", _pixel_input([1] * 65, [0.5]), 400, "shape: List should have at most 8 items"),
+    ("shape of strings", _pixel_input(["1"], [0.5]), 400, "shape.0: Input should be a valid integer"),
+    ("shape of booleans", _pixel_input([True], [0.5]), 400, "shape.0: Input should be a valid integer"),
+    ("shape of floats", _pixel_input([1.0], [0.5]), 400, "shape.0: Input should be a valid integer"),
     ("classification elsewhere", {"inputs": [image_input(b"x")], "outputs": [{"name": "target", "parameters": {"classification": 2}}]},
      400, "classification parameter"),
 ]
@@ -257,6 +264,53 @@ async def test_broken_binary_bodies_are_refused(tiny_app: AppFactory, header: An
     async with serve(tiny_app()) as client:
         r = await client.post(INFER, content=body, headers=headers)
     assert r.status_code == 400 and message in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("length", [b"\xb2", "\u0663".encode(), b"-1", b"1e3", b" "], ids=["superscript two", "arabic three",
+                                                                                           "negative", "exponent", "blank"])
+async def test_a_header_length_that_is_not_ascii_digits_is_a_400(tiny_app: AppFactory, length: bytes) -> None:
+    # "²".isdigit() is true and int("²") raises: it had been a 500 in the service's error form
+    async with serve(tiny_app()) as client:
+        r = await client.post(INFER, content=b'{"inputs": []}', headers={"Inference-Header-Content-Length": length})
+    assert r.status_code == 400 and list(r.json()) == ["error"], r.text
+    assert "Inference-Header-Content-Length" in r.json()["error"]
+
+
+async def test_the_content_type_is_json_binary_or_none(tiny_app: AppFactory) -> None:
+    body = json.dumps({"inputs": [image_input(image_bytes())]}).encode()
+    async with serve(tiny_app()) as client:
+        for refused in ("text/plain", "multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "image/png"):
+            r = await client.post(INFER, content=body, headers={"Content-Type": refused})
+            assert r.status_code == 415 and list(r.json()) == ["error"], (refused, r.text)
+            assert refused.split(";")[0] in r.json()["error"] and "application/json" in r.json()["error"]
+        for taken in ("application/json", "application/json; charset=utf-8", "Application/JSON", "application/octet-stream", None):
+            r = await client.post(INFER, content=body, headers={} if taken is None else {"Content-Type": taken})
+            assert r.status_code == 200, (taken, r.text)
+
+
+async def test_a_large_answer_is_encoded_off_the_event_loop(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 105 MB of JSON for 32 explained images had held the event loop 5 s (/health/live waited): a large answer is built in
+    # a thread; a small one (a classification) on the loop, where a thread hop would cost more than the encoding
+    encoded_on: list[bool] = []
+    real = v2.write_infer_response
+
+    def spy(*args: Any) -> tuple[bytes, int | None]:
+        try:
+            asyncio.get_running_loop()
+            encoded_on.append(True)
+        except RuntimeError:
+            encoded_on.append(False)
+        return real(*args)
+
+    monkeypatch.setattr(v2, "write_infer_response", spy)
+    monkeypatch.setattr(v2, "INLINE_ELEMENTS", 5000)  # the tiny model's attribution: 3 x 32 x 32 per image
+    async with serve(tiny_app()) as client:
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))]})
+        assert r.status_code == 200 and encoded_on == [True], r.text
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))],
+                                           "parameters": {"explain": True, "steps": 4, "probe_steps": 4}})
+        assert r.status_code == 200 and encoded_on == [True, False], r.text
+        assert outputs(r.json())["attribution"].shape == (2, 3, 32, 32)
 
 
 async def test_unknown_model_version_and_route_and_compression(tiny_app: AppFactory) -> None:
