@@ -75,10 +75,35 @@ class MetadataTensor(BaseModel):
 
 class ModelMetadata(BaseModel):
     name: str = Field(..., description="The model's name, as in the path")
-    versions: list[str] = Field(default_factory=list, description="Always empty: the service does not version its models")
+    versions: list[str] = Field(default_factory=list, description="The model's versions: always ['1'] (the service does not "
+                                "version its models; /v2/models/NAME/versions/1/... is /v2/models/NAME/...)")
     platform: str = Field(..., description="pytorch_torchscript for a TorchScript model, else pytorch")
     inputs: list[MetadataTensor] = Field(..., description="The inputs a request may give (one of them)")
     outputs: list[MetadataTensor] = Field(..., description="The outputs an answer may hold")
+
+
+class ConfigTensor(BaseModel):
+    name: str = Field(..., description="The tensor's name")
+    data_type: str = Field(..., description="Triton's type name: TYPE_STRING, TYPE_FP32, TYPE_INT64")
+    dims: list[int] = Field(..., description="The shape without the batch dimension; -1 for any size")
+    format: str | None = Field(None, description="FORMAT_NONE (encoded files) or FORMAT_NCHW (pixels), on inputs")
+    reshape: dict[str, list[int]] | None = Field(None, description="{'shape': []} where a request's shape is the batch's only")
+
+
+class ModelConfig(BaseModel):
+    """Triton's model configuration (``ModelConfig``, as its JSON), for Triton's clients (``get_model_config``)."""
+
+    name: str = Field(..., description="The model's name")
+    platform: str = Field(..., description="pytorch_torchscript for a TorchScript model, else pytorch")
+    max_batch_size: int = Field(..., description="Most images in one request (IDG_MAX_BATCH_FILES)")
+    input: list[ConfigTensor] = Field(..., description="The inputs a request may give (one of them)")
+    output: list[ConfigTensor] = Field(..., description="The outputs an answer may hold")
+
+
+class RepositoryModel(BaseModel):
+    name: str = Field(..., description="The model's name")
+    version: str = Field(..., description="Its version: always '1'")
+    state: str = Field(..., description="READY: loaded and warm (the service serves no other)")
 
 
 class ServerMetadata(BaseModel):

@@ -52,7 +52,7 @@ async def test_health_metadata_and_readiness(tiny_app: AppFactory) -> None:
         assert (await client.get("/v2/health/live")).json() == {"live": True}
         assert (await client.get("/v2/health/ready")).json() == {"ready": True}
         assert (await client.get("/v2")).json() == {"name": "idg-service", "version": app.version,
-                                                     "extensions": ["binary_tensor_data", "classification"]}
+                                                     "extensions": ["binary_tensor_data", "classification", "model_configuration"]}
         meta = (await client.get("/v2/models/tiny")).json()
         assert meta["name"] == "tiny" and meta["platform"] == "pytorch"
         assert {t["name"]: t["shape"] for t in meta["inputs"]} == {"image": [-1], "input": [-1, 3, 32, 32]}
@@ -317,12 +317,39 @@ async def test_unknown_model_version_and_route_and_compression(tiny_app: AppFact
     async with serve(tiny_app()) as client:
         r = await client.post("/v2/models/big/infer", json={"inputs": [image_input(b"x")]})
         assert r.status_code == 404 and r.json() == {"error": "unknown model 'big'; loaded: tiny"}
-        r = await client.get("/v2/models/tiny/versions/3")
-        assert r.status_code == 404 and "does not version its models" in r.json()["error"]
+        for path in ("/v2/models/tiny/versions/3", "/v2/models/tiny/versions/3/ready", "/v2/models/tiny/versions/01/config"):
+            r = await client.get(path)
+            assert r.status_code == 404 and "has one version, '1'" in r.json()["error"], path
+        r = await client.post("/v2/models/tiny/versions/3/infer", json={"inputs": [image_input(image_bytes())]})
+        assert r.status_code == 404 and list(r.json()) == ["error"]
+        r = await client.get("/v2/models/tiny/versions/1/nothing")
+        assert r.status_code == 404 and "not a route" in r.json()["error"]
         r = await client.get("/v2/repository/index")
+        assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error"]
+        r = await client.post("/v2/repository/models/tiny/load")
         assert r.status_code == 404 and list(r.json()) == ["error"]
         r = await client.post(INFER, content=b"\x1f\x8b", headers={"Content-Encoding": "gzip"})
         assert r.status_code == 415 and "Content-Encoding" in r.json()["error"]
+
+
+async def test_version_one_is_the_model_and_triton_reads_its_config_and_the_index(tiny_app: AppFactory) -> None:
+    body = {"inputs": [image_input(image_bytes())]}
+    async with serve(tiny_app(max_batch_files=4)) as client:
+        for path in ("", "/ready", "/config"):
+            r1, r = await client.get(f"/v2/models/tiny/versions/1{path}"), await client.get(f"/v2/models/tiny{path}")
+            assert r1.status_code == r.status_code == 200 and r1.json() == r.json(), path
+        assert (await client.get("/v2/models/tiny")).json()["versions"] == ["1"]
+        versioned, plain = await client.post("/v2/models/tiny/versions/1/infer", json=body), await client.post(INFER, json=body)
+        assert versioned.status_code == 200 and outputs(versioned.json()).keys() == outputs(plain.json()).keys()
+        np.testing.assert_array_equal(outputs(versioned.json())["probabilities"], outputs(plain.json())["probabilities"])
+        config = (await client.get("/v2/models/tiny/config")).json()
+        assert config["max_batch_size"] == 4 and config["platform"] == "pytorch"
+        assert config["input"][0] == {"name": "image", "data_type": "TYPE_STRING", "dims": [1], "format": "FORMAT_NONE",
+                                      "reshape": {"shape": []}}
+        assert {t["name"]: t["dims"] for t in config["output"]}["curve_alpha"] == [-1]
+        r = await client.post("/v2/repository/index", json={"ready": True})
+        assert r.status_code == 200 and r.json() == [{"name": "tiny", "version": "1", "state": "READY"}]
+        assert "model_configuration" in (await client.get("/v2")).json()["extensions"]
 
 
 async def test_the_api_key_guards_everything_but_the_health_probes(tiny_app: AppFactory) -> None:

@@ -47,13 +47,16 @@ from app.api.deps import get_service, require_api_key
 from app.api.failures import internal_error
 from app.api.oip import (
     HEADER_LENGTH,
+    ConfigTensor,
     InferRequest,
     InferResponse,
     MetadataTensor,
+    ModelConfig,
     ModelMetadata,
     ModelReady,
     Output,
     ProtocolError,
+    RepositoryModel,
     Scalar,
     ServerLive,
     ServerMetadata,
@@ -75,7 +78,10 @@ from idg_core.models import ImageClassifier
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "idg-service"
-EXTENSIONS = ["binary_tensor_data", "classification"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
+MODEL_VERSION = "1"
+"""The one version of every model (the service does not version its models): ``/v2/models/{m}/versions/1/...`` is
+``/v2/models/{m}/...``, as Triton's clients call it when given ``model_version="1"``."""
 CLASSIFY_OUTPUTS = ("probabilities", "predicted_class")
 EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "insertion", "deletion")
 IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "headers")
@@ -138,11 +144,14 @@ async def server_metadata(request: Request) -> ServerMetadata:
     return ServerMetadata(name=SERVER_NAME, version=request.app.version, extensions=EXTENSIONS)
 
 
+def _platform(model: ImageClassifier) -> str:
+    return "pytorch_torchscript" if model.source.startswith("torchscript:") else "pytorch"
+
+
 def _metadata(name: str, model: ImageClassifier) -> ModelMetadata:
     s, c = model.preprocessing.crop_size, model.num_classes
-    platform = "pytorch_torchscript" if model.source.startswith("torchscript:") else "pytorch"
     return ModelMetadata(
-        name=name, platform=platform,
+        name=name, versions=[MODEL_VERSION], platform=_platform(model),
         inputs=[MetadataTensor(name="image", datatype="BYTES", shape=[-1]),
                 MetadataTensor(name="input", datatype="FP32", shape=[-1, 3, s, s])],
         outputs=[MetadataTensor(name="probabilities", datatype="FP32", shape=[-1, c]),
@@ -156,12 +165,43 @@ def _metadata(name: str, model: ImageClassifier) -> ModelMetadata:
     )
 
 
+async def _one_version(name: str, version: str) -> None:
+    """404 for a version other than :data:`MODEL_VERSION` (the routes under ``/versions/{version}``)."""
+    if version != MODEL_VERSION:
+        raise ApiError(404, f"model {name!r} has one version, {MODEL_VERSION!r}, not {version!r}: use /v2/models/{name}/versions/"
+                       f"{MODEL_VERSION} or /v2/models/{name}", code="not_found")
+
+
+versioned_routes = [*guarded, Depends(_one_version)]
+VERSIONED = "/models/{name}/versions/{version}"
+
+
+@router.post("/repository/index", response_model=list[RepositoryModel], dependencies=guarded, responses=errors(401, 503))
+async def repository_index(service: Annotated[Service, Depends(get_service)]) -> list[RepositoryModel]:
+    """Triton's repository index: every model served, its version and state (``READY``: the service serves only models
+    it loaded and warmed)."""
+    return [RepositoryModel(name=name, version=MODEL_VERSION, state="READY") for name in service.models]
+
+
+@router.get(VERSIONED + "/config", response_model=ModelConfig, response_model_exclude_none=True, dependencies=versioned_routes,
+            include_in_schema=False)
+@router.get("/models/{name}/config", response_model=ModelConfig, response_model_exclude_none=True, dependencies=guarded,
+            responses=METADATA_ERRORS)
+async def model_config(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelConfig:
+    """Triton's model configuration (its ``model_configuration`` extension): the inputs and outputs as Triton's
+    ``ModelConfig`` writes them, the batch dimension apart (``max_batch_size``: ``IDG_MAX_BATCH_FILES``)."""
+    key, model = service.model(name)
+    return _config(key, model, service.settings.max_batch_files)
+
+
+@router.get(VERSIONED, response_model=ModelMetadata, dependencies=versioned_routes, include_in_schema=False)
 @router.get("/models/{name}", response_model=ModelMetadata, dependencies=guarded, responses=METADATA_ERRORS)
 async def model_metadata(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelMetadata:
     """The model's inputs and outputs (``-1``: any size)."""
     return _metadata(*service.model(name))
 
 
+@router.get(VERSIONED + "/ready", response_model=ModelReady, dependencies=versioned_routes, include_in_schema=False)
 @router.get("/models/{name}/ready", response_model=ModelReady, dependencies=guarded, responses=METADATA_ERRORS)
 async def model_ready(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelReady:
     """200 when the model is loaded and the service ready (503 before, 404 for an unknown model)."""
@@ -169,6 +209,7 @@ async def model_ready(name: str, service: Annotated[Service, Depends(get_service
     return ModelReady(name=key, ready=True)
 
 
+@router.post(VERSIONED + "/infer", dependencies=versioned_routes, include_in_schema=False)
 @router.post("/models/{name}/infer", dependencies=guarded, openapi_extra=INFER_DOCS, responses={
     200: {"model": InferResponse, "description": "The outputs; with a binary output, the JSON (its length in "
           "Inference-Header-Content-Length) followed by the outputs' bytes", "content": {"application/octet-stream": {}}},
@@ -234,10 +275,11 @@ def _answer(key: str, model: ImageClassifier, results: list[tuple[torch.Tensor, 
     return write_infer_response(key, req.id, outputs, {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
 
 
-@router.api_route("/models/{name}/versions/{version}{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+@router.api_route(VERSIONED + "{rest:path}", methods=["GET", "POST"], include_in_schema=False)
 async def versioned(name: str, version: str, rest: str) -> None:
-    """The service does not version its models: say so in the protocol's form."""
-    raise ApiError(404, f"this server does not version its models: use /v2/models/{name}{rest} without /versions/{version}",
+    """Any other version, or a route that has none: say so in the protocol's form."""
+    await _one_version(name, version)
+    raise ApiError(404, f"/v2/models/{name}{rest} is not a route of the Open Inference Protocol here: see /v2/models/NAME",
                    code="not_found")
 
 
@@ -250,6 +292,26 @@ async def unknown(rest: str, request: Request) -> None:
         raise ApiError(405, f"{request.method} is not a method of /v2/{rest}: use {' or '.join(sorted(documented))}",
                        headers={"Allow": allow_header(documented)}, code="method_not_allowed")
     raise ApiError(404, f"/v2/{rest} is not a route of the Open Inference Protocol here: see /v2/models/NAME", code="not_found")
+
+
+TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64"}
+
+
+def _config(name: str, model: ImageClassifier, max_batch: int) -> ModelConfig:
+    """The model's metadata as Triton's ``ModelConfig``: each tensor's dimensions without the batch's (an ``image``
+    is one element per image: ``dims [1]`` reshaped to ``[]``, so a request's shape is ``[N]``)."""
+    meta = _metadata(name, model)
+
+    def tensor(t: MetadataTensor, fmt: str | None = None) -> ConfigTensor:
+        reshape: dict[str, list[int]] | None = None if len(t.shape) > 1 else {"shape": []}
+        dims = t.shape[1:] if len(t.shape) > 1 else [1]
+        return ConfigTensor(name=t.name, data_type=TRITON_TYPES[t.datatype], dims=dims, reshape=reshape, format=fmt)
+
+    return ModelConfig(
+        name=name, platform=meta.platform, max_batch_size=max_batch,
+        input=[tensor(meta.inputs[0], "FORMAT_NONE"), tensor(meta.inputs[1], "FORMAT_NCHW")],
+        output=[tensor(t) for t in meta.outputs],
+    )
 
 
 def _wanted_outputs(req: InferRequest) -> list[tuple[str, dict[str, Scalar]]]:
