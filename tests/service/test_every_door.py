@@ -159,3 +159,51 @@ async def test_a_bad_request_is_refused_before_any_work_in_the_doors_form(
         refusal = await send(client, params)
         assert refusal.status == status and says in refusal.message, refusal
         assert app.state.service.models["tiny"].net.calls == []  # refused before any model call
+
+
+@pytest.mark.parametrize("name", [n for n in DOORS if n != "a job's image"])
+async def test_a_full_queue_is_refused_at_once_in_the_doors_form(tiny_app: AppFactory, name: str) -> None:
+    send, _ = DOORS[name]
+    app = tiny_app(delay_s=0.05, max_queue=1, batch_wait_ms=0.0, max_batch_images=8, max_round_images=512, warmup=False)
+    async with serve(app) as client:
+        blocker = asyncio.create_task(attribute(client, SLOW))  # holds the one attribution slot for 2.5 s
+        try:
+            await _until(lambda: app.state.service.worker.depth == 1)
+            began = time.monotonic()
+            refusal = await send(client, {"method": "idg", "steps": 4, "probe_steps": 4})
+            assert time.monotonic() - began < SLACK_S  # at once, not after the slot frees
+            assert refusal.status == 503 and refusal.code in ("busy", None) and "busy" in refusal.message, refusal
+        finally:
+            blocker.cancel()
+
+
+async def test_a_jobs_image_waits_for_a_full_queue_and_is_answered_once_it_frees(tiny_app: AppFactory) -> None:
+    # a job's image that finds the queue full is not refused: it goes back to the store and is tried again
+    app = tiny_app(delay_s=0.05, max_queue=1, batch_wait_ms=0.0, max_batch_images=8, max_round_images=512, warmup=False)
+    async with serve(app) as client:
+        blocker = asyncio.create_task(attribute(client, SLOW))
+        await _until(lambda: app.state.service.worker.depth == 1)
+        r = await client.post("/jobs", files=[("files", ("a.png", image_bytes()))], data=_form({"steps": 4, "probe_steps": 4}))
+        assert r.status_code == 202, r.text
+        for _ in range(250):  # the runner claimed the image, found the queue full and gave it back
+            if 'idg_durable_job_images_total{outcome="retried"} 1.0' in (await client.get("/metrics")).text:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the job's image was not given back")
+        assert not blocker.done()  # it was refused while the queue was full
+        blocker.cancel()
+        job_id = r.json()["id"]
+        for _ in range(300):
+            if (await client.get(f"/jobs/{job_id}")).json()["state"] == "done":
+                break
+            await asyncio.sleep(0.05)
+        (line,) = [json.loads(x) for x in (await client.get(f"/jobs/{job_id}/results")).text.splitlines()]
+        assert line["status"] == 200, line
+
+
+async def _until(done: Callable[[], bool], limit_s: float = 10.0) -> None:
+    for _ in range(int(limit_s / 0.02)):
+        if done():
+            return
+        await asyncio.sleep(0.02)
