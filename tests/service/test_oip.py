@@ -381,3 +381,12 @@ def test_pixels_helper_matches_the_service_preprocessing() -> None:
     data = image_bytes(size=(60, 45))
     x = tiny_classifier().prepare(Image.open(io.BytesIO(data)).convert("RGB"))
     assert torch.equal(torch.from_numpy(pixels(data)).permute(2, 0, 1).float() / 255, x)
+
+
+async def test_the_services_top_k_bound_is_no_bound_on_the_protocol(tiny_app: AppFactory) -> None:
+    # an answer of the protocol has every probability: IDG_MAX_TOP_K (a bound on /predict's top_k) must not refuse it
+    async with serve(tiny_app(max_top_k=1)) as client:
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes())]})
+        assert r.status_code == 200 and outputs(r.json())["probabilities"].shape == (1, 1000), r.text
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "parameters": {"steps": 4, "probe_steps": 4}})
+        assert r.status_code == 200 and outputs(r.json())["attribution"].shape == (1, 3, 32, 32), r.text

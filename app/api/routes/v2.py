@@ -227,7 +227,7 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     wanted = _wanted_outputs(req)
     params, explain = _attribute_params(req, wanted, key)
     context = service.context(received, until_disconnected=until_disconnected(request))
-    call = service.explain_request(params, context) if explain else service.predict_request(PredictParams(model=key), context)
+    call = service.explain_request(params, context) if explain else service.predict_request(PredictParams(model=key, top_k=1), context)
     items = _images(tensors, model, service.settings.max_batch_files)
 
     async def one(item: Image) -> tuple[torch.Tensor, Explanation | None]:
@@ -352,7 +352,7 @@ def _attribute_params(req: InferRequest, wanted: list[tuple[str, dict[str, Scala
     if flag is False and (asked or given):
         raise ApiError(422, "explain is false, yet the request asks for explanation outputs or parameters", code="invalid_parameter")
     try:
-        params = AttributeParams.model_validate({**given, "model": model, "return_heatmap": False, "return_overlay": False})
+        params = AttributeParams.model_validate({**given, "model": model, "top_k": 1, "return_heatmap": False, "return_overlay": False})
     except ValidationError as err:
         raise ApiError(422, first_error(err), code="invalid_parameter") from err
     metrics = {m.strip() for m in (params.faithfulness or "").split(",") if m.strip()}
