@@ -36,6 +36,7 @@ from app.service.calls import (
 from app.service.explain_if import Facts, parse_condition
 from app.service.planning import AttributePlan, check_top_k, plan_attribute, plan_explain_if
 from app.service.render import NonFiniteAttribution, attribute_response, method_label, non_finite_message, render, top_classes
+from app.service.stats import ModelStats
 from app.worker.engine import Worker
 from app.worker.jobs import SHUTDOWN_REASON
 from app.worker.waiting import Busy, Dropped, Late, Outcome, Refused, Submission, Waiter, submit_and_wait
@@ -82,6 +83,8 @@ class Service:
         self.worker = worker
         self.metrics = metrics
         self.device = device
+        self.stats = {name: ModelStats() for name in models}
+        """Each model's submissions, succeeded and failed (Triton's statistics extension: ``GET /v2/models/stats``)."""
 
     def model(self, name: str | None) -> tuple[str, ImageClassifier]:
         key = name or next(iter(self.models))
@@ -210,7 +213,7 @@ class Service:
         for name in self.models:
             started = time.perf_counter()
             try:  # not bound by the request deadline, and never a reason not to start: the models are warm already
-                request = self.explain_request(AttributeParams.model_validate({"model": name}),
+                request = self.explain_request(AttributeParams.model_validate({"model": name, "top_k": 1}),
                                                self.context(started, timeout=WARM_UP_TIMEOUT_S))
                 await self.attribute(request, data)
             except Exception as err:  # noqa: BLE001 - a model that cannot explain this photo still serves (its errors are the requests')
@@ -222,10 +225,14 @@ class Service:
         """Submit ``work`` to the worker and wait for it within ``context``'s deadline (:func:`submit_and_wait`); the
         worker's refusals become the service's errors (:func:`refusal`)."""
         waiter = Waiter(context.timeout, context.deadline(), context.until_disconnected, context.on_event)
+        stats = self.stats[work.model]
         try:
-            return await submit_and_wait(self.worker, self.metrics, work, waiter)
+            outcome = await submit_and_wait(self.worker, self.metrics, work, waiter)
         except Refused as err:
+            stats.failed(time.perf_counter() - context.received)
             raise refusal(err, context.timeout) from err
+        stats.succeeded(time.perf_counter() - context.received, outcome.queued_ms / 1000, outcome.compute_ms / 1000)
+        return outcome
 
 
 def refusal(err: Refused, timeout: float) -> ApiError:

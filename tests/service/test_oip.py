@@ -51,8 +51,8 @@ async def test_health_metadata_and_readiness(tiny_app: AppFactory) -> None:
     async with serve(app) as client:
         assert (await client.get("/v2/health/live")).json() == {"live": True}
         assert (await client.get("/v2/health/ready")).json() == {"ready": True}
-        assert (await client.get("/v2")).json() == {"name": "idg-service", "version": app.version,
-                                                     "extensions": ["binary_tensor_data", "classification", "model_configuration"]}
+        extensions = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+        assert (await client.get("/v2")).json() == {"name": "idg-service", "version": app.version, "extensions": extensions}
         meta = (await client.get("/v2/models/tiny")).json()
         assert meta["name"] == "tiny" and meta["platform"] == "pytorch"
         assert {t["name"]: t["shape"] for t in meta["inputs"]} == {"image": [-1], "input": [-1, 3, 32, 32]}
@@ -390,3 +390,22 @@ async def test_the_services_top_k_bound_is_no_bound_on_the_protocol(tiny_app: Ap
         assert r.status_code == 200 and outputs(r.json())["probabilities"].shape == (1, 1000), r.text
         r = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "parameters": {"steps": 4, "probe_steps": 4}})
         assert r.status_code == 200 and outputs(r.json())["attribution"].shape == (1, 3, 32, 32), r.text
+
+
+async def test_inference_statistics_count_each_models_submissions(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app(warmup=False, request_timeout_s=0.5, delay_s=0.05)) as client:
+        (before,) = (await client.get("/v2/models/tiny/stats")).json()["model_stats"]
+        assert before["inference_count"] == 0 and before["inference_stats"]["success"] == {"count": 0, "ns": 0}
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))]})
+        assert r.status_code == 200
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "parameters": {"method": "guided_ig", "steps": 60}})
+        assert r.status_code == 504
+        (after,) = (await client.get("/v2/models/stats")).json()["model_stats"]
+        assert (await client.get("/v2/models/tiny/versions/1/stats")).json()["model_stats"] == [after]
+        assert (await client.get("/v2/models/big/stats")).status_code == 404
+    assert after["name"] == "tiny" and after["version"] == "1" and after["inference_count"] == after["execution_count"] == 2
+    stats = after["inference_stats"]
+    assert stats["success"]["count"] == stats["queue"]["count"] == stats["compute_infer"]["count"] == 2
+    assert stats["success"]["ns"] >= stats["compute_infer"]["ns"] >= 2 * 50_000_000  # one 0.05 s model call each at least
+    assert stats["fail"]["count"] == 1 and stats["fail"]["ns"] >= 500_000_000  # the late one, at its deadline
+    assert after["last_inference"] > 1_700_000_000_000

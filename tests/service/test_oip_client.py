@@ -40,7 +40,8 @@ def client(served: Served) -> Iterator[httpclient.InferenceServerClient]:
 def test_health_and_metadata(client: httpclient.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("tiny", headers=auth()) and not client.is_model_ready("nope", headers=auth())
-    assert client.get_server_metadata(headers=auth())["extensions"] == ["binary_tensor_data", "classification", "model_configuration"]
+    extensions = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+    assert client.get_server_metadata(headers=auth())["extensions"] == extensions
     meta = client.get_model_metadata("tiny", headers=auth())
     assert [t["name"] for t in meta["inputs"]] == ["image", "input"] and meta["outputs"][0]["shape"] == [-1, 1000]
 
@@ -86,7 +87,7 @@ def test_pixels_and_an_explanation(client: httpclient.InferenceServerClient, ser
     assert float(result.as_numpy("insertion")[0]) == pytest.approx(same["faithfulness"]["insertion"], abs=1e-6)
 
 
-def test_model_version_one_the_model_config_and_the_repository_index(client: httpclient.InferenceServerClient) -> None:
+def test_model_version_one_the_config_the_repository_index_and_statistics(client: httpclient.InferenceServerClient) -> None:
     assert client.is_model_ready("tiny", model_version="1", headers=auth())
     assert not client.is_model_ready("tiny", model_version="2", headers=auth())
     assert client.get_model_metadata("tiny", model_version="1", headers=auth())["versions"] == ["1"]
@@ -104,6 +105,9 @@ def test_model_version_one_the_model_config_and_the_repository_index(client: htt
     with pytest.raises(InferenceServerException) as other:
         client.infer("tiny", [images], model_version="2", headers=auth())
     assert other.value.status() == "404" and "has one version, '1'" in other.value.message()
+    (stats,) = client.get_inference_statistics("tiny", model_version="1", headers=auth())["model_stats"]
+    assert stats["name"] == "tiny" and stats["inference_stats"]["success"]["count"] >= 2  # the two answers above
+    assert client.get_inference_statistics(headers=auth())["model_stats"][0]["name"] == "tiny"
 
 
 def test_errors_reach_the_client_with_the_services_message(client: httpclient.InferenceServerClient) -> None:

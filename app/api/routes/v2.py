@@ -78,7 +78,7 @@ from idg_core.models import ImageClassifier
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "idg-service"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
 MODEL_VERSION = "1"
 """The one version of every model (the service does not version its models): ``/v2/models/{m}/versions/1/...`` is
 ``/v2/models/{m}/...``, as Triton's clients call it when given ``model_version="1"``."""
@@ -181,6 +181,21 @@ async def repository_index(service: Annotated[Service, Depends(get_service)]) ->
     """Triton's repository index: every model served, its version and state (``READY``: the service serves only models
     it loaded and warmed)."""
     return [RepositoryModel(name=name, version=MODEL_VERSION, state="READY") for name in service.models]
+
+
+@router.get("/models/stats", dependencies=guarded, responses=errors(401, 503))
+async def all_statistics(service: Annotated[Service, Depends(get_service)]) -> dict[str, list[dict[str, Any]]]:
+    """Triton's inference statistics of every model (its ``statistics`` extension): submissions (one image's prediction or
+    explanation each) succeeded and failed, and their nanoseconds from arrival, in the queue and computing."""
+    return {"model_stats": [stats.triton(name, MODEL_VERSION) for name, stats in service.stats.items()]}
+
+
+@router.get(VERSIONED + "/stats", dependencies=versioned_routes, include_in_schema=False)
+@router.get("/models/{name}/stats", dependencies=guarded, responses=METADATA_ERRORS)
+async def statistics(name: str, service: Annotated[Service, Depends(get_service)]) -> dict[str, list[dict[str, Any]]]:
+    """Triton's inference statistics of one model (see ``GET /v2/models/stats``)."""
+    key, _ = service.model(name)
+    return {"model_stats": [service.stats[key].triton(key, MODEL_VERSION)]}
 
 
 @router.get(VERSIONED + "/config", response_model=ModelConfig, response_model_exclude_none=True, dependencies=versioned_routes,
