@@ -1,6 +1,9 @@
 """The Open Inference Protocol (KServe v2, REST) beside the service's own routes, so KServe, Triton's
 clients and other platforms can call it: ``/v2/health/live|ready``, ``/v2`` (server metadata),
-``/v2/models/{name}`` (model metadata), ``/v2/models/{name}/ready`` and ``/v2/models/{name}/infer``.
+``/v2/models/{name}`` (model metadata), ``/v2/models/{name}/ready`` and ``/v2/models/{name}/infer``; and Triton's
+extensions: ``/v2/models/{name}/config`` (model configuration), ``/v2/models/stats`` and ``/v2/models/{name}/stats``
+(inference statistics), ``POST /v2/repository/index``, and every model route under ``/versions/1`` (each model's one
+version).
 
 An inference request gives one of two inputs, batched along the first dimension:
 
@@ -21,8 +24,10 @@ differ), and ``insertion`` / ``deletion`` ``FP32 [N]`` when ``faithfulness`` ask
 An explanation runs when the request asks for an explanation output, sets the parameter
 ``explain: true``, or gives any /attribute parameter (``method``, ``preset``, ``target``, ``steps``,
 ``faithfulness``, ...: the request's ``parameters``, checked as /attribute checks them).
-Triton's reserved parameters (``priority``, ``timeout``, ``sequence_*``) are ignored. Every image
-goes through the same queue, batching, deadline and errors as /predict and /attribute; errors come
+Triton's reserved parameters (``priority``, ``timeout``, ``sequence_*``) are ignored. The body is JSON, or JSON then
+binary data (``Content-Type`` absent, ``application/json`` or ``application/octet-stream``). Every image goes through
+the service's one call (:mod:`app.service`): the same queue, batching, deadline from arrival and errors as /predict and
+/attribute; errors come
 in the protocol's form ``{"error": "..."}`` with the status /attribute would give. The API key
 (``IDG_API_KEY``) guards every route but the two health probes.
 """
