@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from app.core.errors import ApiError
 
@@ -31,6 +31,8 @@ HEADER_LENGTH = "inference-header-content-length"
 DTYPES: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"), "UINT8": np.dtype("u1"),
                                     "INT64": np.dtype("<i8"), "INT32": np.dtype("<i4")}
 """The numeric tensor types this service reads or writes (and ``BYTES``)."""
+MAX_DIMS = 8
+"""The most dimensions an input's shape may have (the service's inputs have at most 4; NumPy takes at most 64)."""
 
 
 def bad(message: str, status: int = 400, code: str = "invalid_request") -> ApiError:
@@ -40,7 +42,8 @@ def bad(message: str, status: int = 400, code: str = "invalid_request") -> ApiEr
 class RequestInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., description="The input's name: `image` (BYTES, encoded image files) or `input` (FP32 / UINT8 pixels)")
-    shape: list[int] = Field(..., description="The tensor's shape; the first dimension is the batch")
+    shape: list[StrictInt] = Field(..., max_length=MAX_DIMS, description="The tensor's shape (JSON integers, at most 8 of them); "
+                                   "the first dimension is the batch")
     datatype: str = Field(..., description="BYTES, FP32 or UINT8")
     parameters: dict[str, Scalar] = Field(default_factory=dict, description="binary_data_size (binary extension); "
                                           "layout: NCHW or NHWC for `input` (default: from the shape)")
@@ -72,10 +75,35 @@ class MetadataTensor(BaseModel):
 
 class ModelMetadata(BaseModel):
     name: str = Field(..., description="The model's name, as in the path")
-    versions: list[str] = Field(default_factory=list, description="Always empty: the service does not version its models")
+    versions: list[str] = Field(default_factory=list, description="The model's versions: always ['1'] (the service does not "
+                                "version its models; /v2/models/NAME/versions/1/... is /v2/models/NAME/...)")
     platform: str = Field(..., description="pytorch_torchscript for a TorchScript model, else pytorch")
     inputs: list[MetadataTensor] = Field(..., description="The inputs a request may give (one of them)")
     outputs: list[MetadataTensor] = Field(..., description="The outputs an answer may hold")
+
+
+class ConfigTensor(BaseModel):
+    name: str = Field(..., description="The tensor's name")
+    data_type: str = Field(..., description="Triton's type name: TYPE_STRING, TYPE_FP32, TYPE_INT64")
+    dims: list[int] = Field(..., description="The shape without the batch dimension; -1 for any size")
+    format: str | None = Field(None, description="FORMAT_NONE (encoded files) or FORMAT_NCHW (pixels), on inputs")
+    reshape: dict[str, list[int]] | None = Field(None, description="{'shape': []} where a request's shape is the batch's only")
+
+
+class ModelConfig(BaseModel):
+    """Triton's model configuration (``ModelConfig``, as its JSON), for Triton's clients (``get_model_config``)."""
+
+    name: str = Field(..., description="The model's name")
+    platform: str = Field(..., description="pytorch_torchscript for a TorchScript model, else pytorch")
+    max_batch_size: int = Field(..., description="Most images in one request (IDG_MAX_BATCH_FILES)")
+    input: list[ConfigTensor] = Field(..., description="The inputs a request may give (one of them)")
+    output: list[ConfigTensor] = Field(..., description="The outputs an answer may hold")
+
+
+class RepositoryModel(BaseModel):
+    name: str = Field(..., description="The model's name")
+    version: str = Field(..., description="Its version: always '1'")
+    state: str = Field(..., description="READY: loaded and warm (the service serves no other)")
 
 
 class ServerMetadata(BaseModel):
@@ -244,7 +272,7 @@ def read_infer_request(body: bytes, header_length: str | None) -> tuple[InferReq
     """The request and its input tensors, from a JSON body or a JSON header followed by binary data."""
     binary = b""
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
             raise bad(f"Inference-Header-Content-Length {header_length!r} is not a length within the body's {len(body)} bytes")
         body, binary = body[:int(header_length)], body[int(header_length):]
     try:

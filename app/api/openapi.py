@@ -34,7 +34,7 @@ IMAGE_ROUTES = ("/predict", "/attribute", "/attribute/stream", "/attribute/batch
 _B64 = r"[A-Za-z0-9+/][ \t\n\r\f\v]*"
 BASE64 = (rf"^(data:[^,]{{0,90}},)?[ \t\n\r\f\v]*({_B64}{_B64}{_B64}{_B64})*"
           rf"({_B64}{_B64}{_B64}{_B64}|{_B64}{_B64}=[ \t\n\r\f\v]*=|{_B64}{_B64}{_B64}=)[ \t\n\r\f\v]*$")
-"""Non-empty standard base64, as :func:`app.core.images.decode_base64` takes it: whole groups of
+"""Non-empty standard base64, as :func:`app.api.requests.decode_base64` takes it: whole groups of
 four characters with their padding, ASCII whitespace anywhere, an optional ``data:`` URL prefix."""
 FAITHFULNESS = r"^\s*(insertion|deletion)?\s*(,\s*(insertion|deletion)?\s*)*$"
 DEFAULT_METHOD = "idg"

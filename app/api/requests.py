@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 import re
@@ -16,11 +18,25 @@ from starlette.exceptions import HTTPException
 
 from app.api.multipart import FilePart, FormItems, simple_form
 from app.core.errors import ApiError
-from app.core.images import decode_base64
 from app.schemas import AttributeCommon, AttributeParams, ImageJSON
 
 P = TypeVar("P", bound=BaseModel)
 log = logging.getLogger(__name__)
+
+
+_ASCII_WHITESPACE = str.maketrans("", "", " \t\n\r\f\v")
+
+
+def decode_base64(text: str) -> bytes:
+    """Base64 (with or without a ``data:`` URL prefix) -> bytes. Line breaks and other ASCII
+    whitespace are dropped first: ``base64`` and ``base64.encodebytes`` wrap lines at 76 columns."""
+    if "," in text[:100] and text.startswith("data:"):
+        text = text.split(",", 1)[1]
+    text = text.translate(_ASCII_WHITESPACE)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ApiError(400, "image is not valid base64", code="bad_image") from err
 
 
 def first_error(err: ValidationError, model: type[BaseModel] | None = None) -> str:
@@ -41,7 +57,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     connection, so the slow client's socket is freed). A client that goes away raises Starlette's
     ``ClientDisconnect`` (answered and counted as 499 by the error handlers and the metrics)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {int(declared)} bytes, more than the limit of {limit}", code="too_large")
     timeout = request.app.state.settings.body_timeout_s
     chunks, size = [], 0

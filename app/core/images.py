@@ -9,8 +9,6 @@ declares. Large decodes (over ``LARGE_DECODE_PIXELS``) take one of
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 import weakref
 
@@ -61,21 +59,6 @@ def decode_upload(
         return decode_image(data, max_pixels, FORMATS, max_side=max_side, max_aspect_ratio=max_aspect_ratio, min_side=min_side)
     except ImageDecodeError as err:
         raise _api_error(err) from err
-
-
-_ASCII_WHITESPACE = str.maketrans("", "", " \t\n\r\f\v")
-
-
-def decode_base64(text: str) -> bytes:
-    """Base64 (with or without a ``data:`` URL prefix) -> bytes. Line breaks and other ASCII
-    whitespace are dropped first: ``base64`` and ``base64.encodebytes`` wrap lines at 76 columns."""
-    if "," in text[:100] and text.startswith("data:"):
-        text = text.split(",", 1)[1]
-    text = text.translate(_ASCII_WHITESPACE)
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as err:
-        raise ApiError(400, "image is not valid base64", code="bad_image") from err
 
 
 def decode_pixels(data: bytes, model: ImageClassifier, settings: Settings) -> int:

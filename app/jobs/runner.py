@@ -29,18 +29,13 @@ import httpx
 
 from app.core.config import Settings
 from app.core.errors import ApiError
-from app.core.images import load_input
 from app.jobs.store import Answer, Claimed, JobInfo, Store
 from app.schemas import AttributeParams, AttributeResponse
-from app.service import RequestContext, Service
-from app.service.explain_if import Facts, parse_condition
-from app.service.render import top_classes
-from app.worker.waiting import Submission
-from idg_core.explain import predict_plan
+from app.service import BACKGROUND_PRIORITY, Service
 
 log = logging.getLogger(__name__)
 
-JOB_PRIORITY = 2
+JOB_PRIORITY = BACKGROUND_PRIORITY
 """The worker's priority of job images: after /predict (0) and /attribute (1)."""
 MAX_ATTEMPTS = 3
 """Claims of one image (deadlines, processes that died with it) before it is answered with its error."""
@@ -276,21 +271,19 @@ class JobRunner:
             return _error_answer(500, "internal", f"internal error: {type(err).__name__}")
 
     async def _explain(self, claim: Claimed) -> Answer:
-        service, received = self.service, time.perf_counter()
+        """The image through the service's one call: explained, or with ``explain_if`` predicted and explained when the
+        condition holds, at :data:`JOB_PRIORITY` within the request timeout from its claim."""
+        service = self.service
         params = AttributeParams.model_validate(claim.params["attribute"])
-        checked = service.check_attribute(params)
-        condition_text = claim.params.get("explain_if")
-        if condition_text is None:
-            response = await service.attribute(claim.data, params, received, checked=checked, priority=JOB_PRIORITY)
+        context = service.context(time.perf_counter(), priority=JOB_PRIORITY)
+        condition = claim.params.get("explain_if")
+        if condition is None:
+            response = await service.attribute(service.explain_request(params, context), claim.data)
             return Answer(200, summary_of(response, None, None), response.model_dump(mode="json"))
-        name, model = service.model(params.model)
-        x = await load_input(claim.data, model, service.settings, service.device)
-        predicted = await service.run(Submission(name, predict_plan(x), "predict", priority=JOB_PRIORITY))
-        if not parse_condition(condition_text)(Facts.of(predicted.value)):
-            prediction = top_classes(model, predicted.value, params.top_k)
-            return Answer(200, summary_of(None, prediction, False))
-        response = await service.explain(x, params, checked, RequestContext(received), probs=predicted.value, priority=JOB_PRIORITY)
-        return Answer(200, summary_of(response, None, True), response.model_dump(mode="json"))
+        predicted = await service.predict(service.explain_if_request(params, condition, context), claim.data)
+        if predicted.explanation is None:
+            return Answer(200, summary_of(None, predicted.top_k, False))
+        return Answer(200, summary_of(predicted.explanation, None, True), predicted.explanation.model_dump(mode="json"))
 
     # -- callbacks -------------------------------------------------------------------------
     def _callback(self, job: JobInfo) -> None:

@@ -96,7 +96,7 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
     return ExplainOptions(post, metrics, params.faithfulness_steps or settings.faithfulness_steps, tuple(p.mean), tuple(p.std))
 
 
-@dataclass
+@dataclass(frozen=True)
 class AttributePlan:
     """What the service submits for one /attribute request."""
 

@@ -25,15 +25,19 @@ class NonFiniteAttribution(ValueError):
     """The attribution holds a NaN or an infinity: the model's outputs or gradients overflowed."""
 
 
+def non_finite_message(attr: Tensor) -> str:
+    """Why an attribution holding a NaN or an infinity is refused."""
+    bad = int((~torch.isfinite(attr)).sum())
+    return (f"the attribution is not finite at {bad} of {attr.numel()} values (NaN or infinity): the model's outputs or "
+            "gradients overflowed on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
+
+
 def render(x: Tensor, result: AttributionResult, params: AttributeCommon) -> dict[str, Any]:
     """The images and the optional raw array the request asked for, as base64 response fields;
     :class:`NonFiniteAttribution` instead of a heatmap of NaNs."""
     attr = result.attributions[0].detach().float().cpu()
     if not bool(torch.isfinite(attr).all()):
-        bad = int((~torch.isfinite(attr)).sum())
-        raise NonFiniteAttribution(
-            f"the attribution is not finite at {bad} of {attr.numel()} values (NaN or infinity): the model's outputs or "
-            "gradients overflowed on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
+        raise NonFiniteAttribution(non_finite_message(attr))
     image = x.detach().float().cpu()
     heatmap, overlay = None, None
     if params.return_heatmap or params.return_overlay:

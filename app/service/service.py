@@ -1,6 +1,9 @@
-"""The glue between routes and the worker: check a request, submit its plan, wait honestly, and
-answer. What a request runs is decided in :mod:`app.service.planning`, drawn in :mod:`app.service.render`; the
-plans themselves are :mod:`idg_core.explain`'s."""
+"""The one application call every door makes: a typed request (:mod:`app.service.calls`, built and checked here once)
+and an image in; a prediction, an explanation, or a prediction then an explanation out, within the request's deadline
+from its arrival. The doors (REST, the Open Inference Protocol, jobs) import neither the worker nor the image decoder;
+the worker's refusals become :class:`ApiError` here, which each door words in its own form. What a request runs is
+decided in :mod:`app.service.planning`, drawn in :mod:`app.service.render`; the plans themselves are
+:mod:`idg_core.explain`'s."""
 
 from __future__ import annotations
 
@@ -14,20 +17,33 @@ import torch
 from torch import Tensor
 
 from app.core.config import Settings
-from app.core.deadline import deadline_of
-from app.core.errors import ApiError
+from app.core.deadline import past_deadline
+from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.image_threads import in_image_thread
 from app.core.images import load_input
 from app.core.prometheus import Metrics
-from app.schemas import AttributeCommon, AttributeParams, AttributeResponse, PredictExplainParams, PredictResponse, Timings
-from app.service.explain_if import Facts
+from app.schemas import AttributeCommon, AttributeParams, AttributeResponse, PredictExplainParams, PredictParams, PredictResponse, Timings
+from app.service.calls import (
+    ATTRIBUTE_PRIORITY,
+    PREDICT_PRIORITY,
+    ExplainRequest,
+    Image,
+    OnEvent,
+    PredictRequest,
+    RequestContext,
+    UntilDisconnected,
+)
+from app.service.explain_if import Facts, parse_condition
 from app.service.planning import AttributePlan, check_top_k, plan_attribute, plan_explain_if
-from app.service.render import NonFiniteAttribution, attribute_response, method_label, render, top_classes
+from app.service.render import NonFiniteAttribution, attribute_response, method_label, non_finite_message, render, top_classes
+from app.service.stats import ModelStats
 from app.worker.engine import Worker
-from app.worker.waiting import OnEvent, Outcome, Submission, UntilDisconnected, Waiter, submit_and_wait
-from idg_core.explain import predict_plan
+from app.worker.jobs import SHUTDOWN_REASON
+from app.worker.waiting import Busy, Dropped, Late, Outcome, Refused, Submission, Waiter, submit_and_wait
+from idg_core.explain import Explanation, predict_plan
 from idg_core.models import ImageClassifier
 from idg_core.models.speed import model_precision
+from idg_core.types import to_device
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,15 +59,13 @@ class Checked:
 
 
 @dataclass(frozen=True)
-class RequestContext:
-    """Who a request's work runs for: when it arrived (``received``, its ``time.perf_counter()``; None: its
-    deadline counts from when its work is queued), its time limit (``timeout``; None: the service's request
-    timeout), its client (``until_disconnected`` returns once it went away) and where its progress events go."""
+class Explained:
+    """One image's explanation, before any rendering: the model's input ``x``, what was found, and where the time went."""
 
-    received: float | None = None
-    timeout: float | None = None
-    until_disconnected: UntilDisconnected | None = None
-    on_event: OnEvent | None = None
+    x: Tensor
+    found: Explanation
+    queued_ms: float
+    compute_ms: float
 
 
 WARM_UP_PHOTO = Path(__file__).parents[1] / "static" / "samples" / "n01580077_jay.jpg"
@@ -69,12 +83,20 @@ class Service:
         self.worker = worker
         self.metrics = metrics
         self.device = device
+        self.stats = {name: ModelStats() for name in models}
+        """Each model's submissions, succeeded and failed (Triton's statistics extension: ``GET /v2/models/stats``)."""
 
     def model(self, name: str | None) -> tuple[str, ImageClassifier]:
         key = name or next(iter(self.models))
         if key not in self.models:
             raise ApiError(404, f"unknown model {key!r}; loaded: {', '.join(self.models)}", code="unknown_model")
         return key, self.models[key]
+
+    def context(self, received: float, *, timeout: float | None = None, until_disconnected: UntilDisconnected | None = None,
+                on_event: OnEvent | None = None, priority: int | None = None) -> RequestContext:
+        """The context of a request that arrived at ``received`` (its ``time.perf_counter()``); ``timeout``: the
+        service's request timeout unless given."""
+        return RequestContext(received, timeout or self.settings.request_timeout_s, until_disconnected, on_event, priority)
 
     def check_attribute(self, params: AttributeCommon) -> Checked:
         """Every check of an attribution request that needs no image: 4xx before any work is queued
@@ -83,63 +105,104 @@ class Service:
         check_top_k(self.settings, params.top_k)
         return Checked(name, model, plan_attribute(self.settings, params, model))
 
-    async def predict(
-        self, data: bytes, params: PredictExplainParams, received: float, until_disconnected: UntilDisconnected | None = None,
-    ) -> PredictResponse:
-        """Decode, queue, wait: the top classes, and with ``explain_if`` the explanation of the
-        predicted class when the condition holds (its parameters checked before any work)."""
+    def explain_request(self, params: AttributeCommon, context: RequestContext) -> ExplainRequest:
+        """The typed attribution request: checked once (422 and 404 here, before any image is read or work queued)."""
+        checked = self.check_attribute(params)
+        return ExplainRequest(checked.name, checked.model, params, checked.planned, context)
+
+    def predict_request(self, params: PredictParams, context: RequestContext) -> PredictRequest:
+        """The typed prediction request; with ``explain_if`` (/predict's fields) the explanation it runs when the
+        condition holds, its parameters checked now."""
         name, model = self.model(params.model)
         check_top_k(self.settings, params.top_k)
+        if not isinstance(params, PredictExplainParams):
+            return PredictRequest(name, model, params.top_k, context)
         condition, explain = plan_explain_if(params)
-        checked = None if explain is None else self.check_attribute(explain)
-        x = await load_input(data, model, self.settings, self.device, deadline_of(received, self.settings.request_timeout_s))
-        request = RequestContext(received, until_disconnected=until_disconnected)
-        outcome = await self.run(Submission(name, predict_plan(x), "predict", priority=0), request)
-        held = None if condition is None else condition(Facts.of(outcome.value))
-        self.metrics.predictions.labels(name, {None: "none", True: "held", False: "not_held"}[held]).inc()
+        explained = None if explain is None else self.explain_request(explain, context)
+        return PredictRequest(name, model, params.top_k, context, condition, explained)
+
+    def explain_if_request(self, params: AttributeCommon, condition: str, context: RequestContext) -> PredictRequest:
+        """Predict, then explain with ``params`` when ``condition`` (:mod:`app.service.explain_if`) holds (a job's images)."""
+        try:
+            parsed = parse_condition(condition)
+        except ValueError as err:
+            raise ApiError(422, str(err), code="invalid_parameter") from err
+        explain = self.explain_request(params, context)
+        return PredictRequest(explain.name, explain.model, params.top_k, context, parsed, explain)
+
+    async def probabilities(self, request: PredictRequest, image: Image) -> Tensor:
+        """Every class probability of one image (decoded within the request's deadline)."""
+        x = await self._input(request.model, image, request.context)
+        outcome = await self._classify(request.name, x, request.context)
+        self.metrics.predictions.labels(request.name, "none").inc()
+        return outcome.value
+
+    async def predict(self, request: PredictRequest, image: Image) -> PredictResponse:
+        """Decode, queue, wait: the top classes, and with a condition the explanation of the predicted class when
+        it holds (predict-then-explain), all within the request's deadline."""
+        x = await self._input(request.model, image, request.context)
+        outcome = await self._classify(request.name, x, request.context)
+        held = None if request.condition is None else request.condition(Facts.of(outcome.value))
+        self.metrics.predictions.labels(request.name, {None: "none", True: "held", False: "not_held"}[held]).inc()
         explanation = None
-        if held and explain is not None and checked is not None:
-            explanation = await self.explain(x, explain, checked, request, probs=outcome.value)
-            self.metrics.explanations.labels(name).inc()
+        if held and request.explain is not None:
+            explanation = await self._render(request.explain, await self._explain(request.explain, x, probs=outcome.value))
+            self.metrics.explanations.labels(request.name).inc()
         return PredictResponse(
-            model=name,
-            top_k=top_classes(model, outcome.value, params.top_k),
-            timings=Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, total_ms=(time.perf_counter() - received) * 1000),
+            model=request.name,
+            top_k=top_classes(request.model, outcome.value, request.top_k),
+            timings=Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms,
+                            total_ms=(time.perf_counter() - request.context.received) * 1000),
             explained=held,
             explanation=explanation,
         )
 
-    async def attribute(
-        self, data: bytes, params: AttributeCommon, received: float, until_disconnected: UntilDisconnected | None = None,
-        on_event: OnEvent | None = None, checked: Checked | None = None, timeout: float | None = None, priority: int = 1,
-    ) -> AttributeResponse:
-        """Check (unless the route did: ``checked``), decode, queue, wait and render one attribution;
-        raises :class:`ApiError`. ``priority``: 1 for requests, 2 for the images of jobs (app.jobs)."""
-        checked = checked or self.check_attribute(params)
-        x = await load_input(data, checked.model, self.settings, self.device,
-                             deadline_of(received, timeout or self.settings.request_timeout_s))
-        request = RequestContext(received, timeout, until_disconnected, on_event)
-        return await self.explain(x, params, checked, request, priority=priority)
+    async def explanation(self, request: ExplainRequest, image: Image) -> Explained:
+        """One image's explanation, not rendered (the Open Inference Protocol's tensors); a 500 ``model_error`` for
+        an attribution that is not finite."""
+        explained = await self._explain(request, await self._input(request.model, image, request.context))
+        attr = explained.found.result.attributions
+        if not bool(torch.isfinite(attr).all()):
+            raise ApiError(500, non_finite_message(attr), code="model_error")
+        return explained
 
-    async def explain(
-        self, x: Tensor, params: AttributeCommon, checked: Checked, request: RequestContext, *, probs: Tensor | None = None,
-        priority: int = 1,
-    ) -> AttributeResponse:
-        """:meth:`attribute` of a decoded input ``x``, checked; with ``probs`` (from /predict) no prediction pass."""
-        name, model, planned = checked.name, checked.model, checked.planned
-        plan = planned.plan(x, params, probs)
-        outcome = await self.run(Submission(name, plan, "attribute", priority, planned.cost(x, probs)), request)
+    async def attribute(self, request: ExplainRequest, image: Image) -> AttributeResponse:
+        """Decode, queue, wait and render one attribution (the /attribute answer)."""
+        x = await self._input(request.model, image, request.context)
+        return await self._render(request, await self._explain(request, x))
+
+    async def _input(self, model: ImageClassifier, image: Image, context: RequestContext) -> Tensor:
+        """The model's input: an encoded file decoded within the deadline, or the given pixels on the device."""
+        if isinstance(image, bytes):
+            return await load_input(image, model, self.settings, self.device, context.deadline())
+        return to_device(image, self.device)
+
+    async def _classify(self, name: str, x: Tensor, context: RequestContext) -> Outcome[Tensor]:
+        return await self.run(Submission(name, predict_plan(x), "predict", context.priority_of(PREDICT_PRIORITY)), context)
+
+    async def _explain(self, request: ExplainRequest, x: Tensor, probs: Tensor | None = None) -> Explained:
+        """Queue the plan of ``request`` on ``x`` (with ``probs`` known from a prediction: no prediction pass) and wait."""
+        planned, context = request.planned, request.context
+        plan = planned.plan(x, request.params, probs)
+        priority = context.priority_of(ATTRIBUTE_PRIORITY)
+        outcome = await self.run(Submission(request.name, plan, "attribute", priority, planned.cost(x, probs)), context)
         found = outcome.value
+        label = method_label(request.params)
         for metric, value in found.scores.items():
-            self.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
+            self.metrics.faithfulness.labels(request.name, label, metric).observe(value)
+        return Explained(x, found, outcome.queued_ms, outcome.compute_ms)
+
+    async def _render(self, request: ExplainRequest, explained: Explained) -> AttributeResponse:
         rendered_at = time.perf_counter()
         try:
-            images = await in_image_thread(render, x, found.result, params)
+            images = await in_image_thread(render, explained.x, explained.found.result, request.params)
         except NonFiniteAttribution as err:
             raise ApiError(500, str(err), code="model_error") from err
-        timings = Timings(queued_ms=outcome.queued_ms, compute_ms=outcome.compute_ms, render_ms=(time.perf_counter() - rendered_at) * 1000,
-                          total_ms=(time.perf_counter() - (rendered_at if request.received is None else request.received)) * 1000)
-        return attribute_response(name, model, params, planned, found, model_precision(model, self.device), timings, images)
+        now = time.perf_counter()
+        timings = Timings(queued_ms=explained.queued_ms, compute_ms=explained.compute_ms, render_ms=(now - rendered_at) * 1000,
+                          total_ms=(now - request.context.received) * 1000)
+        return attribute_response(request.name, request.model, request.params, request.planned, explained.found,
+                                  model_precision(request.model, self.device), timings, images)
 
     async def warm_up_requests(self) -> None:
         """One default attribution of a bundled photo per model through the whole path (decode, queue, the
@@ -150,16 +213,35 @@ class Service:
         for name in self.models:
             started = time.perf_counter()
             try:  # not bound by the request deadline, and never a reason not to start: the models are warm already
-                await self.attribute(data, AttributeParams.model_validate({"model": name}), started, timeout=WARM_UP_TIMEOUT_S)
+                request = self.explain_request(AttributeParams.model_validate({"model": name, "top_k": 1}),
+                                               self.context(started, timeout=WARM_UP_TIMEOUT_S))
+                await self.attribute(request, data)
             except Exception as err:  # noqa: BLE001 - a model that cannot explain this photo still serves (its errors are the requests')
                 log.warning("warm-up request on %s failed (%s: %s); serving anyway", name, type(err).__name__, err)
                 continue
             log.info("warm-up request on %s: %.0f ms", name, (time.perf_counter() - started) * 1000)
 
-    async def run(self, work: Submission[T], request: RequestContext | None = None) -> Outcome[T]:
-        """Submit ``work`` to the worker and wait for it within ``request``'s deadline (:func:`submit_and_wait`)."""
-        request = request or RequestContext()
-        timeout = request.timeout or self.settings.request_timeout_s
-        deadline = None if request.received is None else deadline_of(request.received, timeout)
-        waiter = Waiter(timeout, deadline, request.until_disconnected, request.on_event)
-        return await submit_and_wait(self.worker, self.metrics, work, waiter)
+    async def run(self, work: Submission[T], context: RequestContext) -> Outcome[T]:
+        """Submit ``work`` to the worker and wait for it within ``context``'s deadline (:func:`submit_and_wait`); the
+        worker's refusals become the service's errors (:func:`refusal`)."""
+        waiter = Waiter(context.timeout, context.deadline(), context.until_disconnected, context.on_event)
+        stats = self.stats[work.model]
+        try:
+            outcome = await submit_and_wait(self.worker, self.metrics, work, waiter)
+        except Refused as err:
+            stats.failed(time.perf_counter() - context.received)
+            raise refusal(err, context.timeout) from err
+        stats.succeeded(time.perf_counter() - context.received, outcome.queued_ms / 1000, outcome.compute_ms / 1000)
+        return outcome
+
+
+def refusal(err: Refused, timeout: float) -> ApiError:
+    """The service's error (status, code, sentence) for a refusal of the worker; each door words it in its own form."""
+    if isinstance(err, Busy):
+        return ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy")
+    if isinstance(err, Late):
+        return past_deadline(timeout, err.detail)
+    if isinstance(err, Dropped):
+        message = SHUTTING_DOWN if err.reason == SHUTDOWN_REASON else str(err)
+        return ApiError(503, message, headers={"Retry-After": "5"}, code="dropped")
+    return ApiError(500, f"the model failed on this request: {err}", code="model_error")

@@ -1,6 +1,7 @@
-"""Submitting a plan to the worker and waiting for it honestly: 503 when the queue is full (with
-Retry-After), 504 past the deadline, the job dropped (its slot freed, its work stopped before the
-next model call) when it is late or its client goes away."""
+"""Submitting a plan to the worker and waiting for it honestly: :class:`Busy` when the queue is full (with
+when to retry), :class:`Late` past the deadline, the job dropped (its slot freed, its work stopped before the
+next model call) when it is late or its client goes away. The worker knows no protocol: its refusals are the
+typed :class:`Refused` outcomes below, which the service turns into its errors and each door into its own form."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from app.core.deadline import past_deadline
-from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.prometheus import Metrics
 from app.worker.admission import QueueFull
 from app.worker.engine import Worker
-from app.worker.jobs import SHUTDOWN_REASON, Job, JobCancelled
+from app.worker.jobs import Job, JobCancelled
 from idg_core.budget import PREDICT_UNITS
 from idg_core.types import PlanOf
 
@@ -35,6 +34,38 @@ class Outcome(Generic[T]):
     value: T
     queued_ms: float
     compute_ms: float
+
+
+class Refused(Exception):
+    """A submission the worker did not answer with a value: one of the subclasses below."""
+
+
+class Busy(Refused):
+    """The queue was full (or the worker takes nothing): retry in ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Late(Refused):
+    """The deadline passed before the job finished; ``detail`` says more when the worker was stuck."""
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(detail or "the deadline passed")
+        self.detail = detail
+
+
+class Dropped(Refused):
+    """The job was dropped for ``reason``: the server stops (:data:`SHUTDOWN_REASON`), or another reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the request was dropped: {reason}")
+        self.reason = reason
+
+
+class Failed(Refused):
+    """The running plan raised: the model failed on this request only."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +94,8 @@ class Waiter:
 
 
 async def submit_and_wait(worker: Worker, metrics: Metrics, work: Submission[T], waiter: Waiter) -> Outcome[T]:
-    """Queue ``work`` and wait for it as ``waiter`` says; 503 when full, 504 when late. A late or abandoned
-    job frees its slot at once and stops costing before the worker's next model call."""
+    """Queue ``work`` and wait for it as ``waiter`` says; :class:`Busy` when full, :class:`Late` when late, :class:`Dropped`
+    or :class:`Failed`. A late or abandoned job frees its slot at once and stops costing before the worker's next model call."""
     loop = asyncio.get_running_loop()
     timeout, plan, until_disconnected = waiter.timeout, work.plan, waiter.until_disconnected
     deadline = time.monotonic() + timeout if waiter.deadline is None else waiter.deadline
@@ -74,23 +105,22 @@ async def submit_and_wait(worker: Worker, metrics: Metrics, work: Submission[T],
     except QueueFull as err:
         plan.close()
         metrics.rejections.labels(err.reason).inc()
-        raise ApiError(503, str(err), headers={"Retry-After": str(err.retry_after)}, code="busy") from err
+        raise Busy(str(err), err.retry_after) from err
     watcher = asyncio.create_task(_watch(worker, until_disconnected, job)) if until_disconnected is not None else None
     try:
         value = await asyncio.wait_for(asyncio.shield(job.future), timeout=max(0.0, job.deadline - time.monotonic()))
     except TimeoutError as err:
         worker.cancel(job, "deadline")
-        raise past_deadline(timeout) from err
+        raise Late() from err
     except JobCancelled as err:
         if err.reason in ("deadline", "stuck"):
-            raise past_deadline(timeout, None if err.reason == "deadline" else str(err)) from err
-        message = SHUTTING_DOWN if err.reason == SHUTDOWN_REASON else f"the request was dropped: {err.reason}"
-        raise ApiError(503, message, headers={"Retry-After": "5"}, code="dropped") from err
-    # No ValueError -> 422 here: the parameters were checked before the job was queued (app.service.planning
+            raise Late(None if err.reason == "deadline" else str(err)) from err
+        raise Dropped(err.reason) from err
+    # No ValueError -> a refusal of the parameters here: the parameters were checked before the job was queued (app.service.planning
     # runs the methods' validation), so whatever the running plan raises is this request's 500.
     except Exception as err:  # noqa: BLE001 - the model failed on this request only
         log.error("job %d (%s) failed: %s", job.id, work.kind, err)
-        raise ApiError(500, f"the model failed on this request: {err}", code="model_error") from err
+        raise Failed(str(err)) from err
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -4,6 +4,7 @@ form. tests/service/test_oip_client.py drives them with Triton's own client over
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -15,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from app.api.routes import v2
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 INFER = "/v2/models/tiny/infer"
@@ -49,8 +51,8 @@ async def test_health_metadata_and_readiness(tiny_app: AppFactory) -> None:
     async with serve(app) as client:
         assert (await client.get("/v2/health/live")).json() == {"live": True}
         assert (await client.get("/v2/health/ready")).json() == {"ready": True}
-        assert (await client.get("/v2")).json() == {"name": "idg-service", "version": app.version,
-                                                     "extensions": ["binary_tensor_data", "classification"]}
+        extensions = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+        assert (await client.get("/v2")).json() == {"name": "idg-service", "version": app.version, "extensions": extensions}
         meta = (await client.get("/v2/models/tiny")).json()
         assert meta["name"] == "tiny" and meta["platform"] == "pytorch"
         assert {t["name"]: t["shape"] for t in meta["inputs"]} == {"image": [-1], "input": [-1, 3, 32, 32]}
@@ -227,6 +229,11 @@ REFUSALS: list[tuple[str, Any, int, str]] = [
     ("too many steps", {"inputs": [image_input(b"x")], "parameters": {"steps": 100}}, 422, "steps must be <= 12"),
     ("score not asked", {"inputs": [image_input(b"x")], "outputs": [{"name": "deletion"}]}, 422, "needs the parameter faithfulness"),
     ("explain false", {"inputs": [image_input(b"x")], "parameters": {"explain": False, "method": "ig"}}, 422, "explain is false"),
+    # NumPy takes at most 64 dimensions: one element in 65 had been a 500 in the service's error form
+    ("65 dimensions", _pixel_input([1] * 65, [0.5]), 400, "shape: List should have at most 8 items"),
+    ("shape of strings", _pixel_input(["1"], [0.5]), 400, "shape.0: Input should be a valid integer"),
+    ("shape of booleans", _pixel_input([True], [0.5]), 400, "shape.0: Input should be a valid integer"),
+    ("shape of floats", _pixel_input([1.0], [0.5]), 400, "shape.0: Input should be a valid integer"),
     ("classification elsewhere", {"inputs": [image_input(b"x")], "outputs": [{"name": "target", "parameters": {"classification": 2}}]},
      400, "classification parameter"),
 ]
@@ -259,16 +266,90 @@ async def test_broken_binary_bodies_are_refused(tiny_app: AppFactory, header: An
     assert r.status_code == 400 and message in r.json()["error"], r.text
 
 
+@pytest.mark.parametrize("length", [b"\xb2", "\u0663".encode(), b"-1", b"1e3", b" "], ids=["superscript two", "arabic three",
+                                                                                           "negative", "exponent", "blank"])
+async def test_a_header_length_that_is_not_ascii_digits_is_a_400(tiny_app: AppFactory, length: bytes) -> None:
+    # "²".isdigit() is true and int("²") raises: it had been a 500 in the service's error form
+    async with serve(tiny_app()) as client:
+        r = await client.post(INFER, content=b'{"inputs": []}', headers={"Inference-Header-Content-Length": length})
+    assert r.status_code == 400 and list(r.json()) == ["error"], r.text
+    assert "Inference-Header-Content-Length" in r.json()["error"]
+
+
+async def test_the_content_type_is_json_binary_or_none(tiny_app: AppFactory) -> None:
+    body = json.dumps({"inputs": [image_input(image_bytes())]}).encode()
+    async with serve(tiny_app()) as client:
+        for refused in ("text/plain", "multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "image/png"):
+            r = await client.post(INFER, content=body, headers={"Content-Type": refused})
+            assert r.status_code == 415 and list(r.json()) == ["error"], (refused, r.text)
+            assert refused.split(";")[0] in r.json()["error"] and "application/json" in r.json()["error"]
+        for taken in ("application/json", "application/json; charset=utf-8", "Application/JSON", "application/octet-stream", None):
+            r = await client.post(INFER, content=body, headers={} if taken is None else {"Content-Type": taken})
+            assert r.status_code == 200, (taken, r.text)
+
+
+async def test_a_large_answer_is_encoded_off_the_event_loop(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 105 MB of JSON for 32 explained images had held the event loop 5 s (/health/live waited): a large answer is built in
+    # a thread; a small one (a classification) on the loop, where a thread hop would cost more than the encoding
+    encoded_on: list[bool] = []
+    real = v2.write_infer_response
+
+    def spy(*args: Any) -> tuple[bytes, int | None]:
+        try:
+            asyncio.get_running_loop()
+            encoded_on.append(True)
+        except RuntimeError:
+            encoded_on.append(False)
+        return real(*args)
+
+    monkeypatch.setattr(v2, "write_infer_response", spy)
+    monkeypatch.setattr(v2, "INLINE_ELEMENTS", 5000)  # the tiny model's attribution: 3 x 32 x 32 per image
+    async with serve(tiny_app()) as client:
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))]})
+        assert r.status_code == 200 and encoded_on == [True], r.text
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))],
+                                           "parameters": {"explain": True, "steps": 4, "probe_steps": 4}})
+        assert r.status_code == 200 and encoded_on == [True, False], r.text
+        assert outputs(r.json())["attribution"].shape == (2, 3, 32, 32)
+
+
 async def test_unknown_model_version_and_route_and_compression(tiny_app: AppFactory) -> None:
     async with serve(tiny_app()) as client:
         r = await client.post("/v2/models/big/infer", json={"inputs": [image_input(b"x")]})
         assert r.status_code == 404 and r.json() == {"error": "unknown model 'big'; loaded: tiny"}
-        r = await client.get("/v2/models/tiny/versions/3")
-        assert r.status_code == 404 and "does not version its models" in r.json()["error"]
+        for path in ("/v2/models/tiny/versions/3", "/v2/models/tiny/versions/3/ready", "/v2/models/tiny/versions/01/config"):
+            r = await client.get(path)
+            assert r.status_code == 404 and "has one version, '1'" in r.json()["error"], path
+        r = await client.post("/v2/models/tiny/versions/3/infer", json={"inputs": [image_input(image_bytes())]})
+        assert r.status_code == 404 and list(r.json()) == ["error"]
+        r = await client.get("/v2/models/tiny/versions/1/nothing")
+        assert r.status_code == 404 and "not a route" in r.json()["error"]
         r = await client.get("/v2/repository/index")
+        assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error"]
+        r = await client.post("/v2/repository/models/tiny/load")
         assert r.status_code == 404 and list(r.json()) == ["error"]
         r = await client.post(INFER, content=b"\x1f\x8b", headers={"Content-Encoding": "gzip"})
         assert r.status_code == 415 and "Content-Encoding" in r.json()["error"]
+
+
+async def test_version_one_is_the_model_and_triton_reads_its_config_and_the_index(tiny_app: AppFactory) -> None:
+    body = {"inputs": [image_input(image_bytes())]}
+    async with serve(tiny_app(max_batch_files=4)) as client:
+        for path in ("", "/ready", "/config"):
+            r1, r = await client.get(f"/v2/models/tiny/versions/1{path}"), await client.get(f"/v2/models/tiny{path}")
+            assert r1.status_code == r.status_code == 200 and r1.json() == r.json(), path
+        assert (await client.get("/v2/models/tiny")).json()["versions"] == ["1"]
+        versioned, plain = await client.post("/v2/models/tiny/versions/1/infer", json=body), await client.post(INFER, json=body)
+        assert versioned.status_code == 200 and outputs(versioned.json()).keys() == outputs(plain.json()).keys()
+        np.testing.assert_array_equal(outputs(versioned.json())["probabilities"], outputs(plain.json())["probabilities"])
+        config = (await client.get("/v2/models/tiny/config")).json()
+        assert config["max_batch_size"] == 4 and config["platform"] == "pytorch"
+        assert config["input"][0] == {"name": "image", "data_type": "TYPE_STRING", "dims": [1], "format": "FORMAT_NONE",
+                                      "reshape": {"shape": []}}
+        assert {t["name"]: t["dims"] for t in config["output"]}["curve_alpha"] == [-1]
+        r = await client.post("/v2/repository/index", json={"ready": True})
+        assert r.status_code == 200 and r.json() == [{"name": "tiny", "version": "1", "state": "READY"}]
+        assert "model_configuration" in (await client.get("/v2")).json()["extensions"]
 
 
 async def test_the_api_key_guards_everything_but_the_health_probes(tiny_app: AppFactory) -> None:
@@ -300,3 +381,31 @@ def test_pixels_helper_matches_the_service_preprocessing() -> None:
     data = image_bytes(size=(60, 45))
     x = tiny_classifier().prepare(Image.open(io.BytesIO(data)).convert("RGB"))
     assert torch.equal(torch.from_numpy(pixels(data)).permute(2, 0, 1).float() / 255, x)
+
+
+async def test_the_services_top_k_bound_is_no_bound_on_the_protocol(tiny_app: AppFactory) -> None:
+    # an answer of the protocol has every probability: IDG_MAX_TOP_K (a bound on /predict's top_k) must not refuse it
+    async with serve(tiny_app(max_top_k=1)) as client:
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes())]})
+        assert r.status_code == 200 and outputs(r.json())["probabilities"].shape == (1, 1000), r.text
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "parameters": {"steps": 4, "probe_steps": 4}})
+        assert r.status_code == 200 and outputs(r.json())["attribution"].shape == (1, 3, 32, 32), r.text
+
+
+async def test_inference_statistics_count_each_models_submissions(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app(warmup=False, request_timeout_s=0.5, delay_s=0.05)) as client:
+        (before,) = (await client.get("/v2/models/tiny/stats")).json()["model_stats"]
+        assert before["inference_count"] == 0 and before["inference_stats"]["success"] == {"count": 0, "ns": 0}
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))]})
+        assert r.status_code == 200
+        r = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "parameters": {"method": "guided_ig", "steps": 60}})
+        assert r.status_code == 504
+        (after,) = (await client.get("/v2/models/stats")).json()["model_stats"]
+        assert (await client.get("/v2/models/tiny/versions/1/stats")).json()["model_stats"] == [after]
+        assert (await client.get("/v2/models/big/stats")).status_code == 404
+    assert after["name"] == "tiny" and after["version"] == "1" and after["inference_count"] == after["execution_count"] == 2
+    stats = after["inference_stats"]
+    assert stats["success"]["count"] == stats["queue"]["count"] == stats["compute_infer"]["count"] == 2
+    assert stats["success"]["ns"] >= stats["compute_infer"]["ns"] >= 2 * 50_000_000  # one 0.05 s model call each at least
+    assert stats["fail"]["count"] == 1 and stats["fail"]["ns"] >= 500_000_000  # the late one, at its deadline
+    assert after["last_inference"] > 1_700_000_000_000

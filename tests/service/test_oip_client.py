@@ -40,7 +40,8 @@ def client(served: Served) -> Iterator[httpclient.InferenceServerClient]:
 def test_health_and_metadata(client: httpclient.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("tiny", headers=auth()) and not client.is_model_ready("nope", headers=auth())
-    assert client.get_server_metadata(headers=auth())["extensions"] == ["binary_tensor_data", "classification"]
+    extensions = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+    assert client.get_server_metadata(headers=auth())["extensions"] == extensions
     meta = client.get_model_metadata("tiny", headers=auth())
     assert [t["name"] for t in meta["inputs"]] == ["image", "input"] and meta["outputs"][0]["shape"] == [-1, 1000]
 
@@ -84,6 +85,29 @@ def test_pixels_and_an_explanation(client: httpclient.InferenceServerClient, ser
                       data={"method": "idg", "steps": "8", "probe_steps": "6", "target": "5", "faithfulness": "insertion"}).json()
     np.testing.assert_allclose(values[0], same["curve"]["values"], rtol=1e-5, atol=1e-6)
     assert float(result.as_numpy("insertion")[0]) == pytest.approx(same["faithfulness"]["insertion"], abs=1e-6)
+
+
+def test_model_version_one_the_config_the_repository_index_and_statistics(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_model_ready("tiny", model_version="1", headers=auth())
+    assert not client.is_model_ready("tiny", model_version="2", headers=auth())
+    assert client.get_model_metadata("tiny", model_version="1", headers=auth())["versions"] == ["1"]
+    config = client.get_model_config("tiny", model_version="1", headers=auth())
+    assert config == client.get_model_config("tiny", headers=auth())
+    assert config["name"] == "tiny" and config["max_batch_size"] == 32
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [("image", "TYPE_STRING", [1]),
+                                                                                 ("input", "TYPE_FP32", [3, 32, 32])]
+    assert config["output"][0] == {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [1000]}
+    assert client.get_model_repository_index(headers=auth()) == [{"name": "tiny", "version": "1", "state": "READY"}]
+    images = httpclient.InferInput("image", [1], "BYTES")
+    images.set_data_from_numpy(np.array([image_bytes()], dtype=np.object_))
+    versioned = client.infer("tiny", [images], model_version="1", headers=auth()).as_numpy("probabilities")
+    np.testing.assert_array_equal(versioned, client.infer("tiny", [images], headers=auth()).as_numpy("probabilities"))
+    with pytest.raises(InferenceServerException) as other:
+        client.infer("tiny", [images], model_version="2", headers=auth())
+    assert other.value.status() == "404" and "has one version, '1'" in other.value.message()
+    (stats,) = client.get_inference_statistics("tiny", model_version="1", headers=auth())["model_stats"]
+    assert stats["name"] == "tiny" and stats["inference_stats"]["success"]["count"] >= 2  # the two answers above
+    assert client.get_inference_statistics(headers=auth())["model_stats"][0]["name"] == "tiny"
 
 
 def test_errors_reach_the_client_with_the_services_message(client: httpclient.InferenceServerClient) -> None:

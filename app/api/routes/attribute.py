@@ -33,7 +33,8 @@ async def attribute(request: Request, service: Annotated[Service, Depends(get_se
     (``curl -F file=@photo.jpg -F method=idg -F target=207``) or JSON with a base64 ``image``."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
-    return await alone(service.attribute(data, params, received, until_disconnected(request)), "POST /attribute")
+    call = service.explain_request(params, service.context(received, until_disconnected=until_disconnected(request)))
+    return await alone(service.attribute(call, data), "POST /attribute")
 
 
 def _sse(event: str, payload: dict[str, Any]) -> str:
@@ -54,13 +55,14 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
     connection cancels the work."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
-    checked = service.check_attribute(params)  # a bad parameter is a 422, not a stream that opens to say so
     events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+    context = service.context(received, until_disconnected=until_disconnected(request),
+                              on_event=lambda e: events.put_nowait((e.pop("event"), e)))
+    call = service.explain_request(params, context)  # a bad parameter is a 422, not a stream that opens to say so
 
     async def work() -> None:
         try:
-            result = await service.attribute(data, params, received, until_disconnected(request),
-                                           on_event=lambda e: events.put_nowait((e.pop("event"), e)), checked=checked)
+            result = await service.attribute(call, data)
             events.put_nowait(("result", result.model_dump(mode="json")))
         except Exception as err:  # noqa: BLE001 - whatever fails, the stream ends with an ``error`` event
             api = err if isinstance(err, ApiError) else internal_error(err, "POST /attribute/stream")
@@ -88,11 +90,12 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
     images go through the same queue and share model calls."""
     received = time.perf_counter()
     files, params = await read_batch_request(request, service.settings.max_upload_bytes, service.settings.max_batch_files)
-    checked = service.check_attribute(params)  # shared by every image: one 422 for the batch
+    call = service.explain_request(params, service.context(received, until_disconnected=until_disconnected(request)))
+    # shared by every image: one 422 for the batch
 
     async def one(name: str, data: bytes) -> BatchItem:
         try:
-            result = await service.attribute(data, params, received, until_disconnected(request), checked=checked)
+            result = await service.attribute(call, data)
             return BatchItem(filename=name, status=200, result=result)
         except Exception as err:  # noqa: BLE001 - whatever fails, it fails this item only
             api = err if isinstance(err, ApiError) else internal_error(err, f"POST /attribute/batch item {name!r}")

@@ -25,4 +25,5 @@ async def predict(request: Request, service: Annotated[Service, Depends(get_serv
     predicted class when the condition holds, and only the prediction when it does not."""
     received = time.perf_counter()
     data, params = await read_image_request(request, PredictExplainParams, PredictJSON, service.settings.max_upload_bytes)
-    return await alone(service.predict(data, params, received, until_disconnected(request)), "POST /predict")
+    call = service.predict_request(params, service.context(received, until_disconnected=until_disconnected(request)))
+    return await alone(service.predict(call, data), "POST /predict")

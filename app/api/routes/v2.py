@@ -1,6 +1,9 @@
 """The Open Inference Protocol (KServe v2, REST) beside the service's own routes, so KServe, Triton's
 clients and other platforms can call it: ``/v2/health/live|ready``, ``/v2`` (server metadata),
-``/v2/models/{name}`` (model metadata), ``/v2/models/{name}/ready`` and ``/v2/models/{name}/infer``.
+``/v2/models/{name}`` (model metadata), ``/v2/models/{name}/ready`` and ``/v2/models/{name}/infer``; and Triton's
+extensions: ``/v2/models/{name}/config`` (model configuration), ``/v2/models/stats`` and ``/v2/models/{name}/stats``
+(inference statistics), ``POST /v2/repository/index``, and every model route under ``/versions/1`` (each model's one
+version).
 
 An inference request gives one of two inputs, batched along the first dimension:
 
@@ -21,8 +24,10 @@ differ), and ``insertion`` / ``deletion`` ``FP32 [N]`` when ``faithfulness`` ask
 An explanation runs when the request asks for an explanation output, sets the parameter
 ``explain: true``, or gives any /attribute parameter (``method``, ``preset``, ``target``, ``steps``,
 ``faithfulness``, ...: the request's ``parameters``, checked as /attribute checks them).
-Triton's reserved parameters (``priority``, ``timeout``, ``sequence_*``) are ignored. Every image
-goes through the same queue, batching, deadline and errors as /predict and /attribute; errors come
+Triton's reserved parameters (``priority``, ``timeout``, ``sequence_*``) are ignored. The body is JSON, or JSON then
+binary data (``Content-Type`` absent, ``application/json`` or ``application/octet-stream``). Every image goes through
+the service's one call (:mod:`app.service`): the same queue, batching, deadline from arrival and errors as /predict and
+/attribute; errors come
 in the protocol's form ``{"error": "..."}`` with the status /attribute would give. The API key
 (``IDG_API_KEY``) guards every route but the two health probes.
 """
@@ -33,6 +38,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Annotated, Any
 
 import numpy as np
@@ -46,13 +52,16 @@ from app.api.deps import get_service, require_api_key
 from app.api.failures import internal_error
 from app.api.oip import (
     HEADER_LENGTH,
+    ConfigTensor,
     InferRequest,
     InferResponse,
     MetadataTensor,
+    ModelConfig,
     ModelMetadata,
     ModelReady,
     Output,
     ProtocolError,
+    RepositoryModel,
     Scalar,
     ServerLive,
     ServerMetadata,
@@ -66,22 +75,24 @@ from app.api.oip import (
 )
 from app.api.requests import first_error, read_body, until_disconnected
 from app.core.errors import ApiError, allow_header, documented_methods
-from app.core.images import load_input
-from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams
-from app.service import Checked, RequestContext, Service
-from app.service.render import method_label
-from app.worker.waiting import Submission, UntilDisconnected
-from idg_core.explain import Explanation, predict_plan
+from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
+from app.service import ExplainRequest, Image, PredictRequest, Service
+from idg_core.explain import Explanation
 from idg_core.models import ImageClassifier
-from idg_core.types import to_device
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "idg-service"
-EXTENSIONS = ["binary_tensor_data", "classification"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+MODEL_VERSION = "1"
+"""The one version of every model (the service does not version its models): ``/v2/models/{m}/versions/1/...`` is
+``/v2/models/{m}/...``, as Triton's clients call it when given ``model_version="1"``."""
 CLASSIFY_OUTPUTS = ("probabilities", "predicted_class")
 EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "insertion", "deletion")
 IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "headers")
+CONTENT_TYPES = ("application/json", "application/octet-stream")
+INLINE_ELEMENTS = 200_000
+"""Answers of more numbers than this are encoded in a thread (about 2 ms of JSON on the event loop at most)."""
 RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
                "return_input")
 """/attribute fields that shape its PNGs and JSON, not the explanation: not request parameters here."""
@@ -138,11 +149,14 @@ async def server_metadata(request: Request) -> ServerMetadata:
     return ServerMetadata(name=SERVER_NAME, version=request.app.version, extensions=EXTENSIONS)
 
 
+def _platform(model: ImageClassifier) -> str:
+    return "pytorch_torchscript" if model.source.startswith("torchscript:") else "pytorch"
+
+
 def _metadata(name: str, model: ImageClassifier) -> ModelMetadata:
     s, c = model.preprocessing.crop_size, model.num_classes
-    platform = "pytorch_torchscript" if model.source.startswith("torchscript:") else "pytorch"
     return ModelMetadata(
-        name=name, platform=platform,
+        name=name, versions=[MODEL_VERSION], platform=_platform(model),
         inputs=[MetadataTensor(name="image", datatype="BYTES", shape=[-1]),
                 MetadataTensor(name="input", datatype="FP32", shape=[-1, 3, s, s])],
         outputs=[MetadataTensor(name="probabilities", datatype="FP32", shape=[-1, c]),
@@ -156,12 +170,58 @@ def _metadata(name: str, model: ImageClassifier) -> ModelMetadata:
     )
 
 
+async def _one_version(name: str, version: str) -> None:
+    """404 for a version other than :data:`MODEL_VERSION` (the routes under ``/versions/{version}``)."""
+    if version != MODEL_VERSION:
+        raise ApiError(404, f"model {name!r} has one version, {MODEL_VERSION!r}, not {version!r}: use /v2/models/{name}/versions/"
+                       f"{MODEL_VERSION} or /v2/models/{name}", code="not_found")
+
+
+versioned_routes = [*guarded, Depends(_one_version)]
+VERSIONED = "/models/{name}/versions/{version}"
+
+
+@router.post("/repository/index", response_model=list[RepositoryModel], dependencies=guarded, responses=errors(401, 503))
+async def repository_index(service: Annotated[Service, Depends(get_service)]) -> list[RepositoryModel]:
+    """Triton's repository index: every model served, its version and state (``READY``: the service serves only models
+    it loaded and warmed)."""
+    return [RepositoryModel(name=name, version=MODEL_VERSION, state="READY") for name in service.models]
+
+
+@router.get("/models/stats", dependencies=guarded, responses=errors(401, 503))
+async def all_statistics(service: Annotated[Service, Depends(get_service)]) -> dict[str, list[dict[str, Any]]]:
+    """Triton's inference statistics of every model (its ``statistics`` extension): submissions (one image's prediction or
+    explanation each) succeeded and failed, and their nanoseconds from arrival, in the queue and computing."""
+    return {"model_stats": [stats.triton(name, MODEL_VERSION) for name, stats in service.stats.items()]}
+
+
+@router.get(VERSIONED + "/stats", dependencies=versioned_routes, include_in_schema=False)
+@router.get("/models/{name}/stats", dependencies=guarded, responses=METADATA_ERRORS)
+async def statistics(name: str, service: Annotated[Service, Depends(get_service)]) -> dict[str, list[dict[str, Any]]]:
+    """Triton's inference statistics of one model (see ``GET /v2/models/stats``)."""
+    key, _ = service.model(name)
+    return {"model_stats": [service.stats[key].triton(key, MODEL_VERSION)]}
+
+
+@router.get(VERSIONED + "/config", response_model=ModelConfig, response_model_exclude_none=True, dependencies=versioned_routes,
+            include_in_schema=False)
+@router.get("/models/{name}/config", response_model=ModelConfig, response_model_exclude_none=True, dependencies=guarded,
+            responses=METADATA_ERRORS)
+async def model_config(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelConfig:
+    """Triton's model configuration (its ``model_configuration`` extension): the inputs and outputs as Triton's
+    ``ModelConfig`` writes them, the batch dimension apart (``max_batch_size``: ``IDG_MAX_BATCH_FILES``)."""
+    key, model = service.model(name)
+    return _config(key, model, service.settings.max_batch_files)
+
+
+@router.get(VERSIONED, response_model=ModelMetadata, dependencies=versioned_routes, include_in_schema=False)
 @router.get("/models/{name}", response_model=ModelMetadata, dependencies=guarded, responses=METADATA_ERRORS)
 async def model_metadata(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelMetadata:
     """The model's inputs and outputs (``-1``: any size)."""
     return _metadata(*service.model(name))
 
 
+@router.get(VERSIONED + "/ready", response_model=ModelReady, dependencies=versioned_routes, include_in_schema=False)
 @router.get("/models/{name}/ready", response_model=ModelReady, dependencies=guarded, responses=METADATA_ERRORS)
 async def model_ready(name: str, service: Annotated[Service, Depends(get_service)]) -> ModelReady:
     """200 when the model is loaded and the service ready (503 before, 404 for an unknown model)."""
@@ -169,6 +229,7 @@ async def model_ready(name: str, service: Annotated[Service, Depends(get_service
     return ModelReady(name=key, ready=True)
 
 
+@router.post(VERSIONED + "/infer", dependencies=versioned_routes, include_in_schema=False)
 @router.post("/models/{name}/infer", dependencies=guarded, openapi_extra=INFER_DOCS, responses={
     200: {"model": InferResponse, "description": "The outputs; with a binary output, the JSON (its length in "
           "Inference-Header-Content-Length) followed by the outputs' bytes", "content": {"application/octet-stream": {}}},
@@ -179,20 +240,20 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise ApiError(415, "compressed request bodies are not supported: send the body without Content-Encoding",
                        code="unsupported_media_type")
+    _check_content_type(request.headers.get("content-type"))
     key, model = service.model(name)
     body = await read_body(request, service.settings.max_upload_bytes)
     req, tensors = read_infer_request(body, request.headers.get(HEADER_LENGTH))
     wanted = _wanted_outputs(req)
     params, explain = _attribute_params(req, wanted, key)
-    checked = service.check_attribute(params) if explain else None
+    context = service.context(received, until_disconnected=until_disconnected(request))
+    call = service.explain_request(params, context) if explain else service.predict_request(PredictParams(model=key, top_k=1), context)
     items = _images(tensors, model, service.settings.max_batch_files)
-    until = until_disconnected(request)
 
-    async def one(item: bytes | torch.Tensor) -> tuple[torch.Tensor, Explanation | None]:
-        x = await load_input(item, model, service.settings, service.device) if isinstance(item, bytes) else to_device(item, service.device)
-        if checked is None:
-            return await _classify(service, key, x, until), None
-        found = await _explain(service, checked, params, x, until)
+    async def one(item: Image) -> tuple[torch.Tensor, Explanation | None]:
+        if isinstance(call, PredictRequest):
+            return await service.probabilities(call, item), None
+        found = (await service.explanation(call, item)).found
         return found.probs, found
 
     try:
@@ -201,17 +262,44 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     except ExceptionGroup as failed:
         raise _first_failure(failed) from None
     results = [t.result() for t in tasks]
-    outputs = _outputs(model, results, checked, wanted, req)
-    payload, header_length = write_infer_response(key, req.id, outputs, {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
+    checked = call if isinstance(call, ExplainRequest) else None
+    answer = partial(_answer, key, model, results, checked, wanted, req, received)
+    # a large answer (attributions in JSON: 105 MB for 32 images) is built off the event loop, which serves the rest meanwhile
+    payload, header_length = await asyncio.to_thread(answer) if _elements(results) > INLINE_ELEMENTS else answer()
     if header_length is None:
         return Response(payload, media_type="application/json")
     return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)})
 
 
-@router.api_route("/models/{name}/versions/{version}{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+def _check_content_type(given: str | None) -> None:
+    """415 unless the body is JSON (``application/json``) or the binary extension's JSON and bytes
+    (``application/octet-stream``); no Content-Type is read as JSON, as Triton's clients send none."""
+    if given is None:
+        return
+    kind = given.split(";", 1)[0].strip().lower()
+    if kind not in CONTENT_TYPES:
+        raise ApiError(415, f"Content-Type {kind or given!r} is not an inference request: send {' or '.join(CONTENT_TYPES)}",
+                       code="unsupported_media_type")
+
+
+def _elements(results: list[tuple[torch.Tensor, Explanation | None]]) -> int:
+    """How many numbers the answer may carry (every probability, and every attribution value)."""
+    return sum(p.numel() + (0 if e is None else e.result.attributions.numel()) for p, e in results)
+
+
+def _answer(key: str, model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]],
+            checked: ExplainRequest | None, wanted: list[tuple[str, dict[str, Scalar]]], req: InferRequest,
+            received: float) -> tuple[bytes, int | None]:
+    """The answer's body (and its JSON header's length when an output is binary)."""
+    outputs = _outputs(model, results, checked, wanted, req)
+    return write_infer_response(key, req.id, outputs, {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
+
+
+@router.api_route(VERSIONED + "{rest:path}", methods=["GET", "POST"], include_in_schema=False)
 async def versioned(name: str, version: str, rest: str) -> None:
-    """The service does not version its models: say so in the protocol's form."""
-    raise ApiError(404, f"this server does not version its models: use /v2/models/{name}{rest} without /versions/{version}",
+    """Any other version, or a route that has none: say so in the protocol's form."""
+    await _one_version(name, version)
+    raise ApiError(404, f"/v2/models/{name}{rest} is not a route of the Open Inference Protocol here: see /v2/models/NAME",
                    code="not_found")
 
 
@@ -224,6 +312,26 @@ async def unknown(rest: str, request: Request) -> None:
         raise ApiError(405, f"{request.method} is not a method of /v2/{rest}: use {' or '.join(sorted(documented))}",
                        headers={"Allow": allow_header(documented)}, code="method_not_allowed")
     raise ApiError(404, f"/v2/{rest} is not a route of the Open Inference Protocol here: see /v2/models/NAME", code="not_found")
+
+
+TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64"}
+
+
+def _config(name: str, model: ImageClassifier, max_batch: int) -> ModelConfig:
+    """The model's metadata as Triton's ``ModelConfig``: each tensor's dimensions without the batch's (an ``image``
+    is one element per image: ``dims [1]`` reshaped to ``[]``, so a request's shape is ``[N]``)."""
+    meta = _metadata(name, model)
+
+    def tensor(t: MetadataTensor, fmt: str | None = None) -> ConfigTensor:
+        reshape: dict[str, list[int]] | None = None if len(t.shape) > 1 else {"shape": []}
+        dims = t.shape[1:] if len(t.shape) > 1 else [1]
+        return ConfigTensor(name=t.name, data_type=TRITON_TYPES[t.datatype], dims=dims, reshape=reshape, format=fmt)
+
+    return ModelConfig(
+        name=name, platform=meta.platform, max_batch_size=max_batch,
+        input=[tensor(meta.inputs[0], "FORMAT_NONE"), tensor(meta.inputs[1], "FORMAT_NCHW")],
+        output=[tensor(t) for t in meta.outputs],
+    )
 
 
 def _wanted_outputs(req: InferRequest) -> list[tuple[str, dict[str, Scalar]]]:
@@ -264,7 +372,7 @@ def _attribute_params(req: InferRequest, wanted: list[tuple[str, dict[str, Scala
     if flag is False and (asked or given):
         raise ApiError(422, "explain is false, yet the request asks for explanation outputs or parameters", code="invalid_parameter")
     try:
-        params = AttributeParams.model_validate({**given, "model": model, "return_heatmap": False, "return_overlay": False})
+        params = AttributeParams.model_validate({**given, "model": model, "top_k": 1, "return_heatmap": False, "return_overlay": False})
     except ValidationError as err:
         raise ApiError(422, first_error(err), code="invalid_parameter") from err
     metrics = {m.strip() for m in (params.faithfulness or "").split(",") if m.strip()}
@@ -310,28 +418,6 @@ def _pixels(t: Tensor, size: int) -> torch.Tensor:
     return pixels if layout == "NCHW" else pixels.permute(0, 3, 1, 2).contiguous()
 
 
-async def _classify(service: Service, name: str, x: torch.Tensor, until: UntilDisconnected) -> torch.Tensor:
-    """Every class probability of one image: /predict's plan and queue."""
-    outcome = await service.run(Submission(name, predict_plan(x), "predict", priority=0), RequestContext(until_disconnected=until))
-    service.metrics.predictions.labels(name, "none").inc()
-    return outcome.value
-
-
-async def _explain(service: Service, checked: Checked, params: AttributeCommon, x: torch.Tensor, until: UntilDisconnected) -> Explanation:
-    """One image's explanation: /attribute's plan, queue and faithfulness metrics, without its PNGs."""
-    name, planned = checked.name, checked.planned
-    outcome = await service.run(Submission(name, planned.plan(x, params), "attribute", priority=1, cost=planned.cost(x)),
-                                RequestContext(until_disconnected=until))
-    found = outcome.value
-    for metric, value in found.scores.items():
-        service.metrics.faithfulness.labels(name, method_label(params), metric).observe(value)
-    attr = found.result.attributions
-    if not bool(torch.isfinite(attr).all()):
-        raise ApiError(500, "the attribution is not finite (NaN or infinity): the model's outputs or gradients overflowed on this "
-                       "image; a model in bf16 may need fp32 (IDG_PRECISION)", code="model_error")
-    return found
-
-
 def _rows(rows: list[torch.Tensor]) -> np.ndarray[Any, Any]:
     """Curves of one row each as ``(N, K)`` float32, NaN-padded to the longest."""
     width = max((r.numel() for r in rows), default=0)
@@ -349,7 +435,7 @@ def _classification(model: ImageClassifier, probs: np.ndarray[Any, Any], k: int)
     return Output("probabilities", items=items, shape=[len(probs), k])
 
 
-def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]], checked: Checked | None,
+def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]], checked: ExplainRequest | None,
              wanted: list[tuple[str, dict[str, Scalar]]], req: InferRequest) -> list[tuple[Output, bool]]:
     """The answer's outputs, in the order asked (default: every output this request produced)."""
     probs = np.stack([p.detach().float().cpu().numpy() for p, _ in results])

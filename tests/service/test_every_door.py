@@ -1,0 +1,209 @@
+"""Every door keeps the service's promises, because every door makes the same typed application call: work that
+cannot finish by the request deadline (counted from arrival) is answered by the deadline, refused in that door's
+own form; a bad parameter and an unknown model are refused before any work, again in the door's form.
+
+The doors: ``/attribute`` (the JSON error contract), ``/attribute/batch`` (a status per image), ``/attribute/stream``
+(an ``error`` event), ``/v2/models/{m}/infer`` (the Open Inference Protocol's ``{"error": ...}``) and a job's image
+(its status in the results; a deadline is retried ``MAX_ATTEMPTS`` times, each within the deadline). The worker is
+made slow by the test model's own delay (0.1 s per model call) and each decode by a fixed sleep, so the timings hold on
+any machine, and a deadline counted from anything later than the arrival (the queue) would show."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from httpx import AsyncClient, Response
+
+import app.core.images as images
+from app.core.config import Settings
+from app.jobs.runner import MAX_ATTEMPTS
+from idg_core.models import ImageClassifier
+from tests.service.conftest import AppFactory, image_bytes, serve
+from tests.service.test_oip import b64
+
+TIMEOUT_S = 1.0
+DECODE_S = 0.6
+"""Each decode sleeps this long first: a deadline counted from the queue would answer after DECODE_S + TIMEOUT_S."""
+SLACK_S = 0.5  # what an answer may take beyond its deadline (the event loop, a busy CI core)
+SLOW = {"method": "idg", "steps": 400, "probe_steps": 8}
+"""400 gradient points in calls of 8 at 0.1 s a call: 5 s of work against a 1 s deadline."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A door's refusal, read from its own form: the status, the code where the form has one, the sentence."""
+
+    status: int
+    code: str | None
+    message: str
+
+
+def _contract(r: Response) -> Refusal:
+    """The service's JSON error contract: ``{"error": {"status", "code", "message"}}``, its status the HTTP status."""
+    error = r.json()["error"]
+    assert set(error) == {"status", "code", "message"} and error["status"] == r.status_code, r.text
+    return Refusal(r.status_code, error["code"], error["message"])
+
+
+def _form(params: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in params.items()}
+
+
+async def attribute(client: AsyncClient, params: dict[str, Any]) -> Refusal:
+    r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data=_form(params))
+    return _contract(r)
+
+
+async def batch(client: AsyncClient, params: dict[str, Any]) -> Refusal:
+    files = [("files", ("a.png", image_bytes())), ("files", ("b.png", image_bytes((90, 20, 160))))]
+    r = await client.post("/attribute/batch", files=files, data=_form(params))
+    if r.status_code != 200:  # refused as a whole (a parameter, the model): before any image
+        return _contract(r)
+    items = r.json()["items"]
+    refusals = {Refusal(i["status"], i["error"]["code"], i["error"]["message"]) for i in items if i["status"] != 200}
+    assert len(refusals) == 1 and r.json()["failed"] == len(items), r.text  # every image, the same refusal
+    assert all(i["error"]["status"] == i["status"] for i in items)
+    return refusals.pop()
+
+
+async def stream(client: AsyncClient, params: dict[str, Any]) -> Refusal:
+    r = await client.post("/attribute/stream", files={"file": ("a.png", image_bytes())}, data=_form(params))
+    if r.status_code != 200:  # a bad request is refused before the stream opens
+        return _contract(r)
+    blocks = [dict(line.split(": ", 1) for line in b.splitlines()) for b in r.text.strip().split("\n\n")]
+    assert blocks[0]["event"] == "accepted" and blocks[-1]["event"] == "error", r.text
+    error = json.loads(blocks[-1]["data"])
+    return Refusal(error["status"], error["code"], error["message"])
+
+
+async def v2(client: AsyncClient, params: dict[str, Any]) -> Refusal:
+    model = params.get("model", "tiny")
+    body = {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [b64(image_bytes())]}],
+            "parameters": {k: v for k, v in params.items() if k != "model"}}
+    r = await client.post(f"/v2/models/{model}/infer", json=body)
+    assert list(r.json()) == ["error"], r.text  # the protocol's form: one sentence, the status in HTTP
+    return Refusal(r.status_code, None, r.json()["error"])
+
+
+async def job(client: AsyncClient, params: dict[str, Any]) -> Refusal:
+    r = await client.post("/jobs", files=[("files", ("a.png", image_bytes()))], data=_form(params))
+    if r.status_code != 202:  # refused at submission, before any image is stored
+        return _contract(r)
+    job_id = r.json()["id"]
+    for _ in range(400):
+        if (await client.get(f"/jobs/{job_id}")).json()["state"] == "done":
+            break
+        await asyncio.sleep(0.05)
+    (line,) = [json.loads(x) for x in (await client.get(f"/jobs/{job_id}/results")).text.splitlines()]
+    assert "result" not in line and line["error"]["status"] == line["status"], line
+    return Refusal(line["status"], line["error"]["code"], line["error"]["message"])
+
+
+Door = Callable[[AsyncClient, dict[str, Any]], Awaitable[Refusal]]
+DOORS: dict[str, tuple[Door, int]] = {
+    "/attribute": (attribute, 1), "/attribute/batch": (batch, 1), "/attribute/stream": (stream, 1), "/v2 HTTP": (v2, 1),
+    "a job's image": (job, MAX_ATTEMPTS),
+}
+"""Each door, and how many deadlines its answer may take (a job retries a late image)."""
+
+
+@pytest.fixture
+def slow_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = images.model_input
+
+    def slow(data: bytes, model: ImageClassifier, settings: Settings, device: torch.device) -> torch.Tensor:
+        time.sleep(DECODE_S)
+        return real(data, model, settings, device)
+
+    monkeypatch.setattr(images, "model_input", slow)
+
+
+@pytest.mark.parametrize("name", list(DOORS))
+@pytest.mark.usefixtures("slow_decodes")
+async def test_work_past_the_deadline_is_answered_by_it_in_the_doors_form(tiny_app: AppFactory, name: str) -> None:
+    send, deadlines = DOORS[name]
+    app = tiny_app(delay_s=0.1, request_timeout_s=TIMEOUT_S, batch_wait_ms=0.0, max_batch_images=8, max_round_images=512,
+                   warmup=False)
+    async with serve(app) as client:
+        began = time.monotonic()
+        refusal = await send(client, SLOW)
+        took = time.monotonic() - began
+        assert refusal.status == 504 and refusal.code in ("deadline", None), refusal
+        assert f"within its deadline of {TIMEOUT_S:g} s" in refusal.message, refusal
+        assert took < deadlines * TIMEOUT_S + SLACK_S, took  # not the 5 s the work would take
+        assert app.state.service.worker.depth == 0  # nothing left in the worker
+        await asyncio.sleep(0.3)  # the calls already on the device (two at most, 0.1 s each) end
+        calls = len(app.state.service.models["tiny"].net.calls)
+        await asyncio.sleep(0.3)
+        assert len(app.state.service.models["tiny"].net.calls) == calls  # and nothing more is computed for it
+
+
+@pytest.mark.parametrize("name", list(DOORS))
+@pytest.mark.parametrize(("params", "status", "says"), [
+    ({"method": "idg", "steps": 0}, 422, "steps"),
+    ({"model": "big"}, 404, "unknown model 'big'"),
+], ids=["bad parameter", "unknown model"])
+async def test_a_bad_request_is_refused_before_any_work_in_the_doors_form(
+    tiny_app: AppFactory, name: str, params: dict[str, Any], status: int, says: str,
+) -> None:
+    send, _ = DOORS[name]
+    app = tiny_app(warmup=False)
+    async with serve(app) as client:
+        refusal = await send(client, params)
+        assert refusal.status == status and says in refusal.message, refusal
+        assert app.state.service.models["tiny"].net.calls == []  # refused before any model call
+
+
+@pytest.mark.parametrize("name", [n for n in DOORS if n != "a job's image"])
+async def test_a_full_queue_is_refused_at_once_in_the_doors_form(tiny_app: AppFactory, name: str) -> None:
+    send, _ = DOORS[name]
+    app = tiny_app(delay_s=0.05, max_queue=1, batch_wait_ms=0.0, max_batch_images=8, max_round_images=512, warmup=False)
+    async with serve(app) as client:
+        blocker = asyncio.create_task(attribute(client, SLOW))  # holds the one attribution slot for 2.5 s
+        try:
+            await _until(lambda: app.state.service.worker.depth == 1)
+            began = time.monotonic()
+            refusal = await send(client, {"method": "idg", "steps": 4, "probe_steps": 4})
+            assert time.monotonic() - began < SLACK_S  # at once, not after the slot frees
+            assert refusal.status == 503 and refusal.code in ("busy", None) and "busy" in refusal.message, refusal
+        finally:
+            blocker.cancel()
+
+
+async def test_a_jobs_image_waits_for_a_full_queue_and_is_answered_once_it_frees(tiny_app: AppFactory) -> None:
+    # a job's image that finds the queue full is not refused: it goes back to the store and is tried again
+    app = tiny_app(delay_s=0.05, max_queue=1, batch_wait_ms=0.0, max_batch_images=8, max_round_images=512, warmup=False)
+    async with serve(app) as client:
+        blocker = asyncio.create_task(attribute(client, SLOW))
+        await _until(lambda: app.state.service.worker.depth == 1)
+        r = await client.post("/jobs", files=[("files", ("a.png", image_bytes()))], data=_form({"steps": 4, "probe_steps": 4}))
+        assert r.status_code == 202, r.text
+        for _ in range(250):  # the runner claimed the image, found the queue full and gave it back
+            if 'idg_durable_job_images_total{outcome="retried"} 1.0' in (await client.get("/metrics")).text:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the job's image was not given back")
+        assert not blocker.done()  # it was refused while the queue was full
+        blocker.cancel()
+        job_id = r.json()["id"]
+        for _ in range(300):
+            if (await client.get(f"/jobs/{job_id}")).json()["state"] == "done":
+                break
+            await asyncio.sleep(0.05)
+        (line,) = [json.loads(x) for x in (await client.get(f"/jobs/{job_id}/results")).text.splitlines()]
+        assert line["status"] == 200, line
+
+
+async def _until(done: Callable[[], bool], limit_s: float = 10.0) -> None:
+    for _ in range(int(limit_s / 0.02)):
+        if done():
+            return
+        await asyncio.sleep(0.02)
