@@ -4,6 +4,7 @@ the same passes, rank-averaged)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -16,14 +17,14 @@ from idg_core.model_calls import run_plans
 from idg_core.postprocess import build_plan
 from tests.models import SmallCNN, tiny_classifier
 
-IDG = {"steps": 6, "probe_steps": 5}
+IDG: dict[str, Any] = {"steps": 6, "probe_steps": 5}
 
 
 def test_the_two_ends_of_the_mix_are_the_two_maps_orders_at_the_cost_of_one() -> None:
     torch.manual_seed(0)
     model, x = SmallCNN(), torch.rand(3, 16, 16)
     base = torch.zeros_like(x)
-    smooth = {"smooth_samples": 3, "smooth_std": 0.1}
+    smooth: dict[str, Any] = {"smooth_samples": 3, "smooth_std": 0.1}
     plans = [idgi_mix_plan("idg", x, base, 2, idgi_mix=w, postprocess="idgi", **smooth, **IDG) for w in (0.0, 1.0, 0.5)]
     plans += [build_plan("idg", x, base, 2, **smooth, **IDG), build_plan("idg", x, base, 2, postprocess="idgi", **smooth, **IDG)]
     own0, idgi1, mixed, own, idgi = run_plans(model, plans, 64)
@@ -49,8 +50,9 @@ def test_rows_parse_and_a_rows_own_baseline_is_used(tmp_path: Path) -> None:
     for j in range(30):
         img.putpixel((j, (j * 7) % 36), (255, 255, 0))
     img.save(tmp_path / "n01440764_a.png")
-    rows = {"black": ("spectral_ig", {"steps": 5, "baseline": "black"}), "mean": ("spectral_ig", {"steps": 5}),
-            "mix": ("idg", {**IDG, "idgi_mix": 0.5})}
+    rows: dict[str, tuple[str, dict[str, Any]]] = {
+        "black": ("spectral_ig", {"steps": 5, "baseline": "black"}), "mean": ("spectral_ig", {"steps": 5}),
+        "mix": ("idg", {**IDG, "idgi_mix": 0.5})}
     cfg = EvalConfig(model="tiny", methods=rows, rise_step=256, pic_min_confidence=0.0, batch_size=16, metrics=("insertion", "deletion"))
     (record,) = evaluate_folder(tiny_classifier(), [tmp_path / "n01440764_a.png"], tmp_path / "out", cfg, progress=False)
     scores = record["methods"]
