@@ -74,3 +74,95 @@ def rank_shift(a: Tensor, b: Tensor, share: float = 0.1) -> dict[str, float]:
     rho = float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
     return {"top_in_b": float(rb[top].mean()), "bottom_in_b": float(rb[bottom].mean()),
             "top_overlap": float((rb[top] >= 1.0 - share).double().mean()), "spearman": rho}
+
+
+def _clustered(sal: Tensor, share: float) -> float:
+    """Of the top ``share`` pixels of ``sal (H, W)``, the mean share of their 4 neighbours also in the top."""
+    top = (ranks(sal) >= 1.0 - share).double()
+    pad = torch.nn.functional.pad(top[None, None], (1, 1, 1, 1))[0, 0]
+    around = pad[:-2, 1:-1] + pad[2:, 1:-1] + pad[1:-1, :-2] + pad[1:-1, 2:]
+    return float((around[top > 0] / 4).mean())
+
+
+def analyse(model: Any, x: Tensor, base: Tensor, pred: int, kw: dict[str, Any], share: float = 0.1) -> dict[str, float]:
+    """One photo: a method's map (``kw``: its parameters and SmoothGrad's) against its IDGI map from the same passes:
+    :func:`rank_shift` both ways, how clustered each map's top is, the share of each map's top whose signed
+    attribution (Σ over channels) is negative, the same share among the method's top pixels that IDGI drops from its
+    top and among those it keeps, and the deletion score
+    left after each map's top 5, 10 and 20% are removed."""
+    from idg_core.metrics import deletion
+    from idg_core.model_calls import run_plans
+
+    kw = dict(kw)
+    kw.pop("postprocess", None)
+    samples, std = int(kw.pop("smooth_samples", 0)), float(kw.pop("smooth_std", 0.15))
+    method = kw.pop("method")
+
+    def one(xi: Tensor) -> Plan:
+        return _both(METHODS[method].plan(xi, base, pred, **kw))
+
+    plan = smooth_plan([one(xi) for xi in noisy_copies(x, samples, std, 0)]) if samples else one(x)
+    (result,) = run_plans(model, [plan], 32)
+    c = result.attributions.shape[1] // 2
+    signed = [saliency(result.attributions[0, :c], signed=True), saliency(result.attributions[0, c:], signed=True)]
+    own, idgi = signed[0].abs(), signed[1].abs()
+    out = {f"idgi_vs_own_{k}": v for k, v in rank_shift(idgi, own, share).items()}
+    out |= {f"own_vs_idgi_{k}": v for k, v in rank_shift(own, idgi, share).items() if k in ("top_in_b", "bottom_in_b")}
+    own_top, idgi_top = ranks(own) >= 1.0 - share, ranks(idgi) >= 1.0 - share
+    for name, moved in (("dropped", own_top & ~idgi_top), ("kept", own_top & idgi_top)):  # the method's top that IDGI drops or keeps
+        out[f"own_{name}_negative"] = float((signed[0][moved] < 0).double().mean()) if moved.any() else float("nan")
+    for name, s, sal in (("own", signed[0], own), ("idgi", signed[1], idgi)):
+        top = ranks(sal) >= 1.0 - share
+        out[f"{name}_top_negative"] = float((s[top] < 0).double().mean())
+        out[f"{name}_clustered"] = _clustered(sal, share)
+    p = model.preprocessing
+    curves = deletion(model, x.unsqueeze(0).expand(2, -1, -1, -1), torch.stack([own, idgi]).to(x.device), substrate=p.mean, step=224)
+    for name, curve in zip(("own", "idgi"), curves, strict=True):
+        n = len(curve.y) - 1
+        out[f"{name}_deletion"] = float(curve.auc)
+        for frac in (0.05, 0.1, 0.2):
+            out[f"{name}_left_{int(frac * 100)}"] = float(curve.y[round(frac * n)])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m idg_core.evaluation.idgi_mix --images DIR --limit N``: :func:`analyse` per photo, a markdown table."""
+    import argparse
+    import logging
+    from pathlib import Path
+
+    import numpy as np
+
+    from idg_core.evaluation.runner import _baseline, parse_row
+    from idg_core.models import decode_image, image_files, load_entry, tune
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--images", type=Path, required=True)
+    p.add_argument("--limit", type=int, default=4)
+    p.add_argument("--row", default="IDG", help="a straight-path row (its IDGI map is computed beside it), e.g. IDG or idg@fast+SmoothGrad")
+    p.add_argument("--out", type=Path, default=None, help="write the table here too")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    model = tune(load_entry("efficientnet_lite0", None, None, torch.device("cpu")), fold_bn=True, channels_last=True)
+    method, kw = parse_row(args.row)
+    rows = []
+    for path in image_files(args.images)[: args.limit]:
+        x = model.prepare(decode_image(path.read_bytes()))
+        with torch.no_grad():
+            pred = int(model(x.unsqueeze(0)).argmax())
+        rows.append(analyse(model, x, _baseline(model, x, "mean"), pred, {**kw, "method": method}))
+        logging.info("%s: %s", path.name, {k: round(v, 3) for k, v in rows[-1].items()})
+        lines = [f"{args.row} against its IDGI map (same passes), {len(rows)} photos, top/bottom share 10%: mean (min, max)", "",
+                 "| measure | mean | min | max |", "|---|---|---|---|"]
+        for key in rows[0]:
+            v = np.array([r[key] for r in rows])
+            lines.append(f"| {key} | {np.nanmean(v):.3f} | {np.nanmin(v):.3f} | {np.nanmax(v):.3f} |")
+        text = "\n".join(lines) + "\n"
+        if args.out:  # after every photo: a run stopped by its time limit keeps what it measured
+            args.out.write_text(text)
+    logging.getLogger(__name__).info("\n%s", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

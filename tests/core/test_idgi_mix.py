@@ -58,3 +58,15 @@ def test_rows_parse_and_a_rows_own_baseline_is_used(tmp_path: Path) -> None:
     scores = record["methods"]
     assert scores["black"]["insertion_curve"] != scores["mean"]["insertion_curve"]  # a different path, so a different map
     assert scores["mix"]["backward_passes"] == IDG["steps"]
+
+
+def test_the_analysis_reads_both_maps_from_one_pass() -> None:
+    from idg_core.evaluation.idgi_mix import analyse
+
+    torch.manual_seed(4)
+    model, x = tiny_classifier(), torch.rand(3, 32, 32)
+    pred = int(model(x.unsqueeze(0)).argmax())
+    out = analyse(model, x, torch.zeros_like(x), pred, {"method": "idg", **IDG})
+    shares = ("idgi_vs_own_top_overlap", "own_top_negative", "idgi_top_negative", "own_clustered", "idgi_left_10", "own_left_20")
+    assert all(0.0 <= out[k] <= 1.0 for k in shares)
+    assert -1.0 <= out["idgi_vs_own_spearman"] <= 1.0 and 0.0 <= out["own_deletion"] <= 1.0
