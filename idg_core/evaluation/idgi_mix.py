@@ -88,7 +88,8 @@ def analyse(model: Any, x: Tensor, base: Tensor, pred: int, kw: dict[str, Any], 
     """One photo: a method's map (``kw``: its parameters and SmoothGrad's) against its IDGI map from the same passes:
     :func:`rank_shift` both ways, how clustered each map's top is, the share of each map's top whose signed
     attribution (Σ over channels) is negative, the same share among the method's top pixels that IDGI drops from its
-    top and among those it keeps, and the deletion score
+    top and among those it keeps, how far each top's pixels are from the baseline (Σ_c |x - x'| over the image's mean:
+    deletion puts the mean image, this table's baseline, in their place), and the deletion score
     left after each map's top 5, 10 and 20% are removed."""
     from idg_core.metrics import deletion
     from idg_core.model_calls import run_plans
@@ -111,6 +112,11 @@ def analyse(model: Any, x: Tensor, base: Tensor, pred: int, kw: dict[str, Any], 
     own_top, idgi_top = ranks(own) >= 1.0 - share, ranks(idgi) >= 1.0 - share
     for name, moved in (("dropped", own_top & ~idgi_top), ("kept", own_top & idgi_top)):  # the method's top that IDGI drops or keeps
         out[f"own_{name}_negative"] = float((signed[0][moved] < 0).double().mean()) if moved.any() else float("nan")
+    # how far from the baseline (the deletion's substrate, Σ_c |x - x'|, relative to the image's mean) the pixels are
+    delta = (x - base).abs().sum(0).cpu().double()
+    delta = delta / delta.mean().clamp_min(1e-12)
+    for name, chosen in (("own_top", own_top), ("idgi_top", idgi_top), ("dropped", own_top & ~idgi_top), ("promoted", idgi_top & ~own_top)):
+        out[f"{name}_delta"] = float(delta[chosen].mean()) if chosen.any() else float("nan")
     for name, s, sal in (("own", signed[0], own), ("idgi", signed[1], idgi)):
         top = ranks(sal) >= 1.0 - share
         out[f"{name}_top_negative"] = float((s[top] < 0).double().mean())

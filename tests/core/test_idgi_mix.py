@@ -70,3 +70,4 @@ def test_the_analysis_reads_both_maps_from_one_pass() -> None:
     shares = ("idgi_vs_own_top_overlap", "own_top_negative", "idgi_top_negative", "own_clustered", "idgi_left_10", "own_left_20")
     assert all(0.0 <= out[k] <= 1.0 for k in shares)
     assert -1.0 <= out["idgi_vs_own_spearman"] <= 1.0 and 0.0 <= out["own_deletion"] <= 1.0
+    assert out["own_top_delta"] > 0 and out["idgi_top_delta"] > 0  # relative to the image's mean distance from the baseline
