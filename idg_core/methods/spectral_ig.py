@@ -49,7 +49,7 @@ PARAMS = Params("spectral_ig", (
     Param("steps", int, PAPER["steps"], "S, path points α_k = k/(S-1), endpoints included (the authors' num_steps, 200); "
           "S - 1 gradient passes", low=2, step=True),
     Param("overlap", float, PAPER["overlap"], "w, how long each component takes to enter, as a share of the path: 0 switches "
-          "components on one at a time, 1 lets them all rise together from α = 0 (the straight path when every strength is 1); "
+          "components on one at a time, 1 lets them all rise together from α = 0 (the straight path: IG with a left Riemann sum); "
           "the authors' 0.4", low=0.0, high=1.0),
     Param("basis", str, "svd", "The components: 'svd', the singular vectors of each channel's difference (the paper), or 'dct', "
           "its 2-D cosine frequencies (the authors' ablation)", choices=BASES),

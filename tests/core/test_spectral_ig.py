@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from idg_core import METHODS, CallStats, spectral_ig
+from idg_core import METHODS, CallStats, ig, spectral_ig
 from idg_core.methods.spectral_ig import PAPER
 from tests.models import Linear, SmallCNN
 
@@ -144,6 +144,16 @@ def test_linear_model_gives_w_times_delta(basis: str) -> None:
     res = spectral_ig(model.double(), x, base, [1, 3], steps=7, basis=basis, output="logit")
     expected = torch.stack([model.w[1], model.w[3]]).detach() * (x - base)
     assert torch.allclose(res.attributions, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("basis", ["svd", "dct"])
+def test_full_overlap_is_the_straight_path(basis: str) -> None:
+    # w = 1: every component starts at α = 0 and rises linearly, so x(α) = x' + α (x - x'): IG, left Riemann sum
+    torch.manual_seed(5)
+    model, x = SmallCNN(), torch.rand(1, 3, 16, 16)
+    res = spectral_ig(model, x, "black", 3, steps=9, overlap=1.0, basis=basis, output="logit")
+    ref = ig(model, x, "black", 3, steps=8, rule="riemann_left")
+    assert torch.allclose(res.attributions, ref.attributions, rtol=1e-4, atol=1e-6)
 
 
 def test_completeness_on_a_smooth_model() -> None:
