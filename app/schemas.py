@@ -180,7 +180,7 @@ class OutputCurve(BaseModel):
     target's logit or its softmax probability (``output``: the method's choice)."""
 
     output: Literal["logit", "probability"] = Field(..., description="What F is: the target class's logit (idg, ig, left_ig) or its "
-                                                    "softmax probability (guided_ig, agi, as their authors' code)")
+                                                    "softmax probability (guided_ig, agi, spectral_ig, as their authors' code)")
     probe_alphas: list[float] = Field(..., description="IDG's uniform probe positions α_k (empty for other methods)")
     probe_values: list[float] = Field(..., description="F (see `output`) at each probe position")
     alphas: list[float] = Field(..., description="Sample positions α_j where gradients were taken")

@@ -3,8 +3,9 @@ plans pooled into shared model calls), then insertion, deletion, SIC, AIC and RO
 
 A row is named from the catalogue below, or composed: ``BASE[+POST...][:key=value,...]`` where BASE is
 a catalogue row, a registry method (``eg``: its paper preset) or ``method@preset`` (``idg@fast``), each
-POST is ``IDGI``, ``SmoothGrad`` (10 noisy copies, σ 0.15) or ``Blur`` (the control, σ
-:data:`BLUR_SIGMA`), and the keys override any setting (``IDG+IDGI+SmoothGrad:probe_steps=8,steps=16,smooth_samples=8``)."""
+POST is ``IDGI``, ``SmoothGrad`` (10 noisy copies, σ 0.15), ``Blur`` (the control, σ
+:data:`BLUR_SIGMA`) or ``RankMix`` (the map and its IDGI map rank-averaged), and the keys override any setting
+(``baseline`` too, for that row) (``IDG+IDGI+SmoothGrad:probe_steps=8,steps=16,smooth_samples=8``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from idg_core.evaluation.idgi_mix import idgi_mix_plan
 from idg_core.heatmap import saliency
 from idg_core.methods import METHODS
 from idg_core.metrics import (
@@ -39,6 +41,7 @@ from idg_core.model_calls import run_plans
 from idg_core.models import ImageClassifier, decode_image, imagenet_label
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan
+from idg_core.types import Plan
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +79,20 @@ RIVALS: dict[str, tuple[str, dict[str, Any]]] = {
     "IDG-EG": ("idg_eg", {"paths": 4, "probe_steps": 8, "steps": 16}),
     "LA": ("la", {"max_iter": 20, "classes": 20, "spatial_range": 20.0}),
     "IDG+Blur": ("idg", {"steps": 50, "probe_steps": 50, "blur_sigma": BLUR_SIGMA}),
+    # Spectral IG (issue #47) at its authors' settings (configs/spectral_ig.yaml: 200 points, overlap 0.4, SVD per channel,
+    # the softmax probability, the black baseline), and on this table's mean baseline
+    "SIG": ("spectral_ig", {"steps": 200, "overlap": 0.4, "baseline": "black"}),
+    "SIG-mean": ("spectral_ig", {"steps": 200, "overlap": 0.4}),
 }
 POST_STEPS: dict[str, dict[str, Any]] = {
     "idgi": {"postprocess": "idgi"},
     "smoothgrad": {"smooth_samples": 10, "smooth_std": 0.15},
     "blur": {"blur_sigma": BLUR_SIGMA},
+    "rankmix": {"idgi_mix": 0.5},
 }
-"""The post-steps a composed row name may add (lower case), with their evaluation settings."""
+"""The post-steps a composed row name may add (lower case), with their evaluation settings. ``RankMix``: the
+method's map and its IDGI map from the same passes, rank-averaged (:mod:`idg_core.evaluation.idgi_mix`).
+A row's ``baseline`` key (``mean`` or ``black``) overrides the run's ``--baseline`` for that row."""
 
 ALL_METRICS = ("insertion", "deletion", "sic", "aic")
 WITH_ROAD = (*ALL_METRICS, "road")
@@ -118,7 +128,7 @@ def parse_row(name: str) -> tuple[str, dict[str, Any]]:
         kw = {**METHODS[method].preset(preset or "paper"), **METHODS[method].preset_post(preset or "paper")}
     for post in posts:
         if post.lower() not in POST_STEPS:
-            raise ValueError(f"unknown post-step {post!r} in {name!r}: one of IDGI, SmoothGrad, Blur")
+            raise ValueError(f"unknown post-step {post!r} in {name!r}: one of IDGI, SmoothGrad, Blur, RankMix")
         kw |= POST_STEPS[post.lower()]
     for pair in filter(None, overrides.split(",")):
         key, eq, value = pair.partition("=")
@@ -167,6 +177,18 @@ def _baseline(model: ImageClassifier, x: torch.Tensor, kind: str) -> torch.Tenso
     return resolve_baseline(kind, x, model.preprocessing.mean)
 
 
+def _row_plan(model: ImageClassifier, x: torch.Tensor, base: torch.Tensor, pred: int, method: str, kw: dict[str, Any]) -> Plan:
+    """One row's plan: its own ``baseline`` when it names one, ``RankMix`` through :func:`idgi_mix_plan`."""
+    kw = dict(kw)
+    if "baseline" in kw:
+        base = _baseline(model, x, kw.pop("baseline"))
+    if "num_classes" in METHODS[method].params:
+        kw["num_classes"] = model.num_classes
+    if "idgi_mix" in kw:
+        return idgi_mix_plan(method, x, base, pred, **kw)
+    return build_plan(method, x, base, pred, **kw)
+
+
 def evaluate_image(
     model: ImageClassifier, path: Path, label: int | None, cfg: EvalConfig, pool: Executor | None, seed: int,
 ) -> dict[str, Any]:
@@ -179,8 +201,7 @@ def evaluate_image(
     pred = int(probs.argmax())
     base = _baseline(model, x, cfg.baseline)
     names = list(cfg.methods)
-    plans = [build_plan(m, x, base, pred, **({"num_classes": model.num_classes} if "num_classes" in METHODS[m].params else {}) | kw)
-             for m, kw in cfg.methods.values()]
+    plans = [_row_plan(model, x, base, pred, m, kw) for m, kw in cfg.methods.values()]
     results = dict(zip(names, run_plans(model, plans, cfg.batch_size), strict=True))
     sal = torch.stack([saliency(results[n].attributions[0]) for n in names]).to(device)
     xs = x.unsqueeze(0).expand(len(names), -1, -1, -1)

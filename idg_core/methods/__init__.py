@@ -17,6 +17,7 @@ from idg_core.methods import idg_eg as _idg_eg
 from idg_core.methods import ig as _ig
 from idg_core.methods import la as _la
 from idg_core.methods import left_ig as _left_ig
+from idg_core.methods import spectral_ig as _spectral_ig
 from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_NAMES, Method, Preset
 from idg_core.methods.agi import agi, agi_plan
 from idg_core.methods.eg import eg, eg_plan
@@ -27,15 +28,16 @@ from idg_core.methods.ig import ig, ig_plan
 from idg_core.methods.la import la, la_plan
 from idg_core.methods.left_ig import left_ig, left_ig_plan
 from idg_core.methods.params import InvalidParameter, Param, Params
+from idg_core.methods.spectral_ig import spectral_ig, spectral_ig_plan
 
 __all__ = [
     "DEFAULT_PRESET", "METHODS", "POST_STEPS", "PRESET_NAMES", "InvalidParameter", "Method", "Param", "Params", "Preset",
     "WorkBound", "agi", "agi_plan", "eg", "eg_plan", "guided_ig", "guided_ig_plan", "idg", "idg_eg", "idg_eg_plan", "idg_plan",
-    "ig", "ig_plan", "la", "la_plan", "left_ig", "left_ig_plan",
+    "ig", "ig_plan", "la", "la_plan", "left_ig", "left_ig_plan", "spectral_ig", "spectral_ig_plan",
 ]
 
 METHODS: dict[str, Method] = {
     m.METHOD.name: m.METHOD
-    for m in (_idg, _ig, _left_ig, _guided_ig, _agi, _eg, _idg_eg, _la)
+    for m in (_idg, _ig, _left_ig, _guided_ig, _agi, _eg, _idg_eg, _la, _spectral_ig)
 }
 """Every method by name, in the order the service and the page list them."""

@@ -1,0 +1,73 @@
+"""Issue #47's evaluation rows: Spectral IG at its authors' baseline, and RankMix (a map and its IDGI map from
+the same passes, rank-averaged)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from idg_core.evaluation import EvalConfig, evaluate_folder
+from idg_core.evaluation.idgi_mix import idgi_mix_plan, rank_shift, ranks
+from idg_core.evaluation.runner import parse_row
+from idg_core.heatmap import saliency
+from idg_core.model_calls import run_plans
+from idg_core.postprocess import build_plan
+from tests.models import SmallCNN, tiny_classifier
+
+IDG: dict[str, Any] = {"steps": 6, "probe_steps": 5}
+
+
+def test_the_two_ends_of_the_mix_are_the_two_maps_orders_at_the_cost_of_one() -> None:
+    torch.manual_seed(0)
+    model, x = SmallCNN(), torch.rand(3, 16, 16)
+    base = torch.zeros_like(x)
+    smooth: dict[str, Any] = {"smooth_samples": 3, "smooth_std": 0.1}
+    plans = [idgi_mix_plan("idg", x, base, 2, idgi_mix=w, postprocess="idgi", **smooth, **IDG) for w in (0.0, 1.0, 0.5)]
+    plans += [build_plan("idg", x, base, 2, **smooth, **IDG), build_plan("idg", x, base, 2, postprocess="idgi", **smooth, **IDG)]
+    own0, idgi1, mixed, own, idgi = run_plans(model, plans, 64)
+    assert torch.allclose(saliency(own0.attributions[0]), ranks(saliency(own.attributions[0])).float())
+    assert torch.allclose(saliency(idgi1.attributions[0]), ranks(saliency(idgi.attributions[0])).float())
+    expected = 0.5 * ranks(saliency(own.attributions[0])) + 0.5 * ranks(saliency(idgi.attributions[0]))
+    assert torch.allclose(saliency(mixed.attributions[0]), expected.float())
+    assert (mixed.forward_passes, mixed.backward_passes) == (idgi.forward_passes, idgi.backward_passes) == (33, 18)
+
+
+def test_rank_shift_reads_where_one_maps_top_and_bottom_sit_in_the_other() -> None:
+    a = torch.arange(100.0).view(10, 10)
+    same, reversed_ = rank_shift(a, a), rank_shift(a, -a)
+    assert same["top_overlap"] == 1.0 and same["spearman"] > 0.999 and same["top_in_b"] > 0.9
+    assert reversed_["top_overlap"] == 0.0 and reversed_["spearman"] < -0.999 and reversed_["bottom_in_b"] > 0.9
+
+
+def test_rows_parse_and_a_rows_own_baseline_is_used(tmp_path: Path) -> None:
+    assert parse_row("SIG") == ("spectral_ig", {"steps": 200, "overlap": 0.4, "baseline": "black"})
+    method, kw = parse_row("idg@quality+RankMix")
+    assert method == "idg" and kw["idgi_mix"] == 0.5 and kw["smooth_samples"] == 16
+    img = Image.new("RGB", (36, 36), (200, 90, 40))
+    for j in range(30):
+        img.putpixel((j, (j * 7) % 36), (255, 255, 0))
+    img.save(tmp_path / "n01440764_a.png")
+    rows: dict[str, tuple[str, dict[str, Any]]] = {
+        "black": ("spectral_ig", {"steps": 5, "baseline": "black"}), "mean": ("spectral_ig", {"steps": 5}),
+        "mix": ("idg", {**IDG, "idgi_mix": 0.5})}
+    cfg = EvalConfig(model="tiny", methods=rows, rise_step=256, pic_min_confidence=0.0, batch_size=16, metrics=("insertion", "deletion"))
+    (record,) = evaluate_folder(tiny_classifier(), [tmp_path / "n01440764_a.png"], tmp_path / "out", cfg, progress=False)
+    scores = record["methods"]
+    assert scores["black"]["insertion_curve"] != scores["mean"]["insertion_curve"]  # a different path, so a different map
+    assert scores["mix"]["backward_passes"] == IDG["steps"]
+
+
+def test_the_analysis_reads_both_maps_from_one_pass() -> None:
+    from idg_core.evaluation.idgi_mix import analyse
+
+    torch.manual_seed(4)
+    model, x = tiny_classifier(), torch.rand(3, 32, 32)
+    pred = int(model(x.unsqueeze(0)).argmax())
+    out = analyse(model, x, torch.zeros_like(x), pred, {"method": "idg", **IDG})
+    shares = ("idgi_vs_own_top_overlap", "own_top_negative", "idgi_top_negative", "own_clustered", "idgi_left_10", "own_left_20")
+    assert all(0.0 <= out[k] <= 1.0 for k in shares)
+    assert -1.0 <= out["idgi_vs_own_spearman"] <= 1.0 and 0.0 <= out["own_deletion"] <= 1.0
+    assert out["own_top_delta"] > 0 and out["idgi_top_delta"] > 0  # relative to the image's mean distance from the baseline
