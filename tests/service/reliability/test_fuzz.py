@@ -59,8 +59,10 @@ SEED = os.environ.get("IDG_FUZZ_SEED")
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]
 # small bounds so that generated parameters stay cheap on the tiny model and the limits are hit often
-SETTINGS = Settings(models=["tiny"], warmup=False, api_key=KEY, max_steps=64, max_upload_bytes=400_000,
-                    max_image_pixels=250_000, max_batch_files=4, request_timeout_s=60)
+BOUNDS: dict[str, Any] = {"models": ["tiny"], "warmup": False, "api_key": KEY, "max_steps": 64, "max_upload_bytes": 400_000,
+                          "max_image_pixels": 250_000, "max_batch_files": 4, "request_timeout_s": 60}
+"""The app's settings but its data directory: built in the fixtures, never at import, so that the jobs the fuzzing submits go to
+a temporary directory and not to the checkout's ``data/`` (Settings() at import reads IDG_DATA_DIR before any test sets it)."""
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=SEED is None,
                          suppress_health_check=list(HealthCheck), print_blob=True)
 
@@ -196,8 +198,8 @@ def sane_fields(draw: st.DrawFn, path: str) -> dict[str, Any]:
 # --- the app and its schema ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def fuzz_app() -> FastAPI:
-    return create_app(SETTINGS, models={"tiny": tiny_classifier()})
+def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> FastAPI:
+    return create_app(Settings(**BOUNDS, data_dir=tmp_path_factory.mktemp("fuzz-data")), models={"tiny": tiny_classifier()})
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +225,7 @@ UNSTATABLE_422 = re.compile(
 
 def _schema(phases: dict[str, Any]) -> Any:
     """The schema the app serves at /openapi.json (building the app loads nothing: models load in its lifespan)."""
-    return schemathesis.openapi.from_dict(create_app(SETTINGS).openapi(), config=schemathesis.Config.from_dict({
+    return schemathesis.openapi.from_dict(create_app(Settings(**BOUNDS)).openapi(), config=schemathesis.Config.from_dict({
         "generation": {"mode": "all"}, "phases": phases,
         # schemathesis stops reading an event stream after 20 events (its default), which cut a 50-step Guided IG
         # stream after its 17th progress event, ending it without `result` or `error`: read every event
