@@ -32,7 +32,8 @@ def repo(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "scripts" / "setup.sh", _mkdir(root / "scripts") / "setup.sh")
     (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     _executable(root / ".venv" / "bin" / "python", '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../../pip.log"\n')
-    _executable(tmp_path / "bin" / "chromium", "#!/bin/sh\n")  # present: setup does not reach for apt-get
+    for program in ("chromium", "promtool", "initdb"):  # present: setup does not reach for apt-get
+        _executable(tmp_path / "bin" / program, "#!/bin/sh\n")
     return root
 
 
