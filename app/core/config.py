@@ -166,6 +166,10 @@ class Settings(BaseSettings):
                            "in WAL mode) unless IDG_JOBS_DB_URL names another")
     jobs_db_url: str | None = Field(None, description="postgresql://user:password@host/db: keep jobs in PostgreSQL, shared by "
                                     "several replicas (needs the postgres extra); default: SQLite under IDG_DATA_DIR")
+    jobs_store_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="How long one job store operation waits for the store (SQLite: another process's write "
+        "lock; PostgreSQL: a working connection) before the store counts as unreachable: the request answers 503 with "
+        "Retry-After, the job runner waits and tries again, /health/ready says store_unreachable")
     jobs_max_images: int = Field(10_000, ge=1, description="Most images in one job (POST /jobs); beyond, 413")
     jobs_max_upload_bytes: int = Field(300_000_000, ge=1, description="Largest POST /jobs body, and most bytes an archive's "
                                        "images may decompress to; beyond, 413")

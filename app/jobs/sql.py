@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from app.jobs.store import (
@@ -29,8 +29,10 @@ from app.jobs.store import (
     Claimed,
     Finished,
     JobInfo,
+    Reachability,
     ResultRow,
     StoreFull,
+    StoreUnavailable,
 )
 
 Row = Sequence[Any]
@@ -84,11 +86,31 @@ class SqlStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.reachability = Reachability()
 
     # -- dialect ---------------------------------------------------------------------------
-    def transaction(self) -> AbstractContextManager[Cursor]:
-        """A cursor in a transaction that may write (committed on leaving, rolled back on an error)."""
+    def transaction(self, write: bool = True) -> AbstractContextManager[Cursor]:
+        """A cursor in a transaction (committed on leaving, rolled back on an error); ``write=False``:
+        it only reads (SQLite then does not wait for another writer's lock)."""
         raise NotImplementedError
+
+    def transient(self, err: BaseException) -> bool:
+        """Whether ``err`` means the store is unreachable or busy for now (not a bug in a statement)."""
+        return False
+
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Cursor]:
+        """:meth:`transaction` under this store's lock; a passing failure becomes :class:`StoreUnavailable`
+        and marks the store unreachable, a success marks it reachable."""
+        try:
+            with self._lock, self.transaction(write) as cur:
+                yield cur
+        except Exception as err:
+            if not self.transient(err):
+                raise
+            self.reachability.failed(err)
+            raise StoreUnavailable(f"{type(err).__name__}: {str(err).strip()[:200]}") from err
+        self.reachability.ok()
 
     def lock_jobs(self, cur: Cursor) -> None:
         """Serialise job creation (the byte bound is checked against every job's bytes)."""
@@ -101,7 +123,7 @@ class SqlStore:
                    max_bytes: int) -> JobInfo:
         size = sum(len(data) for _, data in images)
         now = time.time()
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             self.lock_jobs(cur)
             cur.execute("SELECT COALESCE(SUM(bytes), 0) FROM jobs")
             stored = int(cur.fetchone()[0])
@@ -115,13 +137,13 @@ class SqlStore:
         return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size)
 
     def get_job(self, job_id: str) -> JobInfo | None:
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
             row = cur.fetchone()
         return None if row is None else _info(row)
 
     def list_jobs(self, offset: int, limit: int) -> tuple[list[JobInfo], int]:
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created DESC, id LIMIT ? OFFSET ?", (limit, offset))
             rows = cur.fetchall()
             cur.execute("SELECT COUNT(*) FROM jobs")
@@ -129,7 +151,7 @@ class SqlStore:
         return [_info(r) for r in rows], count
 
     def delete_job(self, job_id: str) -> bool:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("DELETE FROM images WHERE job_id = ?", (job_id,))
             cur.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             return bool(cur.rowcount)
@@ -138,9 +160,10 @@ class SqlStore:
         if limit <= 0:
             return []
         now = time.time()
-        with self._lock, self.transaction() as cur:
-            cur.execute(f"SELECT job_id, idx FROM images WHERE state = ? OR (state = ? AND lease_until < ?) "
-                        f"ORDER BY idx, job_id LIMIT ?{self.skip_locked}", (PENDING, RUNNING, now, limit))
+        with self._tx() as cur:
+            # never its own lapsed claims: those are still in its hands (an answer waiting for the store to come back)
+            cur.execute(f"SELECT job_id, idx FROM images WHERE state = ? OR (state = ? AND lease_until < ? AND owner <> ?) "
+                        f"ORDER BY idx, job_id LIMIT ?{self.skip_locked}", (PENDING, RUNNING, now, owner, limit))
             keys = [(r[0], int(r[1])) for r in cur.fetchall()]
             if not keys:
                 return []
@@ -161,17 +184,17 @@ class SqlStore:
         return claimed
 
     def renew(self, owner: str, lease_s: float) -> None:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("UPDATE images SET lease_until = ? WHERE owner = ? AND state = ?", (time.time() + lease_s, owner, RUNNING))
 
     def release(self, owner: str, job_id: str, index: int, refund: bool) -> None:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, attempts = attempts - ? "
                         "WHERE job_id = ? AND idx = ? AND owner = ? AND state = ?", (PENDING, int(refund), job_id, index, owner, RUNNING))
 
     def release_owners(self, owners: list[str]) -> int:
         released = 0
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             for owner in owners:
                 cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL WHERE owner = ? AND state = ?",
                             (PENDING, owner, RUNNING))
@@ -179,7 +202,7 @@ class SqlStore:
         return released
 
     def owners(self) -> list[str]:
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute("SELECT DISTINCT owner FROM images WHERE state = ? AND owner IS NOT NULL", (RUNNING,))
             return [r[0] for r in cur.fetchall()]
 
@@ -188,7 +211,7 @@ class SqlStore:
         result = None if answer.result is None else json.dumps(answer.result, separators=(",", ":"))
         ok = answer.status == 200
         now = time.time()
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute(f"SELECT length(data) FROM images WHERE job_id = ? AND idx = ? AND owner = ? AND state = ?{self.lock_row}",
                         (job_id, index, owner, RUNNING))
             row = cur.fetchone()
@@ -209,14 +232,14 @@ class SqlStore:
 
     def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:
         body = "NULL" if summary_only else "result"
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute(f"SELECT seq, idx, filename, status, summary, {body} FROM images WHERE job_id = ? AND seq > ? "
                         "ORDER BY seq LIMIT ?", (job_id, after, limit))
             rows = cur.fetchall()
         return [ResultRow(int(r[0]), int(r[1]), r[2], int(r[3]), r[4], r[5]) for r in rows]
 
     def sweep(self, finished_before: float) -> int:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ? AND callback_due = 0", (finished_before,))
             old = [r[0] for r in cur.fetchall()]
             for job_id in old:
@@ -225,10 +248,10 @@ class SqlStore:
         return len(old)
 
     def due_callbacks(self) -> list[JobInfo]:
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE callback_due = 1")
             return [_info(r) for r in cur.fetchall()]
 
     def callback_sent(self, job_id: str) -> None:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("UPDATE jobs SET callback_due = 0 WHERE id = ?", (job_id,))

@@ -11,8 +11,14 @@ Implementations: :mod:`app.jobs.sqlite` (the default, one file) and :mod:`app.jo
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 """Image states."""
@@ -22,6 +28,49 @@ QUEUED, JOB_RUNNING, JOB_DONE = "queued", "running", "done"
 
 class StoreFull(Exception):
     """Storing this job would pass ``IDG_JOBS_MAX_BYTES`` (the route answers 507)."""
+
+
+class StoreUnavailable(Exception):
+    """The store could not be reached, or stayed locked past ``IDG_JOBS_STORE_TIMEOUT_S``: a passing failure
+    (the routes answer 503 with ``Retry-After``; the runner waits and tries again). Nothing of the failed
+    operation was stored."""
+
+
+class Reachability:
+    """Whether the store answered its last operation, and since when it has not (``/health/ready`` and
+    the ``idg_durable_job_store_up`` gauge say so). ``listeners`` hear each change (True: reachable again)."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        self.error = ""
+        self.listeners: list[Callable[[bool], None]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def up(self) -> bool:
+        return self.down_since is None
+
+    def ok(self) -> None:
+        if self.down_since is None:
+            return
+        with self._lock:
+            since, self.down_since, self.error = self.down_since, None, ""
+        if since is not None:
+            log.warning("the job store answers again (after %.1f s)", time.time() - since)
+            self._tell(True)
+
+    def failed(self, err: BaseException) -> None:
+        with self._lock:
+            first, self.error = self.down_since is None, f"{type(err).__name__}: {str(err).strip()[:300]}"
+            if first:
+                self.down_since = time.time()
+        if first:
+            log.warning("the job store is unreachable: %s", self.error)
+            self._tell(False)
+
+    def _tell(self, up: bool) -> None:
+        for listener in self.listeners:
+            listener(up)
 
 
 @dataclass(frozen=True)
@@ -89,7 +138,10 @@ class ResultRow:
 
 
 class Store(Protocol):
-    """A job store; every method blocks (the routes and the runner call them in a thread)."""
+    """A job store; every method blocks (the routes and the runner call them in a thread), and raises
+    :class:`StoreUnavailable` when the store cannot be reached (or stays locked) for now."""
+
+    reachability: Reachability
 
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
                    max_bytes: int) -> JobInfo:

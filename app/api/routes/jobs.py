@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -23,12 +24,16 @@ from app.core.config import Settings
 from app.core.errors import ApiError
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.runner import JobRunner, job_status
-from app.jobs.store import JOB_DONE, ResultRow, StoreFull
+from app.jobs.store import JOB_DONE, ResultRow, StoreFull, StoreUnavailable
 from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
 from app.service import Service
 from app.service.explain_if import ConditionError, parse_condition
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"])
+STORE_RETRY_AFTER_S = 5
+"""``Retry-After`` of the 503 a request gets while the job store is unreachable."""
 RESULTS_CHUNK = 32
 FOLLOW_POLL_S = 0.5
 JOB_FIELDS = ("explain_if", "callback_url")
@@ -80,8 +85,10 @@ class JobDeleted(BaseModel):
 
 Responses = dict[int | str, dict[str, Any]]
 NO_JOB: Responses = {404: {"model": ErrorResponse, "description": "No such job (never submitted, deleted, or past its retention)"}}
-KEYED: Responses = {c: ERROR_RESPONSES[c] for c in (401, 422, 503)}
-SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 404, 408, 413, 415, 422, 503)},
+KEYED: Responses = {**{c: ERROR_RESPONSES[c] for c in (401, 422)},
+                   503: {"model": ErrorResponse, "description": "Starting, or the job store is unreachable for now (code "
+                         "store_unavailable): retry after Retry-After seconds"}}
+SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 404, 408, 413, 415, 422)}, 503: KEYED[503],
                  507: {"model": ErrorResponse, "description": "The job store is full (IDG_JOBS_MAX_BYTES)"}}
 
 
@@ -93,6 +100,15 @@ async def get_runner(request: Request) -> JobRunner:
 
 
 Runner = Annotated[JobRunner, Depends(get_runner)]
+
+
+async def _stored(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` on the store, in a thread; 503 with ``Retry-After`` while the store is unreachable."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except StoreUnavailable as err:
+        raise ApiError(503, "the job store is unreachable for now (nothing was changed): try again shortly",
+                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable") from err
 
 
 def _unknown(job_id: str) -> ApiError:
@@ -124,7 +140,7 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
     _check_callback(callback_url)
     stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if, "base_url": _base_url(request)}
     try:
-        info = await asyncio.to_thread(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes)
+        info = await _stored(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes)
     except StoreFull as err:
         raise ApiError(507, str(err), code="storage_full") from err
     runner.wake()
@@ -182,7 +198,7 @@ def _check_callback(url: str | None) -> None:
 async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, Any]:
     """The job's ``state`` (queued, running, done), ``done`` / ``failed`` / ``pending`` of ``total``
     images, ``eta_s`` (from the job's own pace so far), its parameters and URLs."""
-    info = await asyncio.to_thread(runner.store.get_job, job_id)
+    info = await _stored(runner.store.get_job, job_id)
     if info is None:
         raise _unknown(job_id)
     return job_status(info, _base_url(request))
@@ -201,24 +217,27 @@ async def job_results(
     "prediction", "target", "faithfulness", "result" (the /attribute body)}``, or for an image that
     failed ``{"seq", "index", "filename", "status", "error"}``. ``offset=N`` resumes after ``seq`` N."""
     store = runner.store
-    if await asyncio.to_thread(store.get_job, job_id) is None:
+    if await _stored(store.get_job, job_id) is None:
         raise _unknown(job_id)
 
     async def lines() -> AsyncIterator[bytes]:
         after = offset
-        while True:
-            rows = await asyncio.to_thread(store.results, job_id, after, RESULTS_CHUNK, summary)
-            for row in rows:
-                yield _line(row, summary)
-            if rows:
-                after = rows[-1].seq
-                continue
-            if not follow:
-                return
-            info = await asyncio.to_thread(store.get_job, job_id)
-            if info is None or (info.state == JOB_DONE and info.answered <= after):
-                return
-            await asyncio.sleep(FOLLOW_POLL_S)
+        try:
+            while True:
+                rows = await asyncio.to_thread(store.results, job_id, after, RESULTS_CHUNK, summary)
+                for row in rows:
+                    yield _line(row, summary)
+                if rows:
+                    after = rows[-1].seq
+                    continue
+                if not follow:
+                    return
+                info = await asyncio.to_thread(store.get_job, job_id)
+                if info is None or (info.state == JOB_DONE and info.answered <= after):
+                    return
+                await asyncio.sleep(FOLLOW_POLL_S)
+        except StoreUnavailable as err:  # the status is sent: the stream ends here, resumable after the last seq read
+            log.warning("job %s: results stream ended after seq %d, the store is unreachable: %s", job_id, after, err)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
 
@@ -235,7 +254,7 @@ async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
     """Cancel the job (its images in the worker are dropped before the next model call) and delete
     it with its images and answers."""
     dropped = runner.cancel_job(job_id)
-    if not await asyncio.to_thread(runner.store.delete_job, job_id):
+    if not await _stored(runner.store.delete_job, job_id):
         raise _unknown(job_id)
     return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
 
@@ -246,7 +265,7 @@ async def list_jobs(
     offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict[str, Any]:
     """The jobs, newest first, ``limit`` at a time; ``next`` is the URL of the next page (null at the end)."""
-    jobs, total = await asyncio.to_thread(runner.store.list_jobs, offset, limit)
+    jobs, total = await _stored(runner.store.list_jobs, offset, limit)
     base = _base_url(request)
     more = offset + len(jobs) < total
     return {"jobs": [job_status(j, base) for j in jobs], "total": total, "offset": offset, "limit": limit,
