@@ -161,8 +161,8 @@ async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tup
         form = await request.form(max_files=limit + 1, max_fields=64)
     except HTTPException as err:
         raise ApiError(400, f"the multipart body could not be parsed: {err.detail}", code="bad_request") from err
-    bounds = Bounds(limit, settings.max_upload_bytes, settings.jobs_max_upload_bytes)
     images: list[tuple[str, bytes]] = []
+    unpacked = 0  # bytes of the job's images so far: all its uploads together stay within IDG_JOBS_MAX_UPLOAD_BYTES
     for i, upload in enumerate([*form.getlist("files"), *form.getlist("archive")]):
         if not isinstance(upload, UploadFile):
             raise ApiError(422, "files / archive: send files, not text fields", code="missing_file")
@@ -170,13 +170,17 @@ async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tup
         if not data:  # as /attribute answers an empty upload: nothing of the job is stored
             raise ApiError(400, f"the uploaded file {upload.filename or i!r} is empty", code="bad_image")
         if is_archive(data):
-            images += await asyncio.to_thread(read_archive, data, Bounds(limit - len(images), bounds.max_member_bytes,
-                                                                          bounds.max_total_bytes))
+            bounds = Bounds(limit - len(images), settings.max_upload_bytes, settings.jobs_max_upload_bytes - unpacked)
+            async with _unpacking(request, settings):
+                found = await asyncio.to_thread(read_archive, data, bounds)
+            images += found
+            unpacked += sum(len(d) for _, d in found)
         else:
             if len(data) > settings.max_upload_bytes:
                 raise ApiError(413, f"{upload.filename!r} has {len(data)} bytes, more than the limit of {settings.max_upload_bytes} "
                                "per image (IDG_MAX_UPLOAD_BYTES)", code="too_large")
             images.append((upload.filename or f"image{i}", data))
+            unpacked += len(data)
         if len(images) > limit:
             raise ApiError(413, f"a job holds at most {limit} images (IDG_JOBS_MAX_IMAGES)", code="too_many_images")
     if not images:
@@ -184,6 +188,15 @@ async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tup
                        code="missing_file")
     fields = {k: v for k, v in form.multi_items() if k not in ("files", "archive") and isinstance(v, str) and v != ""}
     return images, fields
+
+
+def _unpacking(request: Request, settings: Settings) -> asyncio.Semaphore:
+    """The process's turns at unpacking an archive (``IDG_JOBS_UNPACK_AT_ONCE``)."""
+    state = request.app.state
+    if getattr(state, "unpacking", None) is None:
+        state.unpacking = asyncio.Semaphore(settings.jobs_unpack_at_once)
+    turns: asyncio.Semaphore = state.unpacking
+    return turns
 
 
 def _check_callback(url: str | None) -> None:
