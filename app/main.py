@@ -18,6 +18,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.docs import install_docs
+from app.api.failures import UnhandledErrorMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import attribute, info, jobs, predict, v2
 from app.core.config import Settings
@@ -135,6 +136,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.state.draining = False
     app.state.drain = drain
     install_error_handlers(app)
+    app.add_middleware(UnhandledErrorMiddleware)  # innermost: its JSON 500 gets the headers of the middleware around it
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
     app.add_middleware(DrainMiddleware, drain=drain)
