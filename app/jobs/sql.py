@@ -22,6 +22,7 @@ from app.jobs.store import (
     FAILED,
     JOB_DONE,
     JOB_RUNNING,
+    MAX_INT,
     PENDING,
     QUEUED,
     RUNNING,
@@ -68,6 +69,11 @@ def schema(blob: str, real: str, big: str) -> list[str]:
         "CREATE INDEX IF NOT EXISTS images_seq ON images (job_id, seq)",
         "CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished)",
     ]
+
+
+def _bounded(n: int) -> int:
+    """``n`` within the integers SQLite and PostgreSQL bind (past them, the page is empty all the same)."""
+    return max(0, min(int(n), MAX_INT))
 
 
 def _info(row: Row) -> JobInfo:
@@ -142,9 +148,11 @@ class SqlStore:
             row = cur.fetchone()
         return None if row is None else _info(row)
 
-    def list_jobs(self, offset: int, limit: int) -> tuple[list[JobInfo], int]:
+    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None) -> tuple[list[JobInfo], int]:
+        offset, limit = _bounded(offset), _bounded(limit)
+        where, args = ("WHERE created < ? OR (created = ? AND id > ?) ", [before[0], before[0], before[1]]) if before else ("", [])
         with self._tx(write=False) as cur:
-            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created DESC, id LIMIT ? OFFSET ?", (limit, offset))
+            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs {where}ORDER BY created DESC, id LIMIT ? OFFSET ?", (*args, limit, offset))
             rows = cur.fetchall()
             cur.execute("SELECT COUNT(*) FROM jobs")
             count = int(cur.fetchone()[0])
@@ -232,6 +240,7 @@ class SqlStore:
 
     def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:
         body = "NULL" if summary_only else "result"
+        after, limit = _bounded(after), _bounded(limit)
         with self._tx(write=False) as cur:
             cur.execute(f"SELECT seq, idx, filename, status, summary, {body} FROM images WHERE job_id = ? AND seq > ? "
                         "ORDER BY seq LIMIT ?", (job_id, after, limit))

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
+MAX_INT = 2**63 - 1
+"""The largest offset, sequence number or count the stores take (SQLite's INTEGER, PostgreSQL's BIGINT)."""
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 """Image states."""
 QUEUED, JOB_RUNNING, JOB_DONE = "queued", "running", "done"
@@ -151,8 +153,9 @@ class Store(Protocol):
 
     def get_job(self, job_id: str) -> JobInfo | None: ...
 
-    def list_jobs(self, offset: int, limit: int) -> tuple[list[JobInfo], int]:
-        """Jobs, newest first, and how many there are in all."""
+    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None) -> tuple[list[JobInfo], int]:
+        """Jobs, newest first (after the ``offset`` first), and how many there are in all; ``before``: only
+        jobs after this one (its ``(created, id)``) in that order: a page that new submissions do not shift."""
         ...
 
     def delete_job(self, job_id: str) -> bool:

@@ -24,7 +24,7 @@ from app.core.config import Settings
 from app.core.errors import ApiError
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.runner import JobRunner, job_status
-from app.jobs.store import JOB_DONE, ResultRow, StoreFull, StoreUnavailable
+from app.jobs.store import JOB_DONE, MAX_INT, JobInfo, ResultRow, StoreFull, StoreUnavailable
 from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
 from app.service import Service
 from app.service.explain_if import ConditionError, parse_condition
@@ -74,7 +74,7 @@ class JobList(BaseModel):
     total: int = Field(..., description="Jobs stored")
     offset: int = Field(..., description="Jobs skipped (newest first)")
     limit: int = Field(..., description="Most jobs on this page")
-    next: str | None = Field(None, description="The next page, null at the end")
+    next: str | None = Field(None, description="The next page (by cursor: stable when jobs are submitted meanwhile), null at the end")
 
 
 class JobDeleted(BaseModel):
@@ -221,7 +221,7 @@ async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, An
             responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}, **KEYED, **NO_JOB})
 async def job_results(
     job_id: str, runner: Runner,
-    offset: Annotated[int, Query(ge=0, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
     summary: Annotated[bool, Query(description="Only the scores and classes: no heatmaps, curve or arrays")] = False,
     follow: Annotated[bool, Query(description="Keep the stream open until the job is done, sending answers as they come")] = False,
 ) -> StreamingResponse:
@@ -272,14 +272,30 @@ async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
     return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
 
 
+CURSOR = r"^\d{1,12}(\.\d{1,20})?_[0-9a-f]{1,64}$"
+"""A page's place: the (created, id) of the last job of the page before."""
+
+
+def _cursor(job: JobInfo) -> str:
+    return f"{job.created!r}_{job.id}"
+
+
 @router.get("/jobs", response_model=JobList, responses=KEYED)
 async def list_jobs(
     request: Request, runner: Runner,
-    offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip this many jobs (after the cursor, if one is given)")] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=100, pattern=CURSOR, description="Where the page starts: the cursor of "
+                                        "the previous page's `next` (jobs submitted since do not shift the pages)")] = None,
 ) -> dict[str, Any]:
-    """The jobs, newest first, ``limit`` at a time; ``next`` is the URL of the next page (null at the end)."""
-    jobs, total = await _stored(runner.store.list_jobs, offset, limit)
+    """The jobs, newest first, ``limit`` at a time; ``next`` is the URL of the next page (null at the end),
+    by cursor: pages do not shift (no job repeated or skipped) when jobs are submitted or deleted between them."""
+    before = None
+    if cursor is not None:
+        created, job_id = cursor.split("_", 1)
+        before = (float(created), job_id)
+    jobs, total = await _stored(runner.store.list_jobs, offset, limit + 1, before)
     base = _base_url(request)
-    more = offset + len(jobs) < total
+    more, jobs = len(jobs) > limit, jobs[:limit]
     return {"jobs": [job_status(j, base) for j in jobs], "total": total, "offset": offset, "limit": limit,
-            "next": f"{base}/jobs?offset={offset + limit}&limit={limit}" if more else None}
+            "next": f"{base}/jobs?cursor={_cursor(jobs[-1])}&limit={limit}" if more else None}

@@ -123,3 +123,15 @@ def test_sqlite_gives_answered_and_deleted_bytes_back_to_the_disk(tmp_path) -> N
     store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # noqa: SLF001 - what SQLite does by itself every 1000 pages
     assert store.path.stat().st_size < 1_000_000  # was over 5 MB with the images
     store.close()
+
+
+def test_pages_by_cursor_and_integers_past_the_store_give_an_empty_page(make_store: StoreFactory) -> None:
+    store = make_store()
+    for i in range(4):
+        _job(store, 1, f"j{i}")
+    jobs, total = store.list_jobs(0, 2)
+    assert [j.id for j in jobs] == ["j3", "j2"] and total == 4
+    _job(store, 1, "j4")  # a newer job does not shift the next page
+    rest, _ = store.list_jobs(0, 10, (jobs[-1].created, jobs[-1].id))
+    assert [j.id for j in rest] == ["j1", "j0"]
+    assert store.list_jobs(2**70, 10) == ([], 5) and store.results("j0", 2**70, 10, True) == []
