@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import torch
 from pydantic import Field, field_validator
@@ -166,6 +167,14 @@ class Settings(BaseSettings):
                            "in WAL mode) unless IDG_JOBS_DB_URL names another")
     jobs_db_url: str | None = Field(None, description="postgresql://user:password@host/db: keep jobs in PostgreSQL, shared by "
                                     "several replicas (needs the postgres extra); default: SQLite under IDG_DATA_DIR")
+    public_url: str | None = Field(
+        None, description="The service's address as its clients reach it (https://idg.example.org, with any path prefix): "
+        "the links of POST /jobs, GET /jobs and the callbacks (url, results_url, next, Location) start with it. Unset: "
+        "they are paths (/jobs/...). Never taken from the request's Host header, which any client may set")
+    callback_secret: str | None = Field(
+        None, description="Signs each job callback: X-IDG-Timestamp (Unix seconds) and X-IDG-Signature: sha256=<hex "
+        "HMAC-SHA256 of the timestamp, '.', and the raw body, keyed with this secret>; the receiver recomputes it and "
+        "refuses old timestamps. Unset: callbacks are not signed")
     jobs_store_timeout_s: float = Field(
         5.0, gt=0, le=300, description="How long one job store operation waits for the store (SQLite: another process's write "
         "lock; PostgreSQL: a working connection) before the store counts as unreachable: the request answers 503 with "
@@ -223,6 +232,16 @@ class Settings(BaseSettings):
         if any(v < 1 for v in value):
             raise ValueError(f"batch sizes must be positive, got {value}")
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or parts.username:
+            raise ValueError(f"IDG_PUBLIC_URL must be an http(s):// URL with a host and no query, got {value!r}")
+        return value.rstrip("/")
 
     @field_validator("jobs_db_url")
     @classmethod

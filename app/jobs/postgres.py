@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from app.jobs.sql import Cursor, SqlStore, schema
+from app.jobs.sql import Cursor, SqlStore
 
 SCHEMA_LOCK = 0x1D6_0B5  # pg_advisory_xact_lock keys: creating the tables, creating a job
 CREATE_LOCK = 0x1D6_0B6
@@ -71,13 +71,17 @@ class PostgresStore(SqlStore):
         self._pool.open(wait=True, timeout=max(timeout_s, 10.0))  # the server must answer at start-up
         with self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # replicas starting together create the tables once
-            for statement in schema("BYTEA", "DOUBLE PRECISION", "BIGINT"):
-                cur.execute(statement)
+            self.create_tables(cur, ("BYTEA", "DOUBLE PRECISION", "BIGINT"))
 
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[Cursor]:
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             yield _Cursor(cur)
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? AND table_schema = current_schema()",
+                    (table,))
+        return {row[0] for row in cur.fetchall()}
 
     def transient(self, err: BaseException) -> bool:
         return isinstance(err, self._errors)

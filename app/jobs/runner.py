@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -35,6 +36,7 @@ import httpx
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.images import load_input
+from app.jobs.callbacks import deliver, redacted
 from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreUnavailable
 from app.schemas import AttributeParams, AttributeResponse
 from app.service import RequestContext, Service
@@ -54,7 +56,6 @@ POLL_S = 1.0
 """How often an idle runner looks for images (jobs submitted to another replica; its own wake it at once)."""
 SWEEP_S = 60.0
 MAX_PAUSE_S = 5.0
-CALLBACK_TRIES = 3
 CALLBACK_TIMEOUT_S = 10.0
 STORE_RETRY_S = 0.25
 MAX_STORE_WAIT_S = 5.0
@@ -354,25 +355,17 @@ class JobRunner:
         task.add_done_callback(self._callbacks.discard)
 
     async def _send_callback(self, job: JobInfo) -> None:
-        """POST the job's status to its callback URL, up to :data:`CALLBACK_TRIES` times (at least once
-        in all: one still due when the process stops is sent by the next)."""
+        """POST the job's status to its callback URL, signed, tried again with backoff (at least once in
+        all: one still due when the process stops is sent by the next); its outcome is kept on the job."""
         assert job.callback_url is not None
-        body = job_status(job, job.params.get("base_url", "/"))
+        body = json.dumps(job_status(job, self.settings.public_url or ""), separators=(",", ":")).encode()
         async with self._tls_lock:
             if self._tls is None:
                 self._tls = await asyncio.to_thread(httpx.create_ssl_context)
         async with httpx.AsyncClient(timeout=CALLBACK_TIMEOUT_S, follow_redirects=False, verify=self._tls) as client:
-            for attempt in range(CALLBACK_TRIES):
-                try:
-                    r = await client.post(job.callback_url, json=body)
-                    if r.status_code < 500:
-                        log.info("job %s: callback %s answered %d", job.id, job.callback_url, r.status_code)
-                        break
-                    log.warning("job %s: callback %s answered %d", job.id, job.callback_url, r.status_code)
-                except httpx.HTTPError as err:
-                    log.warning("job %s: callback %s failed: %s", job.id, job.callback_url, err)
-                await asyncio.sleep(2.0**attempt)
-        await self._store("callback_sent", self.store.callback_sent, job.id)
+            outcome = await deliver(client, job.callback_url, body, self.settings.callback_secret, f"job {job.id}")
+        self.metrics.job_callbacks.labels(outcome.split(":", 1)[0]).inc()
+        await self._store("callback_sent", self.store.callback_sent, job.id, outcome)
 
 
 def _retry_after(err: ApiError) -> float:
@@ -404,5 +397,5 @@ def job_status(job: JobInfo, base_url: str) -> dict[str, Any]:
         "pending": job.total - job.answered, "created": job.created, "started": job.started, "finished": job.finished,
         "eta_s": eta, "url": f"{base}/jobs/{job.id}", "results_url": f"{base}/jobs/{job.id}/results",
         "parameters": job.params.get("attribute", {}), "explain_if": job.params.get("explain_if"),
-        "callback_url": job.callback_url,
+        "callback_url": None if job.callback_url is None else redacted(job.callback_url), "callback_outcome": job.callback_outcome,
     }

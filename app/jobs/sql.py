@@ -37,7 +37,7 @@ from app.jobs.store import (
 )
 
 Row = Sequence[Any]
-JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes"
+JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes, callback_outcome"
 
 
 class Cursor(Protocol):
@@ -60,7 +60,7 @@ def schema(blob: str, real: str, big: str) -> list[str]:
         f"""CREATE TABLE IF NOT EXISTS jobs (
             id TEXT PRIMARY KEY, state TEXT NOT NULL, total {big} NOT NULL, done {big} NOT NULL DEFAULT 0,
             failed {big} NOT NULL DEFAULT 0, created {real} NOT NULL, started {real}, finished {real}, params TEXT NOT NULL,
-            callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0)""",
+            callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0, callback_outcome TEXT)""",
         f"""CREATE TABLE IF NOT EXISTS images (
             job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, idx {big} NOT NULL, filename TEXT NOT NULL, data {blob},
             state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
@@ -71,6 +71,10 @@ def schema(blob: str, real: str, big: str) -> list[str]:
     ]
 
 
+ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT"}}
+"""Columns newer than the first schema: added to a store made before them."""
+
+
 def _bounded(n: int) -> int:
     """``n`` within the integers SQLite and PostgreSQL bind (past them, the page is empty all the same)."""
     return max(0, min(int(n), MAX_INT))
@@ -79,7 +83,7 @@ def _bounded(n: int) -> int:
 def _info(row: Row) -> JobInfo:
     return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
                    started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
-                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]))
+                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]), callback_outcome=row[11])
 
 
 class SqlStore:
@@ -120,6 +124,18 @@ class SqlStore:
 
     def lock_jobs(self, cur: Cursor) -> None:
         """Serialise job creation (the byte bound is checked against every job's bytes)."""
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        """The names of ``table``'s columns."""
+        raise NotImplementedError
+
+    def create_tables(self, cur: Cursor, types: tuple[str, str, str]) -> None:
+        """The tables and indexes (blob, real and big integer ``types``), and the columns added since a store was made."""
+        for statement in schema(*types):
+            cur.execute(statement)
+        for table, added in ADDED_COLUMNS.items():
+            for column in added.keys() - self.columns(cur, table):
+                cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {added[column]}")
 
     def blob(self, data: bytes) -> Any:
         return data
@@ -261,6 +277,6 @@ class SqlStore:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE callback_due = 1")
             return [_info(r) for r in cur.fetchall()]
 
-    def callback_sent(self, job_id: str) -> None:
+    def callback_sent(self, job_id: str, outcome: str) -> None:
         with self._tx() as cur:
-            cur.execute("UPDATE jobs SET callback_due = 0 WHERE id = ?", (job_id,))
+            cur.execute("UPDATE jobs SET callback_due = 0, callback_outcome = ? WHERE id = ?", (outcome, job_id))

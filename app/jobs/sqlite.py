@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.jobs.sql import Cursor, SqlStore, schema
+from app.jobs.sql import Cursor, SqlStore
 
 FILE_NAME = "jobs.sqlite3"
 PASSING = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
@@ -38,8 +38,7 @@ class SqliteStore(SqlStore):
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.execute("PRAGMA foreign_keys=ON")
         with self._lock, self.transaction() as cur:
-            for statement in schema("BLOB", "REAL", "INTEGER"):
-                cur.execute(statement)
+            self.create_tables(cur, ("BLOB", "REAL", "INTEGER"))
 
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[Cursor]:
@@ -60,6 +59,10 @@ class SqliteStore(SqlStore):
                 raise
         finally:
             cur.close()
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        cur.execute(f"PRAGMA table_info({table})")
+        return {row[1] for row in cur.fetchall()}
 
     def transient(self, err: BaseException) -> bool:
         return isinstance(err, sqlite3.OperationalError) and (getattr(err, "sqlite_errorcode", 0) & 0xFF) in PASSING

@@ -90,6 +90,8 @@ class JobInfo:
     params: dict[str, Any]
     callback_url: str | None
     bytes: int
+    callback_outcome: str | None = None
+    """What the callback got, once sent: ``delivered``, ``refused`` or ``failed``, with the status or error and the attempts."""
 
     @property
     def answered(self) -> int:
@@ -201,6 +203,8 @@ class Store(Protocol):
         """Finished jobs with a callback URL not yet called."""
         ...
 
-    def callback_sent(self, job_id: str) -> None: ...
+    def callback_sent(self, job_id: str, outcome: str) -> None:
+        """The job's callback is no longer due; ``outcome`` is what it got (kept on the job)."""
+        ...
 
     def close(self) -> None: ...

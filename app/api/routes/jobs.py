@@ -10,7 +10,6 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -23,6 +22,7 @@ from app.api.requests import count_file_parts, first_error, read_body
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.jobs.archive import Bounds, is_archive, read_archive
+from app.jobs.callbacks import redacted, url_problem
 from app.jobs.runner import JobRunner, job_status
 from app.jobs.store import JOB_DONE, MAX_INT, JobInfo, ResultRow, StoreFull, StoreUnavailable
 from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
@@ -45,7 +45,9 @@ SUBMIT_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-dat
     "archive": {"type": "string", "format": "binary", "description": "One tar or zip archive of images, instead of files"},
     "explain_if": {"type": "string", "description": "Explain an image only when this holds of its prediction (see /predict); "
                    "else its answer is the prediction alone"},
-    "callback_url": {"type": "string", "description": "http(s) URL to POST the job's status to (JSON) when it ends"},
+    "callback_url": {"type": "string", "maxLength": 2048, "description": "http(s) URL to POST the job's status to (JSON) when it "
+                     "ends, signed with IDG_CALLBACK_SECRET (X-IDG-Timestamp, X-IDG-Signature: sha256=HMAC of timestamp.body) "
+                     "and tried up to 5 times (1, 2, 4, 8 s apart) until answered below 500"},
     **_PARAMS}}}}}}
 
 
@@ -66,7 +68,9 @@ class JobStatus(BaseModel):
     results_url: str = Field(..., description="The answers, as JSON Lines")
     parameters: dict[str, Any] = Field(..., description="The /attribute fields given at submission")
     explain_if: str | None = Field(None, description="The condition, when one was given")
-    callback_url: str | None = Field(None, description="POSTed this status when the job ends")
+    callback_url: str | None = Field(None, description="POSTed this status when the job ends (any credentials in it shown as ***)")
+    callback_outcome: str | None = Field(None, description="What the callback got, once sent: delivered / refused / failed, "
+                                         "with the HTTP status or error and the attempts")
 
 
 class JobList(BaseModel):
@@ -116,7 +120,9 @@ def _unknown(job_id: str) -> ApiError:
 
 
 def _base_url(request: Request) -> str:
-    return str(request.base_url).rstrip("/")
+    """Where the links start: ``IDG_PUBLIC_URL``, else nothing (paths), never the request's Host header."""
+    public: str | None = request.app.state.settings.public_url
+    return public or ""
 
 
 @router.post("/jobs", status_code=202, response_model=JobStatus, responses=SUBMIT_ERRORS, openapi_extra=SUBMIT_DOCS)
@@ -138,7 +144,7 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
         except ConditionError as err:
             raise ApiError(422, f"explain_if: {err}", code="invalid_parameter") from err
     _check_callback(callback_url)
-    stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if, "base_url": _base_url(request)}
+    stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}
     try:
         info = await _stored(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes)
     except StoreFull as err:
@@ -200,11 +206,8 @@ def _unpacking(request: Request, settings: Settings) -> asyncio.Semaphore:
 
 
 def _check_callback(url: str | None) -> None:
-    if url is None:
-        return
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ApiError(422, f"callback_url must be an http:// or https:// URL with a host, got {url[:100]!r}", code="invalid_parameter")
+    if url is not None and (problem := url_problem(url)) is not None:
+        raise ApiError(422, f"callback_url {problem}: got {redacted(url)[:100]!r}", code="invalid_parameter")
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses={**KEYED, **NO_JOB})
