@@ -25,6 +25,7 @@ from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
 from app.core.image_threads import image_thread_pool, image_threads, processes_on_host
+from app.core.keys import load_keys
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.processes import host_cores
 from app.core.prometheus import Metrics, MetricsMiddleware
@@ -131,6 +132,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.keys = load_keys(settings)  # a malformed key or keys file stops the start here
     app.state.metrics = metrics
     app.state.ready = False
     app.state.draining = False

@@ -158,6 +158,14 @@ class Settings(BaseSettings):
         "costs steps + 1 forward passes, 2 x 29 = 58 for both at 28")
     api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'; "
                                 "readiness then answers only its status to a caller without the key")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default=[], description="Named API keys, comma-separated NAME:KEY, or NAME:KEY:admin: any of them is let in as "
+        "IDG_API_KEY is; each key sees, reads and deletes only the jobs it submitted (another's are 404), an admin key "
+        "every job. The key's name (never the key) is in the logs, the job's status (tenant) and the metrics. "
+        "IDG_API_KEY, if set too, is the admin key named 'default'")
+    api_keys_file: Path | None = Field(
+        None, description="A file of named API keys as IDG_API_KEYS takes them, one NAME:KEY[:admin] per line (blank lines "
+        "and # comments skipped): keys kept out of the environment")
     metrics_need_key: bool = Field(
         False, description="With IDG_API_KEY set, /metrics answers 401 without the key too (Prometheus sends it with "
         "'authorization: {credentials: KEY}' in its scrape config). Off by default: scrapes usually come over a protected network")
@@ -219,7 +227,7 @@ class Settings(BaseSettings):
             return tuple(sizes if sizes[-1] == limit else [*sizes, limit])
         return power_of_two_sizes(limit, 8 if device.type == "cuda" else 1)
 
-    @field_validator("models", "cors_origins", "compile_sizes", "call_sizes", mode="before")
+    @field_validator("models", "cors_origins", "compile_sizes", "call_sizes", "api_keys", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

@@ -398,4 +398,5 @@ def job_status(job: JobInfo, base_url: str) -> dict[str, Any]:
         "eta_s": eta, "url": f"{base}/jobs/{job.id}", "results_url": f"{base}/jobs/{job.id}/results",
         "parameters": job.params.get("attribute", {}), "explain_if": job.params.get("explain_if"),
         "callback_url": None if job.callback_url is None else redacted(job.callback_url), "callback_outcome": job.callback_outcome,
+        "tenant": job.tenant,
     }

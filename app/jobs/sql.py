@@ -37,7 +37,7 @@ from app.jobs.store import (
 )
 
 Row = Sequence[Any]
-JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes, callback_outcome"
+JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes, callback_outcome, tenant"
 
 
 class Cursor(Protocol):
@@ -60,7 +60,8 @@ def schema(blob: str, real: str, big: str) -> list[str]:
         f"""CREATE TABLE IF NOT EXISTS jobs (
             id TEXT PRIMARY KEY, state TEXT NOT NULL, total {big} NOT NULL, done {big} NOT NULL DEFAULT 0,
             failed {big} NOT NULL DEFAULT 0, created {real} NOT NULL, started {real}, finished {real}, params TEXT NOT NULL,
-            callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0, callback_outcome TEXT)""",
+            callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0, callback_outcome TEXT,
+            tenant TEXT)""",
         f"""CREATE TABLE IF NOT EXISTS images (
             job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, idx {big} NOT NULL, filename TEXT NOT NULL, data {blob},
             state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
@@ -71,7 +72,7 @@ def schema(blob: str, real: str, big: str) -> list[str]:
     ]
 
 
-ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT"}}
+ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT", "tenant": "TEXT"}}
 """Columns newer than the first schema: added to a store made before them."""
 
 
@@ -83,7 +84,8 @@ def _bounded(n: int) -> int:
 def _info(row: Row) -> JobInfo:
     return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
                    started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
-                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]), callback_outcome=row[11])
+                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]), callback_outcome=row[11],
+                   tenant=row[12])
 
 
 class SqlStore:
@@ -142,7 +144,7 @@ class SqlStore:
 
     # -- the store -------------------------------------------------------------------------
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int) -> JobInfo:
+                   max_bytes: int, tenant: str | None = None) -> JobInfo:
         size = sum(len(data) for _, data in images)
         now = time.time()
         with self._tx() as cur:
@@ -152,11 +154,11 @@ class SqlStore:
             if stored + size > max_bytes:
                 raise StoreFull(f"the job store holds {stored} bytes; this job's {size} more would pass IDG_JOBS_MAX_BYTES "
                                 f"({max_bytes}): fetch and delete finished jobs, or wait for their retention to end")
-            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size))
+            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size, tenant))
             cur.executemany("INSERT INTO images (job_id, idx, filename, data, state) VALUES (?, ?, ?, ?, ?)",
                             [(job_id, i, name, self.blob(data), PENDING) for i, (name, data) in enumerate(images)])
-        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size)
+        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size, tenant=tenant)
 
     def get_job(self, job_id: str) -> JobInfo | None:
         with self._tx(write=False) as cur:
@@ -164,13 +166,16 @@ class SqlStore:
             row = cur.fetchone()
         return None if row is None else _info(row)
 
-    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None) -> tuple[list[JobInfo], int]:
+    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None,
+                  tenant: str | None = None) -> tuple[list[JobInfo], int]:
         offset, limit = _bounded(offset), _bounded(limit)
-        where, args = ("WHERE created < ? OR (created = ? AND id > ?) ", [before[0], before[0], before[1]]) if before else ("", [])
+        mine, own = ("tenant = ?", [tenant]) if tenant is not None else ("1 = 1", [])
+        after, args = ("(created < ? OR (created = ? AND id > ?))", [before[0], before[0], before[1]]) if before else ("1 = 1", [])
         with self._tx(write=False) as cur:
-            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs {where}ORDER BY created DESC, id LIMIT ? OFFSET ?", (*args, limit, offset))
+            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {mine} AND {after} ORDER BY created DESC, id LIMIT ? OFFSET ?",
+                        (*own, *args, limit, offset))
             rows = cur.fetchall()
-            cur.execute("SELECT COUNT(*) FROM jobs")
+            cur.execute(f"SELECT COUNT(*) FROM jobs WHERE {mine}", own)
             count = int(cur.fetchone()[0])
         return [_info(r) for r in rows], count
 

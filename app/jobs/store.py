@@ -92,6 +92,8 @@ class JobInfo:
     bytes: int
     callback_outcome: str | None = None
     """What the callback got, once sent: ``delivered``, ``refused`` or ``failed``, with the status or error and the attempts."""
+    tenant: str | None = None
+    """The name of the API key that submitted it (None where no keys are configured)."""
 
     @property
     def answered(self) -> int:
@@ -148,16 +150,18 @@ class Store(Protocol):
     reachability: Reachability
 
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int) -> JobInfo:
+                   max_bytes: int, tenant: str | None = None) -> JobInfo:
         """Store a job and its images in one transaction; :class:`StoreFull` if every job's bytes
-        would then pass ``max_bytes``."""
+        would then pass ``max_bytes``. ``tenant``: the name of the key that submitted it."""
         ...
 
     def get_job(self, job_id: str) -> JobInfo | None: ...
 
-    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None) -> tuple[list[JobInfo], int]:
+    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None,
+                  tenant: str | None = None) -> tuple[list[JobInfo], int]:
         """Jobs, newest first (after the ``offset`` first), and how many there are in all; ``before``: only
-        jobs after this one (its ``(created, id)``) in that order: a page that new submissions do not shift."""
+        jobs after this one (its ``(created, id)``) in that order: a page that new submissions do not shift;
+        ``tenant``: only the jobs this key submitted (None: everyone's)."""
         ...
 
     def delete_job(self, job_id: str) -> bool:

@@ -21,6 +21,7 @@ from app.api.deps import get_service, require_api_key
 from app.api.requests import count_file_parts, first_error, read_body
 from app.core.config import Settings
 from app.core.errors import ApiError
+from app.core.keys import Key
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.callbacks import redacted, url_problem
 from app.jobs.runner import JobRunner, job_status
@@ -71,6 +72,7 @@ class JobStatus(BaseModel):
     callback_url: str | None = Field(None, description="POSTed this status when the job ends (any credentials in it shown as ***)")
     callback_outcome: str | None = Field(None, description="What the callback got, once sent: delivered / refused / failed, "
                                          "with the HTTP status or error and the attempts")
+    tenant: str | None = Field(None, description="The name of the API key that submitted it (IDG_API_KEYS; null without keys)")
 
 
 class JobList(BaseModel):
@@ -115,6 +117,21 @@ async def _stored(call: Callable[..., T], *args: Any) -> T:
                        headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable") from err
 
 
+def _key(request: Request) -> Key | None:
+    """The API key the request came with (``require_api_key`` found it); None where no keys are configured."""
+    key: Key | None = getattr(request.state, "key", None)
+    return key
+
+
+async def _own_job(request: Request, runner: JobRunner, job_id: str) -> JobInfo:
+    """The job, if it exists and the request's key may see it: another tenant's job is as unknown as a missing one."""
+    info = await _stored(runner.store.get_job, job_id)
+    key = _key(request)
+    if info is None or (key is not None and not key.sees(info.tenant)):
+        raise _unknown(job_id)
+    return info
+
+
 def _unknown(job_id: str) -> ApiError:
     return ApiError(404, f"no job {job_id!r} (never submitted, deleted, or past its retention)", code="unknown_job")
 
@@ -144,12 +161,16 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
         except ConditionError as err:
             raise ApiError(422, f"explain_if: {err}", code="invalid_parameter") from err
     _check_callback(callback_url)
+    tenant = key.name if (key := _key(request)) is not None else None
     stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}
     try:
-        info = await _stored(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes)
+        info = await _stored(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes,
+                             tenant)
     except StoreFull as err:
         raise ApiError(507, str(err), code="storage_full") from err
     runner.wake()
+    service.metrics.jobs_submitted.labels(tenant or "").inc()
+    log.info("job %s submitted by %s: %d image(s)", info.id, tenant or "a caller (no API keys configured)", len(images))
     body = job_status(info, _base_url(request))
     return JSONResponse(body, status_code=202, headers={"Location": body["url"]})
 
@@ -214,16 +235,13 @@ def _check_callback(url: str | None) -> None:
 async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, Any]:
     """The job's ``state`` (queued, running, done), ``done`` / ``failed`` / ``pending`` of ``total``
     images, ``eta_s`` (from the job's own pace so far), its parameters and URLs."""
-    info = await _stored(runner.store.get_job, job_id)
-    if info is None:
-        raise _unknown(job_id)
-    return job_status(info, _base_url(request))
+    return job_status(await _own_job(request, runner, job_id), _base_url(request))
 
 
 @router.get("/jobs/{job_id}/results", response_class=StreamingResponse,
             responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}, **KEYED, **NO_JOB})
 async def job_results(
-    job_id: str, runner: Runner,
+    job_id: str, request: Request, runner: Runner,
     offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
     summary: Annotated[bool, Query(description="Only the scores and classes: no heatmaps, curve or arrays")] = False,
     follow: Annotated[bool, Query(description="Keep the stream open until the job is done, sending answers as they come")] = False,
@@ -233,8 +251,7 @@ async def job_results(
     "prediction", "target", "faithfulness", "result" (the /attribute body)}``, or for an image that
     failed ``{"seq", "index", "filename", "status", "error"}``. ``offset=N`` resumes after ``seq`` N."""
     store = runner.store
-    if await _stored(store.get_job, job_id) is None:
-        raise _unknown(job_id)
+    await _own_job(request, runner, job_id)
 
     async def lines() -> AsyncIterator[bytes]:
         after = offset
@@ -266,12 +283,14 @@ def _line(row: ResultRow, summary: bool) -> bytes:
 
 
 @router.delete("/jobs/{job_id}", response_model=JobDeleted, responses={**KEYED, **NO_JOB})
-async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
+async def delete_job(job_id: str, request: Request, runner: Runner) -> dict[str, Any]:
     """Cancel the job (its images in the worker are dropped before the next model call) and delete
     it with its images and answers."""
+    info = await _own_job(request, runner, job_id)
     dropped = runner.cancel_job(job_id)
     if not await _stored(runner.store.delete_job, job_id):
         raise _unknown(job_id)
+    log.info("job %s (of %s) deleted by %s", job_id, info.tenant, getattr(_key(request), "name", "a caller"))
     return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
 
 
@@ -297,7 +316,8 @@ async def list_jobs(
     if cursor is not None:
         created, job_id = cursor.split("_", 1)
         before = (float(created), job_id)
-    jobs, total = await _stored(runner.store.list_jobs, offset, limit + 1, before)
+    key = _key(request)
+    jobs, total = await _stored(runner.store.list_jobs, offset, limit + 1, before, None if key is None or key.admin else key.name)
     base = _base_url(request)
     more, jobs = len(jobs) > limit, jobs[:limit]
     return {"jobs": [job_status(j, base) for j in jobs], "total": total, "offset": offset, "limit": limit,
