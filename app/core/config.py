@@ -138,7 +138,12 @@ class Settings(BaseSettings):
         10.0, gt=0, description="Most seconds a client may take to send a request's headers (from connecting, or from the "
         "request's first byte on a kept-alive connection); beyond, 408 and the connection is closed")
     body_timeout_s: float = Field(60.0, gt=0, description="Most seconds a client may take to send a request body; beyond, 408 "
-                                  "and the connection is closed")
+                                  "and the connection is closed. A body of declared length (Content-Length) may take longer: "
+                                  "as long as it takes at IDG_MIN_UPLOAD_RATE")
+    min_upload_rate: int = Field(
+        500_000, ge=1, description="Bytes per second a request body with a declared length is given at least: it may take "
+        "body_timeout_s or its length at this rate, whichever is longer (a 300 MB job at the default: 600 s), so the size "
+        "limits and the timeout agree for slow links. A body without a declared length (chunked) has body_timeout_s")
     max_upload_bytes: int = Field(10_000_000, ge=1, description="Largest request body; beyond, 413")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height); beyond, 413")
     max_image_side: int = Field(
