@@ -135,3 +135,16 @@ def test_pages_by_cursor_and_integers_past_the_store_give_an_empty_page(make_sto
     rest, _ = store.list_jobs(0, 10, (jobs[-1].created, jobs[-1].id))
     assert [j.id for j in rest] == ["j1", "j0"]
     assert store.list_jobs(2**70, 10) == ([], 5) and store.results("j0", 2**70, 10, True) == []
+
+
+def test_a_store_made_before_the_newer_columns_gets_them_and_keeps_its_jobs(make_store: StoreFactory) -> None:
+    old = make_store()
+    _job(old, 1, "kept")
+    with old._tx() as cur:  # noqa: SLF001 - the tables as an earlier version of the service made them
+        for column in ("callback_outcome", "tenant"):
+            cur.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    new = make_store()  # opening it again (a newer service starting) adds them back
+    job = new.get_job("kept")
+    assert job is not None and job.total == 1 and job.tenant is None and job.callback_outcome is None
+    new.create_job("mine", {}, None, [("a", b"x")], 10**9, tenant="alice")
+    assert [j.id for j in new.list_jobs(0, 10, tenant="alice")[0]] == ["mine"]
