@@ -128,13 +128,16 @@ async def test_a_callback_never_answered_below_500_is_recorded_as_failed_and_the
         assert await asyncio.to_thread(app.state.jobs.store.due_callbacks) == []  # no longer due: retention sweeps it
 
 
-@pytest.mark.parametrize("url", [
+BAD_URLS = [
     "http://[::1", "http://" + "a" * 100_000 + ".example/hook", "http://" + "b" * 64 + ".example/", "ftp://example.org/done",
     "http://exa mple.org/", "http://example.org:99999/", "http:///nohost", "https://x.example/" + "p" * 3000,
-])
-async def test_bad_callback_urls_are_a_422_at_submission(tiny_app: AppFactory, url: str) -> None:
+]
+
+
+async def test_bad_callback_urls_are_a_422_at_submission(tiny_app: AppFactory) -> None:
     async with serve(tiny_app()) as client:
-        r = await client.post("/jobs", files=images(1), data=FAST | {"callback_url": url})
-        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter", r.text[:300]
-        assert "callback_url" in r.json()["error"]["message"]
+        for url in BAD_URLS:
+            r = await client.post("/jobs", files=images(1), data=FAST | {"callback_url": url})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter", (url[:40], r.text[:300])
+            assert "callback_url" in r.json()["error"]["message"]
         assert (await client.get("/jobs")).json()["total"] == 0
