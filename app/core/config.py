@@ -168,6 +168,10 @@ class Settings(BaseSettings):
         "IDG_API_KEY is; each key sees, reads and deletes only the jobs it submitted (another's are 404), an admin key "
         "every job. The key's name (never the key) is in the logs, the job's status (tenant) and the metrics. "
         "IDG_API_KEY, if set too, is the admin key named 'default'")
+    key_share: float = Field(
+        0.5, gt=0, le=1, description="With several API keys: the fraction of IDG_MAX_QUEUE one key may hold in requests at "
+        "once (POSTs to /predict, /attribute..., /v2 infer, /jobs); past it that key gets 503 (code key_share) with Retry-After "
+        "while the others still find room")
     api_keys_file: Path | None = Field(
         None, description="A file of named API keys as IDG_API_KEYS takes them, one NAME:KEY[:admin] per line (blank lines "
         "and # comments skipped): keys kept out of the environment")

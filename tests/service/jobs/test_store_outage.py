@@ -98,7 +98,7 @@ async def test_a_sqlite_file_locked_past_the_busy_timeout_mid_job_heals_without_
     async with serve(app) as client:
         job = await submit(client, images(N))
         await _answered(client, job["id"], 5)
-        with write_locked(data / "jobs.sqlite3", 3.0):
+        with write_locked(data / "jobs.sqlite3", 2.0):
             started = time.monotonic()
             _refused_for_now(await client.post("/jobs", files=images(1), data=FAST))
             assert time.monotonic() - started < 2.0  # refused after the busy timeout, not after the whole lock

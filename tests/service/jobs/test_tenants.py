@@ -1,9 +1,12 @@
 """Named API keys: each key sees, reads and deletes only the jobs it submitted (another's are 404, as
 if they did not exist), an admin key every job, and the single IDG_API_KEY keeps working as the admin
-key ``default``. The key's name, never the key, is in the job's status, the logs and the metrics."""
+key ``default``. The key's name, never the key, is in the job's status, the logs and the metrics. One
+key's flood of requests cannot starve another's (each holds at most its share of the queue)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,24 @@ def test_keys_load_from_the_settings_and_the_file_and_malformed_ones_stop_the_st
     for bad in ("nokey", "a:", "bad name:k", "a:k1,a:k2", "a:k1,b:k1"):
         with pytest.raises(ValueError, match="API_KEYS|API keys"):
             load_keys(Settings(models=["tiny"], api_keys=bad))
+
+
+async def test_one_key_flooding_cannot_starve_another_keys_requests(tiny_app: AppFactory) -> None:
+    attribute = {"method": "ig", "steps": "4", "return_overlay": "false"}
+    app = tiny_app(delay_s=0.05, api_keys=f"alice:{ALICE},bob:{BOB}", max_queue=4)  # IDG_KEY_SHARE 0.5: 2 requests per key
+    async with serve(app) as client:
+
+        async def explain(key: str) -> tuple[int, str, float]:
+            started = time.perf_counter()
+            r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data=attribute, headers=_as(key))
+            return r.status_code, r.json().get("error", {}).get("code", ""), time.perf_counter() - started
+
+        usual = (await explain(BOB))[2]
+        flood = [asyncio.create_task(explain(ALICE)) for _ in range(12)]  # three times the whole queue
+        await asyncio.sleep(0.05)
+        status, code, seconds = await explain(BOB)
+        flooded = await asyncio.gather(*flood)
+    assert status == 200, code  # with key_share=1 alice's flood fills the queue and bob gets 503 busy
+    assert seconds < 3 * usual + 1.0, (seconds, usual)
+    assert {s for s, _, _ in flooded} == {200, 503} and {c for s, c, _ in flooded if s == 503} == {"key_share"}
+    assert sum(s == 200 for s, _, _ in flooded) >= 2
