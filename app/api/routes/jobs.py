@@ -40,15 +40,18 @@ FOLLOW_POLL_S = 0.5
 JOB_FIELDS = ("explain_if", "callback_url")
 """Form fields of POST /jobs beside /attribute's."""
 _PARAMS = dict(AttributeParams.model_json_schema()["properties"])
+CALLBACK_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
+"""What JSON Schema can say of a callback URL: http(s), a host part, no spaces (the rest is checked by the route)."""
 SUBMIT_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {"type": "object", "properties": {
     "files": {"type": "array", "items": {"type": "string", "format": "binary"},
               "description": "The images (repeat the field); a tar (.tar, .tar.gz, .tar.bz2, .tar.xz) or zip file is unpacked"},
     "archive": {"type": "string", "format": "binary", "description": "One tar or zip archive of images, instead of files"},
     "explain_if": {"type": "string", "description": "Explain an image only when this holds of its prediction (see /predict); "
                    "else its answer is the prediction alone"},
-    "callback_url": {"type": "string", "maxLength": 2048, "description": "http(s) URL to POST the job's status to (JSON) when it "
-                     "ends, signed with IDG_CALLBACK_SECRET (X-IDG-Timestamp, X-IDG-Signature: sha256=HMAC of timestamp.body) "
-                     "and tried up to 5 times (1, 2, 4, 8 s apart) until answered below 500"},
+    "callback_url": {"type": "string", "maxLength": 2048, "pattern": CALLBACK_PATTERN,
+                     "description": "http(s) URL to POST the job's status to (JSON) when it ends, signed with "
+                     "IDG_CALLBACK_SECRET (X-IDG-Timestamp, X-IDG-Signature: sha256=HMAC of timestamp.body) and tried up "
+                     "to 5 times (1, 2, 4, 8 s apart) until answered below 500"},
     **_PARAMS}}}}}}
 
 

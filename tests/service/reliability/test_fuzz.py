@@ -217,6 +217,7 @@ UNSTATABLE_422 = re.compile(
     r"target must be < \d+ \(the model's classes\)"  # each model has its own classes; GET /models lists them
     r"|may cost up to \d+ model passes, more than the limit"  # a product of several fields against IDG_MAX_PASSES
     r"|^explain_if: "  # a grammar (described in the field), not a pattern
+    r"|^callback_url "  # a URL's host, port and brackets: its pattern states the scheme, not what a valid host is
     r"|archive could not be read|^the (tar|zip) archive"  # POST /jobs: a file that starts as an archive must be a whole one
 )
 """The 422s a schema-valid request may get: rules across fields or models that JSON Schema cannot state."""
