@@ -18,12 +18,14 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.docs import install_docs
+from app.api.failures import UnhandledErrorMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import attribute, info, jobs, predict, v2
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
 from app.core.image_threads import image_thread_pool, image_threads, processes_on_host
+from app.core.keys import KeyShareMiddleware, load_keys, share_limit
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.processes import host_cores
 from app.core.prometheus import Metrics, MetricsMiddleware
@@ -131,11 +133,15 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.keys = load_keys(settings)  # a malformed key or keys file stops the start here
     app.state.metrics = metrics
     app.state.ready = False
     app.state.draining = False
     app.state.drain = drain
     install_error_handlers(app)
+    app.add_middleware(UnhandledErrorMiddleware)  # innermost: its JSON 500 gets the headers of the middleware around it
+    if (share := share_limit(settings, app.state.keys)) is not None:  # several keys: none may take the whole queue
+        app.add_middleware(KeyShareMiddleware, keys=app.state.keys, limit=share)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
     app.add_middleware(DrainMiddleware, drain=drain)

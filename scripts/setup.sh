@@ -44,15 +44,22 @@ if [ "${#missing[@]}" -gt 0 ]; then
     say "installed ${missing[*]} in $((SECONDS - started)) s"
 fi
 # Debian packages the dev tests drive: Chromium for the browser test (Playwright's own browser download
-# is not reachable) and Prometheus for the monitoring tests (promtool checks and unit-tests the rules,
-# a slow test runs the server itself). Each test skips cleanly where its program is missing.
+# is not reachable), Prometheus for the monitoring tests (promtool checks and unit-tests the rules,
+# a slow test runs the server itself) and PostgreSQL for the job store's tests (each starts its own
+# throwaway server with initdb and pg_ctl, which Debian keeps in /usr/lib/postgresql/<version>/bin, off
+# the PATH). Each test skips cleanly where its program is missing.
+have() { command -v "$1" >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/$1" >/dev/null; }
 if [[ ",$extras," == *",dev,"* ]]; then
-    for wanted in chromium:chromium prometheus:promtool; do
+    for wanted in chromium:chromium prometheus:promtool postgresql:initdb; do
         package="${wanted%%:*}" program="${wanted#*:}"
-        command -v "$program" >/dev/null 2>&1 && continue
+        have "$program" && continue
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             export DEBIAN_FRONTEND=noninteractive
             say "installing Debian's $package for the tests that need $program (waits for another apt/dpkg run to finish)"
+            if [ "$package" = postgresql ]; then  # the tests start their own servers: no 'main' cluster running on port 5432
+                mkdir -p /etc/postgresql-common/createcluster.d
+                echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.d/idg-tests.conf
+            fi
             lock=(-o DPkg::Lock::Timeout=600)  # wait for the package manager's lock instead of failing
             apt-get "${lock[@]}" install -y -q "$package" >/dev/null 2>&1 \
                 || { apt-get "${lock[@]}" update -q >/dev/null && apt-get "${lock[@]}" install -y -q "$package" >/dev/null; }

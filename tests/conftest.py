@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
+
+_SESSION_DATA = tempfile.mkdtemp(prefix="idg-test-data-")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test module is imported: settings built at import or in a module-scoped fixture (before
+    :func:`_own_data_dir` applies) keep their job store in a temporary directory, never in the checkout's data/."""
+    os.environ["IDG_DATA_DIR"] = _SESSION_DATA
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_SESSION_DATA, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

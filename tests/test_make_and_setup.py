@@ -32,7 +32,8 @@ def repo(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "scripts" / "setup.sh", _mkdir(root / "scripts") / "setup.sh")
     (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     _executable(root / ".venv" / "bin" / "python", '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../../pip.log"\n')
-    _executable(tmp_path / "bin" / "chromium", "#!/bin/sh\n")  # present: setup does not reach for apt-get
+    for program in ("chromium", "promtool", "initdb"):  # present: setup does not reach for apt-get
+        _executable(tmp_path / "bin" / program, "#!/bin/sh\n")
     return root
 
 
@@ -121,3 +122,10 @@ def test_make_run_stops_quietly(how: str, tmp_path: Path) -> None:
     assert "shutting down" in said  # the server drained (its own log line)
     with pytest.raises(httpx.ConnectError):  # and is gone, not orphaned
         httpx.get(f"http://127.0.0.1:{port}/health/live", timeout=2)
+
+
+def test_settings_made_anywhere_in_the_tests_keep_their_state_out_of_the_checkout() -> None:
+    """Settings built at a test module's import once sent the jobs of the fuzz tests to the checkout's data/."""
+    from app.core.config import Settings
+
+    assert not Settings(models=["tiny"]).data_dir.resolve().is_relative_to(ROOT)

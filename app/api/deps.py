@@ -3,11 +3,10 @@ never wait: FastAPI runs a plain `def` dependency in its thread pool, a thread h
 
 from __future__ import annotations
 
-import secrets
-
 from fastapi import Request
 
 from app.core.errors import SHUTTING_DOWN, ApiError
+from app.core.keys import Key, match
 from app.service import Service
 
 
@@ -32,16 +31,22 @@ def given_api_key(request: Request) -> str | None:
     return given
 
 
-def has_api_key(request: Request) -> bool:
-    """True when no key is configured or the request sends the right one."""
-    expected = request.app.state.settings.api_key
+def request_key(request: Request) -> Key | None:
+    """The configured key the request sends (None if none of them)."""
     given = given_api_key(request)
-    return not expected or (given is not None and secrets.compare_digest(given.encode(), expected.encode()))
+    return None if given is None else match(request.app.state.keys, given)
+
+
+def has_api_key(request: Request) -> bool:
+    """True when no key is configured or the request sends one of them."""
+    return not request.app.state.keys or request_key(request) is not None
 
 
 async def require_api_key(request: Request) -> None:
-    """401 unless the configured key comes as ``X-API-Key`` or ``Authorization: Bearer``."""
-    if has_api_key(request):
+    """401 unless a configured key comes as ``X-API-Key`` or ``Authorization: Bearer``; the key (its
+    name and rights) is then ``request.state.key`` (None where no key is configured: open to all)."""
+    request.state.key = key = request_key(request)
+    if key is not None or not request.app.state.keys:
         return
     if given_api_key(request) is None:
         raise ApiError(401, "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'", code="unauthorized")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from app.core.errors import ApiError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.errors import ApiError, error_body
 
 T = TypeVar("T")
 
@@ -28,3 +31,39 @@ async def alone(work: Awaitable[T], what: str) -> T:
         raise
     except Exception as err:  # noqa: BLE001 - any other failure is this request's JSON 500, logged once
         raise internal_error(err, what) from err
+
+
+class UnhandledErrorMiddleware:
+    """The last resort: an exception no route turned into an answer becomes the JSON 500 ``internal``,
+    logged once with its traceback, with ``Connection: close`` (the server drops the connection after
+    it; a client told so opens a new one instead of meeting a reset), and, being inside the other
+    middleware, with every header they add (``X-Content-Type-Options``, ``X-IDG-Replica``, CORS) and
+    counted by the metrics. Starlette's own last resort answered outside them, and re-raised, so the
+    server logged it twice. An exception after the answer began can only end it: the connection is
+    closed without the body's end, so the client sees a cut answer, not a complete one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def _send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        except Exception as err:  # noqa: BLE001 - the one place every unexpected failure ends
+            log.error("%s %s failed unexpectedly%s", scope.get("method"), scope.get("path"),
+                      " after its answer began (cut)" if started else "", exc_info=err)
+            if started:
+                return
+            body = json.dumps(error_body(500, f"internal error: {type(err).__name__}", "internal")).encode()
+            await send({"type": "http.response.start", "status": 500, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})

@@ -53,13 +53,17 @@ def first_error(err: ValidationError, model: type[BaseModel] | None = None) -> s
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing more than ``limit`` bytes with 413 (before reading, when the
-    client declares its length) and a body slower than ``body_timeout_s`` with 408 (closing the
-    connection, so the slow client's socket is freed). A client that goes away raises Starlette's
-    ``ClientDisconnect`` (answered and counted as 499 by the error handlers and the metrics)."""
+    client declares its length) and a body slower than ``body_timeout_s`` (or, with a declared
+    length, than ``min_upload_rate``) with 408 (closing the connection, so the slow client's socket
+    is freed). A client that goes away raises Starlette's ``ClientDisconnect`` (answered and counted
+    as 499 by the error handlers and the metrics)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {int(declared)} bytes, more than the limit of {limit}", code="too_large")
-    timeout = request.app.state.settings.body_timeout_s
+    settings = request.app.state.settings
+    timeout = settings.body_timeout_s
+    if declared is not None and declared.isdigit():
+        timeout = max(timeout, int(declared) / settings.min_upload_rate)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout):

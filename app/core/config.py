@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import torch
 from pydantic import Field, field_validator
@@ -138,7 +139,12 @@ class Settings(BaseSettings):
         10.0, gt=0, description="Most seconds a client may take to send a request's headers (from connecting, or from the "
         "request's first byte on a kept-alive connection); beyond, 408 and the connection is closed")
     body_timeout_s: float = Field(60.0, gt=0, description="Most seconds a client may take to send a request body; beyond, 408 "
-                                  "and the connection is closed")
+                                  "and the connection is closed. A body of declared length (Content-Length) may take longer: "
+                                  "as long as it takes at IDG_MIN_UPLOAD_RATE")
+    min_upload_rate: int = Field(
+        500_000, ge=1, description="Bytes per second a request body with a declared length is given at least: it may take "
+        "body_timeout_s or its length at this rate, whichever is longer (a 300 MB job at the default: 600 s), so the size "
+        "limits and the timeout agree for slow links. A body without a declared length (chunked) has body_timeout_s")
     max_upload_bytes: int = Field(10_000_000, ge=1, description="Largest request body; beyond, 413")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height); beyond, 413")
     max_image_side: int = Field(
@@ -158,6 +164,18 @@ class Settings(BaseSettings):
         "costs steps + 1 forward passes, 2 x 29 = 58 for both at 28")
     api_key: str | None = Field(None, description="If set, requests must send it as X-API-Key or 'Authorization: Bearer'; "
                                 "readiness then answers only its status to a caller without the key")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default=[], description="Named API keys, comma-separated NAME:KEY, or NAME:KEY:admin: any of them is let in as "
+        "IDG_API_KEY is; each key sees, reads and deletes only the jobs it submitted (another's are 404), an admin key "
+        "every job. The key's name (never the key) is in the logs, the job's status (tenant) and the metrics. "
+        "IDG_API_KEY, if set too, is the admin key named 'default'")
+    key_share: float = Field(
+        0.5, gt=0, le=1, description="With several API keys: the fraction of IDG_MAX_QUEUE one key may hold in requests at "
+        "once (POSTs to /predict, /attribute..., /v2 infer, /jobs); past it that key gets 503 (code key_share) with Retry-After "
+        "while the others still find room")
+    api_keys_file: Path | None = Field(
+        None, description="A file of named API keys as IDG_API_KEYS takes them, one NAME:KEY[:admin] per line (blank lines "
+        "and # comments skipped): keys kept out of the environment")
     metrics_need_key: bool = Field(
         False, description="With IDG_API_KEY set, /metrics answers 401 without the key too (Prometheus sends it with "
         "'authorization: {credentials: KEY}' in its scrape config). Off by default: scrapes usually come over a protected network")
@@ -167,9 +185,23 @@ class Settings(BaseSettings):
                            "in WAL mode) unless IDG_JOBS_DB_URL names another")
     jobs_db_url: str | None = Field(None, description="postgresql://user:password@host/db: keep jobs in PostgreSQL, shared by "
                                     "several replicas (needs the postgres extra); default: SQLite under IDG_DATA_DIR")
+    public_url: str | None = Field(
+        None, description="The service's address as its clients reach it (https://idg.example.org, with any path prefix): "
+        "the links of POST /jobs, GET /jobs and the callbacks (url, results_url, next, Location) start with it. Unset: "
+        "they are paths (/jobs/...). Never taken from the request's Host header, which any client may set")
+    callback_secret: str | None = Field(
+        None, description="Signs each job callback: X-IDG-Timestamp (Unix seconds) and X-IDG-Signature: sha256=<hex "
+        "HMAC-SHA256 of the timestamp, '.', and the raw body, keyed with this secret>; the receiver recomputes it and "
+        "refuses old timestamps. Unset: callbacks are not signed")
+    jobs_store_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="How long one job store operation waits for the store (SQLite: another process's write "
+        "lock; PostgreSQL: a working connection) before the store counts as unreachable: the request answers 503 with "
+        "Retry-After, the job runner waits and tries again, /health/ready says store_unreachable")
     jobs_max_images: int = Field(10_000, ge=1, description="Most images in one job (POST /jobs); beyond, 413")
-    jobs_max_upload_bytes: int = Field(300_000_000, ge=1, description="Largest POST /jobs body, and most bytes an archive's "
-                                       "images may decompress to; beyond, 413")
+    jobs_max_upload_bytes: int = Field(300_000_000, ge=1, description="Largest POST /jobs body, and most bytes one job's "
+                                       "images may take once its archives are unpacked (all its uploads together); beyond, 413")
+    jobs_unpack_at_once: int = Field(2, ge=1, description="Archives (POST /jobs) unpacked at once per process; more wait their "
+                                     "turn, so that memory holds at most this many times IDG_JOBS_MAX_UPLOAD_BYTES of unpacked images")
     jobs_max_bytes: int = Field(5_000_000_000, ge=1, description="Most bytes the job store holds (images not yet answered, "
                                 "answers), checked when a job is submitted; beyond, 507")
     jobs_retention_s: float = Field(7 * 86400.0, gt=0, description="Finished jobs are deleted this long after they finished")
@@ -205,7 +237,7 @@ class Settings(BaseSettings):
             return tuple(sizes if sizes[-1] == limit else [*sizes, limit])
         return power_of_two_sizes(limit, 8 if device.type == "cuda" else 1)
 
-    @field_validator("models", "cors_origins", "compile_sizes", "call_sizes", mode="before")
+    @field_validator("models", "cors_origins", "compile_sizes", "call_sizes", "api_keys", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):
@@ -218,6 +250,16 @@ class Settings(BaseSettings):
         if any(v < 1 for v in value):
             raise ValueError(f"batch sizes must be positive, got {value}")
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or parts.username:
+            raise ValueError(f"IDG_PUBLIC_URL must be an http(s):// URL with a host and no query, got {value!r}")
+        return value.rstrip("/")
 
     @field_validator("jobs_db_url")
     @classmethod

@@ -75,11 +75,6 @@ def install_error_handlers(app: FastAPI) -> None:
         log.info("%s went away before its request to %s %s was read", client, request.method, request.url.path)
         return Response(status_code=499)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", "internal"), status_code=500)
-
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = exc.headers

@@ -62,6 +62,13 @@ class Metrics:
         self.job_store_errors = Counter(
             "idg_durable_job_store_errors", "Job store operations that failed (the store unreachable or refusing), by operation",
             ["operation"], registry=r)
+        self.jobs_submitted = Counter("idg_durable_jobs_submitted", "Durable jobs submitted, by the name of the API key that "
+                                      "submitted them (empty without keys)", ["tenant"], registry=r)
+        self.job_callbacks = Counter("idg_durable_job_callbacks", "Job callbacks by outcome: delivered (answered 2xx/3xx), "
+                                     "refused (4xx), failed (no answer below 500 after every try)", ["outcome"], registry=r)
+        self.job_store_up = Gauge("idg_durable_job_store_up", "1 while the job store answers, 0 from a failed operation (unreachable, "
+                                  "or locked past IDG_JOBS_STORE_TIMEOUT_S) until one succeeds again", registry=r,
+                                  multiprocess_mode="livemin")
         self.job_images_in_flight = Gauge("idg_durable_job_images_in_flight", "Images of durable jobs in the workers now",
                                           registry=r, multiprocess_mode="livesum")
         self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak (summed over the server "

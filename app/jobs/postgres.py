@@ -1,5 +1,11 @@
 """The shared job store for several replicas (Ray Serve, or several servers): PostgreSQL, chosen by
-``IDG_JOBS_DB_URL=postgresql://user:password@host/db``. Needs the ``postgres`` extra (psycopg 3).
+``IDG_JOBS_DB_URL=postgresql://user:password@host/db``. Needs the ``postgres`` extra (psycopg 3 and
+psycopg_pool).
+
+Connections come from a pool (:class:`psycopg_pool.ConnectionPool`) that checks each one before
+lending it and replaces a broken one, reconnecting with exponential backoff: a server restarted, or
+unreachable for a while, costs the operations meanwhile (:class:`~app.jobs.store.StoreUnavailable`
+after ``timeout_s`` each: the routes answer 503, the runner tries again), never a restart.
 
 Images are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED``: two replicas claiming at once take
 different images, neither waits for the other, and an answer is stored only by the replica that
@@ -13,10 +19,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from app.jobs.sql import Cursor, SqlStore, schema
+from app.jobs.sql import Cursor, SqlStore
 
 SCHEMA_LOCK = 0x1D6_0B5  # pg_advisory_xact_lock keys: creating the tables, creating a job
 CREATE_LOCK = 0x1D6_0B6
+POOL_SIZE = 4
+"""Most connections per process (the store serves one operation at a time; the rest are spares being re-made)."""
+RECONNECT_S = 10.0
+"""The pool's own reconnect attempts (after 1, 2, 4, ... s) give up after this; the next operation starts them over."""
 
 
 class _Cursor:
@@ -46,26 +56,39 @@ class PostgresStore(SqlStore):
     skip_locked = " FOR UPDATE OF images SKIP LOCKED"
     lock_row = " FOR UPDATE"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         super().__init__()
         try:
             import psycopg
+            from psycopg_pool import ConnectionPool
         except ImportError as err:  # the optional extra
-            raise RuntimeError("IDG_JOBS_DB_URL names PostgreSQL, which needs psycopg: pip install 'idg-service[postgres]'") from err
-        self._conn = psycopg.connect(url, autocommit=True)
-        with self._lock, self.transaction() as cur:
+            raise RuntimeError("IDG_JOBS_DB_URL names PostgreSQL, which needs psycopg and psycopg_pool: "
+                               "pip install 'idg-service[postgres]'") from err
+        self._errors = (psycopg.OperationalError, psycopg.InterfaceError)  # PoolTimeout is an OperationalError
+        self._pool = ConnectionPool(url, min_size=1, max_size=POOL_SIZE, open=False, name="idg-jobs", timeout=timeout_s,
+                                    kwargs={"autocommit": True, "connect_timeout": max(2, round(timeout_s))},
+                                    check=ConnectionPool.check_connection, reconnect_timeout=RECONNECT_S)
+        self._pool.open(wait=True, timeout=max(timeout_s, 10.0))  # the server must answer at start-up
+        with self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # replicas starting together create the tables once
-            for statement in schema("BYTEA", "DOUBLE PRECISION", "BIGINT"):
-                cur.execute(statement)
+            self.create_tables(cur, ("BYTEA", "DOUBLE PRECISION", "BIGINT"))
 
     @contextmanager
-    def transaction(self) -> Iterator[Cursor]:
-        with self._conn.transaction(), self._conn.cursor() as cur:
+    def transaction(self, write: bool = True) -> Iterator[Cursor]:
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             yield _Cursor(cur)
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? AND table_schema = current_schema()",
+                    (table,))
+        return {row[0] for row in cur.fetchall()}
+
+    def transient(self, err: BaseException) -> bool:
+        return isinstance(err, self._errors)
 
     def lock_jobs(self, cur: Cursor) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(?)", (CREATE_LOCK,))
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            self._pool.close()

@@ -10,12 +10,18 @@ claiming pauses for the worker's ``Retry-After``; a deadline (504) is retried up
 Claims are leased: this process renews its leases every third of ``IDG_JOBS_LEASE_S``; a claim
 whose process died is taken up by another once its lease runs out, or at once by a process
 restarted on the same host (:meth:`JobRunner.recover`).
+
+The store may be unreachable for a while (PostgreSQL restarting, another process holding SQLite's
+write lock): no loop and no image's task dies of it. An answer waits, and is stored once the store is
+back (tried again with backoff up to :data:`MAX_STORE_WAIT_S`); claiming pauses meanwhile. An image
+whose task failed anyway is given back to the store (at the next upkeep), never held forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -23,17 +29,19 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from app.core.config import Settings
 from app.core.errors import ApiError
-from app.jobs.store import Answer, Claimed, JobInfo, Store
+from app.jobs.callbacks import deliver, redacted
+from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreUnavailable
 from app.schemas import AttributeParams, AttributeResponse
 from app.service import BACKGROUND_PRIORITY, Service
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 JOB_PRIORITY = BACKGROUND_PRIORITY
 """The worker's priority of job images: after /predict (0) and /attribute (1)."""
@@ -43,8 +51,10 @@ POLL_S = 1.0
 """How often an idle runner looks for images (jobs submitted to another replica; its own wake it at once)."""
 SWEEP_S = 60.0
 MAX_PAUSE_S = 5.0
-CALLBACK_TRIES = 3
 CALLBACK_TIMEOUT_S = 10.0
+STORE_RETRY_S = 0.25
+MAX_STORE_WAIT_S = 5.0
+"""Waits between tries of a store operation that failed as unreachable: from STORE_RETRY_S, doubling up to this."""
 
 
 def open_store(settings: Settings) -> Store:
@@ -52,10 +62,10 @@ def open_store(settings: Settings) -> Store:
     if settings.jobs_db_url:
         from app.jobs.postgres import PostgresStore
 
-        return PostgresStore(settings.jobs_db_url)
+        return PostgresStore(settings.jobs_db_url, settings.jobs_store_timeout_s)
     from app.jobs.sqlite import SqliteStore
 
-    return SqliteStore(settings.data_dir)
+    return SqliteStore(settings.data_dir, settings.jobs_store_timeout_s)
 
 
 async def start_jobs(service: Service, paused: Callable[[], bool]) -> JobRunner:
@@ -132,8 +142,13 @@ class JobRunner:
         """Held while the context is built, so callbacks that start meanwhile wait for it instead of each building one."""
         self.answered = 0
         """Images this runner stored answers for (tests, logs)."""
+        self._orphans: list[Claimed] = []
+        """Claims whose task failed unexpectedly: given back to the store at the next upkeep."""
+        self._claim_wait = POLL_S
         self.metrics = service.metrics
         self.metrics.job_images_in_flight.set_function(lambda: len(self._tasks))
+        self.metrics.job_store_up.set(1)
+        store.reachability.listeners.append(lambda up: self.metrics.job_store_up.set(int(up)))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -164,12 +179,18 @@ class JobRunner:
         for task, _ in held:
             task.cancel()
         await asyncio.gather(*[t for t, _ in held], *self._loops, return_exceptions=True)
-        for _, claim in held:
-            await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, True)
+        kept = 0
+        for claim in [c for _, c in held] + self._orphans:
+            try:
+                await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, True)
+            except StoreUnavailable as err:  # its lease runs out instead: another process (or the next run here) takes it up
+                kept += 1
+                log.warning("job %s image %d not given back (the store is unreachable: %s); it returns when its lease ends",
+                            claim.job_id, claim.index, err)
         for task in list(self._callbacks):
             task.cancel()
         await asyncio.to_thread(self.store.close)
-        log.info("job runner stopped; %d image(s) in flight given back", len(held))
+        log.info("job runner stopped; %d image(s) in flight given back", len(held) + len(self._orphans) - kept)
 
     def wake(self) -> None:
         """Look for images now (a job was just submitted)."""
@@ -191,13 +212,19 @@ class JobRunner:
         while not self._stopping:
             try:
                 await self._claim_some()
-            except Exception:  # noqa: BLE001 - the store may be briefly unreachable; the loop goes on
+                self._claim_wait = POLL_S
+            except StoreUnavailable as err:  # said once by the store's Reachability; waits longer while it lasts
+                self.metrics.job_store_errors.labels("claim").inc()
+                self._claim_wait = min(2 * self._claim_wait, MAX_STORE_WAIT_S)
+                log.debug("claiming job images failed (%s); trying again in %g s", err, self._claim_wait)
+            except Exception:  # noqa: BLE001 - the loop goes on whatever a claim meets
                 self.metrics.job_store_errors.labels("claim").inc()
                 log.exception("claiming job images failed; trying again in %g s", POLL_S)
             self._wake.clear()
+            wait = self._claim_wait
             paused_for = self._resume_at - time.monotonic()  # the worker said busy: wake when it said to retry
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=min(POLL_S, paused_for) if paused_for > 0.05 else POLL_S)
+                await asyncio.wait_for(self._wake.wait(), timeout=min(wait, paused_for) if paused_for > 0.05 else wait)
 
     async def _claim_some(self) -> None:
         free = self.settings.jobs_in_flight - len(self._tasks)
@@ -209,7 +236,10 @@ class JobRunner:
             task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
+        claim = self._tasks.pop(task, None)
+        if claim is not None and not task.cancelled() and (err := task.exception()) is not None:
+            log.error("job %s image %d: its task failed; the image goes back to the store", claim.job_id, claim.index, exc_info=err)
+            self._orphans.append(claim)
         self._wake.set()
 
     async def _upkeep_loop(self) -> None:
@@ -217,15 +247,41 @@ class JobRunner:
         while not self._stopping:
             await asyncio.sleep(self.settings.jobs_lease_s / 3)
             try:
+                while self._orphans:  # before renewing: their leases must not be kept alive
+                    claim = self._orphans[0]
+                    await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, False)
+                    self._orphans.pop(0)
                 await asyncio.to_thread(self.store.renew, self.owner, self.settings.jobs_lease_s)
                 if time.monotonic() - last_sweep > SWEEP_S:
                     last_sweep = time.monotonic()
                     swept = await asyncio.to_thread(self.store.sweep, time.time() - self.settings.jobs_retention_s)
                     if swept:
                         log.info("deleted %d finished job(s) past their retention", swept)
-            except Exception:  # noqa: BLE001 - the store may be briefly unreachable
+            except StoreUnavailable as err:  # said once by the store's Reachability
+                self.metrics.job_store_errors.labels("upkeep").inc()
+                log.debug("renewing job claims failed: %s", err)
+            except Exception:  # noqa: BLE001 - the loop goes on
                 self.metrics.job_store_errors.labels("upkeep").inc()
                 log.exception("renewing job claims failed")
+
+    async def _store(self, what: str, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` in a thread, tried again while the store is unreachable (waiting longer each time,
+        up to :data:`MAX_STORE_WAIT_S`) until it answers, or the runner stops (the task is cancelled)."""
+        wait, tries = STORE_RETRY_S, 0
+        while True:
+            try:
+                done = await asyncio.to_thread(call, *args)
+            except StoreUnavailable as err:
+                tries += 1
+                self.metrics.job_store_errors.labels(what).inc()
+                log.log(logging.WARNING if tries == 1 else logging.DEBUG, "job store: %s failed (%s); trying again in %g s",
+                        what, err, wait)
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, MAX_STORE_WAIT_S)
+                continue
+            if tries:
+                log.info("job store: %s done after %d failed tries", what, tries)
+            return done
 
     # -- one image -------------------------------------------------------------------------
     async def _run(self, claim: Claimed) -> None:
@@ -234,12 +290,12 @@ class JobRunner:
         except _Retry as retry:
             if not claim_exhausted(claim, retry):
                 self.metrics.job_images.labels("retried").inc()
-                await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, retry.refund)
+                await self._store("release", self.store.release, self.owner, claim.job_id, claim.index, retry.refund)
                 if retry.pause_s:
                     self._resume_at = max(self._resume_at, time.monotonic() + min(retry.pause_s, MAX_PAUSE_S))
                 return
             answer = _error_answer(504, "deadline", f"{retry.reason}, {claim.attempts} times")
-        finished = await asyncio.to_thread(self.store.finish, self.owner, claim.job_id, claim.index, answer)
+        finished = await self._store("finish", self.store.finish, self.owner, claim.job_id, claim.index, answer)
         if finished is None:
             self.metrics.job_images.labels("lost").inc()
             log.info("job %s image %d: its claim was lost (job deleted, or taken over); answer dropped", claim.job_id, claim.index)
@@ -248,7 +304,7 @@ class JobRunner:
         self.metrics.job_images.labels("answered" if answer.status == 200 else "failed").inc()
         if finished.job_done:
             self.metrics.jobs_finished.inc()
-            job = await asyncio.to_thread(self.store.get_job, claim.job_id)
+            job = await self._store("get_job", self.store.get_job, claim.job_id)
             log.info("job %s finished: %s", claim.job_id, job and f"{job.done} answered, {job.failed} failed")
             if job is not None and job.callback_url:
                 self._callback(job)
@@ -292,25 +348,17 @@ class JobRunner:
         task.add_done_callback(self._callbacks.discard)
 
     async def _send_callback(self, job: JobInfo) -> None:
-        """POST the job's status to its callback URL, up to :data:`CALLBACK_TRIES` times (at least once
-        in all: one still due when the process stops is sent by the next)."""
+        """POST the job's status to its callback URL, signed, tried again with backoff (at least once in
+        all: one still due when the process stops is sent by the next); its outcome is kept on the job."""
         assert job.callback_url is not None
-        body = job_status(job, job.params.get("base_url", "/"))
+        body = json.dumps(job_status(job, self.settings.public_url or ""), separators=(",", ":")).encode()
         async with self._tls_lock:
             if self._tls is None:
                 self._tls = await asyncio.to_thread(httpx.create_ssl_context)
         async with httpx.AsyncClient(timeout=CALLBACK_TIMEOUT_S, follow_redirects=False, verify=self._tls) as client:
-            for attempt in range(CALLBACK_TRIES):
-                try:
-                    r = await client.post(job.callback_url, json=body)
-                    if r.status_code < 500:
-                        log.info("job %s: callback %s answered %d", job.id, job.callback_url, r.status_code)
-                        break
-                    log.warning("job %s: callback %s answered %d", job.id, job.callback_url, r.status_code)
-                except httpx.HTTPError as err:
-                    log.warning("job %s: callback %s failed: %s", job.id, job.callback_url, err)
-                await asyncio.sleep(2.0**attempt)
-        await asyncio.to_thread(self.store.callback_sent, job.id)
+            outcome = await deliver(client, job.callback_url, body, self.settings.callback_secret, f"job {job.id}")
+        self.metrics.job_callbacks.labels(outcome.split(":", 1)[0]).inc()
+        await self._store("callback_sent", self.store.callback_sent, job.id, outcome)
 
 
 def _retry_after(err: ApiError) -> float:
@@ -342,5 +390,6 @@ def job_status(job: JobInfo, base_url: str) -> dict[str, Any]:
         "pending": job.total - job.answered, "created": job.created, "started": job.started, "finished": job.finished,
         "eta_s": eta, "url": f"{base}/jobs/{job.id}", "results_url": f"{base}/jobs/{job.id}/results",
         "parameters": job.params.get("attribute", {}), "explain_if": job.params.get("explain_if"),
-        "callback_url": job.callback_url,
+        "callback_url": None if job.callback_url is None else redacted(job.callback_url), "callback_outcome": job.callback_outcome,
+        "tenant": job.tenant,
     }

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from app.jobs.store import (
@@ -22,6 +22,7 @@ from app.jobs.store import (
     FAILED,
     JOB_DONE,
     JOB_RUNNING,
+    MAX_INT,
     PENDING,
     QUEUED,
     RUNNING,
@@ -29,12 +30,14 @@ from app.jobs.store import (
     Claimed,
     Finished,
     JobInfo,
+    Reachability,
     ResultRow,
     StoreFull,
+    StoreUnavailable,
 )
 
 Row = Sequence[Any]
-JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes"
+JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes, callback_outcome, tenant"
 
 
 class Cursor(Protocol):
@@ -57,7 +60,8 @@ def schema(blob: str, real: str, big: str) -> list[str]:
         f"""CREATE TABLE IF NOT EXISTS jobs (
             id TEXT PRIMARY KEY, state TEXT NOT NULL, total {big} NOT NULL, done {big} NOT NULL DEFAULT 0,
             failed {big} NOT NULL DEFAULT 0, created {real} NOT NULL, started {real}, finished {real}, params TEXT NOT NULL,
-            callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0)""",
+            callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0, callback_outcome TEXT,
+            tenant TEXT)""",
         f"""CREATE TABLE IF NOT EXISTS images (
             job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, idx {big} NOT NULL, filename TEXT NOT NULL, data {blob},
             state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
@@ -68,10 +72,20 @@ def schema(blob: str, real: str, big: str) -> list[str]:
     ]
 
 
+ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT", "tenant": "TEXT"}}
+"""Columns newer than the first schema: added to a store made before them."""
+
+
+def _bounded(n: int) -> int:
+    """``n`` within the integers SQLite and PostgreSQL bind (past them, the page is empty all the same)."""
+    return max(0, min(int(n), MAX_INT))
+
+
 def _info(row: Row) -> JobInfo:
     return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
                    started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
-                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]))
+                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]), callback_outcome=row[11],
+                   tenant=row[12])
 
 
 class SqlStore:
@@ -84,52 +98,89 @@ class SqlStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.reachability = Reachability()
 
     # -- dialect ---------------------------------------------------------------------------
-    def transaction(self) -> AbstractContextManager[Cursor]:
-        """A cursor in a transaction that may write (committed on leaving, rolled back on an error)."""
+    def transaction(self, write: bool = True) -> AbstractContextManager[Cursor]:
+        """A cursor in a transaction (committed on leaving, rolled back on an error); ``write=False``:
+        it only reads (SQLite then does not wait for another writer's lock)."""
         raise NotImplementedError
+
+    def transient(self, err: BaseException) -> bool:
+        """Whether ``err`` means the store is unreachable or busy for now (not a bug in a statement)."""
+        return False
+
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Cursor]:
+        """:meth:`transaction` under this store's lock; a passing failure becomes :class:`StoreUnavailable`
+        and marks the store unreachable, a success marks it reachable."""
+        try:
+            with self._lock, self.transaction(write) as cur:
+                yield cur
+        except Exception as err:
+            if not self.transient(err):
+                raise
+            self.reachability.failed(err)
+            raise StoreUnavailable(f"{type(err).__name__}: {str(err).strip()[:200]}") from err
+        self.reachability.ok()
 
     def lock_jobs(self, cur: Cursor) -> None:
         """Serialise job creation (the byte bound is checked against every job's bytes)."""
+
+    def columns(self, cur: Cursor, table: str) -> set[str]:
+        """The names of ``table``'s columns."""
+        raise NotImplementedError
+
+    def create_tables(self, cur: Cursor, types: tuple[str, str, str]) -> None:
+        """The tables and indexes (blob, real and big integer ``types``), and the columns added since a store was made."""
+        for statement in schema(*types):
+            cur.execute(statement)
+        for table, added in ADDED_COLUMNS.items():
+            for column in added.keys() - self.columns(cur, table):
+                cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {added[column]}")
 
     def blob(self, data: bytes) -> Any:
         return data
 
     # -- the store -------------------------------------------------------------------------
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int) -> JobInfo:
+                   max_bytes: int, tenant: str | None = None) -> JobInfo:
         size = sum(len(data) for _, data in images)
         now = time.time()
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             self.lock_jobs(cur)
             cur.execute("SELECT COALESCE(SUM(bytes), 0) FROM jobs")
             stored = int(cur.fetchone()[0])
             if stored + size > max_bytes:
                 raise StoreFull(f"the job store holds {stored} bytes; this job's {size} more would pass IDG_JOBS_MAX_BYTES "
                                 f"({max_bytes}): fetch and delete finished jobs, or wait for their retention to end")
-            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size))
+            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size, tenant))
             cur.executemany("INSERT INTO images (job_id, idx, filename, data, state) VALUES (?, ?, ?, ?, ?)",
                             [(job_id, i, name, self.blob(data), PENDING) for i, (name, data) in enumerate(images)])
-        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size)
+        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size, tenant=tenant)
 
     def get_job(self, job_id: str) -> JobInfo | None:
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
             row = cur.fetchone()
         return None if row is None else _info(row)
 
-    def list_jobs(self, offset: int, limit: int) -> tuple[list[JobInfo], int]:
-        with self._lock, self.transaction() as cur:
-            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created DESC, id LIMIT ? OFFSET ?", (limit, offset))
+    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None,
+                  tenant: str | None = None) -> tuple[list[JobInfo], int]:
+        offset, limit = _bounded(offset), _bounded(limit)
+        mine, own = ("tenant = ?", [tenant]) if tenant is not None else ("1 = 1", [])
+        after, args = ("(created < ? OR (created = ? AND id > ?))", [before[0], before[0], before[1]]) if before else ("1 = 1", [])
+        with self._tx(write=False) as cur:
+            cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {mine} AND {after} ORDER BY created DESC, id LIMIT ? OFFSET ?",
+                        (*own, *args, limit, offset))
             rows = cur.fetchall()
-            cur.execute("SELECT COUNT(*) FROM jobs")
+            cur.execute(f"SELECT COUNT(*) FROM jobs WHERE {mine}", own)
             count = int(cur.fetchone()[0])
         return [_info(r) for r in rows], count
 
     def delete_job(self, job_id: str) -> bool:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("DELETE FROM images WHERE job_id = ?", (job_id,))
             cur.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             return bool(cur.rowcount)
@@ -138,9 +189,10 @@ class SqlStore:
         if limit <= 0:
             return []
         now = time.time()
-        with self._lock, self.transaction() as cur:
-            cur.execute(f"SELECT job_id, idx FROM images WHERE state = ? OR (state = ? AND lease_until < ?) "
-                        f"ORDER BY idx, job_id LIMIT ?{self.skip_locked}", (PENDING, RUNNING, now, limit))
+        with self._tx() as cur:
+            # never its own lapsed claims: those are still in its hands (an answer waiting for the store to come back)
+            cur.execute(f"SELECT job_id, idx FROM images WHERE state = ? OR (state = ? AND lease_until < ? AND owner <> ?) "
+                        f"ORDER BY idx, job_id LIMIT ?{self.skip_locked}", (PENDING, RUNNING, now, owner, limit))
             keys = [(r[0], int(r[1])) for r in cur.fetchall()]
             if not keys:
                 return []
@@ -161,17 +213,17 @@ class SqlStore:
         return claimed
 
     def renew(self, owner: str, lease_s: float) -> None:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("UPDATE images SET lease_until = ? WHERE owner = ? AND state = ?", (time.time() + lease_s, owner, RUNNING))
 
     def release(self, owner: str, job_id: str, index: int, refund: bool) -> None:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, attempts = attempts - ? "
                         "WHERE job_id = ? AND idx = ? AND owner = ? AND state = ?", (PENDING, int(refund), job_id, index, owner, RUNNING))
 
     def release_owners(self, owners: list[str]) -> int:
         released = 0
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             for owner in owners:
                 cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL WHERE owner = ? AND state = ?",
                             (PENDING, owner, RUNNING))
@@ -179,7 +231,7 @@ class SqlStore:
         return released
 
     def owners(self) -> list[str]:
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute("SELECT DISTINCT owner FROM images WHERE state = ? AND owner IS NOT NULL", (RUNNING,))
             return [r[0] for r in cur.fetchall()]
 
@@ -188,7 +240,7 @@ class SqlStore:
         result = None if answer.result is None else json.dumps(answer.result, separators=(",", ":"))
         ok = answer.status == 200
         now = time.time()
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute(f"SELECT length(data) FROM images WHERE job_id = ? AND idx = ? AND owner = ? AND state = ?{self.lock_row}",
                         (job_id, index, owner, RUNNING))
             row = cur.fetchone()
@@ -209,14 +261,15 @@ class SqlStore:
 
     def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:
         body = "NULL" if summary_only else "result"
-        with self._lock, self.transaction() as cur:
+        after, limit = _bounded(after), _bounded(limit)
+        with self._tx(write=False) as cur:
             cur.execute(f"SELECT seq, idx, filename, status, summary, {body} FROM images WHERE job_id = ? AND seq > ? "
                         "ORDER BY seq LIMIT ?", (job_id, after, limit))
             rows = cur.fetchall()
         return [ResultRow(int(r[0]), int(r[1]), r[2], int(r[3]), r[4], r[5]) for r in rows]
 
     def sweep(self, finished_before: float) -> int:
-        with self._lock, self.transaction() as cur:
+        with self._tx() as cur:
             cur.execute("SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ? AND callback_due = 0", (finished_before,))
             old = [r[0] for r in cur.fetchall()]
             for job_id in old:
@@ -225,10 +278,10 @@ class SqlStore:
         return len(old)
 
     def due_callbacks(self) -> list[JobInfo]:
-        with self._lock, self.transaction() as cur:
+        with self._tx(write=False) as cur:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE callback_due = 1")
             return [_info(r) for r in cur.fetchall()]
 
-    def callback_sent(self, job_id: str) -> None:
-        with self._lock, self.transaction() as cur:
-            cur.execute("UPDATE jobs SET callback_due = 0 WHERE id = ?", (job_id,))
+    def callback_sent(self, job_id: str, outcome: str) -> None:
+        with self._tx() as cur:
+            cur.execute("UPDATE jobs SET callback_due = 0, callback_outcome = ? WHERE id = ?", (outcome, job_id))

@@ -11,9 +11,17 @@ Implementations: :mod:`app.jobs.sqlite` (the default, one file) and :mod:`app.jo
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+log = logging.getLogger(__name__)
+
+MAX_INT = 2**63 - 1
+"""The largest offset, sequence number or count the stores take (SQLite's INTEGER, PostgreSQL's BIGINT)."""
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 """Image states."""
 QUEUED, JOB_RUNNING, JOB_DONE = "queued", "running", "done"
@@ -22,6 +30,49 @@ QUEUED, JOB_RUNNING, JOB_DONE = "queued", "running", "done"
 
 class StoreFull(Exception):
     """Storing this job would pass ``IDG_JOBS_MAX_BYTES`` (the route answers 507)."""
+
+
+class StoreUnavailable(Exception):
+    """The store could not be reached, or stayed locked past ``IDG_JOBS_STORE_TIMEOUT_S``: a passing failure
+    (the routes answer 503 with ``Retry-After``; the runner waits and tries again). Nothing of the failed
+    operation was stored."""
+
+
+class Reachability:
+    """Whether the store answered its last operation, and since when it has not (``/health/ready`` and
+    the ``idg_durable_job_store_up`` gauge say so). ``listeners`` hear each change (True: reachable again)."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        self.error = ""
+        self.listeners: list[Callable[[bool], None]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def up(self) -> bool:
+        return self.down_since is None
+
+    def ok(self) -> None:
+        if self.down_since is None:
+            return
+        with self._lock:
+            since, self.down_since, self.error = self.down_since, None, ""
+        if since is not None:
+            log.warning("the job store answers again (after %.1f s)", time.time() - since)
+            self._tell(True)
+
+    def failed(self, err: BaseException) -> None:
+        with self._lock:
+            first, self.error = self.down_since is None, f"{type(err).__name__}: {str(err).strip()[:300]}"
+            if first:
+                self.down_since = time.time()
+        if first:
+            log.warning("the job store is unreachable: %s", self.error)
+            self._tell(False)
+
+    def _tell(self, up: bool) -> None:
+        for listener in self.listeners:
+            listener(up)
 
 
 @dataclass(frozen=True)
@@ -39,6 +90,10 @@ class JobInfo:
     params: dict[str, Any]
     callback_url: str | None
     bytes: int
+    callback_outcome: str | None = None
+    """What the callback got, once sent: ``delivered``, ``refused`` or ``failed``, with the status or error and the attempts."""
+    tenant: str | None = None
+    """The name of the API key that submitted it (None where no keys are configured)."""
 
     @property
     def answered(self) -> int:
@@ -89,18 +144,24 @@ class ResultRow:
 
 
 class Store(Protocol):
-    """A job store; every method blocks (the routes and the runner call them in a thread)."""
+    """A job store; every method blocks (the routes and the runner call them in a thread), and raises
+    :class:`StoreUnavailable` when the store cannot be reached (or stays locked) for now."""
+
+    reachability: Reachability
 
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int) -> JobInfo:
+                   max_bytes: int, tenant: str | None = None) -> JobInfo:
         """Store a job and its images in one transaction; :class:`StoreFull` if every job's bytes
-        would then pass ``max_bytes``."""
+        would then pass ``max_bytes``. ``tenant``: the name of the key that submitted it."""
         ...
 
     def get_job(self, job_id: str) -> JobInfo | None: ...
 
-    def list_jobs(self, offset: int, limit: int) -> tuple[list[JobInfo], int]:
-        """Jobs, newest first, and how many there are in all."""
+    def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None,
+                  tenant: str | None = None) -> tuple[list[JobInfo], int]:
+        """Jobs, newest first (after the ``offset`` first), and how many there are in all; ``before``: only
+        jobs after this one (its ``(created, id)``) in that order: a page that new submissions do not shift;
+        ``tenant``: only the jobs this key submitted (None: everyone's)."""
         ...
 
     def delete_job(self, job_id: str) -> bool:
@@ -146,6 +207,8 @@ class Store(Protocol):
         """Finished jobs with a callback URL not yet called."""
         ...
 
-    def callback_sent(self, job_id: str) -> None: ...
+    def callback_sent(self, job_id: str, outcome: str) -> None:
+        """The job's callback is no longer due; ``outcome`` is what it got (kept on the job)."""
+        ...
 
     def close(self) -> None: ...

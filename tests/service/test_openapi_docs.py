@@ -84,7 +84,7 @@ def test_local_urls_refuses_a_cdn() -> None:
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
 async def test_docs_pages_reference_only_this_server(tiny_app: AppFactory, page: str) -> None:
-    async with serve(tiny_app(api_keys=["k"])) as client:  # the docs and their files need no key
+    async with serve(tiny_app(api_key="k")) as client:  # the docs and their files need no key (api_keys=["k"] had set nothing)
         r = await client.get(page)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         assert "default-src 'self'" in r.headers["content-security-policy"]  # what the bundles fetch themselves stays local too

@@ -45,11 +45,13 @@ async def live() -> dict[str, str]:
     return {"status": "alive"}
 
 
-@router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet, shutting down, or the worker is stuck"}})
+@router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet, shutting down, the worker is stuck, "
+                                                            "or the job store is unreachable"}})
 async def ready(request: Request) -> JSONResponse:
-    """200 once every model is loaded and warmed up, 503 before, while shutting down, and while the
-    worker is stuck on a request past its deadline (with the reason). With ``IDG_API_KEY`` set, a caller
-    without the key gets the status alone: the model names and the reason are for those who hold it."""
+    """200 once every model is loaded and warmed up, 503 before, while shutting down, while the
+    worker is stuck on a request past its deadline, and while the job store is unreachable (with the
+    reason). With ``IDG_API_KEY`` set, a caller without the key gets the status alone: the model names
+    and the reason are for those who hold it."""
     if getattr(request.app.state, "ready", False):
         service: Service = request.app.state.service
         stuck = service.worker.stuck
@@ -58,6 +60,11 @@ async def ready(request: Request) -> JSONResponse:
             retry = str(max(1, round(service.settings.watchdog_grace_s)))
             body = {"status": "stuck", "reason": stuck} if full else {"status": "stuck"}
             return JSONResponse(body, status_code=503, headers={"Retry-After": retry})
+        store = request.app.state.jobs.store.reachability
+        if not store.up:
+            reason = f"the job store is unreachable since {store.down_since:.0f} (Unix time): {store.error}"
+            body = {"status": "store_unreachable", "reason": reason} if full else {"status": "store_unreachable"}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
         return JSONResponse({"status": "ready", "models": list(service.models)} if full else {"status": "ready"})
     status = "draining" if getattr(request.app.state, "draining", False) else "starting"  # draining: shutting down
     return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -21,26 +21,37 @@ from app.api.deps import get_service, require_api_key
 from app.api.requests import count_file_parts, first_error, read_body
 from app.core.config import Settings
 from app.core.errors import ApiError
+from app.core.keys import Key
 from app.jobs.archive import Bounds, is_archive, read_archive
+from app.jobs.callbacks import redacted, url_problem
 from app.jobs.runner import JobRunner, job_status
-from app.jobs.store import JOB_DONE, ResultRow, StoreFull
+from app.jobs.store import JOB_DONE, MAX_INT, JobInfo, ResultRow, StoreFull, StoreUnavailable
 from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
 from app.service import Service
 from app.service.explain_if import ConditionError, parse_condition
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter(dependencies=[Depends(require_api_key)], tags=["jobs"])
+STORE_RETRY_AFTER_S = 5
+"""``Retry-After`` of the 503 a request gets while the job store is unreachable."""
 RESULTS_CHUNK = 32
 FOLLOW_POLL_S = 0.5
 JOB_FIELDS = ("explain_if", "callback_url")
 """Form fields of POST /jobs beside /attribute's."""
 _PARAMS = dict(AttributeParams.model_json_schema()["properties"])
+CALLBACK_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
+"""What JSON Schema can say of a callback URL: http(s), a host part, no spaces (the rest is checked by the route)."""
 SUBMIT_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {"type": "object", "properties": {
     "files": {"type": "array", "items": {"type": "string", "format": "binary"},
               "description": "The images (repeat the field); a tar (.tar, .tar.gz, .tar.bz2, .tar.xz) or zip file is unpacked"},
     "archive": {"type": "string", "format": "binary", "description": "One tar or zip archive of images, instead of files"},
     "explain_if": {"type": "string", "description": "Explain an image only when this holds of its prediction (see /predict); "
                    "else its answer is the prediction alone"},
-    "callback_url": {"type": "string", "description": "http(s) URL to POST the job's status to (JSON) when it ends"},
+    "callback_url": {"type": "string", "maxLength": 2048, "pattern": CALLBACK_PATTERN,
+                     "description": "http(s) URL to POST the job's status to (JSON) when it ends, signed with "
+                     "IDG_CALLBACK_SECRET (X-IDG-Timestamp, X-IDG-Signature: sha256=HMAC of timestamp.body) and tried up "
+                     "to 5 times (1, 2, 4, 8 s apart) until answered below 500"},
     **_PARAMS}}}}}}
 
 
@@ -61,7 +72,10 @@ class JobStatus(BaseModel):
     results_url: str = Field(..., description="The answers, as JSON Lines")
     parameters: dict[str, Any] = Field(..., description="The /attribute fields given at submission")
     explain_if: str | None = Field(None, description="The condition, when one was given")
-    callback_url: str | None = Field(None, description="POSTed this status when the job ends")
+    callback_url: str | None = Field(None, description="POSTed this status when the job ends (any credentials in it shown as ***)")
+    callback_outcome: str | None = Field(None, description="What the callback got, once sent: delivered / refused / failed, "
+                                         "with the HTTP status or error and the attempts")
+    tenant: str | None = Field(None, description="The name of the API key that submitted it (IDG_API_KEYS; null without keys)")
 
 
 class JobList(BaseModel):
@@ -69,7 +83,7 @@ class JobList(BaseModel):
     total: int = Field(..., description="Jobs stored")
     offset: int = Field(..., description="Jobs skipped (newest first)")
     limit: int = Field(..., description="Most jobs on this page")
-    next: str | None = Field(None, description="The next page, null at the end")
+    next: str | None = Field(None, description="The next page (by cursor: stable when jobs are submitted meanwhile), null at the end")
 
 
 class JobDeleted(BaseModel):
@@ -80,8 +94,10 @@ class JobDeleted(BaseModel):
 
 Responses = dict[int | str, dict[str, Any]]
 NO_JOB: Responses = {404: {"model": ErrorResponse, "description": "No such job (never submitted, deleted, or past its retention)"}}
-KEYED: Responses = {c: ERROR_RESPONSES[c] for c in (401, 422, 503)}
-SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 404, 408, 413, 415, 422, 503)},
+KEYED: Responses = {**{c: ERROR_RESPONSES[c] for c in (401, 422)},
+                   503: {"model": ErrorResponse, "description": "Starting, or the job store is unreachable for now (code "
+                         "store_unavailable): retry after Retry-After seconds"}}
+SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 404, 408, 413, 415, 422)}, 503: KEYED[503],
                  507: {"model": ErrorResponse, "description": "The job store is full (IDG_JOBS_MAX_BYTES)"}}
 
 
@@ -95,12 +111,38 @@ async def get_runner(request: Request) -> JobRunner:
 Runner = Annotated[JobRunner, Depends(get_runner)]
 
 
+async def _stored(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` on the store, in a thread; 503 with ``Retry-After`` while the store is unreachable."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except StoreUnavailable as err:
+        raise ApiError(503, "the job store is unreachable for now (nothing was changed): try again shortly",
+                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable") from err
+
+
+def _key(request: Request) -> Key | None:
+    """The API key the request came with (``require_api_key`` found it); None where no keys are configured."""
+    key: Key | None = getattr(request.state, "key", None)
+    return key
+
+
+async def _own_job(request: Request, runner: JobRunner, job_id: str) -> JobInfo:
+    """The job, if it exists and the request's key may see it: another tenant's job is as unknown as a missing one."""
+    info = await _stored(runner.store.get_job, job_id)
+    key = _key(request)
+    if info is None or (key is not None and not key.sees(info.tenant)):
+        raise _unknown(job_id)
+    return info
+
+
 def _unknown(job_id: str) -> ApiError:
     return ApiError(404, f"no job {job_id!r} (never submitted, deleted, or past its retention)", code="unknown_job")
 
 
 def _base_url(request: Request) -> str:
-    return str(request.base_url).rstrip("/")
+    """Where the links start: ``IDG_PUBLIC_URL``, else nothing (paths), never the request's Host header."""
+    public: str | None = request.app.state.settings.public_url
+    return public or ""
 
 
 @router.post("/jobs", status_code=202, response_model=JobStatus, responses=SUBMIT_ERRORS, openapi_extra=SUBMIT_DOCS)
@@ -122,12 +164,16 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
         except ConditionError as err:
             raise ApiError(422, f"explain_if: {err}", code="invalid_parameter") from err
     _check_callback(callback_url)
-    stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if, "base_url": _base_url(request)}
+    tenant = key.name if (key := _key(request)) is not None else None
+    stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}
     try:
-        info = await asyncio.to_thread(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes)
+        info = await _stored(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes,
+                             tenant)
     except StoreFull as err:
         raise ApiError(507, str(err), code="storage_full") from err
     runner.wake()
+    service.metrics.jobs_submitted.labels(tenant or "").inc()
+    log.info("job %s submitted by %s: %d image(s)", info.id, tenant or "a caller (no API keys configured)", len(images))
     body = job_status(info, _base_url(request))
     return JSONResponse(body, status_code=202, headers={"Location": body["url"]})
 
@@ -145,8 +191,8 @@ async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tup
         form = await request.form(max_files=limit + 1, max_fields=64)
     except HTTPException as err:
         raise ApiError(400, f"the multipart body could not be parsed: {err.detail}", code="bad_request") from err
-    bounds = Bounds(limit, settings.max_upload_bytes, settings.jobs_max_upload_bytes)
     images: list[tuple[str, bytes]] = []
+    unpacked = 0  # bytes of the job's images so far: all its uploads together stay within IDG_JOBS_MAX_UPLOAD_BYTES
     for i, upload in enumerate([*form.getlist("files"), *form.getlist("archive")]):
         if not isinstance(upload, UploadFile):
             raise ApiError(422, "files / archive: send files, not text fields", code="missing_file")
@@ -154,13 +200,17 @@ async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tup
         if not data:  # as /attribute answers an empty upload: nothing of the job is stored
             raise ApiError(400, f"the uploaded file {upload.filename or i!r} is empty", code="bad_image")
         if is_archive(data):
-            images += await asyncio.to_thread(read_archive, data, Bounds(limit - len(images), bounds.max_member_bytes,
-                                                                          bounds.max_total_bytes))
+            bounds = Bounds(limit - len(images), settings.max_upload_bytes, settings.jobs_max_upload_bytes - unpacked)
+            async with _unpacking(request, settings):
+                found = await asyncio.to_thread(read_archive, data, bounds)
+            images += found
+            unpacked += sum(len(d) for _, d in found)
         else:
             if len(data) > settings.max_upload_bytes:
                 raise ApiError(413, f"{upload.filename!r} has {len(data)} bytes, more than the limit of {settings.max_upload_bytes} "
                                "per image (IDG_MAX_UPLOAD_BYTES)", code="too_large")
             images.append((upload.filename or f"image{i}", data))
+            unpacked += len(data)
         if len(images) > limit:
             raise ApiError(413, f"a job holds at most {limit} images (IDG_JOBS_MAX_IMAGES)", code="too_many_images")
     if not images:
@@ -170,29 +220,32 @@ async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tup
     return images, fields
 
 
+def _unpacking(request: Request, settings: Settings) -> asyncio.Semaphore:
+    """The process's turns at unpacking an archive (``IDG_JOBS_UNPACK_AT_ONCE``)."""
+    state = request.app.state
+    if getattr(state, "unpacking", None) is None:
+        state.unpacking = asyncio.Semaphore(settings.jobs_unpack_at_once)
+    turns: asyncio.Semaphore = state.unpacking
+    return turns
+
+
 def _check_callback(url: str | None) -> None:
-    if url is None:
-        return
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ApiError(422, f"callback_url must be an http:// or https:// URL with a host, got {url[:100]!r}", code="invalid_parameter")
+    if url is not None and (problem := url_problem(url)) is not None:
+        raise ApiError(422, f"callback_url {problem}: got {redacted(url)[:100]!r}", code="invalid_parameter")
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatus, responses={**KEYED, **NO_JOB})
 async def get_job(job_id: str, request: Request, runner: Runner) -> dict[str, Any]:
     """The job's ``state`` (queued, running, done), ``done`` / ``failed`` / ``pending`` of ``total``
     images, ``eta_s`` (from the job's own pace so far), its parameters and URLs."""
-    info = await asyncio.to_thread(runner.store.get_job, job_id)
-    if info is None:
-        raise _unknown(job_id)
-    return job_status(info, _base_url(request))
+    return job_status(await _own_job(request, runner, job_id), _base_url(request))
 
 
 @router.get("/jobs/{job_id}/results", response_class=StreamingResponse,
             responses={200: {"content": {"application/x-ndjson": {}}, "description": "one JSON object per line"}, **KEYED, **NO_JOB})
 async def job_results(
-    job_id: str, runner: Runner,
-    offset: Annotated[int, Query(ge=0, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
+    job_id: str, request: Request, runner: Runner,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
     summary: Annotated[bool, Query(description="Only the scores and classes: no heatmaps, curve or arrays")] = False,
     follow: Annotated[bool, Query(description="Keep the stream open until the job is done, sending answers as they come")] = False,
 ) -> StreamingResponse:
@@ -201,24 +254,26 @@ async def job_results(
     "prediction", "target", "faithfulness", "result" (the /attribute body)}``, or for an image that
     failed ``{"seq", "index", "filename", "status", "error"}``. ``offset=N`` resumes after ``seq`` N."""
     store = runner.store
-    if await asyncio.to_thread(store.get_job, job_id) is None:
-        raise _unknown(job_id)
+    await _own_job(request, runner, job_id)
 
     async def lines() -> AsyncIterator[bytes]:
         after = offset
-        while True:
-            rows = await asyncio.to_thread(store.results, job_id, after, RESULTS_CHUNK, summary)
-            for row in rows:
-                yield _line(row, summary)
-            if rows:
-                after = rows[-1].seq
-                continue
-            if not follow:
-                return
-            info = await asyncio.to_thread(store.get_job, job_id)
-            if info is None or (info.state == JOB_DONE and info.answered <= after):
-                return
-            await asyncio.sleep(FOLLOW_POLL_S)
+        try:
+            while True:
+                rows = await asyncio.to_thread(store.results, job_id, after, RESULTS_CHUNK, summary)
+                for row in rows:
+                    yield _line(row, summary)
+                if rows:
+                    after = rows[-1].seq
+                    continue
+                if not follow:
+                    return
+                info = await asyncio.to_thread(store.get_job, job_id)
+                if info is None or (info.state == JOB_DONE and info.answered <= after):
+                    return
+                await asyncio.sleep(FOLLOW_POLL_S)
+        except StoreUnavailable as err:  # the status is sent: the stream ends here, resumable after the last seq read
+            log.warning("job %s: results stream ended after seq %d, the store is unreachable: %s", job_id, after, err)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
 
@@ -231,23 +286,42 @@ def _line(row: ResultRow, summary: bool) -> bytes:
 
 
 @router.delete("/jobs/{job_id}", response_model=JobDeleted, responses={**KEYED, **NO_JOB})
-async def delete_job(job_id: str, runner: Runner) -> dict[str, Any]:
+async def delete_job(job_id: str, request: Request, runner: Runner) -> dict[str, Any]:
     """Cancel the job (its images in the worker are dropped before the next model call) and delete
     it with its images and answers."""
+    info = await _own_job(request, runner, job_id)
     dropped = runner.cancel_job(job_id)
-    if not await asyncio.to_thread(runner.store.delete_job, job_id):
+    if not await _stored(runner.store.delete_job, job_id):
         raise _unknown(job_id)
+    log.info("job %s (of %s) deleted by %s", job_id, info.tenant, getattr(_key(request), "name", "a caller"))
     return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
+
+
+CURSOR = r"^\d{1,12}(\.\d{1,20})?_[0-9a-f]{1,64}$"
+"""A page's place: the (created, id) of the last job of the page before."""
+
+
+def _cursor(job: JobInfo) -> str:
+    return f"{job.created!r}_{job.id}"
 
 
 @router.get("/jobs", response_model=JobList, responses=KEYED)
 async def list_jobs(
     request: Request, runner: Runner,
-    offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip this many jobs (after the cursor, if one is given)")] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=100, pattern=CURSOR, description="Where the page starts: the cursor of "
+                                        "the previous page's `next` (jobs submitted since do not shift the pages)")] = None,
 ) -> dict[str, Any]:
-    """The jobs, newest first, ``limit`` at a time; ``next`` is the URL of the next page (null at the end)."""
-    jobs, total = await asyncio.to_thread(runner.store.list_jobs, offset, limit)
+    """The jobs, newest first, ``limit`` at a time; ``next`` is the URL of the next page (null at the end),
+    by cursor: pages do not shift (no job repeated or skipped) when jobs are submitted or deleted between them."""
+    before = None
+    if cursor is not None:
+        created, job_id = cursor.split("_", 1)
+        before = (float(created), job_id)
+    key = _key(request)
+    jobs, total = await _stored(runner.store.list_jobs, offset, limit + 1, before, None if key is None or key.admin else key.name)
     base = _base_url(request)
-    more = offset + len(jobs) < total
+    more, jobs = len(jobs) > limit, jobs[:limit]
     return {"jobs": [job_status(j, base) for j in jobs], "total": total, "offset": offset, "limit": limit,
-            "next": f"{base}/jobs?offset={offset + limit}&limit={limit}" if more else None}
+            "next": f"{base}/jobs?cursor={_cursor(jobs[-1])}&limit={limit}" if more else None}

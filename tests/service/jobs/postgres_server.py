@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server for the tests: Debian's ``postgresql`` package (initdb + pg_ctl)
-into a temporary directory, on a free loopback port, run as the ``postgres`` user when the tests
-run as root (PostgreSQL refuses root). Skips the test where the server or psycopg is absent."""
+into a temporary directory, on a free loopback port, run as the ``postgres`` user (or ``nobody``
+where there is none) when the tests run as root (PostgreSQL refuses root). Skips the test where the server or psycopg is absent."""
 
 from __future__ import annotations
 
@@ -30,20 +30,40 @@ def _as_user() -> tuple[list[str], int | None, int | None]:
     """The command prefix (and uid, gid) to run PostgreSQL as a user other than root."""
     if os.geteuid() != 0:
         return [], None, None
-    try:
-        user = pwd.getpwnam("postgres")
-    except KeyError:
-        pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL as")
+    for name in ("postgres", "nobody"):
+        try:
+            user = pwd.getpwnam(name)
+            break
+        except KeyError:
+            continue
+    else:
+        pytest.skip("running as root and there is neither a 'postgres' nor a 'nobody' user to run PostgreSQL as")
     runuser = shutil.which("runuser")
     if runuser is None:
         pytest.skip("running as root and runuser is missing")
-    return [runuser, "-u", "postgres", "--"], user.pw_uid, user.pw_gid
+    return [runuser, "-u", user.pw_name, "--"], user.pw_uid, user.pw_gid
+
+
+class Server:
+    """A running test server that the test may stop (as an outage would) and start again on the same port."""
+
+    def __init__(self, prefix: list[str], pg_ctl: str, data: Path, log: Path, options: str, url: str) -> None:
+        self._prefix, self._pg_ctl, self._data, self._log, self._options, self.url = prefix, pg_ctl, data, log, options, url
+
+    def start(self) -> None:
+        subprocess.run([*self._prefix, self._pg_ctl, "-D", str(self._data), "-l", str(self._log), "-o", self._options, "-w", "-t",
+                        "60", "start"], check=True, capture_output=True, timeout=90)
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast``: clients are disconnected and the server shuts down cleanly; ``immediate``: as if it died."""
+        subprocess.run([*self._prefix, self._pg_ctl, "-D", str(self._data), "-m", mode, "-w", "stop"], capture_output=True, timeout=60)
 
 
 @contextmanager
-def postgres_server() -> Iterator[str]:
-    """Start a server; yield its URL (user ``idg``, trust authentication on loopback); stop it."""
+def postgres_cluster() -> Iterator[Server]:
+    """Start a server (user ``idg``, trust authentication on loopback); yield it; stop it and delete its files."""
     pytest.importorskip("psycopg", reason="the postgres extra (psycopg) is not installed")
+    pytest.importorskip("psycopg_pool", reason="the postgres extra (psycopg_pool) is not installed")
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     if initdb is None or pg_ctl is None:
         pytest.skip("PostgreSQL's initdb / pg_ctl are not installed (Debian package postgresql)")
@@ -60,14 +80,21 @@ def postgres_server() -> Iterator[str]:
         subprocess.run([*prefix, initdb, "-D", str(data), "-U", "idg", "-A", "trust", "--no-sync"], check=True, capture_output=True,
                        timeout=120)
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"], check=True,
-                       capture_output=True, timeout=90)
+        server = Server(prefix, pg_ctl, data, log, options, f"postgresql://idg@127.0.0.1:{port}/postgres")
+        server.start()
         try:
-            yield f"postgresql://idg@127.0.0.1:{port}/postgres"
+            yield server
         finally:
-            subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
+            server.stop("immediate")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def postgres_server() -> Iterator[str]:
+    """Start a server; yield its URL; stop it."""
+    with postgres_cluster() as server:
+        yield server.url
 
 
 def reset(url: str) -> None:

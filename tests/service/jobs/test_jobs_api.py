@@ -294,4 +294,5 @@ async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: 
     assert len(contexts) == 1  # the TLS context is built once for the runner (40-50 ms each), not per callback
     body = next(b for b in _Receiver.bodies if b["id"] == job["id"])
     assert (body["id"], body["state"], body["done"], body["total"]) == (job["id"], "done", 3, 3)
-    assert body["results_url"] == f"http://test/jobs/{job['id']}/results"
+    assert body["results_url"] == f"/jobs/{job['id']}/results"  # no IDG_PUBLIC_URL: paths, never the request's Host
+    assert body["callback_outcome"] is None  # as it was when sent; GET /jobs/{id} says what it got

@@ -123,3 +123,28 @@ def test_sqlite_gives_answered_and_deleted_bytes_back_to_the_disk(tmp_path) -> N
     store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # noqa: SLF001 - what SQLite does by itself every 1000 pages
     assert store.path.stat().st_size < 1_000_000  # was over 5 MB with the images
     store.close()
+
+
+def test_pages_by_cursor_and_integers_past_the_store_give_an_empty_page(make_store: StoreFactory) -> None:
+    store = make_store()
+    for i in range(4):
+        _job(store, 1, f"j{i}")
+    jobs, total = store.list_jobs(0, 2)
+    assert [j.id for j in jobs] == ["j3", "j2"] and total == 4
+    _job(store, 1, "j4")  # a newer job does not shift the next page
+    rest, _ = store.list_jobs(0, 10, (jobs[-1].created, jobs[-1].id))
+    assert [j.id for j in rest] == ["j1", "j0"]
+    assert store.list_jobs(2**70, 10) == ([], 5) and store.results("j0", 2**70, 10, True) == []
+
+
+def test_a_store_made_before_the_newer_columns_gets_them_and_keeps_its_jobs(make_store: StoreFactory) -> None:
+    old = make_store()
+    _job(old, 1, "kept")
+    with old._tx() as cur:  # noqa: SLF001 - the tables as an earlier version of the service made them
+        for column in ("callback_outcome", "tenant"):
+            cur.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    new = make_store()  # opening it again (a newer service starting) adds them back
+    job = new.get_job("kept")
+    assert job is not None and job.total == 1 and job.tenant is None and job.callback_outcome is None
+    new.create_job("mine", {}, None, [("a", b"x")], 10**9, tenant="alice")
+    assert [j.id for j in new.list_jobs(0, 10, tenant="alice")[0]] == ["mine"]

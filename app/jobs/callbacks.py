@@ -1,0 +1,105 @@
+"""A job's callback: the URL checked at submission, the delivery signed, retried with backoff, and
+its outcome said in one word (``delivered``, ``refused``, ``failed``) with the status or error.
+
+The signature is the common webhook scheme (Stripe's, GitHub's): ``X-IDG-Timestamp`` is the Unix
+time of the attempt, ``X-IDG-Signature`` is ``sha256=`` and the hex HMAC-SHA256 of
+``timestamp + "." + body`` (the raw bytes sent) keyed with ``IDG_CALLBACK_SECRET``. A receiver
+recomputes it over the body it got, compares in constant time, and refuses a timestamp older than a
+few minutes (a replay). Credentials in a callback URL are never logged nor shown (:func:`redacted`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+MAX_URL = 2048
+MAX_HOST = 253
+"""A DNS name's longest (each label at most 63)."""
+TRIES = 5
+FIRST_WAIT_S = 1.0
+"""Waits between tries: 1, 2, 4, 8 s."""
+RETRIED = {408, 425, 429}
+"""Statuses tried again beside 5xx: the receiver was busy or slow, not refusing."""
+SIGNATURE, TIMESTAMP = "X-IDG-Signature", "X-IDG-Timestamp"
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a callback URL, or None: an http(s) URL with a valid host, no spaces or
+    control characters, at most :data:`MAX_URL` characters."""
+    if len(url) > MAX_URL:
+        return f"is {len(url)} characters long, more than {MAX_URL}"
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "holds spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # the port is parsed lazily: a bad one raises here
+    except ValueError as err:
+        return f"is not a valid URL ({err})"
+    if parts.scheme not in ("http", "https") or not host:
+        return "must be an http:// or https:// URL with a host"
+    if len(host) > MAX_HOST or any(len(label) > 63 for label in host.split(".")):
+        return f"has a host longer than a DNS name may be ({MAX_HOST} characters, 63 per label)"
+    return None
+
+
+def redacted(url: str) -> str:
+    """``url`` with any user name and password replaced by ``***`` (for logs and status bodies)."""
+    try:
+        parts = urlsplit(url)
+        if parts.username is None and parts.password is None:
+            return url
+        return parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl()
+    except ValueError:
+        return "<invalid URL>"
+
+
+def without_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """``url`` without its user name and password, and those as Basic authentication: sent as the URL
+    asks, while the URL that httpx logs ("HTTP Request: POST ...") carries none."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    bare = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
+    return bare, httpx.BasicAuth(unquote(parts.username or ""), unquote(parts.password or ""))
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """The ``X-IDG-Signature`` value of ``body`` sent at ``timestamp``."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+async def deliver(client: httpx.AsyncClient, url: str, body: bytes, secret: str | None, what: str) -> str:
+    """POST ``body`` (JSON) to ``url`` until it is answered below 500 (but 408, 425, 429), up to
+    :data:`TRIES` times; the outcome, e.g. ``delivered: HTTP 204 after 1 attempt(s)``."""
+    shown, wait, outcome = redacted(url), FIRST_WAIT_S, ""
+    bare, auth = without_credentials(url)
+    for attempt in range(1, TRIES + 1):
+        headers = {"Content-Type": "application/json"}
+        if secret:
+            stamp = str(int(time.time()))
+            headers |= {TIMESTAMP: stamp, SIGNATURE: signature(secret, stamp, body)}
+        try:
+            r = await client.post(bare, content=body, headers=headers, auth=auth or httpx.USE_CLIENT_DEFAULT)
+            if r.status_code < 500 and r.status_code not in RETRIED:
+                kind = "delivered" if r.status_code < 400 else "refused"
+                outcome = f"{kind}: HTTP {r.status_code} after {attempt} attempt(s)"
+                log.info("%s: callback %s %s", what, shown, outcome)
+                return outcome
+            outcome = f"HTTP {r.status_code}"
+        except Exception as err:  # noqa: BLE001 - any failure of one attempt (network, TLS, a URL httpx refuses) is tried again
+            outcome = f"{type(err).__name__}: {str(err)[:200]}".replace(url, shown)
+        log.warning("%s: callback %s attempt %d of %d: %s", what, shown, attempt, TRIES, outcome)
+        if attempt < TRIES:
+            await asyncio.sleep(wait)
+            wait *= 2
+    return f"failed: {outcome} after {TRIES} attempts"

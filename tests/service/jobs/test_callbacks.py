@@ -1,0 +1,143 @@
+"""Job callbacks against a real HTTP receiver: each delivery signed (HMAC-SHA256 of the timestamp and
+the raw body, under IDG_CALLBACK_SECRET) and verified by the receiver as a webhook consumer would;
+tried again after a 5xx, its outcome kept on the job and counted; the links built on IDG_PUBLIC_URL,
+never on the request's Host; credentials in the URL never logged nor shown; bad URLs refused with a
+422 at submission."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+
+import app.jobs.callbacks as callbacks
+from tests.service.conftest import AppFactory, serve
+from tests.service.jobs.helpers import FAST, images, submit, wait_done
+
+SECRET = "receiver-and-service-share-this"
+PUBLIC = "https://idg.example.org/api"
+
+
+def verified(secret: str, headers: Any, body: bytes, now: float) -> bool:
+    """What a receiver checks: the signature over ``timestamp.body`` under the shared secret (in constant
+    time), and a fresh timestamp (a replayed delivery is refused)."""
+    stamp, given = headers.get("X-IDG-Timestamp", ""), headers.get("X-IDG-Signature", "")
+    if not stamp.isdigit() or abs(now - int(stamp)) > 300:
+        return False
+    expected = "sha256=" + hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, given)
+
+
+class Receiver(BaseHTTPRequestHandler):
+    deliveries: list[tuple[int, dict[str, Any], str | None]] = []
+    """(status answered, body, Authorization header) per request."""
+    fail_first = 0
+    always = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        raw = self.rfile.read(int(self.headers["content-length"]))
+        if Receiver.always or len(Receiver.deliveries) < Receiver.fail_first:
+            status = Receiver.always or 503
+        else:
+            status = 204 if verified(SECRET, self.headers, raw, time.time()) else 401
+        Receiver.deliveries.append((status, json.loads(raw), self.headers.get("Authorization")))
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[int]:
+    Receiver.deliveries, Receiver.fail_first, Receiver.always = [], 0, 0
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+
+
+async def _outcome(client: Any, job_id: str) -> dict[str, Any]:
+    for _ in range(600):
+        status = (await client.get(f"/jobs/{job_id}")).json()
+        if status["callback_outcome"]:
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id}: no callback outcome within 30 s")
+
+
+async def test_a_signed_callback_is_verified_by_its_receiver_and_retried_after_a_5xx(
+    tiny_app: AppFactory, receiver: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    Receiver.fail_first = 1  # busy once: the second attempt, a second later, is delivered
+    hook = f"http://hookuser:hookpassword@127.0.0.1:{receiver}/hook"
+    async with serve(tiny_app(public_url=PUBLIC + "/", callback_secret=SECRET)) as client:
+        r = await client.post("/jobs", files=images(2), data=FAST | {"callback_url": hook}, headers={"Host": "evil.example:666"})
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert r.headers["location"] == job["url"] == f"{PUBLIC}/jobs/{job['id']}"  # not the Host the client sent
+        assert job["callback_url"] == f"http://***@127.0.0.1:{receiver}/hook"
+        await wait_done(client, job["id"])
+        status = await _outcome(client, job["id"])
+        metrics = (await client.get("/metrics")).text
+    assert status["callback_outcome"] == "delivered: HTTP 204 after 2 attempt(s)"
+    assert [s for s, _, _ in Receiver.deliveries] == [503, 204]
+    body = Receiver.deliveries[-1][1]
+    assert (body["id"], body["state"], body["done"]) == (job["id"], "done", 2)
+    assert body["results_url"] == f"{PUBLIC}/jobs/{job['id']}/results" and "evil" not in json.dumps(body)
+    assert Receiver.deliveries[-1][2]  # the URL's credentials went to the receiver (Basic), as the URL asked
+    assert 'idg_durable_job_callbacks_total{outcome="delivered"} 1.0' in metrics
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "hookpassword" not in logged and "hookuser" not in logged and "***@127.0.0.1" in logged
+
+
+def test_the_receiver_refuses_a_wrong_secret_an_altered_body_and_an_old_timestamp() -> None:
+    """The check the receiver above runs is one that can fail."""
+    body, now = b'{"id":"x"}', time.time()
+    stamp = str(int(now))
+    good = {"X-IDG-Timestamp": stamp, "X-IDG-Signature": callbacks.signature(SECRET, stamp, body)}
+    assert verified(SECRET, good, body, now)
+    assert not verified("another secret", good, body, now)
+    assert not verified(SECRET, good, body + b" ", now)
+    assert not verified(SECRET, good, body, now + 3600)
+
+
+async def test_a_callback_never_answered_below_500_is_recorded_as_failed_and_the_job_can_be_swept(
+    tiny_app: AppFactory, receiver: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(callbacks, "FIRST_WAIT_S", 0.01)  # the backoff's shape, not its seconds
+    Receiver.always = 500
+    app = tiny_app()
+    async with serve(app) as client:
+        job = await submit(client, images(1), callback_url=f"http://127.0.0.1:{receiver}/hook")
+        status = await _outcome(client, job["id"])
+        assert status["callback_outcome"] == f"failed: HTTP 500 after {callbacks.TRIES} attempts"
+        assert len(Receiver.deliveries) == callbacks.TRIES
+        assert status["url"] == f"/jobs/{job['id']}"  # no IDG_PUBLIC_URL: paths
+        assert await asyncio.to_thread(app.state.jobs.store.due_callbacks) == []  # no longer due: retention sweeps it
+
+
+BAD_URLS = [
+    "http://[::1", "http://" + "a" * 100_000 + ".example/hook", "http://" + "b" * 64 + ".example/", "ftp://example.org/done",
+    "http://exa mple.org/", "http://example.org:99999/", "http:///nohost", "https://x.example/" + "p" * 3000,
+]
+
+
+async def test_bad_callback_urls_are_a_422_at_submission(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        for url in BAD_URLS:
+            r = await client.post("/jobs", files=images(1), data=FAST | {"callback_url": url})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter", (url[:40], r.text[:300])
+            assert "callback_url" in r.json()["error"]["message"]
+        assert (await client.get("/jobs")).json()["total"] == 0

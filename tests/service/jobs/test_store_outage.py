@@ -1,0 +1,128 @@
+"""The job store goes away mid-job and comes back, and the service heals without a restart: another
+process holds SQLite's write lock past the busy timeout, or a real PostgreSQL server is stopped and
+started again. Meanwhile writes answer 503 with Retry-After (never a 500), ``/health/ready`` and
+``idg_durable_job_store_up`` say the store is unreachable; afterwards the job finishes with every
+image answered exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from httpx import AsyncClient
+
+from tests.service.conftest import AppFactory, serve
+from tests.service.jobs.helpers import FAST, images, results, submit, wait_done
+from tests.service.jobs.postgres_server import postgres_cluster
+
+N = 40
+HOLD = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")  # SQLite's write lock, as another process writing for a long time holds it
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("COMMIT")
+"""
+
+
+@contextmanager
+def write_locked(path: Path, seconds: float) -> Iterator[subprocess.Popen[str]]:
+    """Another process holds ``path``'s write lock for ``seconds`` from the moment this enters."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        yield proc
+    finally:
+        proc.wait(timeout=seconds + 30)
+
+
+async def _answered(client: AsyncClient, job_id: str, at_least: int) -> dict[str, Any]:
+    for _ in range(1200):
+        status = (await client.get(f"/jobs/{job_id}")).json()
+        if status["done"] + status["failed"] >= at_least:
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id}: fewer than {at_least} answers within 60 s")
+
+
+async def _metric(client: AsyncClient, name: str) -> float:
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+async def _until_unreachable(client: AsyncClient) -> None:
+    """/health/ready says so within a few seconds of the store going away (the runner meets it first)."""
+    for _ in range(200):
+        ready = await client.get("/health/ready")
+        if ready.status_code == 503:
+            assert ready.json()["status"] == "store_unreachable" and ready.headers["retry-after"], ready.text
+            assert await _metric(client, "idg_durable_job_store_up") == 0
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("/health/ready never said the store was unreachable")
+
+
+def _refused_for_now(r: Any) -> None:
+    assert r.status_code == 503, r.text
+    assert int(r.headers["retry-after"]) > 0 and r.json()["error"]["code"] == "store_unavailable"
+
+
+async def _every_image_once(client: AsyncClient, app: Any, job_id: str) -> None:
+    final = await wait_done(client, job_id, limit_s=120)
+    assert (final["done"], final["failed"]) == (N, 0), final
+    answers = await results(client, job_id, summary="true")
+    assert [a["seq"] for a in answers] == list(range(1, N + 1))
+    assert sorted(a["index"] for a in answers) == list(range(N))  # each image once, none lost
+    assert all(a["status"] == 200 for a in answers)
+    assert app.state.jobs.answered == N  # this one runner stored each answer once (none dropped as a lost claim)
+    ready = await client.get("/health/ready")
+    assert ready.status_code == 200 and await _metric(client, "idg_durable_job_store_up") == 1
+
+
+async def test_a_sqlite_file_locked_past_the_busy_timeout_mid_job_heals_without_a_restart(tiny_app: AppFactory,
+                                                                                            tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    # the lock outlasts the busy timeout ten times over, and the runner's leases too (renewals fail meanwhile)
+    app = tiny_app(delay_s=0.02, data_dir=data, jobs_store_timeout_s=0.25, jobs_lease_s=1.5)
+    async with serve(app) as client:
+        job = await submit(client, images(N))
+        await _answered(client, job["id"], 5)
+        with write_locked(data / "jobs.sqlite3", 2.0):
+            started = time.monotonic()
+            _refused_for_now(await client.post("/jobs", files=images(1), data=FAST))
+            assert time.monotonic() - started < 2.0  # refused after the busy timeout, not after the whole lock
+            await _until_unreachable(client)
+            status = await client.get(f"/jobs/{job['id']}")  # reads do not wait for the writer (WAL)
+            assert status.status_code == 200 and status.json()["done"] < N
+            assert (await client.get("/jobs")).status_code == 200
+        await _every_image_once(client, app, job["id"])
+
+
+@pytest.mark.slow
+async def test_postgres_stopped_mid_job_and_started_again_heals_without_a_restart(tiny_app: AppFactory) -> None:
+    outage_s = float(os.environ.get("IDG_TEST_PG_OUTAGE_S", "10"))
+    with postgres_cluster() as server:
+        app = tiny_app(delay_s=0.02, jobs_db_url=server.url, jobs_store_timeout_s=1.0, jobs_lease_s=3.0)
+        async with serve(app) as client:
+            job = await submit(client, images(N))
+            await _answered(client, job["id"], 5)
+            stopped = time.monotonic()
+            await asyncio.to_thread(server.stop)  # fast: the server ends every session, as a restart would
+            _refused_for_now(await client.get("/jobs"))
+            _refused_for_now(await client.get(f"/jobs/{job['id']}"))
+            _refused_for_now(await client.post("/jobs", files=images(1), data=FAST))
+            await _until_unreachable(client)
+            await asyncio.sleep(max(0.0, outage_s - (time.monotonic() - stopped)))
+            await asyncio.to_thread(server.start)
+            await _every_image_once(client, app, job["id"])
