@@ -15,6 +15,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
 from app.api.docs import install_docs
@@ -26,7 +27,7 @@ from app.core.errors import install_error_handlers
 from app.core.image_threads import image_thread_pool, image_threads, processes_on_host
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.processes import host_cores
-from app.core.prometheus import Metrics, MetricsMiddleware
+from app.core.prometheus import Metrics, MetricsMiddleware, weights_digest
 from app.core.replica import ReplicaHeaderMiddleware
 from app.jobs.runner import start_jobs
 from app.service import Service
@@ -35,7 +36,7 @@ from idg_core.call_shapes import CallShapes
 from idg_core.models import ImageClassifier, keep_freed_memory
 from idg_core.models.compiled import compiled_part
 from idg_core.models.simulated import SharedTimeline, SimulatedAccelerator, Timeline
-from idg_core.models.speed import tune_all
+from idg_core.models.speed import model_precision, tune_all
 
 log = logging.getLogger("app")
 STATIC = Path(__file__).with_name("static")
@@ -59,11 +60,15 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         loaded = models if models is not None else await asyncio.to_thread(
             load_models, settings.models, device, settings.models_file, settings.models_file_any_path)
         await asyncio.to_thread(apply_calibrations, loaded, device, settings)  # IDG_CALIBRATION_FILE / IDG_CALIBRATE_IMAGES
+        digests = await asyncio.to_thread(lambda: {name: weights_digest(m.net) for name, m in loaded.items()})  # as loaded
         try:
             loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile,
                               fold_bn=settings.fold_bn, compile_sizes=settings.compile_sizes, batch_images=settings.batch_images(device))
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
+        metrics.init_models(loaded)
+        for name, m in loaded.items():
+            metrics.set_model_info(name, m.source, model_precision(m, device), digests[name])
         if settings.simulated_call_ms is not None:
             # one device: the models' calls share one timeline (the processes' file, with IDG_PROCESSES); only a stream's
             # calls are booked on one
@@ -142,6 +147,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
     for module in (predict, attribute, jobs, info, v2):  # v2: the Open Inference Protocol
         app.include_router(module.router)
+    metrics.init_routes(r.path for r in app.routes if isinstance(r, APIRoute))  # at 0: rate() sees the first failure
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
     install_openapi(app, settings)  # the schema says what this server accepts

@@ -176,12 +176,36 @@ class Server(uvicorn.Server):
         """Called once the app is ready and the sockets accept (a supervisor's child reports it)."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and sockets:  # uvicorn leaves the message to whoever gave the sockets: one of several processes
+        """uvicorn's start-up (the app's lifespan: models load and warm up, then the sockets accept for good), with the
+        sockets answering from the start: :meth:`_serve_early` serves the app on them while the lifespan runs."""
+        given = sockets is not None
+        if sockets is None and self.config.uds is None and self.config.fd is None:
+            sockets = [self.config.bind_socket()]  # uvicorn's own bind, and its "Uvicorn running on" line, now
+        early = await self._serve_early(sockets or [])
+        try:
+            await super().startup(sockets)
+        finally:
+            for server in early:  # the app's own servers accept from here on; connections open on these go on
+                server.close()
+        if self.started and given and sockets:  # uvicorn leaves the message to whoever gave the sockets: one of several processes
             host, port = sockets[0].getsockname()[:2]
             logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (one of several server processes)", host, port)
         if self.started and self.on_started is not None:
             self.on_started()
+
+    async def _serve_early(self, sockets: list[socket.socket]) -> list[asyncio.Server]:
+        """Serve the app on ``sockets`` while its lifespan starts it: ``/metrics`` answers (``idg_ready`` 0),
+        ``/health/live`` 200 and ``/health/ready`` 503 "starting", the other routes a JSON 503 ``not_ready``, so a
+        scrape sees a starting server rather than a refused connection. On a duplicate of each socket, closed when
+        uvicorn's own servers take over (closing it leaves the socket listening)."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=loop)
+
+        return [await loop.create_server(protocol, sock=sock.dup(), ssl=config.ssl, backlog=config.backlog) for sock in sockets]
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._watchdog is None:

@@ -45,7 +45,7 @@ from types import FrameType
 from prometheus_client.multiprocess import mark_process_dead
 
 from app.core.image_threads import PROCESSES_ON_HOST
-from app.core.prometheus import not_ready_yet
+from app.core.prometheus import EXPECTED_PROCESSES, not_ready_yet
 
 log = logging.getLogger("app.processes")
 
@@ -325,6 +325,7 @@ class Supervisor:
         for sock in self.socks[n:]:
             sock.close()
         self.socks, self.count = self.socks[:n], n
+        os.environ[EXPECTED_PROCESSES] = str(n)  # the others say so (idg_processes_expected is the maximum over them)
         self.children += [self._start(i, self.socks[i]) for i in range(1, n)]
 
     def _extra(self, child: Child) -> bool:
@@ -398,6 +399,7 @@ def serve_processes(target: Target, count: int, host: str, port: int, grace_s: f
         (run_dir / "metrics").mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")  # read by prometheus_client in each child
         os.environ[PROCESSES_ON_HOST] = str(count)  # each sizes its image threads by its share of the cores
+        os.environ[EXPECTED_PROCESSES] = str(1 if staged else count)  # idg_processes_expected; auto's grow says how many
         if staged:
             (run_dir / "memory").mkdir()
             os.environ[MEMORY_REPORT_DIR] = str(run_dir / "memory")

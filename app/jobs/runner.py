@@ -195,23 +195,27 @@ class JobRunner:
     async def _claim_loop(self) -> None:
         while not self._stopping:
             try:
-                await self._claim_some()
+                if await self._claim_some():
+                    self.metrics.set_health(store=True)
             except Exception:  # noqa: BLE001 - the store may be briefly unreachable; the loop goes on
                 self.metrics.job_store_errors.labels("claim").inc()
+                self.metrics.set_health(store=False)  # idg_ready 0 until a claim succeeds again
                 log.exception("claiming job images failed; trying again in %g s", POLL_S)
             self._wake.clear()
             paused_for = self._resume_at - time.monotonic()  # the worker said busy: wake when it said to retry
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=min(POLL_S, paused_for) if paused_for > 0.05 else POLL_S)
 
-    async def _claim_some(self) -> None:
+    async def _claim_some(self) -> bool:
+        """Claim what the worker has room for; whether the store was asked (and answered)."""
         free = self.settings.jobs_in_flight - len(self._tasks)
         if free <= 0 or self.paused() or time.monotonic() < self._resume_at:
-            return
+            return False
         for claim in await asyncio.to_thread(self.store.claim, self.owner, free, self.settings.jobs_lease_s):
             task = asyncio.create_task(self._run(claim), name=f"idg-job-{claim.job_id}-{claim.index}")
             self._tasks[task] = claim
             task.add_done_callback(self._done)
+        return True
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)

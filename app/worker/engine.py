@@ -44,6 +44,8 @@ __all__ = ["BACKGROUND", "GRAD_UNITS", "QueueFull", "Worker", "work_units"]  # G
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+BOOK_RUNNING_AFTER_S = 1.0
+"""A model call running longer than this is booked as device busy time while it runs (every 0.25 s)."""
 
 
 class Worker:
@@ -69,7 +71,8 @@ class Worker:
                                    stall_wait_s=watchdog_grace_s, rate=self.rate)
         self.scheduler = Scheduler(list(self.models), min(max_batch_images, max(max_round_images, 1)), shapes=self.shapes,
                                    max_batch={name: getattr(m, "max_batch", None) for name, m in self.models.items()})
-        self.watchdog = Watchdog(watchdog_grace_s, self._fail_late)
+        self.watchdog = Watchdog(watchdog_grace_s, self._fail_late, self._tick)
+        self._busy_lock = threading.Lock()  # the busy time of a call: booked as it runs (watchdog) and at its end (worker)
         self.pipeline_depth = max(1, pipeline_depth)
         self.launch_ahead = max(1, launch_ahead)
         self._on_device_event = on_device_event
@@ -151,6 +154,30 @@ class Worker:
         job.cancel("stuck")
         self.admission.release(job)
         job.finish(error=JobStuck(f"the worker was stuck on this request {self.watchdog.grace:g} s past its deadline"))
+
+    def _tick(self) -> None:
+        """Every 0.25 s: readiness follows whether the worker is stuck, and a long model call's busy time is booked."""
+        self.metrics.set_health(worker=self.stuck is None)
+        self._book_running()
+
+    def _book_running(self) -> None:
+        """Book the wall time of the call the device is on, once it has run :data:`BOOK_RUNNING_AFTER_S`: a stalled device
+        reads as busy while it stalls, not all at once when the call ends. Its end books the rest (:meth:`_book_busy`)."""
+        front = self._device.on_device()
+        if front is None:
+            return
+        call, since = front
+        ran = time.monotonic() - since
+        with self._busy_lock:
+            if ran > BOOK_RUNNING_AFTER_S and not call.busy_closed and ran > call.busy_booked:
+                self.metrics.device_busy.inc(ran - call.busy_booked)
+                call.busy_booked = ran
+
+    def _book_busy(self, call: Call) -> None:
+        """The call ended: book its device time less what was booked while it ran (never less than 0)."""
+        with self._busy_lock:
+            call.busy_closed = True
+            self.metrics.device_busy.inc(max(0.0, call.device_seconds - call.busy_booked))
 
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -290,6 +317,8 @@ class Worker:
         prepared = call.prepared
         units = 0.0
         if call.error is not None or call.out is None:
+            with self._busy_lock:
+                call.busy_closed = True  # what ran of it stays booked; its requests' evaluation alone books its own
             if call.error is not None and not isinstance(call.error, torch.cuda.OutOfMemoryError):
                 log.warning("a model call for %d jobs failed (%s); retrying each alone", len(work), call.error)
             units = self._evaluate_isolated(self.models[model_name], work)
@@ -297,7 +326,7 @@ class Worker:
         else:
             self.stats.record(prepared.size, prepared.grad)
             self.shapes[model_name].note(prepared.size, prepared.n, prepared.grad)
-            self.metrics.device_busy.inc(call.device_seconds)
+            self._book_busy(call)
             self.metrics.batch_images.observe(prepared.size)
             self.metrics.model_calls.labels(model_name).inc()
             self.metrics.call_rows.labels(model_name, "real").inc(prepared.n)
