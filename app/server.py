@@ -47,7 +47,7 @@ from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.model_loading import ModelLoadError, pick_device
-from app.core.processes import auto_processes, host_cores, serve_processes, write_memory_report
+from app.core.processes import SERVE_EARLY, auto_processes, host_cores, serve_processes, write_memory_report
 
 log = logging.getLogger("app.server")
 
@@ -174,6 +174,8 @@ class Server(uvicorn.Server):
         self._watchdog: threading.Timer | None = None
         self.on_started: Callable[[], None] | None = None
         """Called once the app is ready and the sockets accept (a supervisor's child reports it)."""
+        self.serve_early = True
+        """Whether the sockets answer while the app starts (:meth:`_serve_early`); not where another process serves."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start-up (the app's lifespan: models load and warm up, then the sockets accept for good), with the
@@ -181,7 +183,7 @@ class Server(uvicorn.Server):
         given = sockets is not None
         if sockets is None and self.config.uds is None and self.config.fd is None:
             sockets = [self.config.bind_socket()]  # uvicorn's own bind, and its "Uvicorn running on" line, now
-        early = await self._serve_early(sockets or [])
+        early = await self._serve_early(sockets or []) if self.serve_early else []
         try:
             await super().startup(sockets)
         finally:
@@ -284,6 +286,7 @@ def serve_child(spec: str, host: str | None, port: int | None, log_level: str, s
         ready.set()
 
     server.on_started = started
+    server.serve_early = os.environ.get(SERVE_EARLY) != "0"
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
 
