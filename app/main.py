@@ -29,6 +29,7 @@ from app.core.model_loading import ModelLoadError, apply_calibrations, load_mode
 from app.core.processes import host_cores
 from app.core.prometheus import Metrics, MetricsMiddleware, weights_digest
 from app.core.replica import ReplicaHeaderMiddleware
+from app.core.request_id import LOG_FORMAT, RequestIdMiddleware, log_request_ids
 from app.jobs.runner import start_jobs
 from app.service import Service
 from app.worker.engine import Worker
@@ -145,9 +146,12 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
     app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
-    for module in (predict, attribute, jobs, info, v2):  # v2: the Open Inference Protocol
-        app.include_router(module.router)
-    metrics.init_routes(r.path for r in app.routes if isinstance(r, APIRoute))  # at 0: rate() sees the first failure
+    app.add_middleware(RequestIdMiddleware)  # outermost: X-Request-ID on every answer, the ID in every log line meanwhile
+    routers = [module.router for module in (predict, attribute, jobs, info, v2)]  # v2: the Open Inference Protocol
+    for router in routers:
+        app.include_router(router)
+    # every route's counters at 0, so rate() sees its first failure (the routers', included without a prefix)
+    metrics.init_routes(r.path for router in routers for r in router.routes if isinstance(r, APIRoute))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
     install_openapi(app, settings)  # the schema says what this server accepts
@@ -160,5 +164,6 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     return app
 
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+log_request_ids()
 app = create_app()

@@ -48,6 +48,7 @@ from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.model_loading import ModelLoadError, pick_device
 from app.core.processes import SERVE_EARLY, auto_processes, host_cores, serve_processes, write_memory_report
+from app.core.request_id import LOG_FORMAT, log_request_ids
 
 log = logging.getLogger("app.server")
 
@@ -267,7 +268,8 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    log_request_ids()
     logging.getLogger("uvicorn.error").addFilter(StartupErrorFilter())
 
 

@@ -21,7 +21,7 @@ from app.core.prometheus import Metrics
 ROOT = Path(__file__).resolve().parents[1]
 MONITORING = ROOT / "deploy" / "monitoring"
 RULES = MONITORING / "rules" / "idg.rules.yml"
-RULE_TESTS = (MONITORING / "rules" / "idg.rules.test.yml", MONITORING / "rules" / "idg.faithfulness.test.yml")
+RULE_TESTS = tuple(MONITORING / "rules" / f"idg.{n}.test.yml" for n in ("rules", "faithfulness", "drift"))
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "idg.json"
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")

@@ -17,7 +17,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from typing import TYPE_CHECKING
 
@@ -48,6 +48,9 @@ JOB_OUTCOMES = ("answered", "failed", "retried", "lost")
 STORE_OPERATIONS = ("claim", "upkeep")
 CONDITIONS = ("held", "not_held", "none")
 HEALTH_PARTS = ("loaded", "worker", "store")
+
+DRIFT_CLASS_BINS = 20
+SHARE_BUCKETS = tuple(i / 20 for i in range(1, 21))
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
@@ -137,6 +140,18 @@ class Metrics:
         self.compile_late_graphs = Gauge(
             "idg_compile_late_graphs", "Graphs compiled after warm-up, under traffic (should stay 0: calls are padded to the "
             "compiled batch sizes)", ["model"], registry=r, multiprocess_mode="livesum")
+        # drift: what the model predicts and how its explanations look, by model, compared hour against day by the rules
+        self.predicted_classes = Counter(
+            "idg_predicted_classes", f"Predictions by model and top-1 class: the class index for a model of at most "
+            f"{DRIFT_CLASS_BINS} classes, else the range of indices (1/{DRIFT_CLASS_BINS} of them) it falls in: a fixed set "
+            "of labels per model, comparable over time", ["model", "classes"], registry=r)
+        self.confidence = Histogram("idg_prediction_confidence", "Top-1 probability of each prediction, by model", ["model"],
+                                    buckets=SHARE_BUCKETS, registry=r)
+        self.concentration = Histogram(
+            "idg_attribution_concentration", "Share of each explanation's attribution mass (|attribution| summed over "
+            "channels) in its top 5% of pixels, by model: 0.05 for a map spread evenly, 1 for one on a few pixels",
+            ["model"], buckets=SHARE_BUCKETS, registry=r)
+        self._num_classes: dict[str, int] = {}
         self._compiled: dict[str, FixedBatchCompiled] = {}
         self._health = dict.fromkeys(HEALTH_PARTS, True) | {"loaded": False}
         self._health_lock = threading.Lock()
@@ -164,15 +179,39 @@ class Metrics:
             for status in ALERT_STATUSES:
                 self.requests.labels(route, status)
 
-    def init_models(self, names: Iterable[str]) -> None:
-        """Create each loaded model's counters at 0."""
-        for name in names:
+    def init_models(self, models: Mapping[str, object]) -> None:
+        """Create each loaded model's counters at 0 (its class ranges too, where it says how many classes it has)."""
+        for name, model in models.items():
+            classes = getattr(model, "num_classes", None)
+            if isinstance(classes, int) and classes > 0:
+                self._num_classes[name] = classes
+                for b in range(min(classes, DRIFT_CLASS_BINS)):
+                    self.predicted_classes.labels(name, class_range(b, classes))
             self.model_calls.labels(name)
             self.explanations.labels(name)
             for kind in ("real", "padding"):
                 self.call_rows.labels(name, kind)
             for condition in CONDITIONS:
                 self.predictions.labels(name, condition)
+
+    def observe_result(self, model: str, result: object) -> None:
+        """The drift metrics of a job's result: a prediction (class probabilities) or an explanation (its attributions)."""
+        import torch
+
+        from idg_core.explain import Explanation
+        from idg_core.types import AttributionResult
+
+        if isinstance(result, torch.Tensor) and result.dim() == 1 and result.numel() > 0:
+            top = int(result.argmax())
+            n = self._num_classes.get(model, result.numel())
+            self.predicted_classes.labels(model, class_range(top * min(n, DRIFT_CLASS_BINS) // n, n)).inc()
+            self.confidence.labels(model).observe(float(result[top]))
+            return
+        found = result.result if isinstance(result, Explanation) else result
+        if isinstance(found, AttributionResult) and found.attributions.numel() > 0:
+            share = concentration(found.attributions[0])
+            if share is not None:
+                self.concentration.labels(model).observe(share)
 
     def set_model_info(self, name: str, source: str, precision: str, digest: str) -> None:
         self.model_info.labels(name, source, precision, digest).set(1)
@@ -220,6 +259,27 @@ class Metrics:
 
             self.device_memory.labels(str(device), "allocated").set(torch.cuda.memory_allocated(device))
             self.device_memory.labels(str(device), "peak").set(torch.cuda.max_memory_allocated(device))
+
+
+def class_range(b: int, classes: int) -> str:
+    """The label of bin ``b`` of a model's ``classes`` (see ``idg_predicted_classes``): "7", or "50-99"."""
+    bins = min(classes, DRIFT_CLASS_BINS)
+    if bins == classes:
+        return str(b)
+    lo, hi = -(-b * classes // bins), -(-(b + 1) * classes // bins) - 1
+    return f"{lo}-{hi}"
+
+
+def concentration(attributions: torch.Tensor, top: float = 0.05) -> float | None:
+    """Share of ``attributions``' mass (``(C, H, W)`` or ``(H, W)``: absolute values summed over channels) in its ``top``
+    share of pixels; None for a map with no mass or not finite."""
+    a = attributions.detach().float().abs()
+    a = (a.sum(0) if a.dim() == 3 else a).flatten()
+    total = float(a.sum())
+    if not total > 0 or total == float("inf"):
+        return None
+    k = max(1, round(top * a.numel()))
+    return min(1.0, float(a.topk(k).values.sum()) / total)
 
 
 def weights_digest(module: torch.nn.Module) -> str:

@@ -446,6 +446,11 @@ class Worker:
             job.plan.close()
         except Exception:  # noqa: BLE001 - a plan that fails to close still gets its answer
             log.warning("job %d: its plan failed to close", job.id, exc_info=True)
+        if error is None:
+            try:
+                self.metrics.observe_result(job.model, result)  # drift: predicted classes, explanations' concentration
+            except Exception:  # noqa: BLE001 - a metric never costs an answer
+                log.warning("job %d: its drift metrics failed", job.id, exc_info=True)
         job.finish(result, error)
         self.admission.release(job)
 
