@@ -136,6 +136,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         redoc_url=None,
     )
     app.state.settings = settings
+    if settings.replicas_expected is not None:
+        metrics.replicas_expected.set(settings.replicas_expected)
     app.state.metrics = metrics
     app.state.ready = False
     app.state.draining = False

@@ -214,7 +214,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     explanation of 1024 points 5 s), room for one explanation at a time, 2 s deadlines."""
     log = tmp_path_factory.mktemp("served") / "server.log"
     with serve_process(log, IDG_SIMULATED_CALL_MS=20, IDG_SIMULATED_IMAGE_MS=5, IDG_MAX_QUEUE=1, IDG_REQUEST_TIMEOUT_S=2,
-                       IDG_BATCH_WAIT_MS=0) as served:
+                       IDG_BATCH_WAIT_MS=0, IDG_REPLICAS_EXPECTED=2) as served:
         yield served
 
 
@@ -263,6 +263,18 @@ def test_server_errors_of_one_instance_fire_for_it_alone(tmp_path: Path, served:
     assert_alerts(tmp_path, [healthy], {"IDGServerErrors": []})
 
 
+def test_a_replica_gone_from_discovery_fires_replicas_missing(tmp_path: Path, served: Served) -> None:
+    """Two replicas expected (IDG_REPLICAS_EXPECTED=2): with both up it is silent; with one killed and gone from service
+    discovery (a Ray Serve replica's target leaves within seconds: no series at all, not even ``up``) it fires. Both
+    replicas are scrapes of the one server under two instance names."""
+    one = window(served, "replica-a:9000", 1.0)
+    other = window(served, "replica-b:9000", 1.0)
+    assert one.value("idg_replicas_expected") == 2
+    assert_alerts(tmp_path, [one], {"IDGReplicasMissing": [{"exp_labels": {"severity": severity("IDGReplicasMissing"), "job": "idg"}}],
+                                    "IDGDown": []})
+    assert_alerts(tmp_path, [one, other], {"IDGReplicasMissing": [], "IDGDown": []})
+
+
 def _replica_pid(served: Served) -> int:
     r = httpx.get(served.url + "/health/ready", timeout=10)
     assert r.status_code == 200, r.text
@@ -292,3 +304,35 @@ def test_a_killed_server_process_fires_processes_missing_and_a_killed_server_fir
         _until(lambda: scrape(served.url) is None, 30, "the server gone", served)
         down = window(served, "idg:8000", 0.1)
         assert_alerts(tmp_path, [down], {"IDGDown": [firing("IDGDown", "idg:8000")]})
+
+
+def _stop_postgres(url: str) -> None:
+    """Stop the PostgreSQL server behind ``url`` at once (the job store goes down under the running service)."""
+    import psycopg
+
+    from tests.service.jobs.postgres_server import _as_user, _binary
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+    assert row is not None
+    prefix, _, _ = _as_user()
+    pg_ctl = _binary("pg_ctl")
+    assert pg_ctl is not None
+    subprocess.run([*prefix, pg_ctl, "-D", str(row[0]), "-m", "immediate", "stop"], check=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_a_job_store_that_goes_down_fires_store_errors_and_not_ready(tmp_path: Path) -> None:
+    from tests.service.jobs.postgres_server import postgres_server
+
+    with postgres_server() as url, serve_process(tmp_path / "server.log", IDG_JOBS_DB_URL=url) as served:
+        healthy = window(served, "idg:8000", 2.0)
+        assert healthy.value("idg_ready") == 1
+        _stop_postgres(url)
+        _until(lambda: served.metric("idg_ready") == 0, 15, "readiness followed the store", served)
+        down = window(served, "idg:8000", 2.5)
+        assert down.increase("idg_durable_job_store_errors_total", operation="claim") >= 1
+        assert down.value("idg_ready") == 0 and down.value("idg_ready_processes") == 0
+        assert_alerts(tmp_path, [down], {"IDGJobStoreErrors": [firing("IDGJobStoreErrors", "idg:8000", operation="claim")],
+                                         "IDGNotReady": [firing("IDGNotReady", "idg:8000")], "IDGDown": []})
+        assert_alerts(tmp_path, [healthy], {"IDGJobStoreErrors": [], "IDGNotReady": []})

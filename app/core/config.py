@@ -128,6 +128,10 @@ class Settings(BaseSettings):
         "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
         "on CUDA two where the host has 4 cores each, the second started once the first is warm and only if the GPU's memory "
         "holds it (app.core.processes)")
+    replicas_expected: int | None = Field(
+        None, ge=1, description="How many replicas of this service should answer (Ray Serve replicas, Kubernetes pods, "
+        "servers behind one load balancer): exported as idg_replicas_expected, and IDGReplicasMissing fires when fewer are "
+        "up for 5 minutes (a replica that died and left service discovery has no target for IDGDown); unset: no such alert")
     image_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="Threads per server process that decode uploads and render answers (off the event loop and the "
         "worker). auto: one per host core the process has (its CPU affinity and cgroup quota, shared among IDG_PROCESSES): "

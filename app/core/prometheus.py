@@ -81,6 +81,9 @@ class Metrics:
             "idg_model_info", "1 per loaded model, labelled with its source, precision and a digest of its weights (the first "
             "12 hex digits of a SHA-256 over its parameters and buffers as loaded: a new digest is a new model version)",
             ["model", "source", "precision", "digest"], registry=r, multiprocess_mode="livemax")
+        self.replicas_expected = Gauge(
+            "idg_replicas_expected", "Replicas of this service that should answer (IDG_REPLICAS_EXPECTED; 0 when unset: no alert): "
+            "fewer up targets than this is IDGReplicasMissing", registry=r, multiprocess_mode="livemax")
         self.processes_expected = Gauge(
             "idg_processes_expected", "Server processes this server should run (IDG_PROCESSES; 1 for one process): "
             "idg_ready_processes below it while above 0 means some are down or still loading", registry=r,
