@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from app.api.docs import install_docs
 from app.api.openapi import install_openapi
 from app.api.routes import attribute, info, jobs, predict, v2
+from app.core import tracing
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
@@ -30,6 +31,7 @@ from app.core.processes import host_cores
 from app.core.prometheus import Metrics, MetricsMiddleware, weights_digest
 from app.core.replica import ReplicaHeaderMiddleware
 from app.core.request_id import LOG_FORMAT, RequestIdMiddleware, log_request_ids
+from app.core.tracing import TracingMiddleware
 from app.jobs.runner import start_jobs
 from app.service import Service
 from app.worker.engine import Worker
@@ -136,6 +138,8 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         redoc_url=None,
     )
     app.state.settings = settings
+    if settings.tracing:
+        tracing.enable()
     if settings.replicas_expected is not None:
         metrics.replicas_expected.set(settings.replicas_expected)
     app.state.metrics = metrics
@@ -147,6 +151,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
+    app.add_middleware(TracingMiddleware)  # with IDG_TRACING: a server span per request (inside the request ID's scope)
     app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
     app.add_middleware(RequestIdMiddleware)  # outermost: X-Request-ID on every answer, the ID in every log line meanwhile
     routers = [module.router for module in (predict, attribute, jobs, info, v2)]  # v2: the Open Inference Protocol

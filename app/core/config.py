@@ -128,6 +128,9 @@ class Settings(BaseSettings):
         "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
         "on CUDA two where the host has 4 cores each, the second started once the first is warm and only if the GPU's memory "
         "holds it (app.core.processes)")
+    tracing: bool = Field(
+        False, description="OpenTelemetry traces (the tracing extra): a span per HTTP request and, under it, the queue wait, "
+        "the time in the worker and each model call of its jobs, over OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT")
     replicas_expected: int | None = Field(
         None, ge=1, description="How many replicas of this service should answer (Ray Serve replicas, Kubernetes pods, "
         "servers behind one load balancer): exported as idg_replicas_expected, and IDGReplicasMissing fires when fewer are "

@@ -28,6 +28,7 @@ from typing import TypeVar
 
 import torch
 
+from app.core import tracing
 from app.core.errors import SHUTTING_DOWN
 from app.core.prometheus import Metrics
 from app.worker.admission import Admission, QueueFull, RateEstimate
@@ -116,6 +117,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Admit a job or raise :class:`QueueFull` (at once, never blocking)."""
         depth = self.admission.admit(job, self.stuck)
+        job.trace = tracing.capture()  # on the event loop, in the request's context
         job.emit({"event": "queued", "position": depth})
         self._inbox.put(job)
 
@@ -328,6 +330,9 @@ class Worker:
             self.shapes[model_name].note(prepared.size, prepared.n, prepared.grad)
             self._book_busy(call)
             self.metrics.batch_images.observe(prepared.size)
+            if tracing.enabled() and call.started is not None and call.ended is not None:
+                for job, _ in work:
+                    job.trace_calls.append((call.started, call.ended, prepared.size))
             self.metrics.model_calls.labels(model_name).inc()
             self.metrics.call_rows.labels(model_name, "real").inc(prepared.n)
             self.metrics.call_rows.labels(model_name, "padding").inc(prepared.size - prepared.n)
@@ -446,6 +451,9 @@ class Worker:
             job.plan.close()
         except Exception:  # noqa: BLE001 - a plan that fails to close still gets its answer
             log.warning("job %d: its plan failed to close", job.id, exc_info=True)
+        if job.trace is not None:
+            tracing.record_job(job.trace, job.kind, job.model, job.enqueued, job.started, job.finished, job.trace_calls,
+                               None if error is None else type(error).__name__)
         if error is None:
             try:
                 self.metrics.observe_result(job.model, result)  # drift: predicted classes, explanations' concentration
