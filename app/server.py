@@ -41,6 +41,7 @@ from typing import Any
 import h11
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.core.config import Settings
@@ -48,7 +49,7 @@ from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.model_loading import ModelLoadError, pick_device
 from app.core.processes import SERVE_EARLY, auto_processes, host_cores, serve_processes, write_memory_report
-from app.core.request_id import LOG_FORMAT, log_request_ids
+from app.core.request_id import configure_logging
 
 log = logging.getLogger("app.server")
 
@@ -263,19 +264,20 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
     config = uvicorn.Config(
         app, host=host or settings.host, port=settings.port if port is None else port, http=timed_protocol(limits),
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
+        # JSON logs: uvicorn's own lines go to the root logger's JSON handler too, rather than its text ones
+        log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
     )
     return Server(config, app, settings.shutdown_grace_s)
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    log_request_ids()
+def _configure_logging(fmt: str = "text") -> None:
+    configure_logging(fmt)
     logging.getLogger("uvicorn.error").addFilter(StartupErrorFilter())
 
 
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on this process's socket of the port."""
-    _configure_logging()
+    _configure_logging(Settings().log_format)
     app = load_app(spec)
     server = build(app, host, port, log_level)
 
@@ -324,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--app", default="app.main:app", help="module:attribute of the app or of a factory (default: app.main:app)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = parser.parse_args(argv)
-    _configure_logging()
     settings = Settings()
+    _configure_logging(settings.log_format)
     wanted = args.processes or settings.processes
     processes, staged = (wanted, False) if wanted != "auto" else _auto(settings.device)
     if processes > 1:

@@ -128,6 +128,12 @@ class Settings(BaseSettings):
         "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
         "on CUDA two where the host has 4 cores each, the second started once the first is warm and only if the GPU's memory "
         "holds it (app.core.processes)")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or as one JSON object per line (time, level, logger, message, request_id and "
+        "the line's own fields) for a log pipeline")
+    log_predictions: bool = Field(
+        False, description="One log line per prediction (model, class, probability) and per explanation (model, target, "
+        "attribution concentration, faithfulness scores), with its request ID: for pipelines (IDG_LOG_FORMAT=json)")
     tracing: bool = Field(
         False, description="OpenTelemetry traces (the tracing extra): a span per HTTP request and, under it, the queue wait, "
         "the time in the worker and each model call of its jobs, over OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT")

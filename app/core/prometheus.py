@@ -197,8 +197,9 @@ class Metrics:
             for condition in CONDITIONS:
                 self.predictions.labels(name, condition)
 
-    def observe_result(self, model: str, result: object) -> None:
-        """The drift metrics of a job's result: a prediction (class probabilities) or an explanation (its attributions)."""
+    def observe_result(self, model: str, result: object) -> dict[str, object]:
+        """The drift metrics of a job's result, a prediction (class probabilities) or an explanation (its attributions);
+        what they saw (class, probability; target, concentration, faithfulness scores), empty for other results."""
         import torch
 
         from idg_core.explain import Explanation
@@ -207,14 +208,21 @@ class Metrics:
         if isinstance(result, torch.Tensor) and result.dim() == 1 and result.numel() > 0:
             top = int(result.argmax())
             n = self._num_classes.get(model, result.numel())
+            probability = float(result[top])
             self.predicted_classes.labels(model, class_range(top * min(n, DRIFT_CLASS_BINS) // n, n)).inc()
-            self.confidence.labels(model).observe(float(result[top]))
-            return
+            self.confidence.labels(model).observe(probability)
+            return {"event": "prediction", "class": top, "probability": round(probability, 4)}
         found = result.result if isinstance(result, Explanation) else result
-        if isinstance(found, AttributionResult) and found.attributions.numel() > 0:
-            share = concentration(found.attributions[0])
-            if share is not None:
-                self.concentration.labels(model).observe(share)
+        if not isinstance(found, AttributionResult) or found.attributions.numel() == 0:
+            return {}
+        share = concentration(found.attributions[0])
+        if share is not None:
+            self.concentration.labels(model).observe(share)
+        facts: dict[str, object] = {"event": "explanation", "concentration": None if share is None else round(share, 4)}
+        if isinstance(result, Explanation):
+            facts["target"] = result.target
+            facts.update({f"faithfulness_{k}": round(v, 4) for k, v in result.scores.items()})
+        return facts
 
     def set_model_info(self, name: str, source: str, precision: str, digest: str) -> None:
         self.model_info.labels(name, source, precision, digest).set(1)

@@ -4,6 +4,7 @@ Inference Protocol answer's ``id`` when the request gave none (:func:`app.api.oi
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -68,7 +69,9 @@ class RequestIdMiddleware:
             await self.app(scope, receive, _send)
         finally:
             if status and not QUIET.fullmatch(scope["path"]):
-                log.info("%s %s %d in %.1f ms", scope["method"], scope["path"], status, (time.perf_counter() - started) * 1000)
+                ms = round((time.perf_counter() - started) * 1000, 1)
+                log.info("%s %s %d in %.1f ms", scope["method"], scope["path"], status, ms,
+                         extra={"fields": {"method": scope["method"], "path": scope["path"], "status": status, "ms": ms}})
             _current.reset(token)
 
 
@@ -76,10 +79,39 @@ class RequestIdFilter(logging.Filter):
     """Gives each record ``request_id`` (or None) and ``request_tag`` (`` [<id>]`` or empty) for :data:`LOG_FORMAT`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        rid = _current.get()
+        rid = getattr(record, "request_id", None) or _current.get()  # a worker's line names its job's request itself
         record.request_id = rid
         record.request_tag = f" [{rid}]" if rid else ""
         return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (``IDG_LOG_FORMAT=json``): time, level, logger, message, the request ID when there is one,
+    the fields a line carries for pipelines (``extra={"fields": {...}}``: a prediction's class, a request's status...),
+    and the traceback of an error."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                                   "message": record.getMessage()}
+        rid = getattr(record, "request_id", None)
+        if rid:
+            line["request_id"] = rid
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def configure_logging(fmt: str = "text") -> None:
+    """The service's logging: INFO and up on stderr, as text (:data:`LOG_FORMAT`) or JSON lines (:class:`JsonFormatter`),
+    each naming the request it was written for."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    if fmt == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
+    log_request_ids()
 
 
 def log_request_ids() -> None:

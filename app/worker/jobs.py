@@ -64,6 +64,8 @@ class Job(PlanState):
     done_label: str = ""
     cancel_reason: str | None = None
     watchdog_failed: bool = False
+    request_id: str | None = None
+    """The X-Request-ID of the request that submitted it (for its log lines)."""
     trace: Any = None
     """The trace context of the request that submitted it (app.core.tracing; None with tracing off)."""
     trace_calls: list[tuple[float, float, int]] = field(default_factory=list)

@@ -5,13 +5,14 @@ the process and Python collectors."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.request_id import MAX_LENGTH, RequestIdFilter
+from app.core.request_id import MAX_LENGTH, JsonFormatter, RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.test_oip import INFER, image_input
 
@@ -54,6 +55,29 @@ async def test_the_log_lines_of_a_request_name_its_id(tiny_app: AppFactory, capl
     mine = [line for line in lines if line[2] == "abc-123"]
     assert ("app.requests", mine[-1][1], "abc-123") == mine[-1] and mine[-1][1].startswith("POST /predict 200 in "), lines
     assert not [line for line in lines if line[2] == "probe-1"], lines  # probes are not logged one by one
+
+
+async def test_json_log_lines_with_one_line_per_prediction_and_explanation(tiny_app: AppFactory,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.handler.addFilter(RequestIdFilter())
+    caplog.handler.setFormatter(JsonFormatter())
+    with caplog.at_level(logging.INFO, logger="app"):
+        async with serve(tiny_app(warmup=False, log_predictions=True)) as client:
+            caplog.clear()
+            top = (await client.post("/predict", files=_files(), headers={"X-Request-ID": "p-1"})).json()["top_k"][0]
+            r = await client.post("/attribute", files=_files(), headers={"X-Request-ID": "a-1"},
+                                  data={"steps": "8", "probe_steps": "4", "faithfulness": "insertion", "return_overlay": "false"})
+            assert r.status_code == 200
+    lines = [json.loads(line) for line in caplog.text.splitlines() if line.startswith("{")]
+    by = {(line["logger"], line.get("request_id")): line for line in lines}
+    prediction = by[("app.results", "p-1")]
+    assert prediction["event"] == "prediction" and prediction["class"] == top["index"] and prediction["model"] == "tiny"
+    assert abs(prediction["probability"] - top["probability"]) < 1e-3
+    explanation = by[("app.results", "a-1")]
+    assert explanation["event"] == "explanation" and explanation["target"] == r.json()["target"]["index"]
+    assert 0.05 <= explanation["concentration"] <= 1 and 0 <= explanation["faithfulness_insertion"] <= 1
+    request = by[("app.requests", "a-1")]
+    assert request["status"] == 200 and request["path"] == "/attribute" and request["ms"] > 0
 
 
 async def test_the_oip_answer_id_is_the_requests_own_or_its_request_id(tiny_app: AppFactory) -> None:
