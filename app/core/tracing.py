@@ -2,7 +2,8 @@
 its OTLP/HTTP exporter). Each HTTP request is a server span (its route, status and request ID; a caller's W3C
 ``traceparent`` continues its trace), and under it each worker job the request ran: ``idg.queue_wait`` (admitted until
 the worker took it), ``idg.worker`` (taken until answered) and, under that, one ``idg.model_call`` per model call that
-held its rows. Spans go over OTLP/HTTP where the SDK's own variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``, default
+held its rows; beside them ``idg.decode`` and ``idg.render`` (an upload decoded, an answer rendered, in the image
+threads). Spans go over OTLP/HTTP where the SDK's own variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``, default
 http://localhost:4318, ``OTEL_EXPORTER_OTLP_HEADERS``...), in batches off the request path.
 
 The worker's spans are written when its job ends, from the times it kept (``time.monotonic``), so tracing adds no work
@@ -10,8 +11,9 @@ to a model call; with tracing off nothing here runs but a check of :func:`enable
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -63,6 +65,26 @@ def capture() -> Any:
     from opentelemetry import context
 
     return context.get_current()
+
+
+STAGES = {"_small_now": "idg.decode", "render": "idg.render"}
+"""Span names of the image-thread functions (app.core.image_threads.in_image_thread): decoding an upload, rendering an answer."""
+
+
+@contextlib.contextmanager
+def span(name: str) -> Iterator[None]:
+    """A span of the current request (a no-op with tracing off)."""
+    if _tracer is None:
+        yield
+        return
+    with _tracer.start_as_current_span(name):
+        yield
+
+
+def stage(fn: Callable[..., Any]) -> str:
+    """The span name of an image-thread function: :data:`STAGES`, else ``idg.<its name>``."""
+    name = getattr(fn, "__name__", "call")
+    return STAGES.get(name, "idg." + name.strip("_"))
 
 
 def _ns(monotonic_s: float) -> int:

@@ -1,6 +1,6 @@
 """OpenTelemetry traces (IDG_TRACING, off by default), recorded by an in-memory exporter: one /attribute is a server span
-with its route, status and request ID, and under it the job's queue wait and time in the worker, and under that each
-model call; a caller's traceparent continues its trace. Off unless IDG_TRACING says so."""
+with its route, status and request ID, and under it the upload's decoding, the job's queue wait and time in the worker
+(and under that each model call), and the answer's rendering; a caller's traceparent continues its trace. Off unless IDG_TRACING says so."""
 
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ async def test_one_attribute_is_a_trace_of_its_stages(tiny_app: AppFactory, span
     assert server.attributes["idg.request_id"] == "trace-me"
     assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"  # the caller's trace goes on
     stages = _children(server, every)
-    assert sorted(s.name for s in stages) == ["idg.queue_wait", "idg.worker"]
-    queue_wait, worker = sorted(stages, key=lambda s: s.name)
+    assert sorted(s.name for s in stages) == ["idg.decode", "idg.queue_wait", "idg.render", "idg.worker"]
+    decode, queue_wait, render, worker = sorted(stages, key=lambda s: s.name)
+    assert (decode.end_time or 0) <= (queue_wait.start_time or 0) and (worker.end_time or 0) <= (render.start_time or 0)
     assert queue_wait.end_time is not None and worker.start_time is not None and queue_wait.end_time <= worker.start_time
     calls = _children(worker, every)
     assert calls and all(c.name == "idg.model_call" for c in calls)
