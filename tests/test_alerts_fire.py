@@ -212,9 +212,9 @@ def test_metrics_answer_from_the_start_and_readiness_follows_a_start_that_does_n
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One server for the traffic faults: a simulated device call takes 20 ms + 5 ms per image (a prediction 25 ms, an
     explanation of 1024 points 5 s), room for one explanation at a time, 2 s deadlines."""
-    log = tmp_path_factory.mktemp("served") / "server.log"
-    with serve_process(log, IDG_SIMULATED_CALL_MS=20, IDG_SIMULATED_IMAGE_MS=5, IDG_MAX_QUEUE=1, IDG_REQUEST_TIMEOUT_S=2,
-                       IDG_BATCH_WAIT_MS=0, IDG_REPLICAS_EXPECTED=2) as served:
+    folder = tmp_path_factory.mktemp("served")  # its job store too (module-scoped: before the per-test IDG_DATA_DIR)
+    with serve_process(folder / "server.log", IDG_SIMULATED_CALL_MS=20, IDG_SIMULATED_IMAGE_MS=5, IDG_MAX_QUEUE=1,
+                       IDG_REQUEST_TIMEOUT_S=2, IDG_BATCH_WAIT_MS=0, IDG_REPLICAS_EXPECTED=2, IDG_DATA_DIR=folder / "data") as served:
         yield served
 
 
@@ -261,6 +261,25 @@ def test_server_errors_of_one_instance_fire_for_it_alone(tmp_path: Path, served:
     assert failing.increase("idg_http_requests_total", route="/attribute", status="504") == 1
     assert_alerts(tmp_path, [healthy, failing], {"IDGServerErrors": [firing("IDGServerErrors", "failing:8000")]})
     assert_alerts(tmp_path, [healthy], {"IDGServerErrors": []})
+
+
+def test_failing_durable_job_images_fire_job_images_failing(tmp_path: Path, served: Served) -> None:
+    """Half the images of a durable job are not images: each is answered with an error and the alert fires (the
+    outcome counters exist at 0 from the start, so the first failures count); a job of good images stays silent."""
+    def job(good: int, bad: int) -> None:
+        files = [("files", (f"g{i}.png", image_bytes(), "image/png")) for i in range(good)]
+        files += [("files", (f"b{i}.png", b"not an image", "image/png")) for i in range(bad)]
+        r = httpx.post(served.url + "/jobs", files=files, data={"steps": "8", "probe_steps": "4"}, timeout=30)
+        assert r.status_code == 202, r.text
+        status = r.json()
+        _until(lambda: httpx.get(status["url"], timeout=10).json()["state"] == "done", 60, "the job finished", served)
+
+    healthy = window(served, "idg:8000", during=lambda: job(3, 0))
+    failing = window(served, "idg:8000", during=lambda: job(2, 2))
+    assert failing.increase("idg_durable_job_images_total", outcome="failed") == 2
+    assert failing.increase("idg_durable_job_images_total", outcome="answered") == 2
+    assert_alerts(tmp_path, [failing], {"IDGJobImagesFailing": [firing("IDGJobImagesFailing", "idg:8000")]})
+    assert_alerts(tmp_path, [healthy], {"IDGJobImagesFailing": []})
 
 
 def test_a_replica_gone_from_discovery_fires_replicas_missing(tmp_path: Path, served: Served) -> None:
