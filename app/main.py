@@ -15,12 +15,14 @@ import torch
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
 from app.api.docs import install_docs
 from app.api.failures import UnhandledErrorMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import attribute, info, jobs, predict, v2
+from app.core import tracing
 from app.core.config import Settings
 from app.core.drain import Drain, DrainMiddleware, wait_thread
 from app.core.errors import install_error_handlers
@@ -28,8 +30,10 @@ from app.core.image_threads import image_thread_pool, image_threads, processes_o
 from app.core.keys import KeyShareMiddleware, load_keys, share_limit
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.processes import host_cores
-from app.core.prometheus import Metrics, MetricsMiddleware
+from app.core.prometheus import Metrics, MetricsMiddleware, weights_digest
 from app.core.replica import ReplicaHeaderMiddleware
+from app.core.request_id import RequestIdMiddleware, configure_logging
+from app.core.tracing import TracingMiddleware
 from app.jobs.runner import start_jobs
 from app.service import Service
 from app.worker.engine import Worker
@@ -37,7 +41,7 @@ from idg_core.call_shapes import CallShapes
 from idg_core.models import ImageClassifier, keep_freed_memory
 from idg_core.models.compiled import compiled_part
 from idg_core.models.simulated import SharedTimeline, SimulatedAccelerator, Timeline
-from idg_core.models.speed import tune_all
+from idg_core.models.speed import model_precision, tune_all
 
 log = logging.getLogger("app")
 STATIC = Path(__file__).with_name("static")
@@ -61,11 +65,15 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         loaded = models if models is not None else await asyncio.to_thread(
             load_models, settings.models, device, settings.models_file, settings.models_file_any_path)
         await asyncio.to_thread(apply_calibrations, loaded, device, settings)  # IDG_CALIBRATION_FILE / IDG_CALIBRATE_IMAGES
+        digests = await asyncio.to_thread(lambda: {name: weights_digest(m.net) for name, m in loaded.items()})  # as loaded
         try:
             loaded = tune_all(loaded, device, precision=settings.precision, channels_last=settings.channels_last, compile=settings.compile,
                               fold_bn=settings.fold_bn, compile_sizes=settings.compile_sizes, batch_images=settings.batch_images(device))
         except ValueError as err:
             raise ModelLoadError(str(err)) from err
+        metrics.init_models(loaded)
+        for name, m in loaded.items():
+            metrics.set_model_info(name, m.source, model_precision(m, device), digests[name])
         if settings.simulated_call_ms is not None:
             # one device: the models' calls share one timeline (the processes' file, with IDG_PROCESSES); only a stream's
             # calls are booked on one
@@ -86,7 +94,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             loaded, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
             batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.max_predict_queue,
             watchdog_grace_s=settings.watchdog_grace_s, shapes=shapes, pipeline_depth=settings.pipeline_depth,
-            launch_ahead=settings.launch_ahead,
+            launch_ahead=settings.launch_ahead, log_results=settings.log_predictions,
         )
         # on the worker's own thread, where requests run: its malloc arena is the one the first request would grow
         # (170,000 page faults, 0.69 s against 0.57 s for the next, Lite0 on the CPU, when the warm-up ran elsewhere).
@@ -134,6 +142,10 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     )
     app.state.settings = settings
     app.state.keys = load_keys(settings)  # a malformed key or keys file stops the start here
+    if settings.tracing:
+        tracing.enable()
+    if settings.replicas_expected is not None:
+        metrics.replicas_expected.set(settings.replicas_expected)
     app.state.metrics = metrics
     app.state.ready = False
     app.state.draining = False
@@ -146,9 +158,14 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
     app.add_middleware(DrainMiddleware, drain=drain)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
+    app.add_middleware(TracingMiddleware)  # with IDG_TRACING: a server span per request (inside the request ID's scope)
     app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
-    for module in (predict, attribute, jobs, info, v2):  # v2: the Open Inference Protocol
-        app.include_router(module.router)
+    app.add_middleware(RequestIdMiddleware)  # outermost: X-Request-ID on every answer, the ID in every log line meanwhile
+    routers = [module.router for module in (predict, attribute, jobs, info, v2)]  # v2: the Open Inference Protocol
+    for router in routers:
+        app.include_router(router)
+    # every route's counters at 0, so rate() sees its first failure (the routers', included without a prefix)
+    metrics.init_routes(r.path for router in routers for r in router.routes if isinstance(r, APIRoute))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
     install_openapi(app, settings)  # the schema says what this server accepts
@@ -166,5 +183,5 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     return app
 
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+configure_logging()  # served by plain uvicorn (python -m app.server configured it first, by IDG_LOG_FORMAT)
 app = create_app()

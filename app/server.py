@@ -41,13 +41,15 @@ from typing import Any
 import h11
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.core.config import Settings
 from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.model_loading import ModelLoadError, pick_device
-from app.core.processes import auto_processes, host_cores, serve_processes, write_memory_report
+from app.core.processes import SERVE_EARLY, auto_processes, host_cores, serve_processes, write_memory_report
+from app.core.request_id import configure_logging
 
 log = logging.getLogger("app.server")
 
@@ -174,14 +176,40 @@ class Server(uvicorn.Server):
         self._watchdog: threading.Timer | None = None
         self.on_started: Callable[[], None] | None = None
         """Called once the app is ready and the sockets accept (a supervisor's child reports it)."""
+        self.serve_early = True
+        """Whether the sockets answer while the app starts (:meth:`_serve_early`); not where another process serves."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and sockets:  # uvicorn leaves the message to whoever gave the sockets: one of several processes
+        """uvicorn's start-up (the app's lifespan: models load and warm up, then the sockets accept for good), with the
+        sockets answering from the start: :meth:`_serve_early` serves the app on them while the lifespan runs."""
+        given = sockets is not None
+        if sockets is None and self.config.uds is None and self.config.fd is None:
+            sockets = [self.config.bind_socket()]  # uvicorn's own bind, and its "Uvicorn running on" line, now
+        early = await self._serve_early(sockets or []) if self.serve_early else []
+        try:
+            await super().startup(sockets)
+        finally:
+            for server in early:  # the app's own servers accept from here on; connections open on these go on
+                server.close()
+        if self.started and given and sockets:  # uvicorn leaves the message to whoever gave the sockets: one of several processes
             host, port = sockets[0].getsockname()[:2]
             logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (one of several server processes)", host, port)
         if self.started and self.on_started is not None:
             self.on_started()
+
+    async def _serve_early(self, sockets: list[socket.socket]) -> list[asyncio.Server]:
+        """Serve the app on ``sockets`` while its lifespan starts it: ``/metrics`` answers (``idg_ready`` 0),
+        ``/health/live`` 200 and ``/health/ready`` 503 "starting", the other routes a JSON 503 ``not_ready``, so a
+        scrape sees a starting server rather than a refused connection. On a duplicate of each socket, closed when
+        uvicorn's own servers take over (closing it leaves the socket listening)."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=loop)
+
+        return [await loop.create_server(protocol, sock=sock.dup(), ssl=config.ssl, backlog=config.backlog) for sock in sockets]
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._watchdog is None:
@@ -236,18 +264,20 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
     config = uvicorn.Config(
         app, host=host or settings.host, port=settings.port if port is None else port, http=timed_protocol(limits),
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
+        # JSON logs: uvicorn's own lines go to the root logger's JSON handler too, rather than its text ones
+        log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
     )
     return Server(config, app, settings.shutdown_grace_s)
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _configure_logging(fmt: str = "text") -> None:
+    configure_logging(fmt)
     logging.getLogger("uvicorn.error").addFilter(StartupErrorFilter())
 
 
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on this process's socket of the port."""
-    _configure_logging()
+    _configure_logging(Settings().log_format)
     app = load_app(spec)
     server = build(app, host, port, log_level)
 
@@ -260,6 +290,7 @@ def serve_child(spec: str, host: str | None, port: int | None, log_level: str, s
         ready.set()
 
     server.on_started = started
+    server.serve_early = os.environ.get(SERVE_EARLY) != "0"
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
 
@@ -295,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--app", default="app.main:app", help="module:attribute of the app or of a factory (default: app.main:app)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = parser.parse_args(argv)
-    _configure_logging()
     settings = Settings()
+    _configure_logging(settings.log_format)
     wanted = args.processes or settings.processes
     processes, staged = (wanted, False) if wanted != "auto" else _auto(settings.device)
     if processes > 1:

@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from app.core.errors import ApiError
+from app.core.request_id import current_request_id
 
 Scalar = str | int | float | bool
 HEADER_LENGTH = "inference-header-content-length"
@@ -137,7 +138,7 @@ class ResponseOutput(BaseModel):
 class InferResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     model_name: str = Field(..., description="The model that answered")
-    id: str | None = Field(None, description="The request's id, when it gave one")
+    id: str | None = Field(None, description="The request's id, or its X-Request-ID when it gave none")
     parameters: dict[str, Scalar] = Field(default_factory=dict, description="total_ms: milliseconds from receiving the request")
     outputs: list[ResponseOutput] = Field(..., description="The outputs, in the order asked")
 
@@ -343,6 +344,7 @@ def write_infer_response(model: str, request_id: str | None, outputs: list[tuple
             entry["parameters"] = params
         described.append(entry)
     answer: dict[str, Any] = {"model_name": model, "outputs": described}
+    request_id = request_id if request_id is not None else current_request_id()  # none given: its X-Request-ID
     if request_id is not None:
         answer["id"] = request_id
     if parameters:

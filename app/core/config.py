@@ -130,6 +130,19 @@ class Settings(BaseSettings):
         "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
         "on CUDA up to four, as many as the host has 4 cores for, the others started once the first is warm and only as many as "
         "the GPU's memory holds (app.core.processes)")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or as one JSON object per line (time, level, logger, message, request_id and "
+        "the line's own fields) for a log pipeline")
+    log_predictions: bool = Field(
+        False, description="One log line per prediction (model, class, probability) and per explanation (model, target, "
+        "attribution concentration, faithfulness scores), with its request ID: for pipelines (IDG_LOG_FORMAT=json)")
+    tracing: bool = Field(
+        False, description="OpenTelemetry traces (the tracing extra): a span per HTTP request and, under it, the queue wait, "
+        "the time in the worker and each model call of its jobs, over OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT")
+    replicas_expected: int | None = Field(
+        None, ge=1, description="How many replicas of this service should answer (Ray Serve replicas, Kubernetes pods, "
+        "servers behind one load balancer): exported as idg_replicas_expected, and IDGReplicasMissing fires when fewer are "
+        "up for 5 minutes (a replica that died and left service discovery has no target for IDGDown); unset: no such alert")
     image_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="Threads per server process that decode uploads and render answers (off the event loop and the "
         "worker). auto: one per host core the process has (its CPU affinity and cgroup quota, shared among IDG_PROCESSES): "

@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Literal, ParamSpec, TypeVar
 
+from app.core import tracing
+
 log = logging.getLogger("app.image_threads")
 
 PROCESSES_ON_HOST = "IDG_PROCESSES_ON_HOST"
@@ -91,7 +93,8 @@ async def in_image_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwar
     :func:`asyncio.to_thread`); in asyncio's default pool where no app opened one (the library's own callers)."""
     loop = asyncio.get_running_loop()
     pool = _pools.get(loop)
-    if pool is None:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    return await loop.run_in_executor(pool, call)
+    with tracing.span(tracing.stage(fn)):  # with IDG_TRACING: idg.decode, idg.render under the request's span
+        if pool is None:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await loop.run_in_executor(pool, call)

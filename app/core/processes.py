@@ -5,8 +5,9 @@ Python run under one GIL, 7-19 ms of CPU per default attribution on this project
 cannot feed a GPU that explains an image in 3 ms. With ``IDG_PROCESSES=N`` the launcher starts N server processes
 on the port (spawned, as uvicorn's ``--workers`` does), each with a socket of its own there (``SO_REUSEPORT``), so
 the kernel spreads new connections evenly over them. Each loads its own copy of the models onto the same device,
-warms it and only then accepts connections, and batches its own requests; the device runs their calls one after
-another.
+warms it and batches its own requests; the device runs their calls one after another. Those started together answer
+from the start (``/metrics`` and ``/health`` while they load, a JSON 503 for work); one started while another serves
+(a replacement, auto's extras) accepts connections only once it is warm, so no client meets its start-up.
 
 The launcher (this module, in the parent process):
 
@@ -45,7 +46,7 @@ from types import FrameType
 from prometheus_client.multiprocess import mark_process_dead
 
 from app.core.image_threads import PROCESSES_ON_HOST
-from app.core.prometheus import not_ready_yet
+from app.core.prometheus import EXPECTED_PROCESSES, not_ready_yet
 
 log = logging.getLogger("app.processes")
 
@@ -233,6 +234,10 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+SERVE_EARLY = "IDG_SERVE_EARLY"
+"""Set by the launcher for each server process it starts: "0" where another already serves (see ``Supervisor._start``)."""
+
+
 def child_main(target: Target, sock: socket.socket, ready: Event) -> None:
     """A server process's first steps, before the app's imports: die with the launcher, say it is not ready (so
     ``idg_ready`` is 0 until it is), then run the target."""
@@ -290,6 +295,10 @@ class Supervisor:
         self.exit_code = 0
 
     def _start(self, index: int, sock: socket.socket) -> Child:
+        # a process started while another serves (a replacement, auto's extras) listens only once ready, so no client
+        # meets its start-up; the first ones answer from the start (/metrics, /health: app.server.Server.startup)
+        serving = any(c.ready.is_set() and c.process.is_alive() for c in self.children)
+        os.environ[SERVE_EARLY] = "0" if serving else "1"  # read by the spawned child
         ready = self._context.Event()
         process = self._context.Process(target=child_main, args=(self.target, sock, ready), name=f"idg-server-{index}")
         process.start()
@@ -325,6 +334,7 @@ class Supervisor:
         for sock in self.socks[n:]:
             sock.close()
         self.socks, self.count = self.socks[:n], n
+        os.environ[EXPECTED_PROCESSES] = str(n)  # the others say so (idg_processes_expected is the maximum over them)
         self.children += [self._start(i, self.socks[i]) for i in range(1, n)]
 
     def _extra(self, child: Child) -> bool:
@@ -398,6 +408,7 @@ def serve_processes(target: Target, count: int, host: str, port: int, grace_s: f
         (run_dir / "metrics").mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(run_dir / "metrics")  # read by prometheus_client in each child
         os.environ[PROCESSES_ON_HOST] = str(count)  # each sizes its image threads by its share of the cores
+        os.environ[EXPECTED_PROCESSES] = str(1 if staged else count)  # idg_processes_expected; auto's grow says how many
         if staged:
             (run_dir / "memory").mkdir()
             os.environ[MEMORY_REPORT_DIR] = str(run_dir / "memory")

@@ -4,15 +4,33 @@ With several server processes (``IDG_PROCESSES``), ``python -m app.server`` sets
 before it starts them: prometheus_client then keeps every value in a file per process there, and
 :func:`exposition` answers the sum over all of them (a gauge by its ``multiprocess_mode``: ``livesum`` over
 the live processes, ``livemin`` for readiness, ``livemax`` for a start-up cost), whichever process the
-scrape reached."""
+scrape reached.
+
+Every labelled counter whose labels are known when the app starts (each route with the statuses the alerts count, each
+model, each rejection reason, job outcome and store operation) is created at 0 then, so ``rate()`` and ``increase()``
+see the first failure after a start (a series that appears at 1 has no earlier sample to count from)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
+import threading
 import time
+from collections.abc import Iterable, Mapping
+from importlib import metadata
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,15 +40,54 @@ if TYPE_CHECKING:  # the module itself stays light: a server process of several 
 
     from idg_core.models.compiled import FixedBatchCompiled
 
+# the labels known at start: every route with the statuses the alerts count (the answers, the server's own failures and
+# the refusals), each rejection reason (app.worker), durable-job outcome and job store operation (app.jobs.runner)
+ALERT_STATUSES = ("200", "500", "503", "504")
+REJECTION_REASONS = ("queue_full", "stalled", "stuck", "deadline", "shutting_down", "client_disconnected")
+JOB_OUTCOMES = ("answered", "failed", "retried", "lost")
+STORE_OPERATIONS = ("claim", "upkeep")
+CONDITIONS = ("held", "not_held", "none")
+HEALTH_PARTS = ("loaded", "worker", "store")
+
+DRIFT_CLASS_BINS = 20
+SHARE_BUCKETS = tuple(i / 20 for i in range(1, 21))
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
+def service_version() -> str:
+    """The installed idg-service's version ("unknown" from a checkout that was never installed)."""
+    try:
+        return metadata.version("idg-service")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class Metrics:
-    """Counters and histograms of the HTTP side and of the worker."""
+    """Counters and histograms of the HTTP side and of the worker, and this process's standard metrics (``process_*``,
+    ``python_*``: of the process that answers the scrape; not exported with several server processes, whose values
+    would be one random process's)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+        self.build_info = Gauge("idg_build_info", "1, labelled with the service's version, Python's and PyTorch's",
+                                ["version", "python", "torch"], registry=r, multiprocess_mode="livemax")
+        self.model_info = Gauge(
+            "idg_model_info", "1 per loaded model, labelled with its source, precision and a digest of its weights (the first "
+            "12 hex digits of a SHA-256 over its parameters and buffers as loaded: a new digest is a new model version)",
+            ["model", "source", "precision", "digest"], registry=r, multiprocess_mode="livemax")
+        self.replicas_expected = Gauge(
+            "idg_replicas_expected", "Replicas of this service that should answer (IDG_REPLICAS_EXPECTED; 0 when unset: no alert): "
+            "fewer up targets than this is IDGReplicasMissing", registry=r, multiprocess_mode="livemax")
+        self.processes_expected = Gauge(
+            "idg_processes_expected", "Server processes this server should run (IDG_PROCESSES; 1 for one process): "
+            "idg_ready_processes below it while above 0 means some are down or still loading", registry=r,
+            multiprocess_mode="livemax")
         self.requests = Counter("idg_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
         self.latency = Histogram("idg_http_request_seconds", "HTTP latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("idg_queue_depth", "Requests admitted and not finished (queued or running)", registry=r,
@@ -93,12 +150,113 @@ class Metrics:
         self.compile_late_graphs = Gauge(
             "idg_compile_late_graphs", "Graphs compiled after warm-up, under traffic (should stay 0: calls are padded to the "
             "compiled batch sizes)", ["model"], registry=r, multiprocess_mode="livesum")
+        # drift: what the model predicts and how its explanations look, by model, compared hour against day by the rules
+        self.predicted_classes = Counter(
+            "idg_predicted_classes", f"Predictions by model and top-1 class: the class index for a model of at most "
+            f"{DRIFT_CLASS_BINS} classes, else the range of indices (1/{DRIFT_CLASS_BINS} of them) it falls in: a fixed set "
+            "of labels per model, comparable over time", ["model", "classes"], registry=r)
+        self.confidence = Histogram("idg_prediction_confidence", "Top-1 probability of each prediction, by model", ["model"],
+                                    buckets=SHARE_BUCKETS, registry=r)
+        self.concentration = Histogram(
+            "idg_attribution_concentration", "Share of each explanation's attribution mass (|attribution| summed over "
+            "channels) in its top 5% of pixels, by model: 0.05 for a map spread evenly, 1 for one on a few pixels",
+            ["model"], buckets=SHARE_BUCKETS, registry=r)
+        self._num_classes: dict[str, int] = {}
         self._compiled: dict[str, FixedBatchCompiled] = {}
+        self._health = dict.fromkeys(HEALTH_PARTS, True) | {"loaded": False}
+        self._health_lock = threading.Lock()
+        self._init_labels()
+
+    def _init_labels(self) -> None:
+        import torch  # imported by then in every process that builds an app
+
+        self.build_info.labels(service_version(), platform.python_version(), torch.__version__).set(1)
+        self.processes_expected.set(int(os.environ.get(EXPECTED_PROCESSES, "1")))
+        for reason in REJECTION_REASONS:
+            self.rejections.labels(reason)
+        for outcome in JOB_OUTCOMES:
+            self.job_images.labels(outcome)
+        for operation in STORE_OPERATIONS:
+            self.job_store_errors.labels(operation)
+        for cause in ("no_work", "host"):
+            self.device_idle.labels(cause)
+        for phase in ("headers", "body"):
+            self.read_timeouts.labels(phase)
+
+    def init_routes(self, routes: Iterable[str]) -> None:
+        """Create each route's request counters at 0 for the statuses the alerts count (:data:`ALERT_STATUSES`)."""
+        for route in routes:
+            for status in ALERT_STATUSES:
+                self.requests.labels(route, status)
+
+    def init_models(self, models: Mapping[str, object]) -> None:
+        """Create each loaded model's counters at 0 (its class ranges too, where it says how many classes it has)."""
+        for name, model in models.items():
+            classes = getattr(model, "num_classes", None)
+            if isinstance(classes, int) and classes > 0:
+                self._num_classes[name] = classes
+                for b in range(min(classes, DRIFT_CLASS_BINS)):
+                    self.predicted_classes.labels(name, class_range(b, classes))
+            self.model_calls.labels(name)
+            self.explanations.labels(name)
+            for kind in ("real", "padding"):
+                self.call_rows.labels(name, kind)
+            for condition in CONDITIONS:
+                self.predictions.labels(name, condition)
+
+    def observe_result(self, model: str, result: object) -> dict[str, object]:
+        """The drift metrics of a job's result, a prediction (class probabilities) or an explanation (its attributions);
+        what they saw (class, probability; target, concentration, faithfulness scores), empty for other results."""
+        import torch
+
+        from idg_core.explain import Explanation
+        from idg_core.types import AttributionResult
+
+        if isinstance(result, torch.Tensor) and result.dim() == 1 and result.numel() > 0:
+            top = int(result.argmax())
+            n = self._num_classes.get(model, result.numel())
+            probability = float(result[top])
+            self.predicted_classes.labels(model, class_range(top * min(n, DRIFT_CLASS_BINS) // n, n)).inc()
+            self.confidence.labels(model).observe(probability)
+            return {"event": "prediction", "class": top, "probability": round(probability, 4)}
+        found = result.result if isinstance(result, Explanation) else result
+        if not isinstance(found, AttributionResult) or found.attributions.numel() == 0:
+            return {}
+        share = concentration(found.attributions[0])
+        if share is not None:
+            self.concentration.labels(model).observe(share)
+        facts: dict[str, object] = {"event": "explanation", "concentration": None if share is None else round(share, 4)}
+        if isinstance(result, Explanation):
+            facts["target"] = result.target
+            facts.update({f"faithfulness_{k}": round(v, 4) for k, v in result.scores.items()})
+        return facts
+
+    def set_model_info(self, name: str, source: str, precision: str, digest: str) -> None:
+        self.model_info.labels(name, source, precision, digest).set(1)
 
     def set_ready(self, ready: bool) -> None:
-        """This process ready (models loaded and warm) or not: ``idg_ready`` and its count in ``idg_ready_processes``."""
-        self.ready.set(int(ready))
-        self.ready_processes.set(int(ready))
+        """This process's models loaded and warm and it is not draining (or not): see :meth:`set_health`."""
+        self.set_health(loaded=ready)
+
+    def set_health(self, **parts: bool) -> None:
+        """Parts of this process's readiness (:data:`HEALTH_PARTS`): ``loaded`` (models loaded and warm, not draining),
+        ``worker`` (not stuck past a deadline) and ``store`` (the job store answers). ``idg_ready`` and this process's
+        count in ``idg_ready_processes`` are 1 only while every part is true (written only when that changes)."""
+        unknown = set(parts) - set(HEALTH_PARTS)
+        if unknown:
+            raise ValueError(f"unknown readiness parts {sorted(unknown)}, expected some of {HEALTH_PARTS}")
+        with self._health_lock:
+            before = all(self._health.values())
+            self._health.update(parts)
+            ready = all(self._health.values())
+            if ready != before or "loaded" in parts:  # loaded: the first write (start-up) and every transition it makes
+                self.ready.set(int(ready))
+                self.ready_processes.set(int(ready))
+
+    @property
+    def health(self) -> dict[str, bool]:
+        with self._health_lock:
+            return dict(self._health)
 
     def track_compiled(self, model: str, part: FixedBatchCompiled) -> None:
         """Export a compiled model's start-up cost and its count of graphs compiled under traffic (brought up to
@@ -119,6 +277,43 @@ class Metrics:
 
             self.device_memory.labels(str(device), "allocated").set(torch.cuda.memory_allocated(device))
             self.device_memory.labels(str(device), "peak").set(torch.cuda.max_memory_allocated(device))
+
+
+def class_range(b: int, classes: int) -> str:
+    """The label of bin ``b`` of a model's ``classes`` (see ``idg_predicted_classes``): "7", or "50-99"."""
+    bins = min(classes, DRIFT_CLASS_BINS)
+    if bins == classes:
+        return str(b)
+    lo, hi = -(-b * classes // bins), -(-(b + 1) * classes // bins) - 1
+    return f"{lo}-{hi}"
+
+
+def concentration(attributions: torch.Tensor, top: float = 0.05) -> float | None:
+    """Share of ``attributions``' mass (``(C, H, W)`` or ``(H, W)``: absolute values summed over channels) in its ``top``
+    share of pixels; None for a map with no mass or not finite."""
+    a = attributions.detach().float().abs()
+    a = (a.sum(0) if a.dim() == 3 else a).flatten()
+    total = float(a.sum())
+    if not total > 0 or total == float("inf"):
+        return None
+    k = max(1, round(top * a.numel()))
+    return min(1.0, float(a.topk(k).values.sum()) / total)
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """The first 12 hex digits of a SHA-256 over ``module``'s parameters and buffers (names, shapes, dtypes, bytes)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+EXPECTED_PROCESSES = "IDG_PROCESSES_EXPECTED"
+"""Set by ``python -m app.server``'s launcher for its processes: how many it runs (``idg_processes_expected``)."""
 
 
 def _ready_gauge(registry: CollectorRegistry | None) -> Gauge:

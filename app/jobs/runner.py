@@ -211,14 +211,17 @@ class JobRunner:
     async def _claim_loop(self) -> None:
         while not self._stopping:
             try:
-                await self._claim_some()
+                if await self._claim_some():
+                    self.metrics.set_health(store=True)
                 self._claim_wait = POLL_S
             except StoreUnavailable as err:  # said once by the store's Reachability; waits longer while it lasts
                 self.metrics.job_store_errors.labels("claim").inc()
+                self.metrics.set_health(store=False)  # idg_ready 0 until a claim succeeds again
                 self._claim_wait = min(2 * self._claim_wait, MAX_STORE_WAIT_S)
                 log.debug("claiming job images failed (%s); trying again in %g s", err, self._claim_wait)
             except Exception:  # noqa: BLE001 - the loop goes on whatever a claim meets
                 self.metrics.job_store_errors.labels("claim").inc()
+                self.metrics.set_health(store=False)  # idg_ready 0 until a claim succeeds again
                 log.exception("claiming job images failed; trying again in %g s", POLL_S)
             self._wake.clear()
             wait = self._claim_wait
@@ -226,14 +229,16 @@ class JobRunner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=min(wait, paused_for) if paused_for > 0.05 else wait)
 
-    async def _claim_some(self) -> None:
+    async def _claim_some(self) -> bool:
+        """Claim what the worker has room for; whether the store was asked (and answered)."""
         free = self.settings.jobs_in_flight - len(self._tasks)
         if free <= 0 or self.paused() or time.monotonic() < self._resume_at:
-            return
+            return False
         for claim in await asyncio.to_thread(self.store.claim, self.owner, free, self.settings.jobs_lease_s):
             task = asyncio.create_task(self._run(claim), name=f"idg-job-{claim.job_id}-{claim.index}")
             self._tasks[task] = claim
             task.add_done_callback(self._done)
+        return True
 
     def _done(self, task: asyncio.Task[None]) -> None:
         claim = self._tasks.pop(task, None)

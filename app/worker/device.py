@@ -32,6 +32,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -64,6 +65,10 @@ class Call:
     out: tuple[Tensor, Tensor | None, Tensor] | None = None
     error: BaseException | None = None
     device_seconds: float = 0.0
+    busy_booked: float = 0.0
+    """Seconds of it already booked as device busy time while it ran (a long call is booked as it goes, not at its end)."""
+    busy_closed: bool = False
+    """Its busy time is booked in full: nothing more is booked for it while it runs."""
     done: threading.Event = field(default_factory=threading.Event)
     work_since: float | None = None
     """When it was launched: since when the submitter had held work without a break (:func:`split_gap`)."""
@@ -148,6 +153,8 @@ class DeviceStage:
         self._slots = threading.Semaphore(self.ahead)
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._running: deque[Call] = deque()  # started (launched) and not ended, oldest first
+        self._front_since = 0.0  # when the device went on to the oldest of them: its start, or the end of the one before
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ends = threading.Thread(target=self._end_loop, name=f"{name}-done"[:15], daemon=True)
@@ -229,6 +236,10 @@ class DeviceStage:
                 continue
             self._slots.acquire()
             item.started = time.monotonic()
+            with self._lock:
+                if not self._running:
+                    self._front_since = item.started
+                self._running.append(item)
             item.work_since = self.work_since() if self.work_since is not None else None
             item.skip_gap, self._skip_gap = self._skip_gap, False
             self._event("started", item)
@@ -280,8 +291,20 @@ class DeviceStage:
         if self.on_idle is not None:
             self.on_idle(no_work, host)
 
+    def on_device(self) -> tuple[Call, float] | None:
+        """The call the device is on now (the oldest launched and not ended) and since when (``time.monotonic``), or None."""
+        with self._lock:
+            if not self._running:
+                return None
+            call = self._running[0]
+            return call, max(call.started or 0.0, self._front_since)
+
     def _ended(self, call: Call) -> None:
         call.ended = time.monotonic()
+        with self._lock:
+            if call in self._running:
+                self._running.remove(call)
+            self._front_since = call.ended
         self._event("ended", call)
         call.done.set()
         self._slots.release()

@@ -28,8 +28,10 @@ from typing import TypeVar
 
 import torch
 
+from app.core import tracing
 from app.core.errors import SHUTTING_DOWN
 from app.core.prometheus import Metrics
+from app.core.request_id import current_request_id
 from app.worker.admission import Admission, QueueFull, RateEstimate
 from app.worker.device import Call, DeviceStage, name_os_thread
 from app.worker.jobs import SHUTDOWN_REASON, Job, JobCancelled, JobStuck
@@ -43,7 +45,10 @@ from idg_core.types import Answer, Model
 __all__ = ["BACKGROUND", "GRAD_UNITS", "QueueFull", "Worker", "work_units"]  # GRAD_UNITS, work_units: idg_core.budget
 
 log = logging.getLogger(__name__)
+results_log = logging.getLogger("app.results")
 T = TypeVar("T")
+BOOK_RUNNING_AFTER_S = 1.0
+"""A model call running longer than this is booked as device busy time while it runs (every 0.25 s)."""
 
 
 class Worker:
@@ -54,7 +59,7 @@ class Worker:
         self, models: Mapping[str, Model], device: torch.device, metrics: Metrics, *, max_batch_images: int,
         max_round_images: int, batch_wait_ms: float, max_queue: int, max_predict_queue: int = 16,
         watchdog_grace_s: float = 10.0, shapes: Mapping[str, CallShapes] | None = None, pipeline_depth: int = 2,
-        on_device_event: Callable[[str, int], None] | None = None, launch_ahead: int = 2,
+        on_device_event: Callable[[str, int], None] | None = None, launch_ahead: int = 2, log_results: bool = False,
     ) -> None:
         self.models = dict(models)
         self.device = device
@@ -69,9 +74,12 @@ class Worker:
                                    stall_wait_s=watchdog_grace_s, rate=self.rate)
         self.scheduler = Scheduler(list(self.models), min(max_batch_images, max(max_round_images, 1)), shapes=self.shapes,
                                    max_batch={name: getattr(m, "max_batch", None) for name, m in self.models.items()})
-        self.watchdog = Watchdog(watchdog_grace_s, self._fail_late)
+        self.watchdog = Watchdog(watchdog_grace_s, self._fail_late, self._tick)
+        self._busy_lock = threading.Lock()  # the busy time of a call: booked as it runs (watchdog) and at its end (worker)
         self.pipeline_depth = max(1, pipeline_depth)
         self.launch_ahead = max(1, launch_ahead)
+        self.log_results = log_results
+        """One ``app.results`` log line per prediction and explanation (IDG_LOG_PREDICTIONS)."""
         self._on_device_event = on_device_event
         self._device: DeviceStage
         self._calls: deque[Call] = deque()  # handed to the device stage, not yet booked, oldest first
@@ -113,6 +121,8 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Admit a job or raise :class:`QueueFull` (at once, never blocking)."""
         depth = self.admission.admit(job, self.stuck)
+        job.trace = tracing.capture()  # on the event loop, in the request's context
+        job.request_id = current_request_id()
         job.emit({"event": "queued", "position": depth})
         self._inbox.put(job)
 
@@ -151,6 +161,30 @@ class Worker:
         job.cancel("stuck")
         self.admission.release(job)
         job.finish(error=JobStuck(f"the worker was stuck on this request {self.watchdog.grace:g} s past its deadline"))
+
+    def _tick(self) -> None:
+        """Every 0.25 s: readiness follows whether the worker is stuck, and a long model call's busy time is booked."""
+        self.metrics.set_health(worker=self.stuck is None)
+        self._book_running()
+
+    def _book_running(self) -> None:
+        """Book the wall time of the call the device is on, once it has run :data:`BOOK_RUNNING_AFTER_S`: a stalled device
+        reads as busy while it stalls, not all at once when the call ends. Its end books the rest (:meth:`_book_busy`)."""
+        front = self._device.on_device()
+        if front is None:
+            return
+        call, since = front
+        ran = time.monotonic() - since
+        with self._busy_lock:
+            if ran > BOOK_RUNNING_AFTER_S and not call.busy_closed and ran > call.busy_booked:
+                self.metrics.device_busy.inc(ran - call.busy_booked)
+                call.busy_booked = ran
+
+    def _book_busy(self, call: Call) -> None:
+        """The call ended: book its device time less what was booked while it ran (never less than 0)."""
+        with self._busy_lock:
+            call.busy_closed = True
+            self.metrics.device_busy.inc(max(0.0, call.device_seconds - call.busy_booked))
 
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -290,6 +324,8 @@ class Worker:
         prepared = call.prepared
         units = 0.0
         if call.error is not None or call.out is None:
+            with self._busy_lock:
+                call.busy_closed = True  # what ran of it stays booked; its requests' evaluation alone books its own
             if call.error is not None and not isinstance(call.error, torch.cuda.OutOfMemoryError):
                 log.warning("a model call for %d jobs failed (%s); retrying each alone", len(work), call.error)
             units = self._evaluate_isolated(self.models[model_name], work)
@@ -297,8 +333,11 @@ class Worker:
         else:
             self.stats.record(prepared.size, prepared.grad)
             self.shapes[model_name].note(prepared.size, prepared.n, prepared.grad)
-            self.metrics.device_busy.inc(call.device_seconds)
+            self._book_busy(call)
             self.metrics.batch_images.observe(prepared.size)
+            if tracing.enabled() and call.started is not None and call.ended is not None:
+                for job, _ in work:
+                    job.trace_calls.append((call.started, call.ended, prepared.size))
             self.metrics.model_calls.labels(model_name).inc()
             self.metrics.call_rows.labels(model_name, "real").inc(prepared.n)
             self.metrics.call_rows.labels(model_name, "padding").inc(prepared.size - prepared.n)
@@ -417,8 +456,26 @@ class Worker:
             job.plan.close()
         except Exception:  # noqa: BLE001 - a plan that fails to close still gets its answer
             log.warning("job %d: its plan failed to close", job.id, exc_info=True)
+        if job.trace is not None:
+            tracing.record_job(job.trace, job.kind, job.model, job.enqueued, job.started, job.finished, job.trace_calls,
+                               None if error is None else type(error).__name__)
+        if error is None:
+            try:
+                facts = self.metrics.observe_result(job.model, result)  # drift: predicted classes, explanations' concentration
+                if self.log_results and facts:
+                    _log_result(job, facts)
+            except Exception:  # noqa: BLE001 - a metric never costs an answer
+                log.warning("job %d: its drift metrics failed", job.id, exc_info=True)
         job.finish(result, error)
         self.admission.release(job)
+
+
+def _log_result(job: Job, facts: dict[str, object]) -> None:
+    """The ``app.results`` line of a finished job (IDG_LOG_PREDICTIONS), its fields for a JSON log pipeline too."""
+    fields = {"event": facts.get("event", job.kind), "model": job.model, **facts, "request_id": job.request_id,
+              "ms": round(((job.finished or 0.0) - job.enqueued) * 1000, 1)}
+    text = " ".join(f"{k}={v}" for k, v in fields.items() if k != "event" and v is not None)
+    results_log.info("%s %s", fields["event"], text, extra={"fields": fields, "request_id": job.request_id})
 
 
 def _labels(job: Job) -> str:

@@ -64,6 +64,12 @@ class Job(PlanState):
     done_label: str = ""
     cancel_reason: str | None = None
     watchdog_failed: bool = False
+    request_id: str | None = None
+    """The X-Request-ID of the request that submitted it (for its log lines)."""
+    trace: Any = None
+    """The trace context of the request that submitted it (app.core.tracing; None with tracing off)."""
+    trace_calls: list[tuple[float, float, int]] = field(default_factory=list)
+    """With tracing: each model call that held its rows (began, ended, images)."""
     in_flight: int = 0
     """Model calls on the device that hold rows of this job (it is advanced only once none does)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)

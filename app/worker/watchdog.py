@@ -18,10 +18,12 @@ class Watchdog:
     """Watches what the worker is busy with (``busy``: since when, and the jobs of the calls or the plan
     step it runs), set by the worker thread and read here and by the event loop."""
 
-    def __init__(self, grace_s: float, on_late: Callable[[Job, str], None]) -> None:
+    def __init__(self, grace_s: float, on_late: Callable[[Job, str], None], on_tick: Callable[[], None] | None = None) -> None:
         self.grace = grace_s
         self.on_late = on_late
         """Called (on the watchdog's thread) once per job found late, with why the worker is stuck."""
+        self.on_tick = on_tick
+        """Called (on the watchdog's thread) at every look, every 0.25 s: what must follow the worker while it is busy."""
         self.busy: tuple[float, tuple[Job, ...]] | None = None
         self._thread = threading.Thread(target=self._watch, name="idg-watchdog", daemon=True)
         self._stop: threading.Event | None = None
@@ -54,6 +56,11 @@ class Watchdog:
     def _watch(self) -> None:
         assert self._stop is not None
         while not self._stop.wait(0.25):
+            if self.on_tick is not None:
+                try:
+                    self.on_tick()
+                except Exception:  # noqa: BLE001 - the watchdog must go on watching
+                    log.exception("watchdog: its tick failed")
             why = self.stuck
             busy = self.busy
             if why is None or busy is None:

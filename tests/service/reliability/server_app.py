@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,22 @@ APP = "tests.service.reliability.server_app:make_app"
 
 
 def make_app() -> FastAPI:
-    """The app ``app.server --app`` loads in the child process."""
-    return create_app(Settings(models=["tiny"]), models={"tiny": tiny_classifier(float(os.environ.get("IDG_TEST_DELAY_S", "0")))})
+    """The app ``app.server --app`` loads in the child process. With ``IDG_TEST_HOLD_START`` (a path), its start-up
+    (the lifespan, where a real model loads) waits while that file exists: a process that takes its time to come up."""
+    app = create_app(Settings(models=["tiny"]), models={"tiny": tiny_classifier(float(os.environ.get("IDG_TEST_DELAY_S", "0")))})
+    hold = os.environ.get("IDG_TEST_HOLD_START")
+    if hold:
+        inner = app.router.lifespan_context
+
+        @asynccontextmanager
+        async def held(app: FastAPI) -> AsyncIterator[None]:
+            while Path(hold).exists():
+                await asyncio.sleep(0.05)
+            async with inner(app):
+                yield
+
+        app.router.lifespan_context = held
+    return app
 
 
 @dataclass
@@ -51,8 +66,9 @@ class Served:
 
 
 @contextmanager
-def serve_process(log_path: Path, **settings: object) -> Iterator[Served]:
-    """Start the launcher on a free loopback port, wait until ready, kill it on the way out."""
+def serve_process(log_path: Path, wait_ready: bool = True, **settings: object) -> Iterator[Served]:
+    """Start the launcher on a free loopback port, wait until ready (or, ``wait_ready`` false, until it listens), kill it
+    on the way out."""
     # one process unless asked: IDG_PROCESSES=auto would run two on a CUDA host, and these tests count one's queue
     env = {**os.environ, "IDG_WARMUP": "false", "IDG_HOST": "127.0.0.1", "IDG_PROCESSES": "1", **{k: str(v) for k, v in settings.items()}}
     with open(log_path, "wb") as log:
@@ -65,6 +81,8 @@ def serve_process(log_path: Path, **settings: object) -> Iterator[Served]:
             found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", log_path.read_text(errors="replace"))
             if found:
                 port = int(found.group(1))
+                if not wait_ready:
+                    break
                 try:
                     if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5).status_code == 200:
                         break

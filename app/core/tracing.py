@@ -1,0 +1,151 @@
+"""OpenTelemetry traces, off by default: ``IDG_TRACING=true`` turns them on (the ``tracing`` extra: opentelemetry-sdk and
+its OTLP/HTTP exporter). Each HTTP request is a server span (its route, status and request ID; a caller's W3C
+``traceparent`` continues its trace), and under it each worker job the request ran: ``idg.queue_wait`` (admitted until
+the worker took it), ``idg.worker`` (taken until answered) and, under that, one ``idg.model_call`` per model call that
+held its rows; beside them ``idg.decode`` and ``idg.render`` (an upload decoded, an answer rendered, in the image
+threads). Spans go over OTLP/HTTP where the SDK's own variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``, default
+http://localhost:4318, ``OTEL_EXPORTER_OTLP_HEADERS``...), in batches off the request path.
+
+The worker's spans are written when its job ends, from the times it kept (``time.monotonic``), so tracing adds no work
+to a model call; with tracing off nothing here runs but a check of :func:`enabled`."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.request_id import current_request_id
+
+_tracer: Any = None  # an opentelemetry Tracer while enabled
+_provider: Any = None
+_EPOCH_NS = time.time_ns() - time.monotonic_ns()  # time.monotonic() -> Unix time, as spans want it
+
+
+def enable(exporter: Any = None) -> None:
+    """Trace this process: spans to ``exporter`` (a test's in-memory one), else over OTLP/HTTP in batches."""
+    global _tracer, _provider
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    except ImportError as err:
+        raise RuntimeError("IDG_TRACING=true needs OpenTelemetry: pip install 'idg-service[tracing]'") from err
+    provider = TracerProvider(resource=Resource.create({"service.name": "idg-service"}))
+    if exporter is None:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as err:
+            raise RuntimeError("IDG_TRACING=true needs the OTLP exporter: pip install 'idg-service[tracing]'") from err
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _provider, _tracer = provider, provider.get_tracer("idg")
+
+
+def disable() -> None:
+    """Stop tracing (what was recorded is flushed)."""
+    global _tracer, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    _provider = _tracer = None
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def capture() -> Any:
+    """The current trace context (a request's, on the event loop) for spans recorded later elsewhere, or None."""
+    if _tracer is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
+STAGES = {"_small_now": "idg.decode", "render": "idg.render"}
+"""Span names of the image-thread functions (app.core.image_threads.in_image_thread): decoding an upload, rendering an answer."""
+
+
+@contextlib.contextmanager
+def span(name: str) -> Iterator[None]:
+    """A span of the current request (a no-op with tracing off)."""
+    if _tracer is None:
+        yield
+        return
+    with _tracer.start_as_current_span(name):
+        yield
+
+
+def stage(fn: Callable[..., Any]) -> str:
+    """The span name of an image-thread function: :data:`STAGES`, else ``idg.<its name>``."""
+    name = getattr(fn, "__name__", "call")
+    return STAGES.get(name, "idg." + name.strip("_"))
+
+
+def _ns(monotonic_s: float) -> int:
+    return int(monotonic_s * 1e9) + _EPOCH_NS
+
+
+def record_job(parent: Any, kind: str, model: str, enqueued: float, started: float | None, finished: float,
+               calls: Sequence[tuple[float, float, int]], error: str | None) -> None:
+    """A worker job's spans under ``parent`` (:func:`capture` when it was submitted): its queue wait, its time in the
+    worker and its model calls (``(began, ended, images)``, ``time.monotonic``)."""
+    if _tracer is None or parent is None:
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import Status, StatusCode
+
+    taken = started if started is not None else finished
+    attrs = {"idg.kind": kind, "idg.model": model}
+    _tracer.start_span("idg.queue_wait", context=parent, start_time=_ns(enqueued), attributes=attrs).end(_ns(taken))
+    work = _tracer.start_span("idg.worker", context=parent, start_time=_ns(taken), attributes={**attrs, "idg.model_calls": len(calls)})
+    inside = trace.set_span_in_context(work, parent)
+    for began, ended, images in calls:
+        _tracer.start_span("idg.model_call", context=inside, start_time=_ns(began), attributes={"idg.call_images": images}).end(_ns(ended))
+    if error is not None:
+        work.set_status(Status(StatusCode.ERROR, error))
+    work.end(_ns(finished))
+
+
+class TracingMiddleware:
+    """Pure ASGI: one server span per HTTP request while tracing is on (a pass-through otherwise)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _tracer is None:
+            await self.app(scope, receive, send)
+            return
+        from opentelemetry.propagate import extract
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        status = 0
+
+        async def _send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        method = scope["method"]
+        with _tracer.start_as_current_span(f"{method} {scope['path']}", context=extract(carrier), kind=SpanKind.SERVER,
+                                           attributes={"http.request.method": method, "url.path": scope["path"]}) as span:
+            if (rid := current_request_id()) is not None:
+                span.set_attribute("idg.request_id", rid)
+            try:
+                await self.app(scope, receive, _send)
+            finally:
+                route = getattr(scope.get("route"), "path", None)
+                if route:
+                    span.update_name(f"{method} {route}")
+                    span.set_attribute("http.route", route)
+                span.set_attribute("http.response.status_code", status or 500)
+                if not status or status >= 500:
+                    span.set_status(Status(StatusCode.ERROR))
