@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, resize_crop, squash_crop, to_tensor
 
 if TYPE_CHECKING:
-    from idg_core.models.calibrate import Calibration
+    from idg_core.models.calibration import Calibration
 
 log = logging.getLogger(__name__)
 

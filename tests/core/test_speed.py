@@ -90,7 +90,7 @@ def test_auto_precisions_with_calibrations_and_the_process_wide_tf32_switch() ->
     explicit tf32 beside fp32 is refused; on the CPU everything stays fp32 and a calibration decides nothing."""
     from dataclasses import replace
 
-    from idg_core.models.calibrate import Calibration, Paired
+    from idg_core.models.calibration import Calibration, Paired
     from idg_core.models.speed import choose_precisions
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
