@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 
 from idg_core.model_calls import PreparedCall, run_call
-from idg_core.models.simulated import SimulatedAccelerator
 from idg_core.types import Model
+from idg_serving.simulated import SimulatedAccelerator
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
