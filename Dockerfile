@@ -12,6 +12,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends curl && rm -rf 
 WORKDIR /srv
 COPY pyproject.toml README.md ./
 COPY idg_core ./idg_core
+COPY idg_serving ./idg_serving
 COPY app ./app
 COPY idg_client ./idg_client
 # The CUDA build of torch 2.13.0 with its matching torchvision (no compat shim needed here).

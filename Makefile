@@ -14,7 +14,7 @@ run:
 
 test:
 	scripts/setup.sh dev
-	$(PY) -m ruff check idg_core app idg_client tests benchmarks
+	$(PY) -m ruff check idg_core idg_serving app idg_client tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir "$$(mktemp -d)"

@@ -40,8 +40,8 @@ from app.worker.engine import Worker
 from idg_core.call_shapes import CallShapes
 from idg_core.models import ImageClassifier, keep_freed_memory
 from idg_core.models.compiled import compiled_part
-from idg_core.models.simulated import SharedTimeline, SimulatedAccelerator, Timeline
 from idg_core.models.speed import model_precision, tune_all
+from idg_serving.simulated import SharedTimeline, SimulatedAccelerator, Timeline
 
 log = logging.getLogger("app")
 STATIC = Path(__file__).with_name("static")

@@ -49,7 +49,8 @@ from idg_core.metrics import (
     to_uint8,
 )
 from idg_core.models import ImageClassifier, keep_freed_memory, load_entry, set_tf32, tune
-from idg_core.models.calibrate import KEEP_METRICS, Paired, insertion_deletion, keeps_faithfulness, paired_against
+from idg_core.models.calibrate import insertion_deletion, keeps_faithfulness, paired_against
+from idg_core.models.calibration import KEEP_METRICS, Paired
 from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
 
 log = logging.getLogger("benchmarks.gpu_variants")

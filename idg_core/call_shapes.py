@@ -7,28 +7,22 @@ channels-last 7.5-10.5 s the first time against 20 ms again; ResNet-101 bf16 abo
 39 ms. A batching service whose calls take however many path points a round gathered (1 to 128)
 meets a new size on nearly every call under fresh traffic.
 
-:class:`CallShapes` fixes the set: a call of ``n`` images runs at :meth:`CallShapes.size_for` (the
-smallest listed size ``>= n``), padded with copies of its last image; only the first ``n`` rows'
-outputs are read and only they take part in the gradient (an eval-mode network treats the images
-of a batch independently), so padding changes no answer. :func:`warm_call_shapes` runs every
-size forward-only and with an input gradient before ready; a call at a (size, kind) that warm-up
-did not run is counted in :attr:`CallShapes.unwarmed_calls` (the service exports it and it must stay
-0 under traffic). With ``sizes`` empty calls run at their own size (no padding) and the count shows
-how many met a size the warm-up had not.
+:class:`CallShapes` fixes the set: a call of ``n`` images runs at :meth:`CallShapes.size_for` (the smallest
+listed size ``>= n``), padded with copies of its last image; only the first ``n`` rows' outputs are read and
+only they take part in the gradient (an eval-mode network treats the images of a batch independently), so
+padding changes no answer. The service's warm-up (:func:`idg_serving.warm_up.warm_call_shapes`) runs every
+size forward-only and with an input gradient before ready; a call at a (size, kind) that warm-up did not run
+is counted in :attr:`CallShapes.unwarmed_calls` (the service exports it and it must stay 0 under traffic).
+With ``sizes`` empty calls run at their own size (no padding) and the count shows how many met a size the
+warm-up had not.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
-
-from idg_core.types import Model
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +54,9 @@ class CallShapes:
     """Rows of padding added to calls (a measure of the compute fixed sizes waste)."""
     real_rows: int = 0
     use_graphs: bool = False
-    """Capture each (size, kind) as a CUDA graph during warm-up (:mod:`idg_core.cuda_graphs`)."""
+    """Capture each (size, kind) as a CUDA graph during warm-up (:mod:`idg_serving.cuda_graphs`)."""
     graphs: dict[tuple[int, bool], Any] = field(default_factory=dict)
-    """The captured :class:`~idg_core.cuda_graphs.GraphedCall` s, by (size, gradient)."""
+    """The captured :class:`~idg_serving.cuda_graphs.GraphedCall` s, by (size, gradient)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -116,30 +110,3 @@ class CallShapes:
     def info(self) -> dict[str, object]:
         return {"call_sizes": list(self.sizes) or None, "warm_seconds": self.warm_seconds, "cuda_graphs": bool(self.graphs),
                 "warmed": sorted({s for s, _ in self.warmed}), "unwarmed_calls": self.unwarmed_calls}
-
-
-def warm_call_shapes(model: Model, shapes: CallShapes, input_size: int, device: torch.device,
-                     sizes: Sequence[int] | None = None) -> float:
-    """Run ``model`` forward-only and with an input gradient at each size (``sizes``, default the
-    fixed ones), through the evaluator's own call so autocast and memory format are those of
-    traffic; then mark the shapes warm. Returns the seconds it took."""
-    from idg_core.model_calls import RowSelect, run_call  # the evaluator imports this module
-
-    started = time.perf_counter()
-    for size in sizes or shapes.sizes:
-        x = torch.rand(size, 3, input_size, input_size).to(device)  # drawn on the CPU: see idg_core.cuda_graphs
-        rows = RowSelect(torch.zeros(size, dtype=torch.long, device=device), None, 0)
-        for grad in (False, True):
-            _, grads, _ = run_call(model, x, rows, grad)
-            if grads is not None and not bool(torch.isfinite(grads).all()):
-                raise RuntimeError(f"the model gave a non-finite input gradient at batch {size}")
-            shapes.warmed.add((size, grad))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        if shapes.use_graphs and shapes.fixed and sizes is None:
-            from idg_core.cuda_graphs import capture_graphs
-
-            shapes.graphs = capture_graphs(model, shapes.sizes, input_size, device)
-            torch.cuda.synchronize(device)
-    shapes.warm_seconds = time.perf_counter() - started
-    return shapes.warm_seconds

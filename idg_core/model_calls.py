@@ -1,7 +1,6 @@
 """The model calls: every method's points go through here (:func:`evaluate_queries`, :func:`run_plans`, and
 the service's worker through :func:`prepare_call` / :func:`run_call` / :func:`book_call`). Named apart from
-:mod:`idg_core.evaluation`, the benchmark tool (this module was ``idg_core.evaluator``; that name still
-imports, deprecated).
+:mod:`idg_core.evaluation`, the benchmark tool.
 
 Points of all queries (of all images, targets and methods) are chunked together into model calls
 of at most ``batch_size`` images; forward-only rows run under ``torch.no_grad()``, gradient rows

@@ -161,11 +161,3 @@ def place_samples(counts: Tensor, probe_steps: int, placement: str = "aligned") 
         next_start += delta
     return torch.tensor(alphas, dtype=torch.float64), torch.tensor(weights, dtype=torch.float64)
 
-
-def __getattr__(name: str) -> object:
-    """``IMAGENET_MEAN`` / ``IMAGENET_STD``, which moved to :mod:`idg_core.models.preprocess`, still import from here."""
-    if name in ("IMAGENET_MEAN", "IMAGENET_STD"):
-        from idg_core.models import preprocess
-
-        return getattr(preprocess, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

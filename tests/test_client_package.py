@@ -1,6 +1,6 @@
 """The client is a package of its own (idg_client): it imports nothing from the server or the library (so it
-installs without torch, with its own pyproject.toml), its command is ``idg-client`` in both packagings, and
-the old names ``app.client`` / ``app.cli`` still import the same objects."""
+installs without torch, with its own pyproject.toml) and its command is ``idg-client`` in both packagings.
+The names it had before 0.1.0 (``app.client``, ``app.cli``) keep no alias: nothing was released under them."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_client_imports_nothing_from_the_server_or_torch() -> None:
-    code = ("import sys, idg_client, idg_client.cli; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'app', 'idg_core', 'torch', 'fastapi', 'uvicorn', 'pydantic'}))")
+    code = ("import sys, idg_client, idg_client.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'app', 'idg_core', 'idg_serving', 'torch', 'fastapi', 'uvicorn', 'pydantic'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
@@ -32,11 +32,6 @@ def test_both_packagings_declare_the_command_and_the_client_needs_only_its_own_d
     assert {d.split(">")[0] for d in client["project"]["dependencies"]} == {"httpx", "numpy", "pillow"}
 
 
-def test_the_old_module_names_still_import_the_client() -> None:
-    import app.cli
-    import app.client
-    import idg_client
-    import idg_client.cli
-
-    assert app.client.Client is idg_client.Client and app.client.ServiceError is idg_client.ServiceError
-    assert app.cli.main is idg_client.cli.main
+def test_the_names_before_the_client_package_keep_no_alias() -> None:
+    # by file, not by import: an editable install of another checkout would still find a module deleted here
+    assert not (ROOT / "app" / "client.py").exists() and not (ROOT / "app" / "cli.py").exists()

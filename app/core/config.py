@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     simulated_call_ms: float | None = Field(
         None, ge=0, description="For benchmarks and tests without a GPU: every model call takes this many milliseconds (+ "
         "simulated_image_ms per image) with the GIL released, as a GPU kernel does, and returns the model's real outputs "
-        "(idg_core.models.simulated); unset: off")
+        "(idg_serving.simulated); unset: off")
     simulated_stream: bool = Field(
         True, description="The simulated device behaves as a CUDA stream (a call returns at once and its time is booked on the "
         "device's own timeline, after the calls before it); false: each call holds the launching thread for its time")

@@ -18,12 +18,13 @@ import torch
 
 from app.core.config import Settings
 from idg_core import idg
-from idg_core.call_shapes import CallShapes, warm_call_shapes
+from idg_core.call_shapes import CallShapes
 from idg_core.models import ImageClassifier
 from idg_core.models.calibrate import calibrate, mismatch, read_calibrations, write_calibration
 from idg_core.models.compiled import compiled_part, warm_up_compiled
 from idg_core.models.models_file import ModelSettings, read_models_file
 from idg_core.models.sources import ModelSpec, load_source, parse_spec
+from idg_serving.warm_up import warm_call_shapes
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool
             continue
         started = time.perf_counter()
         n = max(2, min(batch_images, model.max_batch or batch_images, 64))
-        x = torch.rand(1, 3, size, size).to(device)  # drawn on the CPU: see idg_core.cuda_graphs
+        x = torch.rand(1, 3, size, size).to(device)  # drawn on the CPU: see idg_serving.cuda_graphs
         run(partial(_idg_once, model, x, n))
         if shape is not None:
             run(partial(warm_call_shapes, model, shape, size, device, [n]))

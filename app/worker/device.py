@@ -41,8 +41,8 @@ import torch
 from torch import Tensor
 
 from idg_core.model_calls import PreparedCall, run_call
-from idg_core.models.simulated import SimulatedAccelerator
 from idg_core.types import Model
+from idg_serving.simulated import SimulatedAccelerator
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,7 +55,7 @@ class Call:
     model: Model
     prepared: PreparedCall
     graphs: dict[tuple[int, bool], Any] | None = None
-    """The model's CUDA graphs by (size, gradient) (:mod:`idg_core.cuda_graphs`): a call of a captured shape replays one."""
+    """The model's CUDA graphs by (size, gradient) (:mod:`idg_serving.cuda_graphs`): a call of a captured shape replays one."""
     owner: Any = None
     """What the submitter needs to book the result (the worker: its jobs and their rows)."""
     number: int = 0

@@ -23,6 +23,7 @@ from idg_core.models.speed import (
     keep_freed_memory,
     set_tf32,
     tune,
+    tuned,
 )
 from idg_core.models.zoo import (
     LITE_SIZES,
@@ -72,4 +73,5 @@ __all__ = [
     "to_tensor",
     "torchvision_classifier",
     "tune",
+    "tuned",
 ]

@@ -255,6 +255,23 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
     return model
 
 
+def tuned(model: ImageClassifier, device: str | torch.device = "cpu") -> ImageClassifier:
+    """``model`` moved to ``device``, in eval mode, with the speed settings the service gives it by default, in
+    place (and returned): the precision :func:`default_precision` gives its source (IEEE fp32 on the CPU), the
+    memory format of :func:`default_channels_last`, batch norm folded into the convolutions and, on the CPU in
+    fp32, each convolution fused with its activation (:func:`tune` with ``fold_bn=True``); not compiled. The
+    function stays the same: only float rounding differs (logits within about 1e-3 of the untuned model's on
+    the CPU). The network becomes a ``torch.fx`` graph, so hooks on its inner layers (layer attributions, a
+    batch-norm module) see the folded network: tune a copy where those are needed. Use:
+    ``model = tuned(load_model("efficientnet_lite0"))``, then ``idg(model, x, "mean", target=17)`` as before.
+
+    On CUDA the precision may be bf16 or TF32 (see :func:`default_precision`); TF32 is process-wide."""
+    dev = torch.device(device)
+    model = model.to(dev).eval()
+    precision = default_precision(dev, model.source, None if model.calibration is None else model.calibration.bf16_kept)
+    return tune(model, precision=precision, channels_last=default_channels_last(dev, precision), fold_bn=True)
+
+
 def model_precision(model: ImageClassifier, device: torch.device) -> Precision:
     """What :func:`tune` set on ``model``: bf16 autocast, or float32 with TF32 allowed (CUDA only) or not."""
     if model.autocast_dtype == torch.bfloat16:

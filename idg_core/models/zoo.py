@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, resize_crop, squash_crop, to_tensor
 
 if TYPE_CHECKING:
-    from idg_core.models.calibrate import Calibration
+    from idg_core.models.calibration import Calibration
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,9 @@ def efficientnet_lite(variant: str = "efficientnet_lite0") -> ImageClassifier:
     _load_into(net, _load_state_dict(path), variant)
     size = LITE_SIZES[variant]
     prep = Preprocessing(round(size / 0.875), size, "bicubic", TF_LITE_MEAN, TF_LITE_STD)
-    return ImageClassifier(variant, net.eval(), prep, imagenet_class_names())
+    model = ImageClassifier(variant, net.eval(), prep, imagenet_class_names())
+    model.source = f"packaged:{variant}"  # as the service names it: its measured precision (speed.BF16_MEASURED) applies
+    return model
 
 
 def torchvision_classifier(arch: str, weights: str | Path | None, class_names: list[str] | None = None) -> ImageClassifier:

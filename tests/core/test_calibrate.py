@@ -14,8 +14,6 @@ import pytest
 import torch
 
 from idg_core.models.calibrate import (
-    Calibration,
-    Paired,
     calibrate,
     keeps_faithfulness,
     main,
@@ -27,6 +25,7 @@ from idg_core.models.calibrate import (
     weights_sha256,
     write_calibration,
 )
+from idg_core.models.calibration import Calibration, Paired
 from tests.models import Bf16Trap, bf16_trap_classifier, write_photos
 
 ROOT = Path(__file__).resolve().parents[2]

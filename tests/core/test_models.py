@@ -22,6 +22,13 @@ def lite0() -> torch.nn.Module:
     return load_model("efficientnet_lite0")
 
 
+def test_a_packaged_model_is_named_by_its_source_as_the_service_names_it(lite0: torch.nn.Module) -> None:
+    from idg_core.models import default_precision
+
+    assert lite0.source == "packaged:efficientnet_lite0"  # so tuned() picks the precision the service picks for it
+    assert default_precision(torch.device("cuda", 0), lite0.source) == "bf16"
+
+
 def test_class_names_match_the_shared_table() -> None:
     names, wnids = imagenet_class_names(), imagenet_wnids()
     assert len(names) == 1000 and names[0] == "tench" and wnids[207] == "n02099601"

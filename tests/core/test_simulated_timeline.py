@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from idg_core.models.simulated import SharedTimeline, SimulatedAccelerator, Timeline
+from idg_serving.simulated import SharedTimeline, SimulatedAccelerator, Timeline
 
 CALL_S = 0.004
 

@@ -90,7 +90,7 @@ def test_auto_precisions_with_calibrations_and_the_process_wide_tf32_switch() ->
     explicit tf32 beside fp32 is refused; on the CPU everything stays fp32 and a calibration decides nothing."""
     from dataclasses import replace
 
-    from idg_core.models.calibrate import Calibration, Paired
+    from idg_core.models.calibration import Calibration, Paired
     from idg_core.models.speed import choose_precisions
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
@@ -363,3 +363,35 @@ def test_asymmetric_padding_is_widened_into_the_kernel_only_on_the_cpu() -> None
     assert _with_own_padding(SameConv(4, 4, 3, 2, (0, 1, 0, 1)).to("meta")) is None  # measured on the CPU only
     elsewhere = _with_own_padding(SameConv(4, 4, 3, 1, (1, 1, 1, 1)).to("meta"))  # symmetric: any device
     assert elsewhere is not None and tuple(elsewhere.padding) == (1, 1)
+
+
+def _conv_bn_classifier() -> ImageClassifier:
+    """Conv -> BatchNorm (running statistics far from 0 / 1) -> SiLU, pooled: what ``tuned`` folds and fuses."""
+    torch.manual_seed(3)
+    bn = torch.nn.BatchNorm2d(8)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.2, 0.2)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), bn, torch.nn.SiLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5))
+    return ImageClassifier("conv-bn", net.eval(), Preprocessing(crop_size=16), [str(i) for i in range(5)])
+
+
+def test_tuned_gives_the_services_cpu_settings_and_keeps_the_logits_and_attributions() -> None:
+    from idg_core.models import tuned
+
+    x = images()
+    plain = _conv_bn_classifier()
+    with torch.no_grad():
+        ref = plain(x)
+    ref_attr = idg(plain, x, "mean", [0, 1, 2], steps=8, probe_steps=8).attributions
+    model = tuned(_conv_bn_classifier())
+    assert model.channels_last and model.autocast_dtype is None  # CPU: channels-last, IEEE fp32 (as the service)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.net.modules())  # folded into the convolution
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref, rtol=1e-3, atol=1e-4)
+    attr = idg(model, x, "mean", [0, 1, 2], steps=8, probe_steps=8).attributions
+    torch.testing.assert_close(attr, ref_attr, rtol=1e-3, atol=1e-5)
+    assert "load_model" in (tuned.__doc__ or "")  # the documented one-liner

@@ -16,12 +16,13 @@ from app.core.prometheus import Metrics
 from app.worker.engine import Worker
 from app.worker.jobs import Job
 from idg_core import CallStats, evaluate_queries
-from idg_core.call_shapes import CallShapes, power_of_two_sizes, warm_call_shapes
+from idg_core.call_shapes import CallShapes, power_of_two_sizes
 from idg_core.explain import explain_plan
 from idg_core.methods import METHODS
 from idg_core.model_calls import prepare_call
-from idg_core.models.simulated import SimulatedAccelerator
 from idg_core.types import Query
+from idg_serving.simulated import SimulatedAccelerator
+from idg_serving.warm_up import warm_call_shapes
 from tests.models import tiny_classifier
 from tests.service.conftest import AppFactory, image_bytes, serve
 

@@ -16,8 +16,8 @@ from app.core.prometheus import Metrics
 from app.worker.device import split_gap
 from app.worker.engine import Worker
 from app.worker.jobs import Job
-from idg_core.models.simulated import SimulatedAccelerator
 from idg_core.types import AttributionResult, Plan, Query
+from idg_serving.simulated import SimulatedAccelerator
 from tests.models import tiny_classifier
 
 

@@ -80,9 +80,9 @@ async def test_on_cuda_every_call_runs_at_a_warmed_size_on_the_call_stream_and_a
 def test_a_replayed_cuda_graph_answers_as_an_eager_call(precision: str) -> None:
     """Each captured (size, kind) gives the real rows' outputs of an eager call, whatever the padding rows
     and targets held before (static buffers reused across replays), and refuses a target out of range."""
-    from idg_core.cuda_graphs import capture_graphs
     from idg_core.model_calls import RowSelect, run_call
     from idg_core.models import tune
+    from idg_serving.cuda_graphs import capture_graphs
 
     model = tune(small_classifier().cuda(), precision=precision, channels_last=False)
     graphs = capture_graphs(model, (4, 8), 16, torch.device("cuda"))
@@ -105,7 +105,7 @@ def test_a_replayed_cuda_graph_answers_as_an_eager_call(precision: str) -> None:
 
 def test_a_network_that_reads_the_device_on_the_host_runs_eagerly() -> None:
     """TinyNet's forward reads a CUDA value on the host (its poison check): capture fails, no graph is kept."""
-    from idg_core.cuda_graphs import capture_graphs
+    from idg_serving.cuda_graphs import capture_graphs
 
     assert capture_graphs(tiny_classifier().cuda(), (4, 8), 32, torch.device("cuda")) == {}
     assert (torch.rand(2).cuda() * 2).shape == (2,)  # the device still works (the service draws random numbers on the CPU)

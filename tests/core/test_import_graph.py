@@ -1,0 +1,177 @@
+"""The attribution library's import graph: no cycles, and nothing of the serving machinery.
+
+Read from the source (AST over ``idg_core/**/*.py``), not by importing it. Imports at module level
+(``if TYPE_CHECKING:`` included: a cycle there is still two modules that need each other) and imports
+inside functions are counted apart, so that a cycle hidden behind a lazy import is reported as such;
+both must be acyclic. ``from package import name`` counts as an import of ``package.name`` where that is a
+module, else of ``package``; the implicit import of a parent package's ``__init__`` is not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVING = ("idg_serving", "app")
+
+
+def module_names(root: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` under ``root``, by dotted name (a package by its own name)."""
+    names = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level or not node.module:
+        return []  # relative imports: the project uses none
+    return [f"{node.module}.{a.name}" for a in node.names]
+
+
+class _Imports(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.module_level: set[str] = set()
+        self.in_functions: set[str] = set()
+        self._depth = 0
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._depth += 1
+        self.generic_visit(node)
+        self._depth -= 1
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        (self.in_functions if self._depth else self.module_level).update(_targets(node))
+
+    visit_ImportFrom = visit_Import
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """What ``path`` imports at module level and inside functions (dotted names, as written)."""
+    seen = _Imports()
+    seen.visit(ast.parse(path.read_text(), str(path)))
+    return seen.module_level, seen.in_functions
+
+
+def import_graph(modules: dict[str, Path]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Edges between ``modules``: at module level, and inside functions (those not also at module level)."""
+
+    def resolve(names: set[str], own: str) -> set[str]:
+        found = set()
+        for name in names:
+            # ``from a.b import c`` reads as a.b.c: the module a.b.c if it is one, else a.b (``c`` is a name in it)
+            target = name if name in modules else name.rpartition(".")[0]
+            if target in modules and target != own:
+                found.add(target)
+        return found
+
+    top: dict[str, set[str]] = {}
+    inner: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        module_level, in_functions = imports(path)
+        top[name] = resolve(module_level, name)
+        inner[name] = resolve(in_functions, name) - top[name]
+    return top, inner
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), and modules importing themselves."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _why(component: list[str], graph: dict[str, set[str]]) -> str:
+    members = set(component)
+    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & members))}" for m in component)
+
+
+LIBRARY = module_names(ROOT, "idg_core")
+TOP, INNER = import_graph(LIBRARY)
+
+
+def test_the_graph_is_read() -> None:
+    # an empty glob or a resolver that drops every edge would pass the tests below vacuously
+    assert len(LIBRARY) > 40 and "idg_core.model_calls" in TOP["idg_core.evaluation.runner"]
+    assert "idg_core.models.preprocess" in INNER["idg_core.paths"]  # a lazy import, counted apart
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    found = cycles(TOP)
+    assert not found, "module-level import cycles: " + " | ".join(_why(c, TOP) for c in found)
+
+
+def test_no_import_cycle_even_through_imports_inside_functions() -> None:
+    both = {m: TOP[m] | INNER[m] for m in TOP}
+    found = cycles(both)
+    assert not found, ("import cycles through imports inside functions (move the shared piece to the lower module): "
+                       + " | ".join(_why(c, both) for c in found))
+
+
+def test_the_library_imports_nothing_of_the_serving_machinery() -> None:
+    wrong = {}
+    for name, path in LIBRARY.items():
+        module_level, in_functions = imports(path)
+        serving = sorted(n for n in module_level | in_functions if n.split(".")[0] in SERVING)
+        if serving:
+            wrong[name] = serving
+    assert not wrong, f"idg_core imports the serving package (idg_serving, app): {wrong}"
+
+
+def test_the_serving_package_builds_on_the_library_only_one_way() -> None:
+    serving = module_names(ROOT, "idg_serving")
+    assert {"idg_serving.cuda_graphs", "idg_serving.simulated", "idg_serving.warm_up"} <= set(serving)
+    for path in serving.values():
+        module_level, in_functions = imports(path)
+        assert not any(n.split(".")[0] == "app" for n in module_level | in_functions), f"{path} imports the app"
+
+
+def test_the_checks_find_a_cycle_behind_a_lazy_import_and_an_upward_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "lib"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from lib.sub import low\n")
+    (pkg / "sub" / "low.py").write_text("def f():\n    from lib.high import g\n")
+    (pkg / "high.py").write_text("from lib.sub.low import f\nimport idg_serving.warm_up\n")
+    (pkg / "plain.py").write_text("from lib import high\n")
+    top, inner = import_graph(module_names(tmp_path, "lib"))
+    assert top["lib.high"] == {"lib.sub.low"} and inner["lib.sub.low"] == {"lib.high"} and top["lib.plain"] == {"lib.high"}
+    assert cycles(top) == []
+    assert cycles({m: top[m] | inner[m] for m in top}) == [["lib.high", "lib.sub.low"]]
+    assert "idg_serving.warm_up" in imports(pkg / "high.py")[0]
