@@ -7,7 +7,8 @@ A door like :mod:`app.api.routes.v2`, and no more: each call is read into the HT
 the protocol's: tensors come in ``raw_input_contents`` (what tritonclient sends) or typed ``contents``, outputs go back in
 ``raw_output_contents``; the deadline is the call's gRPC deadline or ``IDG_REQUEST_TIMEOUT_S``, whichever is sooner,
 counted from arrival; the API key comes as metadata (``x-api-key``, or ``authorization: Bearer KEY``) on every call but
-``ServerLive`` and ``ServerReady``; the service's errors are status codes (:func:`status_code`). The server runs on the
+``ServerLive`` and ``ServerReady``; the service's errors are status codes (:func:`status_code`); the trailing metadata
+``x-idg-replica`` names the server process that answered. The server runs on the
 app's event loop (``grpc.aio``), opened by the lifespan once ready and closed first on the way out.
 
 The generated messages are tritonclient's (``tritonclient.grpc.service_pb2``: KServe's ``inference`` package, Triton's
@@ -37,6 +38,7 @@ from app.api.oip import DTYPES, RequestInput, Scalar, Tensor, bad, decode_tensor
 from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, run_inference
 from app.core.config import Settings
 from app.core.errors import ApiError
+from app.core.replica import replica_id
 from app.service import Service
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,8 @@ class InferenceService:
         logged INTERNAL (never UNKNOWN)."""
 
         async def call(request: Any, context: aio.ServicerContext) -> Any:
+            replica = (("x-idg-replica", replica_id()),)  # which server process answered, as X-IDG-Replica says over HTTP
+            context.set_trailing_metadata(replica)
             try:
                 if needs_key:
                     metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
@@ -155,7 +159,7 @@ class InferenceService:
                 failure = err
             except Exception as err:  # noqa: BLE001 - a bug: logged with its traceback, answered INTERNAL
                 failure = internal_error(err, f"gRPC {name}")
-            return await context.abort(status_code(failure), failure.message)  # raises: the call ends with the status
+            return await context.abort(status_code(failure), failure.message, replica)  # raises: the call ends with the status
 
         return call
 

@@ -160,3 +160,4 @@ def test_a_short_client_deadline_is_the_services_and_the_work_stops(client: grpc
 def test_log_has_no_traceback(served: tuple[Served, int]) -> None:
     log = served[0].log()
     assert "Open Inference Protocol over gRPC on 127.0.0.1:" in log and "Traceback" not in log, log[-3000:]
+
