@@ -37,7 +37,8 @@ from app.api.failures import internal_error
 from app.api.oip import DTYPES, RequestInput, Scalar, Tensor, bad, decode_tensor, json_numbers, validate_request
 from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, run_inference
 from app.core.config import Settings
-from app.core.errors import ApiError
+from app.core.drain import Drain
+from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.replica import replica_id
 from app.service import Service
 
@@ -148,6 +149,10 @@ class InferenceService:
         async def call(request: Any, context: aio.ServicerContext) -> Any:
             replica = (("x-idg-replica", replica_id()),)  # which server process answered, as X-IDG-Replica says over HTTP
             context.set_trailing_metadata(replica)
+            drain: Drain = self.state.drain  # counted as in flight: a shutdown's drain waits for the call within its grace
+            task = asyncio.current_task()
+            drain.active += 1
+            drain._tasks.add(task)  # type: ignore[arg-type]  # noqa: SLF001 - cancelled when the grace is over
             try:
                 if needs_key:
                     metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
@@ -157,8 +162,16 @@ class InferenceService:
                 return await fn(request, context)
             except ApiError as err:
                 failure = err
+            except asyncio.CancelledError:
+                if not drain.aborted or task is None:
+                    raise
+                task.uncancel()
+                failure = ApiError(503, SHUTTING_DOWN, code="shutting_down")
             except Exception as err:  # noqa: BLE001 - a bug: logged with its traceback, answered INTERNAL
                 failure = internal_error(err, f"gRPC {name}")
+            finally:
+                drain.active -= 1
+                drain._tasks.discard(task)  # noqa: SLF001
             return await context.abort(status_code(failure), failure.message, replica)  # raises: the call ends with the status
 
         return call

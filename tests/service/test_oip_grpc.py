@@ -7,6 +7,7 @@ deadline shorter than that is answered by the deadline, and the work stops."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import image_bytes
+from app.core.drain import drain
+from app.core.errors import SHUTTING_DOWN
+from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.reliability.server_app import Served, serve_process
 from tests.service.test_oip import pixels
 
@@ -161,3 +164,39 @@ def test_log_has_no_traceback(served: tuple[Served, int]) -> None:
     log = served[0].log()
     assert "Open Inference Protocol over gRPC on 127.0.0.1:" in log and "Traceback" not in log, log[-3000:]
 
+
+
+@pytest.mark.parametrize(("grace_s", "answered"), [(10.0, True), (0.1, False)], ids=["within the grace", "past it"])
+async def test_a_shutdown_drains_grpc_calls_in_flight(tiny_app: AppFactory, grace_s: float, answered: bool) -> None:
+    # a call in flight is counted by the drain as an HTTP request is: answered when it ends within the grace, else
+    # UNAVAILABLE with the shutdown's sentence; a call after the drain began is refused UNAVAILABLE at once
+    grpc = pytest.importorskip("grpc")
+    pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+    stub_of = pytest.importorskip("tritonclient.grpc.service_pb2_grpc").GRPCInferenceServiceStub
+    port = free_port()
+    app = tiny_app(delay_s=0.1, grpc_port=port, warmup=False, batch_wait_ms=0.0, max_batch_images=4)
+    request = pb.ModelInferRequest(model_name="tiny", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="image", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[image_bytes()]))])
+    for k, v in {"method": "idg", "steps": 16, "probe_steps": 4}.items():
+        setattr(request.parameters[k], "string_param" if isinstance(v, str) else "int64_param", v)
+    async with serve(app), grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = stub_of(channel)
+        call = asyncio.ensure_future(stub.ModelInfer(request, timeout=30))
+        for _ in range(200):
+            if app.state.drain.active == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert app.state.drain.active == 1
+        drained = asyncio.create_task(drain(app, grace_s))
+        await asyncio.sleep(0.05)
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await stub.ModelInfer(request, timeout=10)
+        assert late.value.code() == grpc.StatusCode.UNAVAILABLE and late.value.details() == SHUTTING_DOWN
+        if answered:
+            assert list((await call).outputs[0].shape) == [1, 1000]
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as cut:
+                await call
+            assert cut.value.code() == grpc.StatusCode.UNAVAILABLE and cut.value.details() == SHUTTING_DOWN
+        await drained
+        assert app.state.drain.active == 0
