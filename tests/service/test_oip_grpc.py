@@ -40,7 +40,7 @@ def free_port() -> int:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, int]]:
     port = free_port()
     with serve_process(tmp_path_factory.mktemp("grpc") / "server.log", IDG_API_KEY=KEY, IDG_MAX_STEPS=64, IDG_GRPC_PORT=port,
-                       IDG_TEST_DELAY_S=0.05, IDG_MAX_BATCH_IMAGES=4, IDG_BATCH_WAIT_MS=0) as s:
+                       IDG_TEST_DELAY_S=0.05, IDG_MAX_BATCH_IMAGES=4, IDG_BATCH_WAIT_MS=0, IDG_MAX_UPLOAD_BYTES=100_000) as s:
         yield s, port
 
 
@@ -132,6 +132,8 @@ def test_errors_are_status_codes_with_the_services_message(client: grpcclient.In
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "must have the shape [1, 3, 32, 32]" in err.message()
     err = refused(client.infer, "tiny", [images(b"not an image")], headers=AUTH)
     assert err.status() == "StatusCode.INVALID_ARGUMENT", err.message()
+    err = refused(client.infer, "tiny", [images(b"x" * 200_000)], headers=AUTH)  # over IDG_MAX_UPLOAD_BYTES: grpc's own limit
+    assert err.status() == "StatusCode.RESOURCE_EXHAUSTED", err.message()
     err = refused(client.infer, "tiny", [one])
     assert err.status() == "StatusCode.UNAUTHENTICATED" and "API key" in err.message()
     err = refused(client.get_model_metadata, "tiny", headers={"x-api-key": "wrong"})
