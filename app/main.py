@@ -108,8 +108,9 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             app.state.ready = True
             metrics.set_ready(True)
             log.info("ready: %s on %s", ", ".join(loaded), device)
-            grpc_server = await start_grpc(app, settings) if settings.grpc_port else None  # IDG_GRPC_PORT: OIP over gRPC
-            try:
+            grpc_server = None
+            try:  # IDG_GRPC_PORT: the Open Inference Protocol over gRPC (a failure to open it stops what started)
+                grpc_server = await start_grpc(app, settings) if settings.grpc_port else None
                 yield
             finally:
                 app.state.ready = False

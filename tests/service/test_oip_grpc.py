@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import time
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ import pytest
 
 from app.core.drain import drain
 from app.core.errors import SHUTTING_DOWN
+from app.core.model_loading import ModelLoadError
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.reliability.server_app import Served, serve_process
 from tests.service.test_oip import pixels
@@ -202,3 +204,20 @@ async def test_a_shutdown_drains_grpc_calls_in_flight(tiny_app: AppFactory, grac
             assert cut.value.code() == grpc.StatusCode.UNAVAILABLE and cut.value.details() == SHUTTING_DOWN
         await drained
         assert app.state.drain.active == 0
+
+
+async def test_a_grpc_port_that_cannot_open_stops_the_start_with_its_reason(tiny_app: AppFactory,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:  # held without SO_REUSEPORT: no other socket may bind it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        app = tiny_app(grpc_port=taken.getsockname()[1], warmup=False)
+        with pytest.raises(ModelLoadError, match="cannot listen for gRPC on 127.0.0.1:"):
+            async with serve(app):
+                pass
+    assert not app.state.ready and not app.state.service.worker._thread.is_alive()  # noqa: SLF001 - what had started is stopped
+    monkeypatch.setitem(sys.modules, "app.api.oip_grpc", None)  # as where grpcio or tritonclient is not installed
+    missing = r"IDG_GRPC_PORT=\d+ needs grpcio, protobuf and tritonclient: pip install 'idg-service\[grpc\]'"
+    with pytest.raises(ModelLoadError, match=missing):
+        async with serve(tiny_app(grpc_port=free_port(), warmup=False)):
+            pass
