@@ -23,24 +23,28 @@ import logging
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
 from fastapi import FastAPI
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from grpc import aio
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from app.api.deps import api_key_in, api_key_refusal, ready_service
 from app.api.failures import internal_error
-from app.api.oip import DTYPES, RequestInput, Scalar, Tensor, bad, decode_tensor, json_numbers, validate_request
+from app.api.oip import DTYPES, InferRequest, RequestInput, Scalar, Tensor, bad, decode_tensor, json_numbers, validate_request
 from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, run_inference
 from app.core.config import Settings
 from app.core.drain import Drain
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.replica import replica_id
 from app.service import Service
+from idg_core.models import ImageClassifier
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +98,7 @@ def _raw(spec: RequestInput, contents: pb.InferTensorContents) -> bytes:
     return json_numbers(items, DTYPES[spec.datatype], spec.name, spec.datatype).tobytes()
 
 
-def read_request(request: pb.ModelInferRequest) -> tuple[Any, list[Tensor]]:
+def read_request(request: pb.ModelInferRequest) -> tuple[InferRequest, list[Tensor]]:
     """The HTTP door's inference request and its tensors, from a ``ModelInferRequest`` (400 for what it would refuse)."""
     req = validate_request({
         "id": request.id or None,
@@ -118,6 +122,20 @@ def read_request(request: pb.ModelInferRequest) -> tuple[Any, list[Tensor]]:
 Handler = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """Bytes that are not the call's request message: INVALID_ARGUMENT (grpc's own deserializer failure is INTERNAL)."""
+
+    reason: str
+
+
+def _read(kind: Any, data: bytes) -> Any:
+    try:
+        return kind.FromString(data)
+    except DecodeError as err:
+        return Malformed(str(err) or "it cannot be parsed")
+
+
 class InferenceService:
     """The RPCs of ``GRPCInferenceService`` this service answers (the others answer UNIMPLEMENTED)."""
 
@@ -138,7 +156,7 @@ class InferenceService:
             "ModelInfer": (self.model_infer, pb.ModelInferRequest, True),
         }
         return grpc.method_handlers_generic_handler(SERVICE, {
-            name: grpc.unary_unary_rpc_method_handler(self._guarded(name, fn, key), request_deserializer=kind.FromString,
+            name: grpc.unary_unary_rpc_method_handler(self._guarded(name, fn, key), request_deserializer=partial(_read, kind),
                                                       response_serializer=lambda m: m.SerializeToString())
             for name, (fn, kind, key) in methods.items()})
 
@@ -154,6 +172,8 @@ class InferenceService:
             drain.active += 1
             drain._tasks.add(task)  # type: ignore[arg-type]  # noqa: SLF001 - cancelled when the grace is over
             try:
+                if isinstance(request, Malformed):
+                    raise bad(f"the request is not a {name}Request message: {request.reason}")
                 if needs_key:
                     metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
                     refusal = api_key_refusal(self.state.settings.api_key, api_key_in(metadata))
@@ -195,8 +215,10 @@ class InferenceService:
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=self.version, extensions=EXTENSIONS)
 
-    async def _model(self, name: str, version: str) -> tuple[Service, str, Any]:
+    async def _model(self, name: str, version: str) -> tuple[Service, str, ImageClassifier]:
         service = self._service()
+        if not name:  # not the default model, as /attribute without one: the protocol names its model
+            raise ApiError(404, f"name a model: {', '.join(service.models)}", code="unknown_model")
         await _one_version(name, version or MODEL_VERSION)
         key, model = service.model(name)
         return service, key, model

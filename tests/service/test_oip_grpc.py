@@ -136,11 +136,23 @@ def test_errors_are_status_codes_with_the_services_message(client: grpcclient.In
     assert err.status() == "StatusCode.INVALID_ARGUMENT", err.message()
     err = refused(client.infer, "tiny", [images(b"x" * 200_000)], headers=AUTH)  # over IDG_MAX_UPLOAD_BYTES: grpc's own limit
     assert err.status() == "StatusCode.RESOURCE_EXHAUSTED", err.message()
+    err = refused(client.infer, "", [one], headers=AUTH)  # no model: not the default one, as /attribute's
+    assert err.status() == "StatusCode.NOT_FOUND" and "name a model: tiny" in err.message()
     err = refused(client.infer, "tiny", [one])
     assert err.status() == "StatusCode.UNAUTHENTICATED" and "API key" in err.message()
     err = refused(client.get_model_metadata, "tiny", headers={"x-api-key": "wrong"})
     assert err.status() == "StatusCode.UNAUTHENTICATED" and "wrong" in err.message()
     assert client.get_model_metadata("tiny", headers={"x-api-key": KEY}).name == "tiny"  # the HTTP door's header works too
+
+
+def test_bytes_that_are_no_request_message_are_invalid_argument(served: tuple[Served, int]) -> None:
+    grpc = pytest.importorskip("grpc")
+    with grpc.insecure_channel(f"127.0.0.1:{served[1]}") as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
+        with pytest.raises(grpc.RpcError) as caught:
+            infer(b"\xff\xff\xff", metadata=tuple(AUTH.items()), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+    assert caught.value.details().startswith("the request is not a ModelInferRequest message")
 
 
 def test_a_short_client_deadline_is_the_services_and_the_work_stops(client: grpcclient.InferenceServerClient,
