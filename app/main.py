@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from fastapi import FastAPI
@@ -117,11 +118,15 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             app.state.ready = True
             metrics.set_ready(True)
             log.info("ready: %s on %s", ", ".join(loaded), device)
-            try:
+            grpc_server = None
+            try:  # IDG_GRPC_PORT: the Open Inference Protocol over gRPC (a failure to open it stops what started)
+                grpc_server = await start_grpc(app, settings) if settings.grpc_port else None
                 yield
             finally:
                 app.state.ready = False
                 metrics.set_ready(False)
+                if grpc_server is not None:  # its calls in flight end first, while the worker still runs
+                    await grpc_server.stop(settings.shutdown_grace_s)
                 if settings.gc_freeze:
                     gc.unfreeze()  # an app stopped in a process that goes on (tests, a reload) can be collected
                 await app.state.jobs.stop()  # its images in the worker are dropped and given back to the store
@@ -181,6 +186,20 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         return FileResponse(STATIC / "index.html")
 
     return app
+
+
+async def start_grpc(app: FastAPI, settings: Settings) -> Any:
+    """The Open Inference Protocol's gRPC server (:mod:`app.api.oip_grpc`), listening; a clear start-up error where the
+    grpc extra is not installed or the port cannot be had."""
+    try:
+        from app.api.oip_grpc import start_grpc as start
+    except ImportError as err:
+        raise ModelLoadError(f"IDG_GRPC_PORT={settings.grpc_port} needs grpcio, protobuf and tritonclient: pip install "
+                             f"'idg-service[grpc]' ({err})") from err
+    try:
+        return await start(app, settings)
+    except RuntimeError as err:
+        raise ModelLoadError(str(err)) from err
 
 
 configure_logging()  # served by plain uvicorn (python -m app.server configured it first, by IDG_LOG_FORMAT)

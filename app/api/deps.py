@@ -3,7 +3,10 @@ never wait: FastAPI runs a plain `def` dependency in its thread pool, a thread h
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi import Request
+from starlette.datastructures import State
 
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.keys import Key, match
@@ -12,7 +15,11 @@ from app.service import Service
 
 async def get_service(request: Request) -> Service:
     """The service, or 503: while starting, and once a shutdown began (new work goes elsewhere)."""
-    state = request.app.state
+    return ready_service(request.app.state)
+
+
+def ready_service(state: State) -> Service:
+    """The app's service, or 503 while starting and once a shutdown began (any door: ``state`` is the app's)."""
     if getattr(state, "draining", False):
         state.metrics.rejections.labels("shutting_down").inc()
         raise ApiError(503, SHUTTING_DOWN, headers={"Retry-After": "5", "Connection": "close"}, code="shutting_down")
@@ -24,8 +31,13 @@ async def get_service(request: Request) -> Service:
 
 def given_api_key(request: Request) -> str | None:
     """The key the request sends as ``X-API-Key`` or ``Authorization: Bearer``, if any."""
-    given = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
+    return api_key_in(request.headers)
+
+
+def api_key_in(headers: Mapping[str, str]) -> str | None:
+    """The key ``headers`` (lower-case names: HTTP headers, gRPC metadata) send as ``x-api-key`` or ``authorization: Bearer``."""
+    given = headers.get("x-api-key")
+    auth = headers.get("authorization", "")
     if given is None and auth.lower().startswith("bearer "):
         given = auth[7:].strip()
     return given
@@ -42,15 +54,21 @@ def has_api_key(request: Request) -> bool:
     return not request.app.state.keys or request_key(request) is not None
 
 
+def api_key_refusal(keys: list[Key], given: str | None) -> ApiError | None:
+    """The 401 of a request (any door) that sends ``given`` where ``keys`` are the configured ones (none: open to all)."""
+    if not keys or (given is not None and match(keys, given) is not None):
+        return None
+    if given is None:
+        return ApiError(401, "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'", code="unauthorized")
+    return ApiError(401, "the API key is wrong", code="unauthorized")
+
+
 async def require_api_key(request: Request) -> None:
     """401 unless a configured key comes as ``X-API-Key`` or ``Authorization: Bearer``; the key (its
     name and rights) is then ``request.state.key`` (None where no key is configured: open to all)."""
-    request.state.key = key = request_key(request)
-    if key is not None or not request.app.state.keys:
-        return
-    if given_api_key(request) is None:
-        raise ApiError(401, "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'", code="unauthorized")
-    raise ApiError(401, "the API key is wrong", code="unauthorized")
+    request.state.key = request_key(request)
+    if request.state.key is None and (refusal := api_key_refusal(request.app.state.keys, given_api_key(request))) is not None:
+        raise refusal
 
 
 async def require_api_key_for_metrics(request: Request) -> None:

@@ -212,7 +212,7 @@ def _flat(data: Any, name: str) -> list[Any]:
     return out
 
 
-def _json_numbers(items: list[Any], dtype: np.dtype[Any], name: str, datatype: str) -> np.ndarray:
+def json_numbers(items: list[Any], dtype: np.dtype[Any], name: str, datatype: str) -> np.ndarray:
     """JSON elements as ``dtype``, each exactly what it says: integers (not booleans) in range for an integer type,
     finite numbers for a float type. NumPy's own cast had truncated 0.7 to 0 for UINT8 (a [0, 1] photo sent as UINT8
     read as black), wrapped or refused by value, and read "0.5" and true as numbers."""
@@ -238,7 +238,7 @@ def _json_numbers(items: list[Any], dtype: np.dtype[Any], name: str, datatype: s
     return out
 
 
-def _decode(spec: RequestInput, raw: bytes | None) -> Tensor:
+def decode_tensor(spec: RequestInput, raw: bytes | None) -> Tensor:
     """One input's elements from its JSON ``data`` or its binary bytes, checked against its shape."""
     tensor = Tensor(spec.name, spec.shape, spec.datatype, spec.parameters)
     count = _count(spec.shape)
@@ -258,7 +258,7 @@ def _decode(spec: RequestInput, raw: bytes | None) -> Tensor:
                 raise bad(f"input {spec.name!r}: {len(raw)} bytes of binary data is not a whole number of {spec.datatype}")
             tensor.array = np.frombuffer(raw, dtype=dtype)
         else:
-            tensor.array = _json_numbers(_flat(spec.data, spec.name), dtype, spec.name, spec.datatype)
+            tensor.array = json_numbers(_flat(spec.data, spec.name), dtype, spec.name, spec.datatype)
         got = tensor.array.size
     else:
         raise bad(f"input {spec.name!r}: datatype {spec.datatype} is not supported; send BYTES, FP32 or UINT8")
@@ -269,6 +269,16 @@ def _decode(spec: RequestInput, raw: bytes | None) -> Tensor:
     return tensor
 
 
+def validate_request(given: bytes | dict[str, Any]) -> InferRequest:
+    """The inference request of a JSON body (or of the same fields as a dict: the gRPC door's), or a 400 naming what is wrong."""
+    try:
+        return InferRequest.model_validate_json(given) if isinstance(given, bytes) else InferRequest.model_validate(given)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        raise bad(f"the inference request is not valid: {where + ': ' if where else ''}{e.get('msg')}") from err
+
+
 def read_infer_request(body: bytes, header_length: str | None) -> tuple[InferRequest, list[Tensor]]:
     """The request and its input tensors, from a JSON body or a JSON header followed by binary data."""
     binary = b""
@@ -276,12 +286,7 @@ def read_infer_request(body: bytes, header_length: str | None) -> tuple[InferReq
         if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
             raise bad(f"Inference-Header-Content-Length {header_length!r} is not a length within the body's {len(body)} bytes")
         body, binary = body[:int(header_length)], body[int(header_length):]
-    try:
-        request = InferRequest.model_validate_json(body)
-    except ValidationError as err:
-        e = err.errors()[0]
-        where = ".".join(str(p) for p in e.get("loc", ()))
-        raise bad(f"the inference request is not valid: {where + ': ' if where else ''}{e.get('msg')}") from err
+    request = validate_request(body)
     tensors, pos = [], 0
     for spec in request.inputs:
         raw = None
@@ -292,7 +297,7 @@ def read_infer_request(body: bytes, header_length: str | None) -> tuple[InferReq
             raw, pos = binary[pos:pos + size], pos + size
         elif spec.data is None:
             raise bad(f"input {spec.name!r} has neither data nor binary_data_size")
-        tensors.append(_decode(spec, raw))
+        tensors.append(decode_tensor(spec, raw))
     if pos != len(binary):
         raise bad(f"the body has {len(binary) - pos} binary bytes that no input's binary_data_size claims")
     return request, tensors
@@ -307,6 +312,10 @@ class Output:
     items: list[bytes] = field(default_factory=list)
     shape: list[int] = field(default_factory=list)
     parameters: dict[str, Scalar] = field(default_factory=dict)
+
+    @property
+    def dims(self) -> list[int]:
+        return list(self.array.shape) if self.array is not None else self.shape
 
     @property
     def datatype(self) -> str:
@@ -331,8 +340,7 @@ def write_infer_response(model: str, request_id: str | None, outputs: list[tuple
     chunks: list[bytes] = []
     described = []
     for out, in_binary in outputs:
-        shape = list(out.array.shape) if out.array is not None else out.shape
-        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": shape}
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.dims}
         params = dict(out.parameters)
         if in_binary:
             data = out.binary()

@@ -124,6 +124,11 @@ class Settings(BaseSettings):
         "finish for this long, the rest is answered 503; the process exits within this + 5 s")
     host: str = Field("127.0.0.1", description="Address python -m app.server listens on (0.0.0.0 in the Docker image)")
     port: int = Field(8000, ge=0, le=65535, description="Port python -m app.server listens on")
+    grpc_port: int = Field(
+        0, ge=0, le=65535, description="Port of the Open Inference Protocol over gRPC (KServe's GRPCInferenceService, as "
+        "tritonclient.grpc calls it) on IDG_HOST, opened once ready; 0: off. Needs the grpc extra (pip install "
+        "'idg-service[grpc]'). With IDG_PROCESSES > 1 every process listens on it (SO_REUSEPORT), the kernel spreading "
+        "connections over them")
     processes: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
         "auto", description="Server processes python -m app.server runs on the one port, each with its own copy of the "
         "models on the same device and its own worker: more host (HTTP, decode, render, the worker's Python) per device, whose "

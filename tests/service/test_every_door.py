@@ -3,15 +3,18 @@ cannot finish by the request deadline (counted from arrival) is answered by the 
 own form; a bad parameter and an unknown model are refused before any work, again in the door's form.
 
 The doors: ``/attribute`` (the JSON error contract), ``/attribute/batch`` (a status per image), ``/attribute/stream``
-(an ``error`` event), ``/v2/models/{m}/infer`` (the Open Inference Protocol's ``{"error": ...}``) and a job's image
-(its status in the results; a deadline is retried ``MAX_ATTEMPTS`` times, each within the deadline). The worker is
-made slow by the test model's own delay (0.1 s per model call) and each decode by a fixed sleep, so the timings hold on
-any machine, and a deadline counted from anything later than the arrival (the queue) would show."""
+(an ``error`` event), ``/v2/models/{m}/infer`` (the Open Inference Protocol's ``{"error": ...}``), its ``ModelInfer``
+over gRPC (a status code and its details) and a job's image (its status in the results; a deadline is retried
+``MAX_ATTEMPTS`` times, each within the deadline). The worker is made slow by the test model's own delay (0.1 s per
+model call) and each decode by a fixed sleep, so the timings hold on any machine, and a deadline counted from anything
+later than the arrival (the queue) would show."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -92,6 +95,27 @@ async def v2(client: AsyncClient, params: dict[str, Any]) -> Refusal:
     return Refusal(r.status_code, None, r.json()["error"])
 
 
+GRPC_STATUS = {"DEADLINE_EXCEEDED": 504, "NOT_FOUND": 404, "INVALID_ARGUMENT": 422, "RESOURCE_EXHAUSTED": 503}
+"""The HTTP status each gRPC code stands for here (INVALID_ARGUMENT: a 400 or 422; RESOURCE_EXHAUSTED: busy)."""
+
+
+async def v2_grpc(client: AsyncClient, params: dict[str, Any]) -> Refusal:
+    grpc = pytest.importorskip("grpc")
+    pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+    stub_of = pytest.importorskip("tritonclient.grpc.service_pb2_grpc").GRPCInferenceServiceStub
+    request = pb.ModelInferRequest(model_name=params.get("model", "tiny"), inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="image", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[image_bytes()]))])
+    for k, v in params.items():
+        if k != "model":
+            setattr(request.parameters[k], "string_param" if isinstance(v, str) else "int64_param", v)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{os.environ['IDG_GRPC_PORT']}") as channel:
+        try:
+            await stub_of(channel).ModelInfer(request, timeout=30)  # a deadline past the service's: the service's holds
+        except grpc.aio.AioRpcError as err:  # the protocol's form: a status code and its details
+            return Refusal(GRPC_STATUS[err.code().name], None, err.details())
+    raise AssertionError("the gRPC door answered")
+
+
 async def job(client: AsyncClient, params: dict[str, Any]) -> Refusal:
     r = await client.post("/jobs", files=[("files", ("a.png", image_bytes()))], data=_form(params))
     if r.status_code != 202:  # refused at submission, before any image is stored
@@ -109,9 +133,17 @@ async def job(client: AsyncClient, params: dict[str, Any]) -> Refusal:
 Door = Callable[[AsyncClient, dict[str, Any]], Awaitable[Refusal]]
 DOORS: dict[str, tuple[Door, int]] = {
     "/attribute": (attribute, 1), "/attribute/batch": (batch, 1), "/attribute/stream": (stream, 1), "/v2 HTTP": (v2, 1),
-    "a job's image": (job, MAX_ATTEMPTS),
+    "/v2 gRPC": (v2_grpc, 1), "a job's image": (job, MAX_ATTEMPTS),
 }
 """Each door, and how many deadlines its answer may take (a job retries a late image)."""
+
+
+@pytest.fixture(autouse=True)
+def grpc_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every app here opens the protocol's gRPC port too (IDG_GRPC_PORT, read by the settings), a free one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("IDG_GRPC_PORT", str(s.getsockname()[1]))
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any
 
@@ -76,7 +77,7 @@ from app.api.oip import (
 from app.api.requests import first_error, read_body, until_disconnected
 from app.core.errors import ApiError, allow_header, documented_methods
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
-from app.service import ExplainRequest, Image, PredictRequest, Service
+from app.service import ExplainRequest, Image, PredictRequest, RequestContext, Service
 from idg_core.explain import Explanation
 from idg_core.models import ImageClassifier
 
@@ -244,9 +245,44 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     key, model = service.model(name)
     body = await read_body(request, service.settings.max_upload_bytes)
     req, tensors = read_infer_request(body, request.headers.get(HEADER_LENGTH))
+    inferred = await run_inference(service, key, model, req, tensors,
+                                   service.context(received, until_disconnected=until_disconnected(request)))
+    answer = partial(_answer, inferred, received)
+    # a large answer (attributions in JSON: 105 MB for 32 images) is built off the event loop, which serves the rest meanwhile
+    payload, header_length = await asyncio.to_thread(answer) if inferred.large else answer()
+    if header_length is None:
+        return Response(payload, media_type="application/json")
+    return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)})
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """An inference request's answer, before it is encoded in a door's form: the model, each image's probabilities and
+    explanation, the checked explanation request (None: predictions only), and the outputs asked."""
+
+    key: str
+    model: ImageClassifier
+    results: list[tuple[torch.Tensor, Explanation | None]]
+    checked: ExplainRequest | None
+    wanted: list[tuple[str, dict[str, Scalar]]]
+    req: InferRequest
+
+    def outputs(self) -> list[tuple[Output, bool]]:
+        """The answer's outputs, in the order asked, each with whether it is written in binary."""
+        return _outputs(self.model, self.results, self.checked, self.wanted, self.req)
+
+    @property
+    def large(self) -> bool:
+        """Whether encoding the answer is better done off the event loop."""
+        return _elements(self.results) > INLINE_ELEMENTS
+
+
+async def run_inference(service: Service, key: str, model: ImageClassifier, req: InferRequest, tensors: list[Tensor],
+                        context: RequestContext) -> Inferred:
+    """Check an inference request (outputs, parameters, images) and run each image through the service's one call
+    (the HTTP and the gRPC doors of the protocol both answer with this)."""
     wanted = _wanted_outputs(req)
     params, explain = _attribute_params(req, wanted, key)
-    context = service.context(received, until_disconnected=until_disconnected(request))
     call = service.explain_request(params, context) if explain else service.predict_request(PredictParams(model=key, top_k=1), context)
     items = _images(tensors, model, service.settings.max_batch_files)
 
@@ -261,14 +297,7 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
             tasks = [group.create_task(one(item)) for item in items]
     except ExceptionGroup as failed:
         raise _first_failure(failed) from None
-    results = [t.result() for t in tasks]
-    checked = call if isinstance(call, ExplainRequest) else None
-    answer = partial(_answer, key, model, results, checked, wanted, req, received)
-    # a large answer (attributions in JSON: 105 MB for 32 images) is built off the event loop, which serves the rest meanwhile
-    payload, header_length = await asyncio.to_thread(answer) if _elements(results) > INLINE_ELEMENTS else answer()
-    if header_length is None:
-        return Response(payload, media_type="application/json")
-    return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)})
+    return Inferred(key, model, [t.result() for t in tasks], call if isinstance(call, ExplainRequest) else None, wanted, req)
 
 
 def _check_content_type(given: str | None) -> None:
@@ -287,12 +316,10 @@ def _elements(results: list[tuple[torch.Tensor, Explanation | None]]) -> int:
     return sum(p.numel() + (0 if e is None else e.result.attributions.numel()) for p, e in results)
 
 
-def _answer(key: str, model: ImageClassifier, results: list[tuple[torch.Tensor, Explanation | None]],
-            checked: ExplainRequest | None, wanted: list[tuple[str, dict[str, Scalar]]], req: InferRequest,
-            received: float) -> tuple[bytes, int | None]:
+def _answer(inferred: Inferred, received: float) -> tuple[bytes, int | None]:
     """The answer's body (and its JSON header's length when an output is binary)."""
-    outputs = _outputs(model, results, checked, wanted, req)
-    return write_infer_response(key, req.id, outputs, {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
+    return write_infer_response(inferred.key, inferred.req.id, inferred.outputs(),
+                                {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
 
 
 @router.api_route(VERSIONED + "{rest:path}", methods=["GET", "POST"], include_in_schema=False)
@@ -354,7 +381,7 @@ def _wanted_outputs(req: InferRequest) -> list[tuple[str, dict[str, Scalar]]]:
 def _first_failure(failed: ExceptionGroup[Exception]) -> ApiError:
     """The error a request whose images failed answers: the first :class:`ApiError`, else the first failure as a logged 500."""
     errors = list(failed.exceptions)
-    return next((e for e in errors if isinstance(e, ApiError)), None) or internal_error(errors[0], "POST /v2/models/{name}/infer")
+    return next((e for e in errors if isinstance(e, ApiError)), None) or internal_error(errors[0], "the inference of /v2/models/{name}")
 
 
 def _attribute_params(req: InferRequest, wanted: list[tuple[str, dict[str, Scalar]]], model: str) -> tuple[AttributeCommon, bool]:

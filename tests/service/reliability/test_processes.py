@@ -6,17 +6,22 @@ start stops the launcher with its reason instead of a loop of restarts."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service.conftest import image_bytes
 from tests.service.reliability.server_app import ROOT, Served, serve_process
+
+GRPC = importlib.util.find_spec("grpc") is not None and importlib.util.find_spec("tritonclient") is not None
 
 
 def _replica_pids(served: Served, want: int, limit_s: float = 90) -> set[int]:
@@ -46,8 +51,29 @@ def _predict(served: Served) -> httpx.Response:
     return httpx.post(served.url + "/predict", files=files, timeout=30)
 
 
+def _grpc_replica_pids(port: int, want: int) -> set[int]:
+    """The server processes' pids seen answering gRPC's ServerReady (a new connection each; its trailing metadata names
+    the process)."""
+    grpc = pytest.importorskip("grpc")
+    pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+    stub_of = pytest.importorskip("tritonclient.grpc.service_pb2_grpc").GRPCInferenceServiceStub
+    seen: set[int] = set()
+    for _ in range(40):
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            answer, call = stub_of(channel).ServerReady.with_call(pb.ServerReadyRequest(), timeout=10)
+            assert answer.ready
+            seen.add(int(dict(call.trailing_metadata())["x-idg-replica"].rsplit(":", 1)[1]))
+        if len(seen) == want:
+            break
+    return seen
+
+
 def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Path) -> None:
-    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2) as served:
+    # and on one gRPC port (IDG_GRPC_PORT), where grpcio is installed: each process opens it with SO_REUSEPORT too
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        grpc_port = s.getsockname()[1]
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2, IDG_GRPC_PORT=grpc_port if GRPC else 0) as served:
         pids = _replica_pids(served, 2)
         assert served.proc.pid not in pids  # the launcher serves nothing itself
         answered_by: set[int] = set()
@@ -62,6 +88,8 @@ def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Pa
         assert served.metric("idg_ready") == 1  # every process ready
         assert served.metric("idg_ready_processes") == 2
         assert served.metric('idg_model_calls_total{model="tiny"}') >= 12
+        if GRPC:
+            assert _grpc_replica_pids(grpc_port, 2) == pids
     assert answered_by == pids
 
 

@@ -1,0 +1,292 @@
+"""The Open Inference Protocol over gRPC: KServe's ``GRPCInferenceService`` (``grpc_predict_v2.proto``) with Triton's
+model configuration, repository index and statistics, as ``tritonclient.grpc`` calls it, on ``IDG_GRPC_PORT``.
+
+A door like :mod:`app.api.routes.v2`, and no more: each call is read into the HTTP door's request
+(:func:`app.api.oip.validate_request`, :func:`app.api.oip.decode_tensor`), answered by the same
+:func:`app.api.routes.v2.run_inference` (the service's one call), and written from the same outputs. The differences are
+the protocol's: tensors come in ``raw_input_contents`` (what tritonclient sends) or typed ``contents``, outputs go back in
+``raw_output_contents``; the deadline is the call's gRPC deadline or ``IDG_REQUEST_TIMEOUT_S``, whichever is sooner,
+counted from arrival; the API key comes as metadata (``x-api-key``, or ``authorization: Bearer KEY``) on every call but
+``ServerLive`` and ``ServerReady``; the service's errors are status codes (:func:`status_code`); the trailing metadata
+``x-idg-replica`` names the server process that answered. The server runs on the
+app's event loop (``grpc.aio``), opened by the lifespan once ready and closed first on the way out.
+
+The generated messages are tritonclient's (``tritonclient.grpc.service_pb2``: KServe's ``inference`` package, Triton's
+extensions included), so nothing here is generated: the grpc extra (``pip install 'idg-service[grpc]'``) provides
+grpcio, protobuf and tritonclient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import grpc
+from fastapi import FastAPI
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from grpc import aio
+from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import service_pb2 as pb
+
+from app.api.deps import api_key_in, api_key_refusal, ready_service
+from app.api.failures import internal_error
+from app.api.oip import DTYPES, InferRequest, RequestInput, Scalar, Tensor, bad, decode_tensor, json_numbers, validate_request
+from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, run_inference
+from app.core.config import Settings
+from app.core.drain import Drain
+from app.core.errors import SHUTTING_DOWN, ApiError
+from app.core.replica import replica_id
+from app.service import Service
+from idg_core.models import ImageClassifier
+
+log = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT32": "int_contents", "INT64": "int64_contents",
+            "UINT8": "uint_contents"}
+"""The ``InferTensorContents`` field of each numeric type (``BYTES``: ``bytes_contents``)."""
+CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED,
+         404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+         500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def status_code(err: ApiError) -> grpc.StatusCode:
+    """The gRPC status of the service's error: a busy queue is RESOURCE_EXHAUSTED (retry later), not ready or shutting
+    down UNAVAILABLE (retry elsewhere), any other 4xx INVALID_ARGUMENT."""
+    if err.status == 503 and err.code == "busy":
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return CODES.get(err.status, grpc.StatusCode.INVALID_ARGUMENT if 400 <= err.status < 500 else grpc.StatusCode.INTERNAL)
+
+
+def _scalar(p: pb.InferParameter, where: str) -> Scalar:
+    choice = p.WhichOneof("parameter_choice")
+    if choice is None:
+        raise bad(f"{where} has no value")
+    value: Scalar = getattr(p, choice)
+    return value
+
+
+def _set(p: pb.InferParameter, value: Scalar) -> None:
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = value
+
+
+def _parameters(given: Any, where: str) -> dict[str, Scalar]:
+    return {k: _scalar(v, f"{where} parameter {k!r}") for k, v in given.items()}
+
+
+def _raw(spec: RequestInput, contents: pb.InferTensorContents) -> bytes:
+    """Typed ``contents`` as the binary extension's bytes (checked as JSON ``data`` is: integers in range, finite floats)."""
+    if spec.datatype == "BYTES":
+        return b"".join(struct.pack("<I", len(s)) + s for s in contents.bytes_contents)
+    if spec.datatype not in CONTENTS:
+        raise bad(f"input {spec.name!r}: datatype {spec.datatype} is not supported; send BYTES, FP32 or UINT8")
+    items = list(getattr(contents, CONTENTS[spec.datatype]))
+    return json_numbers(items, DTYPES[spec.datatype], spec.name, spec.datatype).tobytes()
+
+
+def read_request(request: pb.ModelInferRequest) -> tuple[InferRequest, list[Tensor]]:
+    """The HTTP door's inference request and its tensors, from a ``ModelInferRequest`` (400 for what it would refuse)."""
+    req = validate_request({
+        "id": request.id or None,
+        "parameters": _parameters(request.parameters, "the request's"),
+        "inputs": [{"name": i.name, "shape": list(i.shape), "datatype": i.datatype, "parameters": _parameters(i.parameters, "an input's")}
+                   for i in request.inputs],
+        "outputs": [{"name": o.name, "parameters": _parameters(o.parameters, "an output's")} for o in request.outputs] or None,
+    })
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(req.inputs):
+        raise bad(f"raw_input_contents holds {len(raw)} tensors for {len(req.inputs)} inputs")
+    tensors = []
+    for i, (spec, given) in enumerate(zip(req.inputs, request.inputs, strict=True)):
+        data = raw[i] if raw else _raw(spec, given.contents) if given.HasField("contents") else None
+        if data is None:
+            raise bad(f"input {spec.name!r} has neither contents nor raw_input_contents")
+        tensors.append(decode_tensor(spec, data))
+    return req, tensors
+
+
+Handler = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Bytes that are not the call's request message: INVALID_ARGUMENT (grpc's own deserializer failure is INTERNAL)."""
+
+    reason: str
+
+
+def _read(kind: Any, data: bytes) -> Any:
+    try:
+        return kind.FromString(data)
+    except DecodeError as err:
+        return Malformed(str(err) or "it cannot be parsed")
+
+
+class InferenceService:
+    """The RPCs of ``GRPCInferenceService`` this service answers (the others answer UNIMPLEMENTED)."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.state = app.state
+        self.version = app.version
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        methods: dict[str, tuple[Handler, Any, bool]] = {
+            "ServerLive": (self.server_live, pb.ServerLiveRequest, False),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest, False),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest, True),
+            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest, True),
+            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest, True),
+            "ModelConfig": (self.model_config, pb.ModelConfigRequest, True),
+            "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest, True),
+            "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest, True),
+            "ModelInfer": (self.model_infer, pb.ModelInferRequest, True),
+        }
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            name: grpc.unary_unary_rpc_method_handler(self._guarded(name, fn, key), request_deserializer=partial(_read, kind),
+                                                      response_serializer=lambda m: m.SerializeToString())
+            for name, (fn, kind, key) in methods.items()})
+
+    def _guarded(self, name: str, fn: Handler, needs_key: bool) -> Handler:
+        """``fn`` behind the API key (``needs_key``), with the service's errors as status codes and any other failure a
+        logged INTERNAL (never UNKNOWN)."""
+
+        async def call(request: Any, context: aio.ServicerContext) -> Any:
+            replica = (("x-idg-replica", replica_id()),)  # which server process answered, as X-IDG-Replica says over HTTP
+            context.set_trailing_metadata(replica)
+            drain: Drain = self.state.drain  # counted as in flight: a shutdown's drain waits for the call within its grace
+            task = asyncio.current_task()
+            drain.active += 1
+            drain._tasks.add(task)  # type: ignore[arg-type]  # noqa: SLF001 - cancelled when the grace is over
+            try:
+                if isinstance(request, Malformed):
+                    raise bad(f"the request is not a {name}Request message: {request.reason}")
+                if needs_key:
+                    metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+                    refusal = api_key_refusal(self.state.keys, api_key_in(metadata))
+                    if refusal is not None:
+                        raise refusal
+                return await fn(request, context)
+            except ApiError as err:
+                failure = err
+            except asyncio.CancelledError:
+                if not drain.aborted or task is None:
+                    raise
+                task.uncancel()
+                failure = ApiError(503, SHUTTING_DOWN, code="shutting_down")
+            except Exception as err:  # noqa: BLE001 - a bug: logged with its traceback, answered INTERNAL
+                failure = internal_error(err, f"gRPC {name}")
+            finally:
+                drain.active -= 1
+                drain._tasks.discard(task)  # noqa: SLF001
+            return await context.abort(status_code(failure), failure.message, replica)  # raises: the call ends with the status
+
+        return call
+
+    def _service(self) -> Service:
+        return ready_service(self.state)
+
+    async def server_live(self, request: pb.ServerLiveRequest, context: aio.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request: pb.ServerReadyRequest, context: aio.ServicerContext) -> pb.ServerReadyResponse:
+        state = self.state
+        ready = bool(getattr(state, "ready", False)) and not state.draining and state.service.worker.stuck is None
+        return pb.ServerReadyResponse(ready=ready)
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> pb.ModelReadyResponse:
+        """Ready: the service is, the model is one it serves, and the version is its one (else false, as Triton answers)."""
+        service = self._service()
+        return pb.ModelReadyResponse(ready=request.name in service.models and request.version in ("", MODEL_VERSION))
+
+    async def server_metadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=self.version, extensions=EXTENSIONS)
+
+    async def _model(self, name: str, version: str) -> tuple[Service, str, ImageClassifier]:
+        service = self._service()
+        if not name:  # not the default model, as /attribute without one: the protocol names its model
+            raise ApiError(404, f"name a model: {', '.join(service.models)}", code="unknown_model")
+        await _one_version(name, version or MODEL_VERSION)
+        key, model = service.model(name)
+        return service, key, model
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> pb.ModelMetadataResponse:
+        _, key, model = await self._model(request.name, request.version)
+        meta = _metadata(key, model)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta.name, versions=meta.versions, platform=meta.platform,
+            inputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.inputs],
+            outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in meta.outputs])
+
+    async def model_config(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> pb.ModelConfigResponse:
+        service, key, model = await self._model(request.name, request.version)
+        config = _config(key, model, service.settings.max_batch_files).model_dump(exclude_none=True)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+
+    async def model_statistics(self, request: pb.ModelStatisticsRequest,
+                               context: aio.ServicerContext) -> pb.ModelStatisticsResponse:
+        """One model's statistics, or every model's when the request names none."""
+        service = self._service()
+        if request.name:
+            await _one_version(request.name, request.version or MODEL_VERSION)
+        names = [service.model(request.name)[0]] if request.name else list(service.stats)
+        return pb.ModelStatisticsResponse(model_stats=[
+            json_format.ParseDict(service.stats[n].triton(n, MODEL_VERSION), pb.ModelStatistics()) for n in names])
+
+    async def repository_index(self, request: pb.RepositoryIndexRequest,
+                               context: aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(models=[index(name=n, version=MODEL_VERSION, state="READY") for n in self._service().models])
+
+    async def model_infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> pb.ModelInferResponse:
+        """Classify (and explain) the images of ``image`` or ``input``: :func:`app.api.routes.v2.run_inference`, the HTTP
+        door's call, within the gRPC deadline or the service's, whichever is sooner."""
+        received = time.perf_counter()
+        remaining = context.time_remaining()
+        service, key, model = await self._model(request.model_name, request.model_version)
+        req, tensors = read_request(request)
+        timeout = service.settings.request_timeout_s if remaining is None else min(service.settings.request_timeout_s, remaining)
+        inferred = await run_inference(service, key, model, req, tensors, service.context(received, timeout=max(timeout, 1e-3)))
+
+        def answer() -> pb.ModelInferResponse:
+            response = pb.ModelInferResponse(model_name=key, model_version=MODEL_VERSION, id=req.id or "")
+            for out, _ in inferred.outputs():
+                tensor = response.outputs.add(name=out.name, datatype=out.datatype, shape=out.dims)
+                for k, v in out.parameters.items():
+                    _set(tensor.parameters[k], v)
+                response.raw_output_contents.append(out.binary())
+            _set(response.parameters["total_ms"], round((time.perf_counter() - received) * 1000, 3))
+            return response
+
+        return await asyncio.to_thread(answer) if inferred.large else answer()
+
+
+async def start_grpc(app: FastAPI, settings: Settings) -> aio.Server:
+    """Open the protocol's gRPC port (``IDG_GRPC_PORT`` on ``IDG_HOST``) on the running event loop. Every server process
+    binds it with ``SO_REUSEPORT`` (grpc's default on Linux), as they share the HTTP port; messages up to
+    ``IDG_MAX_UPLOAD_BYTES`` are read (larger: RESOURCE_EXHAUSTED), answers of any size written."""
+    server = aio.server(options=[("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", settings.max_upload_bytes),
+                                 ("grpc.max_send_message_length", -1)])
+    server.add_generic_rpc_handlers((InferenceService(app).handlers(),))
+    address = f"[{settings.host}]:{settings.grpc_port}" if ":" in settings.host else f"{settings.host}:{settings.grpc_port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as err:
+        raise RuntimeError(f"cannot listen for gRPC on {address} (IDG_GRPC_PORT): {err}") from err
+    await server.start()
+    log.info("Open Inference Protocol over gRPC on %s", address)
+    return server
