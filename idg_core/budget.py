@@ -25,7 +25,7 @@ from typing import Any
 
 GRAD_UNITS = 3
 """Work units of an image with a gradient; a forward-only image is 1 (a forward and backward
-pass cost about three forwards; 3.8 measured for ResNet-101 on an H100)."""
+pass cost about three forwards)."""
 PREDICT_UNITS = 1.0
 """Work units of a prediction (one forward pass)."""
 

@@ -2,10 +2,9 @@
 
 On CUDA the first forward-and-gradient pass at a batch size the process has not run costs far more
 than the next one at that size: cuDNN picks (and for some engines JIT-compiles) its kernels per
-shape. Measured on an H100 (cuDNN 9.19, ``../shared/docs/FACTS.md``): EfficientNet-Lite0 in bf16 and
-channels-last 7.5-10.5 s the first time against 20 ms again; ResNet-101 bf16 about 200 ms against
-39 ms. A batching service whose calls take however many path points a round gathered (1 to 128)
-meets a new size on nearly every call under fresh traffic.
+shape, seconds the first time against milliseconds again (measured: docs/results/speed.md). A batching
+service whose calls take however many path points a round gathered (1 to 128) meets a new size on nearly
+every call under fresh traffic.
 
 :class:`CallShapes` fixes the set: a call of ``n`` images runs at :meth:`CallShapes.size_for` (the smallest
 listed size ``>= n``), padded with copies of its last image; only the first ``n`` rows' outputs are read and

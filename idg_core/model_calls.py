@@ -29,8 +29,7 @@ R = TypeVar("R")
 
 def default_batch_size(device: torch.device) -> int:
     """Images per model call when the caller gives none: 8 on CPU, where small batches stay in
-    cache (IDG-50/50 on EfficientNet-Lite0, 2-core Xeon: 2.8 s at 8, 4.0 s at 32, 7.7 s at 64),
-    128 on CUDA (ResNet-101 on an H100: 118 ms at 32, 90 ms at 128, 80 ms at 512 with 4x the memory)."""
+    cache, 128 on CUDA, where larger calls gain little more for their memory (measured: docs/results/speed.md)."""
     return 128 if device.type == "cuda" else 8
 
 
@@ -120,8 +119,7 @@ def prepare_call(queries: Sequence[Query], chunk: list[tuple[int, int, int]], gr
     """Gather the points of ``chunk`` into one batch, padded to ``shapes``' size for it with copies of its last point.
 
     Each query writes its points straight into the batch (:meth:`Query.write_points`): building each query's points,
-    concatenating them and padding the result had copied a 128-row batch of 224-pixel images three more times, 100 ms
-    against 19 ms on one core of the 2-core VM."""
+    concatenating them and padding the result would copy the batch three more times."""
     n = sum(b - a for _, a, b in chunk)
     size = shapes.size_for(n) if shapes is not None and shapes.fixed else n
     like = queries[chunk[0][0]].origin

@@ -90,8 +90,8 @@ def allocate_samples(probe_logits: Tensor, steps: int) -> Tensor:
     NaN or an infinity is refused (``ValueError``, saying so): no allocation of it means anything.
 
     A handful of values (N probe points), so plain Python floats, not tensors: a torch op costs microseconds of
-    dispatch, and this runs once per explanation on the service's worker thread, where it had been its largest
-    single cost: 250-400 us in torch, 45-75 us here (N = 8, the 2-core VM; numpy: 125 us).
+    dispatch, and this runs once per explanation on the service's worker thread, where in torch it was its largest
+    single cost.
     """
     logits = probe_logits.detach().to("cpu", torch.float64).reshape(-1).tolist()
     n = len(logits)

@@ -1,9 +1,7 @@
 """A minimal PNG writer for 8-bit grey and RGB arrays, with zlib doing the compression.
 
-Why not Pillow: for what the service answers it is faster and, for heatmaps, smaller. Measured on a
-224² IDG heatmap of a sample photo on one thread of this project's 2-core VM: 2.4 ms and 56 KB here
-against Pillow's 6.3 ms and 85 KB at its fastest zlib level (12-14 ms at its default); the overlay 4.1 ms
-and 109 KB against 7.9 ms and 108 KB. Pillow chooses a row filter by itself, which on a heatmap (a
+Why not Pillow: for what the service answers it is faster and, for heatmaps, smaller (measured:
+docs/results/speed.md). Pillow chooses a row filter by itself, which on a heatmap (a
 few hundred exact colours) costs time and bytes; here the caller names the filter that suits the
 picture. The output is a standard PNG: every reader, Pillow's included, decodes it.
 """
@@ -17,11 +15,10 @@ import numpy as np
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FILTER_NONE, FILTER_UP = 0, 2
-"""Row filters (PNG spec, section 9): ``NONE`` suits heatmaps, whose colours repeat exactly (56 KB against
-87 KB with ``UP``); ``UP`` (each byte minus the one above it) suits photos and overlays (109 KB against
-134 KB with ``NONE``)."""
+"""Row filters (PNG spec, section 9): ``NONE`` suits heatmaps, whose colours repeat exactly; ``UP`` (each
+byte minus the one above it) suits photos and overlays (sizes: docs/results/speed.md)."""
 LEVEL = 1
-"""zlib level: level 3 made a heatmap 10% smaller at twice the time, the overlay 0.3% smaller."""
+"""zlib level: higher levels cost more time than they save bytes on these pictures."""
 _COLOUR_TYPE = {1: 0, 3: 2}  # channels -> PNG colour type (grey, RGB)
 
 

@@ -1,4 +1,4 @@
-"""Issue #47's candidate against IDGI's deletion cost: a straight-path method's own map and its IDGI map,
+"""A candidate against IDGI's deletion cost: a straight-path method's own map and its IDGI map,
 both from the same gradient pass (SmoothGrad's noisy copies included), ranked and averaged. It costs
 exactly what the method with IDGI costs; ``idgi_mix`` is IDGI's weight (0: the method's map's order,
 1: IDGI's).

@@ -160,7 +160,7 @@ def _paired_diff(records: list[dict[str, Any]], a: str, b: str, metric: str, arr
 
 def preset_choice(records: list[dict[str, Any]], names: list[str], ranks: dict[str, list[str]], *, ref: str = "AGI",
                   budget: float = 10.0) -> tuple[str | None, list[str]]:
-    """Issue #31's rule for the ``quality`` preset: among the rows that cost at most ``budget`` × ``ref``'s model
+    """The rule for the ``quality`` preset: among the rows that cost at most ``budget`` × ``ref``'s model
     passes per image (its most on any image: AGI stops early on some, but a user pays its bound) and are ahead
     of ``ref`` in the mean on insertion, deletion, SIC and AIC, the one first on the most of the four (ties:
     the better mean rank over the four, then fewer passes). Returns that row

@@ -73,13 +73,13 @@ BLUR_SIGMA = 1.0
 fitted on 2 photos at IDG 8/16 on the loaded CPU (``results/evaluation-quality/blur_fit.md``: correlation 0.40-0.44
 against 0.36-0.39 unblurred; 2 px next). Refit with more photos at 50/50 with ``python -m idg_core.evaluation.blur_fit``
 or name the row ``IDG+Blur:blur_sigma=S``."""
-# The rivals of issue #31, at their published defaults, and the blur control.
+# The rivals in the faithfulness tables, at their published defaults, and the blur control.
 RIVALS: dict[str, tuple[str, dict[str, Any]]] = {
     "EG": ("eg", {"samples": 50}),
     "IDG-EG": ("idg_eg", {"paths": 4, "probe_steps": 8, "steps": 16}),
     "LA": ("la", {"max_iter": 20, "classes": 20, "spatial_range": 20.0}),
     "IDG+Blur": ("idg", {"steps": 50, "probe_steps": 50, "blur_sigma": BLUR_SIGMA}),
-    # Spectral IG (issue #47) at its authors' settings (configs/spectral_ig.yaml: 200 points, overlap 0.4, SVD per channel,
+    # Spectral IG at its authors' settings (configs/spectral_ig.yaml: 200 points, overlap 0.4, SVD per channel,
     # the softmax probability, the black baseline), and on this table's mean baseline
     "SIG": ("spectral_ig", {"steps": 200, "overlap": 0.4, "baseline": "black"}),
     "SIG-mean": ("spectral_ig", {"steps": 200, "overlap": 0.4}),

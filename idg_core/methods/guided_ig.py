@@ -26,7 +26,7 @@ MIN_FRACTION = 0.01
 """Smallest ``fraction``: a sub-step moves at least this share of the features, so a step takes at
 most 102 sub-steps (``fraction=0`` moved one feature per sub-step: 150,528 passes at 224²)."""
 CHECKPOINT_EVERY = 4
-"""Sub-steps between checkpoints (each about 17 ms at 224² on a CPU core, 0.2 s on a loaded one)."""
+"""Sub-steps between checkpoints."""
 
 
 def substep_bound(fraction: float) -> int:

@@ -21,7 +21,7 @@ FAST = {"probe_steps": 8, "steps": 16}
 PAPER = {"probe_steps": 50, "steps": 50}
 QUALITY = {**FAST, "postprocess": "idgi", "smooth_samples": 16, "smooth_std": 0.15}
 """The ``quality`` preset: IDG fast + IDGI + SmoothGrad over 16 noisy copies, 384 forward / 256 gradient passes
-(within AGI's 40 x 10 = 400), chosen by issue #31's 65-photo table (:mod:`idg_core.presets`)."""
+(within AGI's 40 x 10 = 400), chosen on the 65 sample photos (:mod:`idg_core.presets`)."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:

@@ -139,4 +139,4 @@ each channel's singular components of x - x' from the largest down,
 SIG = Σ_{k<S-1} ∇F(x(α_k)) ⊙ (x(α_{k+1}) - x(α_k)). The authors' baseline is black (``baseline="black"``).""")
 
 METHOD = Method(spectral_ig, spectral_ig_plan, PARAMS, spectral_ig_bound, "Spectral Integrated Gradients (coarse-to-fine SVD path)",
-                presets={"fast": PAPER, "paper": PAPER, "quality": PAPER})  # only IDG was measured for fast (idg_core.presets)
+                presets={"fast": PAPER, "paper": PAPER, "quality": PAPER})  # only IDG was tuned for fast (idg_core.presets)

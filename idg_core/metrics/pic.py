@@ -110,8 +110,8 @@ def pic_scores(
 def _one_blas_thread() -> None:
     """Pool initializer: one BLAS thread per rebuild process. Each rebuild's interpolator calls
     LAPACK (scipy's OpenBLAS) per triangle; with one OpenBLAS pool per process, their spinning
-    threads outnumber the cores and the processes wait on each other: a 0.4 s rebuild took
-    3 to 144 s in a 2-process pool on this 2-core VM, and 0.35-0.5 s with one thread each."""
+    threads outnumber the cores and the processes wait on each other, a rebuild then taking
+    ten to hundreds of times as long."""
     threadpool_limits(1)
 
 

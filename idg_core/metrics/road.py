@@ -11,11 +11,9 @@ normalised units, as the reference adds to its normalised images), solved on the
 factorisation (SuperLU, one factorisation for all channels) of the system in a *nested-dissection*
 order of the pixel grid (:func:`_dissection_rank`): the same solution as the reference's
 ``scipy.sparse.linalg.spsolve`` (COLAMD order) up to rounding (~1e-13 on [0, 1] pixels, a test checks
-it), with about half the fill and ~2× less time over a curve's levels, 2.2-3.8× at 90% removed
-(``benchmarks/road_solve.py`` on a 224² photo, one core: 0.43-0.71 s → 0.15-0.22 s per solve).
-Conjugate gradients in torch needed ~300 iterations for 90% removed and were slower; a two-level
-smoothed-aggregation preconditioner needed ~9 but was no faster than the ordered factorisation in
-Python, and is not exact.
+it), with about half the fill and less time (``benchmarks/road_solve.py``). Conjugate gradients in torch
+needed hundreds of iterations at 90% removed and were slower; a two-level smoothed-aggregation
+preconditioner was no faster than the ordered factorisation in Python, and is not exact.
 
 Why no pivoting is needed: the negated matrix (positive diagonal s_i, off-diagonals −w) is symmetric
 (the weights are symmetric in the offset) and diagonally dominant, strictly so in a row with a kept or

@@ -5,12 +5,11 @@ by default on CUDA); ``tf32`` lets CUDA matrix units round float32 operands to T
 the network under bfloat16 autocast while inputs, logits and input gradients stay float32.
 The TF32 switches are process-wide in PyTorch, so one process has one precision.
 How far each moves the attributions (rank correlation with fp32) is measured by
-``benchmarks/gpu_variants.py``; results in ``results/benchmarks/``.
+``benchmarks/gpu_variants.py`` (results: docs/results/speed.md and docs/results/faithfulness.md).
 
 Folding batch norm (:func:`fold_batchnorm`) changes no precision: an eval-mode ``BatchNorm2d`` right
 after a convolution is an affine map per channel, so it goes into the convolution's weight and bias
-and both its forward and its backward pass disappear (28% of a forward-and-input-gradient pass of
-EfficientNet-Lite0 on this project's CPU). Only float rounding differs.
+and both its forward and its backward pass disappear. Only float rounding differs.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 BF16_MEASURED = frozenset({"packaged:efficientnet_lite0"})
-"""Model sources whose faithfulness under bf16 was measured (and kept): ``auto`` gives them bf16 on CUDA."""
+"""Model sources whose faithfulness under bf16 was measured here (and kept): ``auto`` gives them bf16 on CUDA."""
 
 
 def default_precision(device: torch.device, source: str | None = None, bf16_kept: bool | None = None) -> Precision:
@@ -49,13 +48,9 @@ def default_precision(device: torch.device, source: str | None = None, bf16_kept
 
     A precision is chosen by faithfulness, not assumed. TF32 (float32 storage, matrix products with a
     10-bit mantissa, PyTorch's own default for convolutions on CUDA) stayed within noise of IEEE fp32
-    on every metric: EfficientNet-Lite0 on 46 photos outside the samples, paired per image,
-    IDG-50/50 insertion −0.000 ± 0.003, deletion +0.001 ± 0.004, SIC +0.009 ± 0.007, AIC +0.024 ± 0.018
-    (> 0 favours TF32), IG-50 within noise or better on all four (``../shared/docs/FACTS.md``). bf16 moves more and is
-    not known for a ViT's or a user's CNN, so it is earned per model: on Lite0 (72 photos) IDG-50/50
-    insertion +0.011 ± 0.009, deletion −0.003 ± 0.006, IG-50 within ± 0.006 on every metric, at 2.8x the
-    speed of fp32 on an H100. On CPUs without bf16 units autocast is slower, not faster, and TF32 does
-    not exist: IEEE fp32 there, calibrated or not.
+    on every metric. bf16 moves more and is not known for a ViT's or a user's CNN, so it is earned per
+    model; EfficientNet-Lite0 earned it (both: docs/results/faithfulness.md). On CPUs without bf16 units
+    autocast is slower, not faster, and TF32 does not exist: IEEE fp32 there, calibrated or not.
     """
     if device.type != "cuda":
         return "fp32"
@@ -65,11 +60,8 @@ def default_precision(device: torch.device, source: str | None = None, bf16_kept
 
 
 def default_channels_last(device: torch.device, precision: str) -> bool:
-    """What ``channels_last = auto`` means. On the CPU, on: IDG at the ``fast`` preset on one image,
-    2-core Xeon, 1.25 s -> 1.10 s on EfficientNet-Lite0 and 3.4 s -> 2.4 s on ResNet-50 (oneDNN's
-    channels-last kernels). On CUDA, on with bf16 only: on an H100, IDG-50/50 on Lite0 1.40x -> 1.73x
-    of fp32 with bf16, while in fp32 it slowed ResNet-101 to 0.79x
-    (``results/benchmarks/h100-variants-*.md``)."""
+    """What ``channels_last = auto`` means. On the CPU, on (oneDNN's channels-last kernels are faster).
+    On CUDA, on with bf16 only: it speeds bf16 up and slowed fp32 down (measured: docs/results/speed.md)."""
     return device.type == "cpu" or precision == "bf16"
 
 
@@ -137,10 +129,9 @@ def _with_own_padding(conv: nn.Module) -> nn.Conv2d | None:
     by zeros at its start, ``(k + d)`` for a difference ``d``: output ``i`` then reads the same inputs
     with the same weights (the extra leading zero row meets only the extra padding), so the function and
     its input gradient are the same up to the order of float additions (Lite0's logits came out equal).
-    The padded copies were 12-15% of a profiled Lite0 forward-and-gradient pass on this CPU, mostly the
-    five stride-2 ones: with those folded too, IDG ``fast`` on one image went 0.40 -> 0.37 s (min of 14,
-    interleaved; the symmetric ones alone had measured 0.69-0.76 -> 0.69-0.72 s). The widening is done
-    on the CPU only, where it was measured. None: not such a module, more padding at the start than at
+    The padded copies are a noticeable share of a Lite0 forward-and-gradient pass on the CPU, mostly
+    the stride-2 ones (measured: docs/results/speed.md). The widening is done on the CPU only, where it
+    was measured. None: not such a module, more padding at the start than at
     the end, or an asymmetric one off the CPU."""
     pad = getattr(conv, "static_padding", None)
     if type(conv) is nn.Conv2d or not isinstance(conv, nn.Conv2d) or not isinstance(pad, nn.Module):
@@ -198,14 +189,13 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
     process-wide: blocks up to ``mmap_threshold`` (32 MiB is glibc's most) come from the heap, which
     is trimmed only when ``trim_threshold`` lies free at its top, and grows ``top_pad`` at a time.
     Threads started after this share ``arenas`` heaps: a thread's own arena is made of 64 MiB pieces
-    that glibc unmaps whenever one falls empty, whatever the trim threshold, so the service's worker
-    thread, in an arena of its own, still faulted 30,000-90,000 pages a request; sharing the main one
-    (the default, 1), a few starts of the service measured 0-1,000 after the first request.
+    that glibc unmaps whenever one falls empty, whatever the trim threshold, so a worker thread in an
+    arena of its own would still fault pages on every request; sharing the main one (the default, 1)
+    it hardly does.
 
     PyTorch's CPU tensors are plain ``malloc`` blocks. With glibc's defaults a forward and backward
-    pass returns most of its activations to the kernel and faults them back in on the next call:
-    EfficientNet-Lite0's default attribution (8 path points a call) on this project's 2-core Xeon
-    made about 130,000 page faults and took 0.55 s; with this, 0.41 s (min of 10). The price: the process keeps its
+    pass returns most of its activations to the kernel and faults them back in on the next call
+    (the cost: docs/results/speed.md). The price: the process keeps its
     peak working set (resident memory does not fall after a burst). Returns whether glibc took all
     four settings (``False`` on another C library or system, where nothing changes)."""
     if not sys.platform.startswith("linux"):
