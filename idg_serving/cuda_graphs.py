@@ -4,8 +4,7 @@ input gradient).
 With fixed call sizes (:mod:`idg_core.call_shapes`) every call of a model has one of a few shapes, so
 each can be captured once during warm-up and replayed: one launch instead of hundreds. A network of
 many small kernels (EfficientNet-Lite0: depthwise convolutions) is otherwise bound by the host
-launching them: on an H100 the service's model calls measured 62% "busy" by CUDA events while
-``nvidia-smi`` saw the SMs 15% used (results/benchmarks/h100-service-lite0-pipelined.md).
+launching them: the device counts as busy while its SMs sit mostly idle (measured: docs/results/speed.md).
 
 A graph reads its inputs from static tensors and writes static outputs: :meth:`GraphedCall.run` copies
 a call's (padded) inputs and row selection in, replays, and returns copies of the real rows' outputs
@@ -14,9 +13,9 @@ row of the graph selects its own target (padding rows whatever they held), so re
 those of an eager call. All graphs of a model share one memory pool, replayed one at a time on one
 stream. A network that cannot be captured (a host synchronisation inside, a data-dependent shape) is
 run eagerly (:func:`capture_graphs` returns no graphs and says why). After a failed capture, torch 2.11's
-CUDA default generator refuses draws on the device ("Offset increment outside graph capture", seen on an
-H100); the service draws its random numbers on the CPU (AGI's and SmoothGrad's seeded generators, the
-warm-up's inputs), so it is not affected.
+CUDA default generator refuses draws on the device ("Offset increment outside graph capture"); the service
+draws its random numbers on the CPU (AGI's and SmoothGrad's seeded generators, the warm-up's inputs), so it is
+not affected.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ class GraphedCall:
                  channels: int = 3) -> None:
         self.size, self.grad = size, grad
         # drawn on the CPU: after a capture on another thread, PyTorch 2.11's CUDA generator refused a draw outside
-        # one ("Offset increment outside graph capture encountered unexpectedly", seen on an H100)
+        # one ("Offset increment outside graph capture encountered unexpectedly")
         self.x = torch.rand(size, channels, input_size, input_size).to(device)
         self.targets = torch.zeros(size, dtype=torch.long, device=device)
         self.is_prob = torch.zeros(size, dtype=torch.bool, device=device)

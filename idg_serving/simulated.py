@@ -14,8 +14,6 @@ began, whichever is later (a GPU runs a call's first kernels while the host stil
 is ready ``call_ms`` later, or once the host finished launching it if that is later (:meth:`end_event`: the caller
 waits for it, as for a CUDA event). A device that waits for the host then shows as a gap in that timeline, and the
 host's own waits for the GIL between calls do not stop the device, as on a GPU, where the kernels need no Python.
-(Until 2026-11-25 a call was booked only after its forward pass had been computed on the host: every call's
-device time then began behind ~4-10 ms of the host's CPU work, which a GPU overlaps with the call before it.)
 The service wraps its models in it with ``IDG_SIMULATED_CALL_MS`` (benchmarks and tests only), as a stream.
 
 Several processes can share one simulated device, as several server processes share one GPU: give each
