@@ -98,7 +98,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             launch_ahead=settings.launch_ahead, log_results=settings.log_predictions,
         )
         # on the worker's own thread, where requests run: its malloc arena is the one the first request would grow
-        # (170,000 page faults, 0.69 s against 0.57 s for the next, Lite0 on the CPU, when the warm-up ran elsewhere).
+        # (its page faults made the first request slower when the warm-up ran elsewhere: docs/results/speed.md).
         # Compiled graphs are made before ready even with IDG_WARMUP=false: else the first requests would wait for them
         await asyncio.to_thread(worker.start, partial(warm_up, loaded, settings.batch_images(device), settings.warmup, shapes,
                                                       worker.run_on_device))

@@ -32,7 +32,7 @@ class AttributeCommon(PredictParams):
     method: MethodName = Field("idg", description="Attribution method: " + ", ".join(f"{n} ({m.summary})" for n, m in METHODS.items()))
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
     preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
-                           "within noise of IDG-50/50 and no worse than IG-50, measured on sample photos), 'paper' (the paper's "
+                           "within noise of IDG-50/50 and no worse than IG-50 on sample photos), 'paper' (the paper's "
                            "50 steps) or 'quality' (IDG fast + IDGI + SmoothGrad over "
                            f"{METHODS['idg'].presets['quality']['smooth_samples']} noisy copies, chosen by faithfulness against "
                            "AGI on sample photos); explicit steps / "
@@ -256,8 +256,9 @@ class ModelInfo(BaseModel):
         default_factory=list, description="Per-channel (RGB) standard deviation pixels are divided by, inside the model")
     precision: str = Field("fp32", description="Arithmetic the model runs in: fp32, tf32 or bf16 (autocast)")
     precision_source: str = Field(
-        "auto", description="Where `precision` came from: auto (IDG_PRECISION=auto: TF32 on CUDA, bf16 for a model measured "
-        "here, IEEE fp32 on the CPU), calibration (auto on CUDA, decided by `calibration`), models file, or setting (IDG_PRECISION)")
+        "auto", description="Where `precision` came from: auto (IDG_PRECISION=auto: TF32 on CUDA, bf16 for a model whose bf16 "
+        "faithfulness was checked, IEEE fp32 on the CPU), calibration (auto on CUDA, decided by `calibration`), models file, or "
+        "setting (IDG_PRECISION)")
     calibration: dict[str, Any] | None = Field(
         None, description="The bf16 calibration the model started with (IDG_CALIBRATION_FILE or IDG_CALIBRATE_IMAGES, as "
         "idg-calibrate writes it): decision (bf16 or fp32), insertion and deletion as {mean, half_width, n} of bf16 - fp32 per "

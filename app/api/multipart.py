@@ -2,9 +2,9 @@
 
 Every image route reads the whole body first (:func:`app.api.requests.read_body`: its size limit, its deadline), so
 Starlette's streaming parser then spends its effort on a stream that is one chunk: python-multipart's callbacks, a
-spooled temporary file per upload, and a copy back out of it; 0.56 ms for a 244 KB photo with two fields on one core
-of the 2-core VM, on the event loop, where the service's whole host side waits for it. Here, the same body in a few
-``bytes.find`` calls and two strict regular expressions: 0.14 ms.
+spooled temporary file per upload, and a copy back out of it, on the event loop, where the service's whole host side
+waits for it. Here, the same body in a few ``bytes.find`` calls and two strict regular expressions, a fraction of that
+time (measured: docs/results/speed.md).
 
 Only a form as browsers, curl, httpx and requests write it is taken: no preamble or epilogue, CRLF line ends, each
 part with a ``Content-Disposition: form-data`` header naming it (and a file's ``filename``), at most a

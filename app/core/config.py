@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto (CUDA when present), cpu, cuda or cuda:N")
     precision: Precision | Literal["auto"] = Field(
         "auto", description="Arithmetic of the models: auto (on CUDA, TF32, or bf16 autocast for a model whose bf16 faithfulness "
-        "was measured or calibrated; IEEE fp32 on CPU: idg_core.models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) "
+        "was checked or calibrated; IEEE fp32 on CPU: idg_core.models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) "
         "or bf16 autocast")
     calibration_file: Path | None = Field(
         None, description="A JSON file written by idg-calibrate: each model it names (same source and weights) whose precision "
@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     calibrate_images: Path | None = Field(
         None, description="A folder of your photos: at start-up, before ready, calibrate each model whose precision is auto on "
         "the first 64 (bf16 against IEEE fp32, as idg-calibrate does) and use the decision; with IDG_CALIBRATION_FILE, a "
-        "model stored there is not measured again and new decisions are added to the file")
+        "model stored there is not calibrated again and new decisions are added to the file")
     channels_last: bool | Literal["auto"] = Field(
         "auto", description="Run convolutions in channels-last memory format: auto (on the CPU, and on CUDA with bf16: "
         "idg_core.models.default_channels_last), true or false")
@@ -53,13 +53,13 @@ class Settings(BaseSettings):
                           "function up to float rounding, without batch norm's passes; idg_core.models.fold_batchnorm)")
     compile: bool = Field(
         False, description="torch.compile the models during warm-up, before ready, once per batch size of compile_sizes (calls "
-        "are padded to the nearest, so traffic never compiles); slower start, see results/benchmarks")
+        "are padded to the nearest, so traffic never compiles); slower start")
     compile_sizes: Annotated[list[int], NoDecode] = Field(
         default=[], description="Comma-separated batch sizes to compile (each is 2 graphs: forward, and forward for a gradient); "
         "default: the largest model call and its halves, at most 5 (8 -> 1,2,4,8; 128 -> 8,...,128)")
     fixed_call_sizes: bool | Literal["auto"] = Field(
         "auto", description="Run every model call at one of a few batch sizes (call_sizes), padded up, each warmed forward and "
-        "with a gradient before ready: auto (on for CUDA, where a batch size a process has not run costs cuDNN 0.2-10 s; off on "
+        "with a gradient before ready: auto (on for CUDA, where a batch size a process has not run costs cuDNN seconds; off on "
         "the CPU, where it costs nothing and padding would), true or false. /models lists the sizes and the warm-up seconds; "
         "/metrics counts calls at a size not warmed (idg_unwarmed_calls)")
     call_sizes: Annotated[list[int], NoDecode] = Field(
@@ -72,10 +72,10 @@ class Settings(BaseSettings):
     switch_interval_ms: float | None = Field(
         None, gt=0, le=100, description="Python's GIL switch interval (sys.setswitchinterval) in milliseconds; unset: Python's 5 ms. "
         "The worker thread releases the GIL at every torch op and may wait up to this long to get it back while the event loop "
-        "holds it (see results/benchmarks for what it measured)")
+        "holds it")
     gc_freeze: bool = Field(
         True, description="gc.freeze() once ready: the objects start-up made (~250,000: torch, FastAPI, the models) leave the cyclic "
-        "garbage collector's full passes, each of which otherwise holds the GIL 0.1-0.3 s under traffic, stalling every thread")
+        "garbage collector's full passes, each of which otherwise holds the GIL under traffic, stalling every thread")
     pipeline_depth: int = Field(
         2, ge=1, le=8, description="Model calls handed to the device at once: with 2, the worker gathers call k+1's inputs and "
         "books call k's answers while call k+1 waits behind call k, so the device does not wait for the host")
@@ -85,7 +85,7 @@ class Settings(BaseSettings):
         "a call is launched only once the one before it ended")
     cudnn_benchmark: bool = Field(
         False, description="torch.backends.cudnn.benchmark: let cuDNN time its kernels for each new shape (with fixed call "
-        "sizes, once per size during warm-up; see results/benchmarks for whether it pays)")
+        "sizes, once per size during warm-up)")
     simulated_call_ms: float | None = Field(
         None, ge=0, description="For benchmarks and tests without a GPU: every model call takes this many milliseconds (+ "
         "simulated_image_ms per image) with the GIL released, as a GPU kernel does, and returns the model's real outputs "
@@ -100,11 +100,10 @@ class Settings(BaseSettings):
     torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
     keep_freed_memory: bool = Field(
         True, description="glibc malloc keeps freed tensor memory for reuse instead of returning it to the kernel after every "
-        "model call (idg_core.models.keep_freed_memory): one /attribute on the CPU about 10-15% faster (Lite0, median), the "
-        "engine alone up to 25%; resident memory then stays at its peak")
+        "model call (idg_core.models.keep_freed_memory): faster on the CPU; resident memory then stays at its peak")
     max_batch_images: int | None = Field(
         None, ge=1, le=4096, description="Most images (path points) in one model call; default 8 on CPU (small batches stay in "
-        "cache: 1.4x faster than 32 on a 2-core Xeon), 128 on CUDA")
+        "cache), 128 on CUDA")
     batch_wait_ms: float = Field(5.0, ge=0, le=1000, description="How long an idle worker waits for more work to batch")
     max_round_images: int | None = Field(
         None, ge=1, description="Points taken into one worker round (bounds how long /predict waits); default max(64, 4 x batch)")
@@ -235,7 +234,7 @@ class Settings(BaseSettings):
         return default_precision(device, source) if self.precision == "auto" else self.precision
 
     def batch_images(self, device: torch.device) -> int:
-        """Images per model call on ``device``: the setting, or what measured fastest there."""
+        """Images per model call on ``device``: the setting, or the device's default (:func:`default_batch_size`)."""
         return self.max_batch_images or default_batch_size(device)
 
     def round_images(self, device: torch.device) -> int:

@@ -1,15 +1,12 @@
 """The threads that decode uploads and render answers (``IDG_IMAGE_THREADS``): one pool per server process.
 
-Decoding a photo and rendering its PNGs are CPU work kept off the event loop and off the worker thread. Until
-2026-11-26 they ran in asyncio's default pool, ``min(32, cores + 4)`` threads: 6 on a 2-core machine, in every server
-process. Under load each of them is runnable, and the kernel shares the cores evenly among runnable threads, so the
-worker and device threads, which feed the device, got a thin slice of the cores and the device waited for them. The
+Decoding a photo and rendering its PNGs are CPU work kept off the event loop and off the worker thread. In
+asyncio's default pool, ``min(32, cores + 4)`` threads in every server process, under load each of them is runnable,
+and the kernel shares the cores evenly among runnable threads, so the worker and device threads, which feed the
+device, got a thin slice of the cores and the device waited for them. The
 pool now has one thread per core the process has (:func:`image_threads`): as many decodes per second (they are
-CPU-bound: more threads than cores decode no faster), and the device's feeders no longer queue behind them. Two
-processes on the 2-core VM, simulated device, 128 clients (results/benchmarks/cpu-image-threads-2026-11-26): where a
-call costs by its rows, as on a GPU, +6-9% attributions/s and the device 94-96% busy against 72-79% (at 32 clients
--4% to +13%, four pairs of five ahead); where a call costs 20 ms whatever its rows, 96-99% busy against 80-94%, with as
-many attributions/s on average (thinner calls).
+CPU-bound: more threads than cores decode no faster), and the device's feeders no longer queue behind them
+(measured: docs/results/speed.md, "The host side and server processes").
 
 The pool is first come, first served, image by image: the 32 photos of one ``/attribute/batch`` (each under
 :data:`~app.core.images.LARGE_DECODE_PIXELS`) are decoded before a photo that arrives after them, as are a job's. Three

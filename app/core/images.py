@@ -33,7 +33,7 @@ from idg_core.types import to_device
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 LARGE_DECODE_PIXELS = 4_000_000
-"""Decodes of more pixels than this (from about 40 ms and 12 MB of RGB up) wait for a slot."""
+"""Decodes of more pixels than this (12 MB of RGB and up) wait for a slot."""
 SETTING = {"pixels": "IDG_MAX_IMAGE_PIXELS", "side": "IDG_MAX_IMAGE_SIDE"}
 
 _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = weakref.WeakKeyDictionary()

@@ -129,7 +129,7 @@ def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool
     plans per thread): with fixed call sizes, each size forward and with a gradient, whatever ``run_idg``
     says (traffic must meet no cold size); else, if ``run_idg``, one IDG run at the worker's full batch
     size, forward and backward, so the first request does not pay for the allocator's and the kernels'
-    first use (about 3 s on a CPU)."""
+    first use (seconds on a CPU)."""
     run = on_device or (lambda fn: fn())
     for name, model in models.items():
         if compiled_part(model) is not None:

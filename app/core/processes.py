@@ -1,8 +1,8 @@
 """Several server processes on one port (``IDG_PROCESSES``): more host per device.
 
 One server process answers at most what its host side can prepare: HTTP, decode, render and the worker's
-Python run under one GIL, 7-19 ms of CPU per default attribution on this project's 2-core VMs (results/benchmarks), so a process
-cannot feed a GPU that explains an image in 3 ms. With ``IDG_PROCESSES=N`` the launcher starts N server processes
+Python run under one GIL, milliseconds of CPU per attribution, so a process cannot feed a GPU that explains an image
+faster than that (measured: docs/results/speed.md). With ``IDG_PROCESSES=N`` the launcher starts N server processes
 on the port (spawned, as uvicorn's ``--workers`` does), each with a socket of its own there (``SO_REUSEPORT``), so
 the kernel spreads new connections evenly over them. Each loads its own copy of the models onto the same device,
 warms it and batches its own requests; the device runs their calls one after another. Those started together answer
@@ -61,16 +61,15 @@ A name, not a function, so the process says it is not ready before it imports th
 
 AUTO_CUDA_PROCESSES = 4
 """``IDG_PROCESSES=auto`` on CUDA: the most server processes per GPU. One process's host side (HTTP, decode, render, the
-worker's Python under one GIL) caps it below what a GPU explains; on an H200 with 16 cores (EfficientNet-Lite0 at every
-default, 128 clients, results/benchmarks/gpu-check-h200-2026-11-26) two processes answered 196-241 attributions/s with
-the GPU 35-38% busy, four 268/s (296/s in a longer level) at 44-61%, eight 281/s with p99/p50 over 2. The host's cores
+worker's Python under one GIL) caps it below what a GPU explains; four answered
+most per GPU before the tail grew (processes per GPU: docs/results/speed.md). The host's cores
 (:data:`AUTO_CORES_PER_PROCESS` each) and the GPU's memory (:func:`processes_that_fit`) may allow fewer."""
 AUTO_CORES_PER_PROCESS = 4
 """Host cores a process needs to pay on CUDA: its event loop, worker and device threads, and the decode/render threads
 (one per core it has: :mod:`app.core.image_threads`)."""
 CONTEXT_BYTES = 1 << 30
-"""What a CUDA process holds outside PyTorch's caching allocator (its context, cuDNN and cuBLAS handles): an estimate
-(0.3-0.6 GiB on an H100 with lazy module loading), kept on the generous side."""
+"""What a CUDA process holds outside PyTorch's caching allocator (its context, cuDNN and cuBLAS handles): an estimate,
+kept on the generous side."""
 HEADROOM = 0.10
 """The share of the device's memory :func:`processes_that_fit` leaves free (fragmentation, a request's larger call)."""
 MEMORY_REPORT_DIR = "IDG_MEMORY_REPORT_DIR"
@@ -252,7 +251,7 @@ def bind(host: str, port: int, count: int) -> list[socket.socket]:
     """One listening socket per server process, all on ``host:port`` with ``SO_REUSEPORT``: the kernel spreads new
     connections over them evenly (by a hash of each connection's addresses). One socket shared by all had let
     whichever process woke first accept a burst of connections at once (asyncio accepts up to its backlog per
-    wake-up): 74% / 26% of 128 clients' answers on two processes, and the clients of the busier one waited longer.
+    wake-up), so one process answered most clients and its clients waited longer (measured: docs/results/speed.md).
     A socket takes connections only once its process listens, that is once it is ready."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     socks: list[socket.socket] = []

@@ -207,8 +207,7 @@ class Service:
     async def warm_up_requests(self) -> None:
         """One default attribution of a bundled photo per model through the whole path (decode, queue, the
         plan's host steps, render) before ready: the first request after ready then costs what the hundredth
-        does, not the lazy first use of decoders, resizing and rendering (0.36 s of host time measured on
-        this project's CPU before the first model call)."""
+        does, not the lazy first use of decoders, resizing and rendering."""
         data = WARM_UP_PHOTO.read_bytes()
         for name in self.models:
             started = time.perf_counter()

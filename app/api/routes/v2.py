@@ -93,7 +93,7 @@ EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "inser
 IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "headers")
 CONTENT_TYPES = ("application/json", "application/octet-stream")
 INLINE_ELEMENTS = 200_000
-"""Answers of more numbers than this are encoded in a thread (about 2 ms of JSON on the event loop at most)."""
+"""Answers of more numbers than this are encoded in a thread, off the event loop."""
 RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
                "return_input")
 """/attribute fields that shape its PNGs and JSON, not the explanation: not request parameters here."""
