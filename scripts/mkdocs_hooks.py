@@ -111,13 +111,19 @@ def metric_rows() -> list[dict[str, str]]:
 
     from app.core.prometheus import Metrics
 
-    rows = []
-    for m in vars(Metrics()).values():
+    metrics, rows = Metrics(), []
+    for m in vars(metrics).values():
         if isinstance(m, MetricWrapperBase):
             kind = m._type  # noqa: SLF001 (prometheus_client keeps these private)
             name = m._name + ("_total" if kind == "counter" else "")  # noqa: SLF001
             rows.append({"name": name, "type": kind, "labels": ", ".join(m._labelnames),  # noqa: SLF001
                          "help": m._documentation})  # noqa: SLF001
+    for family in metrics.registry.collect():  # prometheus_client's own process_* and python_* (one server process only)
+        if family.name.startswith(("process_", "python_")):
+            labels = sorted({k for s in family.samples for k in s.labels})
+            rows.append({"name": family.name + ("_total" if family.type == "counter" else ""), "type": family.type,
+                         "labels": ", ".join(labels),
+                         "help": family.documentation + " (prometheus_client's; only with one server process)"})
     return sorted(rows, key=lambda r: r["name"])
 
 
