@@ -51,7 +51,10 @@ def method_params(settings: Settings, params: AttributeCommon, num_classes: int)
     values = preset_params(params.method, params.preset, **given)
     for name in method.params.steps:  # the counts of model passes each method declares (Param.step)
         if isinstance(values.get(name), int) and values[name] > settings.max_steps:
-            raise _invalid(f"{name} must be <= {settings.max_steps}, got {values[name]}")
+            if name in given:
+                raise _invalid(f"{name} must be <= {settings.max_steps}, got {values[name]}")
+            # a preset's (or the method's default) count above this server's cap: the cap, as the answer's parameters say
+            values[name] = settings.max_steps
     try:
         return method.validate(**values)
     except InvalidParameter as err:

@@ -21,3 +21,16 @@ async def test_spectral_ig_is_listed_and_answered(tiny_app: AppFactory) -> None:
         assert body["cost"]["backward_passes"] == 5
         bad = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"method": "spectral_ig", "overlap": "1.5"})
         assert bad.status_code == 422 and "overlap" in bad.json()["error"]["message"]
+
+
+async def test_a_presets_step_count_above_the_servers_cap_is_capped_and_a_given_one_refused(tiny_app: AppFactory) -> None:
+    """spectral_ig's paper preset sets 200 path points; a server with IDG_MAX_STEPS=64 runs it at 64 (its answer says so),
+    as the web page's preset selector must get an answer, while a request that names steps=200 itself gets a 422."""
+    async with serve(tiny_app(max_steps=64)) as client:
+        r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"method": "spectral_ig", "preset": "paper"})
+        assert r.status_code == 200, r.text
+        assert r.json()["parameters"]["steps"] == 64 and r.json()["cost"]["backward_passes"] == 63
+        fast = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"method": "spectral_ig"})
+        assert fast.status_code == 200 and fast.json()["parameters"]["steps"] == 50  # the default, fast: IG-50's cost
+        given = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"method": "spectral_ig", "steps": "200"})
+        assert given.status_code == 422 and "steps must be <= 64, got 200" in given.json()["error"]["message"]
