@@ -100,14 +100,20 @@ CLAIM_SQL = f"""WITH open_images AS (
     WHERE images.state = ? AND (images.lease_until >= ? OR images.owner = ?) GROUP BY COALESCE(jobs.tenant, '')),
   turns AS (
     SELECT o.job_id, o.idx, COALESCE(busy.n, 0) + ROW_NUMBER() OVER (PARTITION BY o.tenant ORDER BY o.idx, o.job_id) AS turn
-    FROM open_images o LEFT JOIN busy ON busy.tenant = o.tenant)
-SELECT images.job_id, images.idx FROM images JOIN turns ON turns.job_id = images.job_id AND turns.idx = images.idx
-WHERE {OPEN} ORDER BY turns.turn, images.idx, images.job_id LIMIT ?"""
+    FROM open_images o LEFT JOIN busy ON busy.tenant = o.tenant),
+  chosen AS (SELECT job_id, idx, turn FROM turns ORDER BY turn, idx, job_id LIMIT ?)
+SELECT images.job_id, images.idx FROM images JOIN chosen ON chosen.job_id = images.job_id AND chosen.idx = images.idx
+WHERE {OPEN} ORDER BY chosen.turn, images.idx, images.job_id LIMIT ?"""
 """The images to claim, fair across tenants (the keys that submitted the jobs; no key is one tenant):
 each tenant's open images take turns after the images it already has in flight, so a tenant with one
 job gets as many runner slots as one with many jobs, and a tenant's own jobs take turns by image
 (image 0 of each, then image 1 of each...). The outer ``WHERE`` repeats the condition so that
-PostgreSQL re-checks an image another replica claimed since this statement's snapshot."""
+PostgreSQL re-checks an image another replica claimed since this statement's snapshot; the candidates
+are a few more than wanted (:data:`CLAIM_SPARE`), so that images locked by a replica claiming at the
+same moment are skipped without looking up every open image."""
+
+CLAIM_SPARE = 16
+"""Candidates beyond ``limit`` that a claim looks at (PostgreSQL skips those another replica has locked)."""
 
 
 class SqlStore:
@@ -213,7 +219,7 @@ class SqlStore:
         now = time.time()
         with self._tx() as cur:
             open_ = (PENDING, RUNNING, now, owner)
-            cur.execute(CLAIM_SQL + self.skip_locked, (*open_, RUNNING, now, owner, *open_, limit))
+            cur.execute(CLAIM_SQL + self.skip_locked, (*open_, RUNNING, now, owner, 2 * limit + CLAIM_SPARE, *open_, limit))
             keys = [(r[0], int(r[1])) for r in cur.fetchall()]
             if not keys:
                 return []
