@@ -15,6 +15,7 @@ from idg_client.client import (
     ClassScore,
     Client,
     ImageInput,
+    JobResults,
     OutputCurve,
     Prediction,
     ServiceError,
@@ -23,5 +24,5 @@ from idg_client.client import (
     parse_prediction,
 )
 
-__all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "AsyncClient", "Attribution", "ClassScore", "Client", "ImageInput", "OutputCurve",
-           "Prediction", "ServiceError", "image_files", "parse_attribution", "parse_prediction"]
+__all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "AsyncClient", "Attribution", "ClassScore", "Client", "ImageInput", "JobResults",
+           "OutputCurve", "Prediction", "ServiceError", "image_files", "parse_attribution", "parse_prediction"]

@@ -5,6 +5,7 @@
     idg-client job submit photos/ --preset fast --faithfulness insertion    # prints the job id
     idg-client job wait ID                                                   # progress bar on stderr
     idg-client job results ID --summary > answers.jsonl                      # JSON Lines; --offset N resumes
+    idg-client job results ID --follow       # until the job is done; exit 4 if it was deleted or the stream cut
 """
 
 from __future__ import annotations
@@ -144,8 +145,12 @@ def _job(args: argparse.Namespace, client: Client, out: TextIO) -> int:
         out.write(f"{status['id']} {status['state']}: {status['done']} answered, {status['failed']} failed of {status['total']}\n")
         return 0 if status["failed"] == 0 else 3
     elif cmd == "results":
-        for line in client.job_results(args.id, offset=args.offset, summary=args.summary, follow=args.follow):
+        answers = client.job_results(args.id, offset=args.offset, summary=args.summary, follow=args.follow)
+        for line in answers:
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        if args.follow and answers.end != "finished":  # deleted meanwhile, or the stream ended early: resumable
+            sys.stderr.write(f"job {args.id}: the results stream ended ({answers.end or 'cut'}) after seq {answers.after or 0}\n")
+            return 4
     elif cmd == "status":
         out.write(json.dumps(client.job(args.id), indent=2) + "\n")
     elif cmd == "delete":

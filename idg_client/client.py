@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,38 @@ def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
     return min(max(wait, 0.1), cap)
 
 
+class JobResults(Iterator[dict[str, Any]]):
+    """The answers of ``GET /jobs/{id}/results``, one dict per image, read as they stream (the request
+    is sent at the first ``next``). Once the answers are read, a followed stream's ``end`` says why it
+    ended: ``"finished"`` (every answer read), ``"deleted"`` (the job was deleted or expired meanwhile),
+    ``"unavailable"`` (the service's store is unreachable: ask again with ``offset=after``); ``None``
+    for a stream that was not followed, or that was cut before the service said why. ``after`` is the
+    ``seq`` of the last answer sent."""
+
+    def __init__(self, open_stream: Callable[[], AbstractContextManager[httpx.Response]]) -> None:
+        self.end: str | None = None
+        self.after: int | None = None
+        self._answers = self._read(open_stream)
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._answers)
+
+    def _read(self, open_stream: Callable[[], AbstractContextManager[httpx.Response]]) -> Iterator[dict[str, Any]]:
+        with open_stream() as r:
+            if r.status_code != 200:
+                r.read()
+                _check(r)
+            for line in r.iter_lines():
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if "end" in row and "seq" not in row:  # a followed stream's last line, not an answer
+                    self.end, self.after = row["end"], row.get("after")
+                    return
+                self.after = row.get("seq", self.after)
+                yield row
+
+
 class Client:
     """Synchronous client. ``retries``: how often a 503 (busy) is retried, honouring Retry-After, and a
     proxy's plain 500/502 (a replica lost with the request in flight) with backoff."""
@@ -285,18 +318,14 @@ class Client:
                 raise TimeoutError(f"job {job_id} not done within {timeout} s")
             time.sleep(poll_s)
 
-    def job_results(self, job_id: str, *, offset: int = 0, summary: bool = False, follow: bool = False) -> Iterator[dict[str, Any]]:
+    def job_results(self, job_id: str, *, offset: int = 0, summary: bool = False, follow: bool = False) -> JobResults:
         """The job's answers, one dict per image, in the order they were stored (JSON Lines, read as
         they stream); ``offset`` resumes after that many, ``summary`` leaves out the images,
-        ``follow`` waits for the answers still to come."""
+        ``follow`` waits for the answers still to come; once read, a followed stream's ``end`` says why
+        it ended (``finished``, ``deleted``, ``unavailable``)."""
         params: dict[str, str | int] = {"offset": offset, "summary": str(summary).lower(), "follow": str(follow).lower()}
-        with self._http.stream("GET", f"/jobs/{job_id}/results", params=params, timeout=None if follow else self._http.timeout) as r:
-            if r.status_code != 200:
-                r.read()
-                _check(r)
-            for line in r.iter_lines():
-                if line.strip():
-                    yield json.loads(line)
+        return JobResults(lambda: self._http.stream("GET", f"/jobs/{job_id}/results", params=params,
+                                                    timeout=None if follow else self._http.timeout))
 
     def attribute_many(self, images: Sequence[ImageInput], *, concurrency: int = 4, method: str = "idg",
                        **params: Any) -> list[Attribution | ServiceError]:

@@ -88,6 +88,34 @@ def _info(row: Row) -> JobInfo:
                    tenant=row[12])
 
 
+OPEN = "(images.state = ? OR (images.state = ? AND images.lease_until < ? AND images.owner <> ?))"
+"""An image a runner may claim: pending, or running under a lapsed lease of another runner (never its
+own lapsed claims: those are still in its hands, an answer waiting for the store to come back)."""
+
+CLAIM_SQL = f"""WITH open_images AS (
+    SELECT images.job_id, images.idx, COALESCE(jobs.tenant, '') AS tenant
+    FROM images JOIN jobs ON jobs.id = images.job_id WHERE {OPEN}),
+  busy AS (
+    SELECT COALESCE(jobs.tenant, '') AS tenant, COUNT(*) AS n FROM images JOIN jobs ON jobs.id = images.job_id
+    WHERE images.state = ? AND (images.lease_until >= ? OR images.owner = ?) GROUP BY COALESCE(jobs.tenant, '')),
+  turns AS (
+    SELECT o.job_id, o.idx, COALESCE(busy.n, 0) + ROW_NUMBER() OVER (PARTITION BY o.tenant ORDER BY o.idx, o.job_id) AS turn
+    FROM open_images o LEFT JOIN busy ON busy.tenant = o.tenant),
+  chosen AS (SELECT job_id, idx, turn FROM turns ORDER BY turn, idx, job_id LIMIT ?)
+SELECT images.job_id, images.idx FROM images JOIN chosen ON chosen.job_id = images.job_id AND chosen.idx = images.idx
+WHERE {OPEN} ORDER BY chosen.turn, images.idx, images.job_id LIMIT ?"""
+"""The images to claim, fair across tenants (the keys that submitted the jobs; no key is one tenant):
+each tenant's open images take turns after the images it already has in flight, so a tenant with one
+job gets as many runner slots as one with many jobs, and a tenant's own jobs take turns by image
+(image 0 of each, then image 1 of each...). The outer ``WHERE`` repeats the condition so that
+PostgreSQL re-checks an image another replica claimed since this statement's snapshot; the candidates
+are a few more than wanted (:data:`CLAIM_SPARE`), so that images locked by a replica claiming at the
+same moment are skipped without looking up every open image."""
+
+CLAIM_SPARE = 16
+"""Candidates beyond ``limit`` that a claim looks at (PostgreSQL skips those another replica has locked)."""
+
+
 class SqlStore:
     """:class:`app.jobs.store.Store` over one DB-API connection, used by one thread at a time."""
 
@@ -190,9 +218,8 @@ class SqlStore:
             return []
         now = time.time()
         with self._tx() as cur:
-            # never its own lapsed claims: those are still in its hands (an answer waiting for the store to come back)
-            cur.execute(f"SELECT job_id, idx FROM images WHERE state = ? OR (state = ? AND lease_until < ? AND owner <> ?) "
-                        f"ORDER BY idx, job_id LIMIT ?{self.skip_locked}", (PENDING, RUNNING, now, owner, limit))
+            open_ = (PENDING, RUNNING, now, owner)
+            cur.execute(CLAIM_SQL + self.skip_locked, (*open_, RUNNING, now, owner, 2 * limit + CLAIM_SPARE, *open_, limit))
             keys = [(r[0], int(r[1])) for r in cur.fetchall()]
             if not keys:
                 return []

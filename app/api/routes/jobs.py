@@ -247,12 +247,17 @@ async def job_results(
     job_id: str, request: Request, runner: Runner,
     offset: Annotated[int, Query(ge=0, le=MAX_INT, description="Skip the first N answers (resume after the last 'seq' read)")] = 0,
     summary: Annotated[bool, Query(description="Only the scores and classes: no heatmaps, curve or arrays")] = False,
-    follow: Annotated[bool, Query(description="Keep the stream open until the job is done, sending answers as they come")] = False,
+    follow: Annotated[bool, Query(description="Keep the stream open until the job is done, sending answers as "
+                                      "they come; the last line says why it ended: "
+                                      "{\"end\": \"finished\"|\"deleted\"|\"unavailable\", \"after\": seq}")] = False,
 ) -> StreamingResponse:
     """The answers as JSON Lines, in the order they were stored, numbered by ``seq`` from 1:
     ``{"seq", "index" (the image's place in the submission), "filename", "status", "explained",
     "prediction", "target", "faithfulness", "result" (the /attribute body)}``, or for an image that
-    failed ``{"seq", "index", "filename", "status", "error"}``. ``offset=N`` resumes after ``seq`` N."""
+    failed ``{"seq", "index", "filename", "status", "error"}``. ``offset=N`` resumes after ``seq`` N.
+    With ``follow=true`` the last line says why the stream ended, ``{"end": reason, "after": seq}``:
+    ``finished`` (every answer sent), ``deleted`` (the job was deleted, or expired, while followed) or
+    ``unavailable`` (the store is unreachable: resume with ``offset`` = ``after``)."""
     store = runner.store
     await _own_job(request, runner, job_id)
 
@@ -270,12 +275,23 @@ async def job_results(
                     return
                 info = await asyncio.to_thread(store.get_job, job_id)
                 if info is None or (info.state == JOB_DONE and info.answered <= after):
+                    yield _end(END_DELETED if info is None else END_FINISHED, after)
                     return
                 await asyncio.sleep(FOLLOW_POLL_S)
         except StoreUnavailable as err:  # the status is sent: the stream ends here, resumable after the last seq read
             log.warning("job %s: results stream ended after seq %d, the store is unreachable: %s", job_id, after, err)
+            if follow:
+                yield _end(END_UNAVAILABLE, after)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
+
+
+END_FINISHED, END_DELETED, END_UNAVAILABLE = "finished", "deleted", "unavailable"
+"""Why a followed results stream ended (its last line, ``{"end": reason, "after": last seq sent}``)."""
+
+
+def _end(reason: str, after: int) -> bytes:
+    return (json.dumps({"end": reason, "after": after}, separators=(",", ":")) + "\n").encode()
 
 
 def _line(row: ResultRow, summary: bool) -> bytes:

@@ -37,6 +37,8 @@ def test_cli_submits_a_directory_waits_with_a_progress_bar_and_prints_json_lines
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(line["filename"] for line in lines) == ["a.png", "b.png", "more/c.png", "more/d.PNG"]
     assert all("result" not in line and line["target"] for line in lines)
+    assert cli([*base, "results", job_id, "--follow", "--summary"]) == 0  # finished: the end line is not printed
+    assert len(capsys.readouterr().out.splitlines()) == 4
     assert cli([*base, "results", job_id, "--offset", "3"]) == 0
     (last,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert last["seq"] == 4 and last["result"]["overlay_png"] is None and last["result"]["parameters"]["steps"] == 4
@@ -52,8 +54,12 @@ def test_cli_submits_a_directory_waits_with_a_progress_bar_and_prints_json_lines
 def test_client_follows_results_as_they_come_and_deletes(url: str) -> None:
     with Client(url) as c:
         job = c.submit_job([image_bytes((i * 30, 9, 9)) for i in range(5)], method="ig", steps=4, return_overlay=False)
-        followed = list(c.job_results(job["id"], follow=True))  # opened before the job is done, ends when it is
+        stream = c.job_results(job["id"], follow=True)
+        followed = list(stream)  # opened before the job is done, ends when it is
         assert sorted(a["index"] for a in followed) == list(range(5)) and c.job(job["id"])["state"] == "done"
+        assert (stream.end, stream.after) == ("finished", 5)  # the end line is no answer: it is not among them
+        unfollowed = c.job_results(job["id"])
+        assert len(list(unfollowed)) == 5 and unfollowed.end is None  # not followed: no end line, as before
         assert [a["seq"] for a in c.job_results(job["id"], offset=3, summary=True)] == [4, 5]
         assert c.jobs()["jobs"][0]["id"] == job["id"]
         assert c.delete_job(job["id"])["deleted"] is True
@@ -63,3 +69,20 @@ def test_client_follows_results_as_they_come_and_deletes(url: str) -> None:
         with pytest.raises(ServiceError) as err:
             list(c.job_results(job["id"]))
         assert err.value.status == 404
+
+
+@pytest.fixture
+def slow_url(tiny_app: AppFactory) -> Iterator[str]:
+    yield from live_server(tiny_app(delay_s=0.05))  # slow enough that a job is deleted long before it is done
+
+
+def test_a_followed_stream_says_the_job_was_deleted_not_finished(slow_url: str) -> None:
+    with Client(slow_url) as c:
+        job = c.submit_job([image_bytes((i * 12, 9, 9)) for i in range(20)], method="ig", steps=4, return_overlay=False)
+        stream = c.job_results(job["id"], follow=True, summary=True)
+        first = next(stream)  # the job runs: one answer is in
+        assert first["seq"] == 1 and stream.end is None
+        assert c.delete_job(job["id"])["deleted"] is True
+        rest = list(stream)  # the answers stored before the deletion was seen, then the end
+        assert stream.end == "deleted" and len(rest) < 19
+        assert stream.after == (rest[-1]["seq"] if rest else 1)

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from app.jobs.store import Answer, StoreFull
+from app.jobs.store import Answer, Claimed, StoreFull
 from tests.service.jobs.conftest import StoreFactory
 
 OK = Answer(200, {"prediction": []}, {"model": "tiny"})
@@ -148,3 +148,30 @@ def test_a_store_made_before_the_newer_columns_gets_them_and_keeps_its_jobs(make
     assert job is not None and job.total == 1 and job.tenant is None and job.callback_outcome is None
     new.create_job("mine", {}, None, [("a", b"x")], 10**9, tenant="alice")
     assert [j.id for j in new.list_jobs(0, 10, tenant="alice")[0]] == ["mine"]
+
+
+def test_claims_take_turns_by_tenant_so_one_with_many_jobs_gets_no_more_slots(make_store: StoreFactory) -> None:
+    """Tenant A holds five jobs, tenant B one: a runner with four slots claims B's images as fast as all
+    of A's together (by job, B had one slot in six), and A's own jobs take turns among themselves."""
+    store = make_store()
+    for j in range(5):
+        store.create_job(f"a{j}", {}, None, [(f"f{i}", b"x") for i in range(20)], 10**9, tenant="A")
+    store.create_job("b0", {}, None, [(f"f{i}", b"x") for i in range(20)], 10**9, tenant="B")
+    in_flight: list[Claimed] = []
+    by_tenant: Counter[str] = Counter()
+    by_job: Counter[str] = Counter()
+    for _ in range(30):  # the runner claims what its slots have room for, then one answer comes in
+        for claim in store.claim("R", 4 - len(in_flight), 30.0):
+            in_flight.append(claim)
+            by_tenant[claim.job_id[0]] += 1
+            by_job[claim.job_id] += 1
+        done = in_flight.pop(0)
+        assert store.finish("R", done.job_id, done.index, OK) is not None
+    assert sum(by_tenant.values()) == 33 and abs(by_tenant["a"] - by_tenant["b"]) <= 1, by_tenant
+    assert all(abs(by_job[f"a{j}"] - by_tenant["a"] / 5) <= 1 for j in range(5)), by_job
+    # the images in flight with another runner count too: a new tenant C catches up, then all take turns
+    store.create_job("c0", {}, None, [(f"f{i}", b"x") for i in range(8)], 10**9, tenant="C")
+    other = make_store()
+    theirs = [claim for _ in range(6) for claim in other.claim("S", 1, 30.0)]
+    assert [c.job_id[0] for c in theirs[:2]] == ["c", "c"], theirs
+    assert Counter(c.job_id[0] for c in in_flight + theirs) == {"a": 3, "b": 3, "c": 3}, (in_flight, theirs)

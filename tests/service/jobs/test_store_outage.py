@@ -7,6 +7,7 @@ image answered exactly once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -117,12 +118,16 @@ async def test_postgres_stopped_mid_job_and_started_again_heals_without_a_restar
         async with serve(app) as client:
             job = await submit(client, images(N))
             await _answered(client, job["id"], 5)
+            followed = asyncio.create_task(client.get(f"/jobs/{job['id']}/results", params={"follow": "true", "summary": "true"}))
+            await asyncio.sleep(0.2)  # the stream is open, waiting for more answers
             stopped = time.monotonic()
             await asyncio.to_thread(server.stop)  # fast: the server ends every session, as a restart would
             _refused_for_now(await client.get("/jobs"))
             _refused_for_now(await client.get(f"/jobs/{job['id']}"))
             _refused_for_now(await client.post("/jobs", files=images(1), data=FAST))
             await _until_unreachable(client)
+            lines = [json.loads(line) for line in (await asyncio.wait_for(followed, outage_s)).text.splitlines()]
+            assert lines[-1] == {"end": "unavailable", "after": lines[-2]["seq"]}, lines[-3:]  # said why: resumable there
             await asyncio.sleep(max(0.0, outage_s - (time.monotonic() - stopped)))
             await asyncio.to_thread(server.start)
             await _every_image_once(client, app, job["id"])
