@@ -6,6 +6,7 @@ key's flood of requests cannot starve another's (each holds at most its share of
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def _as(key: str) -> dict[str, str]:
 async def test_each_key_sees_and_deletes_only_its_own_jobs_and_an_admin_key_sees_all(
     tiny_app: AppFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="app")  # whatever level an earlier test left the loggers at
     keys_file = tmp_path / "keys"
     keys_file.write_text(f"# operators\nops:{OPS}:admin\n\n")
     app = tiny_app(api_key=LEGACY, api_keys=f"alice:{ALICE}, bob:{BOB}", api_keys_file=keys_file)
