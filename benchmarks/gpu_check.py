@@ -172,18 +172,19 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
         service_extra = ["--client-processes", "4"]
     load = [py, "-m", "benchmarks.load", "--images", str(images), "--levels", str(clients), "--per-client", str(per_client),
             "--out", out, *sim, *service_extra]
-    resnet = [] if dry_run else ["--env", "IDG_MODELS=resnet101=random"]
-    # limits: a GPU's measured stage times with room (421 s in all on an H200); a dry run's are generous, for a loaded CPU
+    def resnet(precision: str) -> list[str]:  # the served ResNet-101 (a dry run serves the light CNN)
+        return [] if dry_run else ["--env", "IDG_MODELS=resnet101=random", f"IDG_PRECISION={precision}"]
+
+    def limit(gpu_s: float) -> float:  # a GPU's measured stage times with room (421 s in all on an H200); a dry run's
+        return 180.0 if dry_run else gpu_s  # are generous, for a loaded CPU
+
     return [  # the headline first; the GPU tests last (their compiled test is the slowest to start)
-        Stage("library-resnet101-auto", [*library, "--label", "check-library-auto"], 60 if not dry_run else 180),
-        Stage("library-resnet101-bf16", [*library, "--label", "check-library-bf16", "--precision", "bf16"],
-              60 if not dry_run else 180),
-        Stage("service-lite0", [*load, "--label", "check-service-lite0", "--serial", str(serial)], 220 if not dry_run else 180),
-        Stage("service-resnet101-bf16", [*load, "--label", "check-service-resnet101-bf16", *resnet, "IDG_PRECISION=bf16"]
-              if not dry_run else [*load, "--label", "check-service-resnet101-bf16"], 80 if not dry_run else 180),
-        Stage("service-resnet101-auto", [*load, "--label", "check-service-resnet101-auto", *resnet, "IDG_PRECISION=auto"]
-              if not dry_run else [*load, "--label", "check-service-resnet101-auto"], 80 if not dry_run else 180),
-        Stage("gpu-tests", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS], 120 if not dry_run else 180),
+        Stage("library-resnet101-auto", [*library, "--label", "check-library-auto"], limit(60)),
+        Stage("library-resnet101-bf16", [*library, "--label", "check-library-bf16", "--precision", "bf16"], limit(60)),
+        Stage("service-lite0", [*load, "--label", "check-service-lite0", "--serial", str(serial)], limit(220)),
+        Stage("service-resnet101-bf16", [*load, "--label", "check-service-resnet101-bf16", *resnet("bf16")], limit(80)),
+        Stage("service-resnet101-auto", [*load, "--label", "check-service-resnet101-auto", *resnet("auto")], limit(80)),
+        Stage("gpu-tests", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS], limit(120)),
     ]
 
 
