@@ -95,7 +95,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
             loaded, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
             batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.max_predict_queue,
             watchdog_grace_s=settings.watchdog_grace_s, shapes=shapes, pipeline_depth=settings.pipeline_depth,
-            launch_ahead=settings.launch_ahead, log_results=settings.log_predictions,
+            launch_ahead=settings.launch_ahead,
         )
         # on the worker's own thread, where requests run: its malloc arena is the one the first request would grow
         # (its page faults made the first request slower when the warm-up ran elsewhere: docs/results/speed.md).

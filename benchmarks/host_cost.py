@@ -103,7 +103,7 @@ def _photo(
     data = photo.read_bytes()
     x = model_input(data, model, settings, cpu)
     (found,) = run_plans(model, [planned.plan(x, params, None)], batch_size=8)
-    images = render(x, found.result, params)
+    images = render(x, found.result.attributions[0].float(), params)
     timings = Timings(queued_ms=0, compute_ms=0, render_ms=0, total_ms=0)
 
     def answer() -> bytes:
@@ -112,12 +112,12 @@ def _photo(
     return {
         "photo": photo.name,
         "decode_ms": _ms(lambda: model_input(data, model, settings, cpu), repeats),
-        "render_ms": _ms(lambda: render(x, found.result, params), repeats),
+        "render_ms": _ms(lambda: render(x, found.result.attributions[0].float(), params), repeats),
         "answer_json_ms": _ms(answer, repeats),
         "old_render_ms": _ms(lambda: _old_render(x, found.result.attributions[0].float()), repeats),
         "answer_kib": len(answer()) / 1024,
         "threads": threads,
-        "render_parallel_speedup": _parallel_speedup(lambda: render(x, found.result, params), threads),
+        "render_parallel_speedup": _parallel_speedup(lambda: render(x, found.result.attributions[0].float(), params), threads),
         "old_render_parallel_speedup": _parallel_speedup(lambda: _old_render(x, found.result.attributions[0].float()), threads),
         "passes": Cost(forward_passes=found.forward_passes, backward_passes=found.backward_passes).model_dump(),
     }

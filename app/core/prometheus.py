@@ -204,32 +204,25 @@ class Metrics:
             for condition in CONDITIONS:
                 self.predictions.labels(name, condition)
 
-    def observe_result(self, model: str, result: object) -> dict[str, object]:
-        """The drift metrics of a job's result, a prediction (class probabilities) or an explanation (its attributions);
-        what they saw (class, probability; target, concentration, faithfulness scores), empty for other results."""
-        import torch
+    def observe_prediction(self, model: str, probs: torch.Tensor) -> dict[str, object]:
+        """The drift metrics of one prediction, ``probs`` every class probability on the host; what they saw
+        (class, probability)."""
+        top = int(probs.argmax())
+        n = self._num_classes.get(model, probs.numel())
+        probability = float(probs[top])
+        self.predicted_classes.labels(model, class_range(top * min(n, DRIFT_CLASS_BINS) // n, n)).inc()
+        self.confidence.labels(model).observe(probability)
+        return {"event": "prediction", "class": top, "probability": round(probability, 4)}
 
-        from idg_core.explain import Explanation
-        from idg_core.types import AttributionResult
-
-        if isinstance(result, torch.Tensor) and result.dim() == 1 and result.numel() > 0:
-            top = int(result.argmax())
-            n = self._num_classes.get(model, result.numel())
-            probability = float(result[top])
-            self.predicted_classes.labels(model, class_range(top * min(n, DRIFT_CLASS_BINS) // n, n)).inc()
-            self.confidence.labels(model).observe(probability)
-            return {"event": "prediction", "class": top, "probability": round(probability, 4)}
-        found = result.result if isinstance(result, Explanation) else result
-        if not isinstance(found, AttributionResult) or found.attributions.numel() == 0:
-            return {}
-        share = concentration(found.attributions[0])
+    def observe_explanation(self, model: str, attributions: torch.Tensor, target: int,
+                            scores: Mapping[str, float]) -> dict[str, object]:
+        """The drift metrics of one explanation, ``attributions`` its map on the host (``(C, H, W)``); what they saw
+        (target, concentration, faithfulness scores)."""
+        share = concentration(attributions)
         if share is not None:
             self.concentration.labels(model).observe(share)
-        facts: dict[str, object] = {"event": "explanation", "concentration": None if share is None else round(share, 4)}
-        if isinstance(result, Explanation):
-            facts["target"] = result.target
-            facts.update({f"faithfulness_{k}": round(v, 4) for k, v in result.scores.items()})
-        return facts
+        return {"event": "explanation", "concentration": None if share is None else round(share, 4), "target": target,
+                **{f"faithfulness_{k}": round(v, 4) for k, v in scores.items()}}
 
     def set_model_info(self, name: str, source: str, precision: str, digest: str) -> None:
         self.model_info.labels(name, source, precision, digest).set(1)

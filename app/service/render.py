@@ -32,10 +32,9 @@ def non_finite_message(attr: Tensor) -> str:
             "gradients overflowed on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
 
 
-def render(x: Tensor, result: AttributionResult, params: AttributeCommon) -> dict[str, Any]:
-    """The images and the optional raw array the request asked for, as base64 response fields;
-    :class:`NonFiniteAttribution` instead of a heatmap of NaNs."""
-    attr = result.attributions[0].detach().float().cpu()
+def render(x: Tensor, attr: Tensor, params: AttributeCommon) -> dict[str, Any]:
+    """The images and the optional raw array the request asked for, as base64 response fields, from one image's map
+    ``attr (C, H, W)`` on the host (float32); :class:`NonFiniteAttribution` instead of a heatmap of NaNs."""
     if not bool(torch.isfinite(attr).all()):
         raise NonFiniteAttribution(non_finite_message(attr))
     image = x.detach().float().cpu()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -22,6 +23,7 @@ from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.image_threads import in_image_thread
 from app.core.images import load_input
 from app.core.prometheus import Metrics
+from app.core.request_id import current_request_id
 from app.schemas import AttributeCommon, AttributeParams, AttributeResponse, PredictExplainParams, PredictParams, PredictResponse, Timings
 from app.service.calls import (
     ATTRIBUTE_PRIORITY,
@@ -46,6 +48,7 @@ from idg_core.models.speed import model_precision
 from idg_core.types import to_device
 
 log = logging.getLogger(__name__)
+results_log = logging.getLogger("app.results")
 T = TypeVar("T")
 
 
@@ -161,9 +164,10 @@ class Service:
         """One image's explanation, not rendered (the Open Inference Protocol's tensors); a 500 ``model_error`` for
         an attribution that is not finite."""
         explained = await self._explain(request, await self._input(request.model, image, request.context))
-        attr = explained.found.result.attributions
-        if not bool(torch.isfinite(attr).all()):
-            raise ApiError(500, non_finite_message(attr), code="model_error")
+        try:
+            await in_image_thread(self._on_host, request, explained.found)
+        except NonFiniteAttribution as err:
+            raise ApiError(500, str(err), code="model_error") from err
         return explained
 
     async def attribute(self, request: ExplainRequest, image: Image) -> AttributeResponse:
@@ -178,7 +182,9 @@ class Service:
         return to_device(image, self.device)
 
     async def _classify(self, name: str, x: Tensor, context: RequestContext) -> Outcome[Tensor]:
-        return await self.run(Submission(name, predict_plan(x), "predict", context.priority_of(PREDICT_PRIORITY)), context)
+        outcome = await self.run(Submission(name, predict_plan(x), "predict", context.priority_of(PREDICT_PRIORITY)), context)
+        self._observed(name, context, self.metrics.observe_prediction, outcome.value)  # the plan's probabilities: on the host
+        return outcome
 
     async def _explain(self, request: ExplainRequest, x: Tensor, probs: Tensor | None = None) -> Explained:
         """Queue the plan of ``request`` on ``x`` (with ``probs`` known from a prediction: no prediction pass) and wait."""
@@ -195,7 +201,7 @@ class Service:
     async def _render(self, request: ExplainRequest, explained: Explained) -> AttributeResponse:
         rendered_at = time.perf_counter()
         try:
-            images = await in_image_thread(render, explained.x, explained.found.result, request.params)
+            images = await in_image_thread(self._rendered, request, explained)
         except NonFiniteAttribution as err:
             raise ApiError(500, str(err), code="model_error") from err
         now = time.perf_counter()
@@ -203,6 +209,33 @@ class Service:
                           total_ms=(now - request.context.received) * 1000)
         return attribute_response(request.name, request.model, request.params, request.planned, explained.found,
                                   model_precision(request.model, self.device), timings, images)
+
+    def _on_host(self, request: ExplainRequest, found: Explanation) -> Tensor:
+        """``found``'s map copied to the host once (in an image thread: the copy waits for the device), checked finite
+        (:class:`NonFiniteAttribution`) and observed for drift (never on the worker's thread, which feeds the device)."""
+        attr = found.result.attributions[0].detach().float().cpu()
+        if not bool(torch.isfinite(attr).all()):
+            raise NonFiniteAttribution(non_finite_message(attr))
+        self._observed(request.name, request.context, self.metrics.observe_explanation, attr, found.target, found.scores)
+        return attr
+
+    def _rendered(self, request: ExplainRequest, explained: Explained) -> dict[str, Any]:
+        """The answer's images (:func:`render`) from the map's host copy (:meth:`_on_host`), in an image thread."""
+        return render(explained.x, self._on_host(request, explained.found), request.params)
+
+    def _observed(self, name: str, context: RequestContext, observe: Callable[..., dict[str, object]], *args: Any) -> None:
+        """``observe(name, *args)``, a drift metric (:class:`Metrics`), and its ``app.results`` line (IDG_LOG_PREDICTIONS);
+        a metric that fails never costs the answer."""
+        try:
+            facts = observe(name, *args)
+        except Exception:  # noqa: BLE001 - a metric never costs an answer
+            log.warning("the drift metrics of a %s answer failed", name, exc_info=True)
+            return
+        if self.settings.log_predictions:
+            fields = {"event": facts.get("event"), "model": name, **facts, "request_id": current_request_id(),
+                      "ms": round((time.perf_counter() - context.received) * 1000, 1)}
+            text = " ".join(f"{k}={v}" for k, v in fields.items() if k != "event" and v is not None)
+            results_log.info("%s %s", fields["event"], text, extra={"fields": fields, "request_id": fields["request_id"]})
 
     async def warm_up_requests(self) -> None:
         """One default attribution of a bundled photo per model through the whole path (decode, queue, the

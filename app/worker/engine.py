@@ -45,7 +45,6 @@ from idg_core.types import Answer, Model
 __all__ = ["BACKGROUND", "GRAD_UNITS", "QueueFull", "Worker", "work_units"]  # GRAD_UNITS, work_units: idg_core.budget
 
 log = logging.getLogger(__name__)
-results_log = logging.getLogger("app.results")
 T = TypeVar("T")
 BOOK_RUNNING_AFTER_S = 1.0
 """A model call running longer than this is booked as device busy time while it runs (every 0.25 s)."""
@@ -59,7 +58,7 @@ class Worker:
         self, models: Mapping[str, Model], device: torch.device, metrics: Metrics, *, max_batch_images: int,
         max_round_images: int, batch_wait_ms: float, max_queue: int, max_predict_queue: int = 16,
         watchdog_grace_s: float = 10.0, shapes: Mapping[str, CallShapes] | None = None, pipeline_depth: int = 2,
-        on_device_event: Callable[[str, int], None] | None = None, launch_ahead: int = 2, log_results: bool = False,
+        on_device_event: Callable[[str, int], None] | None = None, launch_ahead: int = 2,
     ) -> None:
         self.models = dict(models)
         self.device = device
@@ -78,7 +77,6 @@ class Worker:
         self._busy_lock = threading.Lock()  # the busy time of a call: booked as it runs (watchdog) and at its end (worker)
         self.pipeline_depth = max(1, pipeline_depth)
         self.launch_ahead = max(1, launch_ahead)
-        self.log_results = log_results
         """One ``app.results`` log line per prediction and explanation (IDG_LOG_PREDICTIONS)."""
         self._on_device_event = on_device_event
         self._device: DeviceStage
@@ -459,23 +457,8 @@ class Worker:
         if job.trace is not None:
             tracing.record_job(job.trace, job.kind, job.model, job.enqueued, job.started, job.finished, job.trace_calls,
                                None if error is None else type(error).__name__)
-        if error is None:
-            try:
-                facts = self.metrics.observe_result(job.model, result)  # drift: predicted classes, explanations' concentration
-                if self.log_results and facts:
-                    _log_result(job, facts)
-            except Exception:  # noqa: BLE001 - a metric never costs an answer
-                log.warning("job %d: its drift metrics failed", job.id, exc_info=True)
         job.finish(result, error)
         self.admission.release(job)
-
-
-def _log_result(job: Job, facts: dict[str, object]) -> None:
-    """The ``app.results`` line of a finished job (IDG_LOG_PREDICTIONS), its fields for a JSON log pipeline too."""
-    fields = {"event": facts.get("event", job.kind), "model": job.model, **facts, "request_id": job.request_id,
-              "ms": round(((job.finished or 0.0) - job.enqueued) * 1000, 1)}
-    text = " ".join(f"{k}={v}" for k, v in fields.items() if k != "event" and v is not None)
-    results_log.info("%s %s", fields["event"], text, extra={"fields": fields, "request_id": job.request_id})
 
 
 def _labels(job: Job) -> str:

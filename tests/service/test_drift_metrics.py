@@ -1,8 +1,11 @@
 """Drift metrics: each prediction counted by model and a fixed set of class ranges (bounded, comparable over time), its
 top-1 probability and each explanation's attribution concentration as histograms, whichever door the request came
-through (the worker books them)."""
+through (the service books them, off the worker's thread)."""
 
 from __future__ import annotations
+
+import threading
+from typing import Any
 
 import torch
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,3 +55,29 @@ async def test_predictions_and_explanations_of_every_door_are_booked(tiny_app: A
     assert abs(after[("idg_prediction_confidence_sum", (("model", "tiny"),))] - 2 * top["probability"]) < 1e-4
     assert after[("idg_attribution_concentration_count", (("model", "tiny"),))] == 1
     assert 0.05 <= after[("idg_attribution_concentration_sum", (("model", "tiny"),))] <= 1
+
+
+async def test_drift_is_observed_off_the_workers_thread(tiny_app: AppFactory) -> None:
+    """The worker's thread feeds the device: a drift metric read there (a GPU map's concentration) would wait for the
+    device at every explanation. Predictions are observed where their host probabilities arrive, maps in an image thread."""
+    app = tiny_app(warmup=False)
+    seen: list[tuple[str, str]] = []
+    metrics = app.state.metrics
+    for name in ("observe_prediction", "observe_explanation"):
+        original = getattr(metrics, name)
+
+        def spy(*args: object, _original: Any = original, _name: str = name) -> Any:
+            seen.append((_name, threading.current_thread().name))
+            return _original(*args)
+
+        setattr(metrics, name, spy)
+    async with serve(app) as client:
+        files = {"file": ("a.png", image_bytes(), "image/png")}
+        assert (await client.post("/predict", files=files)).status_code == 200
+        assert (await client.post(INFER, json={"inputs": [image_input(image_bytes())]})).status_code == 200
+        r = await client.post("/attribute", files=files, data={"steps": "8", "probe_steps": "4", "return_overlay": "false"})
+        assert r.status_code == 200
+        explain = {"inputs": [image_input(image_bytes())], "outputs": [{"name": "attribution"}]}
+        assert (await client.post(INFER, json=explain)).status_code == 200
+    assert [n for n, _ in seen] == ["observe_prediction"] * 2 + ["observe_explanation"] * 2, seen
+    assert {t for _, t in seen if not t.startswith("idg-image")} == {"MainThread"}, seen  # not idg-worker, idg-device
