@@ -91,6 +91,18 @@ def test_the_pages_name_only_settings_that_exist() -> None:
         assert named <= known, f"{page.relative_to(ROOT)} names {sorted(named - known)}, which no setting reads"
 
 
+def test_the_deployments_set_only_settings_that_exist() -> None:
+    """The variables the shipped deployments set keep naming settings (a renamed field would be ignored silently there:
+    ``extra="ignore"``). ``IDG_WEIGHTS_DIR`` is docker-compose's own: the host folder mounted at /weights."""
+    known = {"IDG_" + name.upper() for name in Settings.model_fields} | {"IDG_WEIGHTS_DIR"}
+    files = [ROOT / "Dockerfile", ROOT / "docker-compose.yml", *sorted((ROOT / "deploy").rglob("*.yaml")),
+             ROOT / "deploy" / "monitoring" / "prometheus.yml"]
+    for path in files:
+        named = set(re.findall(r"\bIDG_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+        assert named <= known, f"{path.relative_to(ROOT)} sets {sorted(named - known)}, which no setting reads"
+    assert any("IDG_MODELS" in path.read_text() for path in files)  # the files were read
+
+
 def test_the_metrics_reference_lists_every_metric_the_service_exports(hooks: ModuleType) -> None:
     from prometheus_client import generate_latest
 
