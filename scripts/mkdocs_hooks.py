@@ -2,15 +2,15 @@
 
 A page asks for a table with a marker line, ``<!-- generated:NAME -->`` (``<!-- generated:method idg -->`` for
 one method's parameters), and the build puts the table in its place, so the settings reference cannot drift from
-``app.core.config.Settings``, the metrics from ``app.core.prometheus.Metrics``, the alerts from
+``app.core.config`` (a table per section), the metrics from ``app.core.prometheus.Metrics``, the alerts from
 ``deploy/monitoring/rules/idg.rules.yml``, the routes from the app's OpenAPI schema, or a method's parameters from
 its ``Param`` declarations. The site also gets ``openapi.json`` and the result plots under ``results/``.
 ``tests/test_docs.py`` calls these functions directly."""
 
 from __future__ import annotations
 
+import inspect
 import json
-import logging
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -20,20 +20,24 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"^<!-- generated:(\w+)(?: (\w+))? -->$", re.MULTILINE)
-log = logging.getLogger("mkdocs.hooks.idg")
+
+
+def _prose(text: object) -> str:
+    """A docstring or description as one Markdown line: RST's double backticks and roles as Markdown's code."""
+    s = re.sub(r"``([^`]+)``", r"`\1`", str(text))
+    s = re.sub(r":(?:class|func|meth|data|attr|mod):`~?([^`]+)`", r"`\1`", s)
+    return " ".join(s.split())
 
 
 def _cell(text: object) -> str:
-    """One table cell: RST's double backticks as Markdown's, no line breaks, pipes escaped."""
-    s = re.sub(r"``([^`]+)``", r"`\1`", str(text))
-    s = re.sub(r":(?:class|func|meth|data|attr):`~?([^`]+)`", r"`\1`", s)
-    return " ".join(s.split()).replace("|", "\\|")
+    """One table cell: :func:`_prose`, pipes escaped."""
+    return _prose(text).replace("|", "\\|")
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------
 
-def env_name(field: str) -> str:
-    return "IDG_" + field.upper()
+def env_name(field: str, prefix: str = "IDG_") -> str:
+    return prefix + field.upper()
 
 
 def _default(value: Any) -> str:
@@ -81,26 +85,49 @@ def _nested_metadata(annotation: Any) -> list[Any]:
     return [m for a in typing.get_args(annotation) for m in _nested_metadata(a)]
 
 
-def settings_rows() -> list[dict[str, str]]:
-    """One row per field of ``Settings``: its environment variable, type, default, bounds and description."""
-    from app.core.config import Settings
-
+def settings_rows(section: Any) -> list[dict[str, str]]:
+    """One row per field of one settings section (``app.core.config``): its environment variable, type, default,
+    bounds and description."""
     rows = []
-    for name, f in Settings.model_fields.items():
-        rows.append({"name": name, "env": env_name(name), "type": _type(f.annotation), "default": _default(f.default if
-                     f.default_factory is None else f.default_factory()),  # type: ignore[call-arg]
+    prefix = section.model_config.get("env_prefix", "")
+    for name, f in section.model_fields.items():
+        rows.append({"name": name, "env": env_name(name, prefix), "type": _type(f.annotation), "default": _default(
+                     f.default if f.default_factory is None else f.default_factory()),  # type: ignore[call-arg]
                      "bounds": _bounds([*f.metadata, *_nested_metadata(f.annotation)]), "description": f.description or ""})
     return rows
 
 
-def settings_table() -> str:
-    lines = ["| variable | default | type, range | meaning |", "|---|---|---|---|"]
-    for r in settings_rows():
-        if not r["description"]:
-            log.warning("setting %s has no description in app/core/config.py", r["env"])
-        kind = _cell(r["type"]) + (f"; {r['bounds']}" if r["bounds"] else "")
-        lines.append(f"| <span id=\"{r['env'].lower()}\"></span>`{r['env']}` | {r['default']} | {kind} | {_cell(r['description'])} |")
-    return "\n".join(lines)
+def check_sections(settings: Any, sections: tuple[Any, ...]) -> None:
+    """Every field of ``settings`` is in exactly one of ``sections`` and has a description, or a ``ValueError``
+    naming the fields (the build fails: the reference would miss a setting or say nothing about it)."""
+    homes: dict[str, list[str]] = {name: [] for name in settings.model_fields}
+    for section in sections:
+        for name in section.model_fields:
+            homes.setdefault(name, []).append(section.__name__)
+    problems = [f"{name} is in no section" for name, found in homes.items() if not found]
+    problems += [f"{name} is in {' and '.join(found)}" for name, found in homes.items() if len(found) > 1]
+    problems += [f"{name} is in a section but not in {settings.__name__}" for name in homes if name not in settings.model_fields]
+    problems += [f"{name} has no description" for name, f in settings.model_fields.items() if not f.description]
+    if problems:
+        raise ValueError("settings reference: " + "; ".join(problems) + " (app/core/config.py)")
+
+
+def settings_table(settings: Any = None, sections: tuple[Any, ...] | None = None) -> str:
+    """The settings reference: one table per section of ``app.core.config`` (``SECTIONS``), headed by its title and
+    what it governs (its docstring)."""
+    from app.core.config import SECTIONS, Settings
+
+    settings, sections = settings or Settings, sections or SECTIONS
+    check_sections(settings, sections)
+    out = []
+    for section in sections:
+        out += [f"## {section.title}", "", _prose(inspect.cleandoc(section.__doc__ or "")), "",
+                "| variable | default | type, range | meaning |", "|---|---|---|---|"]
+        for r in settings_rows(section):
+            kind = _cell(r["type"]) + (f"; {r['bounds']}" if r["bounds"] else "")
+            out.append(f"| <span id=\"{r['env'].lower()}\"></span>`{r['env']}` | {r['default']} | {kind} | {_cell(r['description'])} |")
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 # ---- metrics and alerts -----------------------------------------------------------------------------------------

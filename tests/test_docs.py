@@ -13,8 +13,9 @@ from types import ModuleType
 
 import pytest
 import yaml  # type: ignore[import-untyped]
+from pydantic import Field
 
-from app.core.config import Settings
+from app.core.config import SECTIONS, ServerSettings, Settings
 from idg_core.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,17 +42,46 @@ def doc_examples() -> ModuleType:
     return _script("doc_examples")
 
 
-def test_the_settings_reference_lists_every_setting_with_its_default_and_meaning(hooks: ModuleType) -> None:
-    table = hooks.settings_table()
-    for name, field in Settings.model_fields.items():
-        env = "IDG_" + name.upper()
-        row = next((line for line in table.splitlines() if f"`{env}`" in line), None)
-        assert row is not None, f"{env} is missing from the settings reference"
-        assert field.description, f"{env} has no description in app/core/config.py: the reference would say nothing"
-        default = field.default
-        if isinstance(default, (int, float, str)) and not isinstance(default, bool):
-            assert f"`{default}`" in row, (env, row)
-    assert (ROOT / "docs" / "settings.md").read_text().count("<!-- generated:settings -->") == 1
+def _tables_by_heading(page: str) -> dict[str, str]:
+    """The rendered settings page's text under each ``## `` heading."""
+    return {chunk.split("\n", 1)[0]: chunk for chunk in page.split("\n## ")[1:]}
+
+
+def test_the_settings_reference_lists_every_setting_under_its_section_with_its_default_and_meaning(hooks: ModuleType) -> None:
+    page = hooks.render((ROOT / "docs" / "settings.md").read_text())
+    tables = _tables_by_heading(page)
+    assert list(tables) == [section.title for section in SECTIONS]
+    for section in SECTIONS:
+        listed = re.findall(r"^\| <span id=\"[a-z0-9_]+\"></span>`(IDG_[A-Z0-9_]+)`", tables[section.title], re.MULTILINE)
+        assert listed == ["IDG_" + name.upper() for name in section.model_fields], section.title
+        assert section.__doc__ and hooks._prose(section.__doc__) in tables[section.title]  # what it governs
+        for name, field in section.model_fields.items():
+            row = next(line for line in tables[section.title].splitlines() if line.startswith(f'| <span id="idg_{name}">'))
+            assert field.description and hooks._cell(field.description) in row, (name, row)
+            if isinstance(field.default, (int, float, str)) and not isinstance(field.default, bool):
+                assert f"`{field.default}`" in row, (name, row)
+    assert sum(len(section.model_fields) for section in SECTIONS) == len(Settings.model_fields)
+
+
+def test_a_setting_outside_every_section_or_without_a_description_fails_the_build(hooks: ModuleType) -> None:
+    class Stray(Settings):
+        stray: int = Field(1, description="added to the settings class, not to a section")
+
+    class Undescribed(ServerSettings):
+        quiet: int = 1
+
+    class Both(Settings, Undescribed):
+        pass
+
+    with pytest.raises(ValueError, match="stray is in no section"):
+        hooks.settings_table(Stray, SECTIONS)
+    with pytest.raises(ValueError, match="quiet has no description"):
+        hooks.settings_table(Both, (*SECTIONS[1:], Undescribed))
+    with pytest.raises(ValueError, match="host is in ServerSettings and Undescribed"):
+        hooks.settings_table(Both, (*SECTIONS, Undescribed))
+    with pytest.raises(ValueError, match="quiet is in a section but not in Settings"):
+        hooks.settings_table(Settings, (*SECTIONS[1:], Undescribed))
+    assert hooks.settings_table(Settings, SECTIONS) == hooks.settings_table()
 
 
 def test_the_pages_name_only_settings_that_exist() -> None:
@@ -59,6 +89,18 @@ def test_the_pages_name_only_settings_that_exist() -> None:
     for page in PAGES:
         named = set(re.findall(r"\bIDG_[A-Z0-9_]*[A-Z0-9]\b", page.read_text()))
         assert named <= known, f"{page.relative_to(ROOT)} names {sorted(named - known)}, which no setting reads"
+
+
+def test_the_deployments_set_only_settings_that_exist() -> None:
+    """The variables the shipped deployments set keep naming settings (a renamed field would be ignored silently there:
+    ``extra="ignore"``). ``IDG_WEIGHTS_DIR`` is docker-compose's own: the host folder mounted at /weights."""
+    known = {"IDG_" + name.upper() for name in Settings.model_fields} | {"IDG_WEIGHTS_DIR"}
+    files = [ROOT / "Dockerfile", ROOT / "docker-compose.yml", *sorted((ROOT / "deploy").rglob("*.yaml")),
+             ROOT / "deploy" / "monitoring" / "prometheus.yml"]
+    for path in files:
+        named = set(re.findall(r"\bIDG_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+        assert named <= known, f"{path.relative_to(ROOT)} sets {sorted(named - known)}, which no setting reads"
+    assert any("IDG_MODELS" in path.read_text() for path in files)  # the files were read
 
 
 def test_the_metrics_reference_lists_every_metric_the_service_exports(hooks: ModuleType) -> None:

@@ -42,7 +42,7 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
 async def test_start_up_keeps_freed_memory_unless_told_not_to(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch,
                                                               keep: bool) -> None:
     calls: list[None] = []
-    monkeypatch.setattr("app.main.keep_freed_memory", lambda: calls.append(None) or True)
+    monkeypatch.setattr("app.assembly.keep_freed_memory", lambda: calls.append(None) or True)
     async with serve(tiny_app(keep_freed_memory=keep)) as client:
         assert (await client.get("/health/ready")).status_code == 200
     assert len(calls) == int(keep)

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import pytest
 
+import app.assembly
 import app.core.images
-import app.main
 import app.service.service
 from app.core.image_threads import PROCESSES_ON_HOST, image_threads, in_image_thread, processes_on_host
 from app.core.images import LARGE_DECODE_PIXELS
@@ -113,7 +113,7 @@ async def test_once_the_app_stops_or_fails_to_start_its_image_threads_are_closed
     async def no_jobs(*args: object) -> None:
         raise RuntimeError("the jobs database cannot be reached")
 
-    monkeypatch.setattr(app.main, "start_jobs", no_jobs)  # start-up fails after the pool opened
+    monkeypatch.setattr(app.assembly, "start_jobs", no_jobs)  # start-up fails after the pool opened
     with pytest.raises(RuntimeError, match="cannot be reached"):
         async with serve(tiny_app(image_threads=1)):
             pass
