@@ -104,3 +104,26 @@ def test_ranks_run_0_to_1_on_the_maps_device_and_the_weight_is_checked() -> None
     torch.testing.assert_close(rank_mix(both, 0.0), (ranks(saliency(both[0, :3])) / 3).float().expand(3, -1, -1)[None])
     with pytest.raises(ValueError, match="weight"):
         rank_mix(both, 1.5)
+
+
+def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_closest_when_none_is() -> None:
+    from idg_core.evaluation.report import first_or_tied
+
+    gen = torch.Generator().manual_seed(3)
+    noise = torch.randn(40, 5, generator=gen) * 0.02
+
+    def rec(i: int) -> dict[str, Any]:
+        base = {"insertion": 0.50, "deletion": 0.15, "sic": 0.40, "aic": 0.50}
+        n = noise[i].tolist()
+        row = {k: v + n[j] for j, (k, v) in enumerate(base.items())}  # the candidates' differences: n[4] (a tie) or none
+        return {"image": f"{i}.png", "correct": True, "methods": {
+            "AGI": row, "IDG": {**row, "insertion": row["insertion"] + 0.01}, "SIG": dict(row),
+            "tied": {**row, "insertion": row["insertion"] + 0.05, "deletion": row["deletion"] + 0.002 + n[4]},  # a tie
+            "worse": {**row, "insertion": row["insertion"] + 0.08, "deletion": row["deletion"] + 0.05}}}  # deletion: behind
+
+    records = [rec(i) for i in range(40)]
+    chosen, lines = first_or_tied(records, ["tied", "worse"])
+    assert chosen == "tied" and "By the rule: **tied**" in lines[-1]
+    assert any(line.startswith("| worse |") and "no (" in line for line in lines)
+    chosen, lines = first_or_tied(records, ["worse"])
+    assert chosen == "worse" and lines[-1].startswith("No candidate qualifies")
