@@ -56,8 +56,10 @@ class AttributeCommon(PredictParams):
                                      "(RISE AUCs in [0, 1]); costs steps + 1 forward passes per metric (2 x 29 at the default 28 steps)")
     faithfulness_steps: int | None = Field(
         None, ge=1, le=224, description="Steps of the faithfulness games; default IDG_FAITHFULNESS_STEPS (28)")
-    postprocess: Literal["none", "idgi"] = Field("none", description="'idgi': IDGI (Yang et al. 2023) on the path of idg, ig or "
-                                                 "left_ig, from the same outputs and gradients (no extra model pass)")
+    postprocess: Literal["none", "idgi", "rankmix"] = Field(
+        "none", description="'idgi': IDGI (Yang et al. 2023) on the path of idg, ig or left_ig, from the same outputs and "
+        "gradients; 'rankmix': the method's map and its IDGI map rank-averaged (a rank score per pixel, not additive), "
+        "IDGI's gains without its deletion loss; neither costs an extra model pass")
     smooth_samples: int = Field(0, ge=0, le=64, description="SmoothGrad / VarGrad over this many noisy copies (0: off); costs "
                                 "this many times the method's passes, pooled into the same model calls")
     smooth_std: float = Field(0.15, ge=0, le=1, description="Standard deviation of the SmoothGrad noise in pixel units (images in [0, 1])")

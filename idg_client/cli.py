@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     at.add_argument("--probe-steps", type=int)
     at.add_argument("--baseline", choices=["mean", "black"])
     at.add_argument("--faithfulness", help="score the map: insertion, deletion or insertion,deletion")
-    at.add_argument("--postprocess", choices=["none", "idgi"])
+    at.add_argument("--postprocess", choices=["none", "idgi", "rankmix"])
     at.add_argument("--smooth-samples", type=int, help="SmoothGrad over this many noisy copies")
     at.add_argument("--out", type=Path, default=Path("heatmap.png"), help="heatmap PNG to write")
     at.add_argument("--overlay", type=Path, help="also write the overlay PNG here")

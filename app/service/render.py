@@ -81,7 +81,7 @@ def method_label(params: AttributeCommon) -> str:
     """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label)."""
     post = post_steps(params)  # a preset's post-steps count (quality)
     smooth = f"+{post['smooth_kind']}" if post["smooth_samples"] else ""
-    return params.method + ("+idgi" if post["postprocess"] == "idgi" else "") + smooth
+    return params.method + ("" if post["postprocess"] in (None, "none") else f"+{post['postprocess']}") + smooth
 
 
 def attribute_response(

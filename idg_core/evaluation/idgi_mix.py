@@ -1,7 +1,5 @@
-"""A candidate against IDGI's deletion cost: a straight-path method's own map and its IDGI map,
-both from the same gradient pass (SmoothGrad's noisy copies included), ranked and averaged. It costs
-exactly what the method with IDGI costs; ``idgi_mix`` is IDGI's weight (0: the method's map's order,
-1: IDGI's).
+"""The evaluation's RankMix rows at any weight (``idgi_mix``: IDGI's weight, 0: the method's map's order, 1: IDGI's;
+the library's post-step, :mod:`idg_core.postprocess.rankmix`, is the same at its fixed weight).
 
 Also :func:`rank_shift`, what the analysis of which pixels IDGI moves reads: where the pixels of one
 map's top and bottom share sit in the other map's order."""
@@ -16,32 +14,9 @@ from torch import Tensor
 
 from idg_core.heatmap import saliency
 from idg_core.methods import METHODS
-from idg_core.postprocess import idgi_plan
+from idg_core.postprocess.rankmix import rankmix_plan, ranks, with_idgi
 from idg_core.postprocess.smoothgrad import noisy_copies, smooth_plan
 from idg_core.types import AttributionResult, Plan
-
-
-def ranks(sal: Tensor) -> Tensor:
-    """Each pixel's place in ``sal (H, W)``'s order, 0 (least) to 1 (most salient), float64."""
-    flat = sal.flatten().double()
-    order = torch.argsort(flat, stable=True)
-    r = torch.empty_like(flat)
-    r[order] = torch.arange(flat.numel(), dtype=torch.float64) / max(flat.numel() - 1, 1)
-    return r.view(sal.shape)
-
-
-def _both(inner: Plan) -> Plan:
-    """``inner`` with IDGI, its attributions ``(1, 2C, H, W)``: the method's own map, then IDGI's."""
-    own: list[Tensor] = []
-
-    def keep() -> Plan:
-        result = yield from inner
-        own.append(result.attributions.clone())
-        return result
-
-    result = yield from idgi_plan(keep())
-    result.attributions = torch.cat([own[0], result.attributions], dim=1)
-    return result
 
 
 def idgi_mix_plan(method: str, x: Tensor, baseline: Tensor, target: int, *, idgi_mix: float, smooth_samples: int = 0,
@@ -54,15 +29,10 @@ def idgi_mix_plan(method: str, x: Tensor, baseline: Tensor, target: int, *, idgi
     kwargs.pop("postprocess", None)  # IDGI is computed here, beside the method's own map
 
     def one(xi: Tensor) -> Plan:
-        return _both(METHODS[method].plan(xi, baseline, target, **kwargs))
+        return with_idgi(METHODS[method].plan(xi, baseline, target, **kwargs))
 
     plan = smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)]) if smooth_samples else one(x)
-    result = yield from plan
-    c = result.attributions.shape[1] // 2
-    own, idgi = saliency(result.attributions[0, :c]), saliency(result.attributions[0, c:])
-    mixed = (1.0 - idgi_mix) * ranks(own) + idgi_mix * ranks(idgi)
-    result.attributions = (mixed / c).to(x.dtype).to(x.device).expand(c, -1, -1).unsqueeze(0).contiguous()
-    return result
+    return (yield from rankmix_plan(plan, idgi_mix))
 
 
 def rank_shift(a: Tensor, b: Tensor, share: float = 0.1) -> dict[str, float]:
@@ -100,7 +70,7 @@ def analyse(model: Any, x: Tensor, base: Tensor, pred: int, kw: dict[str, Any], 
     method = kw.pop("method")
 
     def one(xi: Tensor) -> Plan:
-        return _both(METHODS[method].plan(xi, base, pred, **kw))
+        return with_idgi(METHODS[method].plan(xi, base, pred, **kw))
 
     plan = smooth_plan([one(xi) for xi in noisy_copies(x, samples, std, 0)]) if samples else one(x)
     (result,) = run_plans(model, [plan], 32)

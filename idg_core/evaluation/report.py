@@ -208,6 +208,61 @@ def preset_choice(records: list[dict[str, Any]], names: list[str], ranks: dict[s
     return chosen, lines
 
 
+RULE_METRICS = (*METRICS, ("diffid", "↑"))
+"""What :func:`first_or_tied` reads: the four metrics and DiffID."""
+
+
+def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tuple[str, ...] = ("AGI", "IDG", "SIG"),
+                  budget: float = 10.0) -> tuple[str | None, list[str]]:
+    """Issue #47's rule for the ``quality`` preset: a candidate passes a metric (insertion, deletion, SIC, AIC, DiffID)
+    within ``budget`` × AGI's most model passes on an image, when, paired by image against each reference of ``refs``
+    present, it is ahead or its 95% interval reaches 0 (first,
+    or tied within the interval); it qualifies when it passes all five. Among those that qualify: the most metrics
+    ahead of every reference in the mean, then the smallest worst gap. When none does: the one failing the fewest
+    (metric, reference) pairs, then the smallest worst gap, said so. Returns the row (None without candidates)
+    and the report's lines (the table of paired differences, then the verdict)."""
+    refs = tuple(r for r in refs if any(r in rec["methods"] for rec in records))
+    agi = _cost(records, "AGI")
+    limit = budget * agi[2] if agi else float("inf")  # rows read from an earlier CSV carry no passes: not excluded
+    rows = [c for c in candidates if c not in refs and any(c in rec["methods"] for rec in records)
+            and ((cost := _cost(records, c)) is None or cost[0] <= limit)]
+    if not rows or not refs:
+        return None, []
+    head = ["| candidate | " + " | ".join(f"{m} {a} vs {', '.join(refs)}" for m, a in RULE_METRICS) + " | passes |",
+            "|---|" + "---|" * (len(RULE_METRICS) + 1)]
+    scored: list[tuple[int, int, float, str]] = []  # (failures, -metrics ahead of all, worst gap, name)
+    for c in rows:
+        cells, failures, ahead_all, worst = [], 0, 0, 0.0
+        for m, arrow in RULE_METRICS:
+            parts, ahead = [], True
+            for r in refs:
+                mean, half, count = _paired_diff(records, c, r, m, arrow)
+                if not count:
+                    parts.append("n/a")
+                    continue
+                behind = mean + half < 0  # behind even at the interval's far end
+                failures += behind
+                ahead = ahead and mean > 0
+                worst = min(worst, mean + half)
+                mark = "**" if count > 1 and abs(mean) > half else ""
+                parts.append(f"{mark}{mean:+.3f} ± {half:.3f}{mark}" + (" ✗" if behind else ""))
+            ahead_all += ahead
+            cells.append("<br>".join(parts))
+        scored.append((failures, -ahead_all, -worst, c))
+        head.append(f"| {c} | " + " | ".join(cells) + f" | {'yes' if failures == 0 else f'no ({failures} behind)'} |")
+    best = min(scored)
+    lines = [f"Each cell: the candidate minus {', '.join(refs)} (in that order), paired by image, signed so that > 0 favours "
+             "the candidate, ± the 95% half-width; bold where the interval excludes 0; ✗ where the candidate is behind even "
+             "at the interval's far end (the rule's failure). The rule: no ✗ on any of the five.", "", *head, ""]
+    qualified = [s for s in scored if s[0] == 0]
+    if qualified:
+        lines.append(f"By the rule: **{best[3]}** (qualifies; {-best[1]} of {len(RULE_METRICS)} metrics ahead of every "
+                     f"reference in the mean; {len(qualified)} of {len(rows)} candidates qualify).")
+    else:
+        lines.append(f"No candidate qualifies. Closest by the rule: **{best[3]}** ({best[0]} (metric, reference) pairs behind).")
+    return best[3], lines
+
+
 def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date: str, model: str, total_images: int,
                  earlier: tuple[Path, list[str]] | None = None) -> Path:
     """``summary.md``, ``per_image.csv``, ``curves.png`` and ``idg_curves.png`` under ``out``.
@@ -245,6 +300,9 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
                   *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]
     if "AGI" in main and len(main) > 2:
         lines += ["### Choosing the `quality` preset", "", *preset_choice(records, main, ranks)[1], ""]
+    candidates = [n for n in variants if n not in ("AGI", "IDG", "SIG")]
+    if candidates and {"AGI", "IDG"} <= set(names):
+        lines += ["### First or tied on all five (issue #47's rule)", "", *first_or_tied(records, candidates)[1], ""]
     paired = _paired(records, [n for n in main if n not in variants])
     if paired:
         lines += ["### IDG against each method, paired by image", "",

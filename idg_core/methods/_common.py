@@ -55,7 +55,7 @@ class Method:
             own = {k: v for k, v in values.items() if k not in POST_STEPS}
             self.params.validate(own)  # a preset that sets an unknown or bad value fails at import, not per request
             post = values.get("postprocess", "none")
-            if post not in ("none", "idgi") or (post == "idgi" and not self.straight_path):
+            if post not in ("none", "idgi", "rankmix") or (post != "none" and not self.straight_path):
                 raise TypeError(f"{self.name}: preset {preset!r} sets postprocess={values['postprocess']!r}, which does not apply")
             if not isinstance(values.get("smooth_samples", 0), int) or values.get("smooth_samples", 0) < 0:
                 raise TypeError(f"{self.name}: preset {preset!r} sets smooth_samples={values['smooth_samples']!r}")

@@ -11,18 +11,23 @@ from idg_core.budget import postprocess_bound
 from idg_core.methods import METHODS
 from idg_core.postprocess.blur import blur_plan
 from idg_core.postprocess.idgi import IDGI_METHODS, idgi_plan
+from idg_core.postprocess.rankmix import rankmix_plan, with_idgi
 from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, smooth_plan
 from idg_core.types import Plan
 
-__all__ = ["build_plan", "check_postprocess", "postprocess_bound"]  # postprocess_bound: from idg_core.budget, where it moved
+__all__ = ["POSTPROCESS", "build_plan", "check_postprocess", "postprocess_bound"]  # postprocess_bound: from idg_core.budget
+
+POSTPROCESS = ("none", "idgi", "rankmix")
+"""The ``postprocess`` values: none; ``idgi`` (:mod:`idg_core.postprocess.idgi`); ``rankmix``, the method's map and its
+IDGI map rank-averaged (:mod:`idg_core.postprocess.rankmix`). Both need a straight-path method and no extra pass."""
 
 
 def check_postprocess(method: str, postprocess: str | None, smooth_samples: int, smooth_std: float, smooth_kind: str) -> None:
     """ValueError (one sentence) when the post-steps do not apply."""
-    if postprocess not in (None, "none", "idgi"):
-        raise ValueError(f"postprocess must be 'none' or 'idgi', got {postprocess!r}")
-    if postprocess == "idgi" and method not in IDGI_METHODS:
-        raise ValueError(f"postprocess=idgi needs a path method ({', '.join(IDGI_METHODS)}), got {method!r}")
+    if postprocess is not None and postprocess not in POSTPROCESS:
+        raise ValueError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {postprocess!r}")
+    if postprocess in ("idgi", "rankmix") and method not in IDGI_METHODS:
+        raise ValueError(f"postprocess={postprocess} needs a path method ({', '.join(IDGI_METHODS)}), got {method!r}")
     if smooth_samples < 0:
         raise ValueError(f"smooth_samples must be >= 0, got {smooth_samples}")
     if smooth_std < 0:
@@ -35,7 +40,8 @@ def build_plan(
     method: str, x: Tensor, baseline: Tensor, target: int, *, postprocess: str | None = None, smooth_samples: int = 0,
     smooth_std: float = 0.15, smooth_kind: str = "smoothgrad", smooth_seed: int = 0, blur_sigma: float = 0.0, **kwargs: Any,
 ) -> Plan:
-    """The plan of ``method`` on ``x (C, H, W)`` with IDGI (``postprocess="idgi"``) and/or SmoothGrad /
+    """The plan of ``method`` on ``x (C, H, W)`` with IDGI (``postprocess="idgi"``) or RankMix (``"rankmix"``: the map
+    and its IDGI map rank-averaged, after SmoothGrad when there is one) and/or SmoothGrad /
     VarGrad over ``smooth_samples`` noisy copies (0: none), then the map blurred by ``blur_sigma``
     pixels (0: not; the evaluation's control). ``kwargs`` go to the method's plan."""
     check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind)
@@ -46,8 +52,10 @@ def build_plan(
 
     def one(xi: Tensor) -> Plan:
         plan = METHODS[method].plan(xi, baseline, target, **kwargs)
-        return idgi_plan(plan) if postprocess == "idgi" else plan
+        return idgi_plan(plan) if postprocess == "idgi" else with_idgi(plan) if postprocess == "rankmix" else plan
 
     if smooth_samples == 0:
-        return one(x)
-    return smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)], smooth_kind)
+        plan = one(x)
+    else:
+        plan = smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)], smooth_kind)
+    return rankmix_plan(plan) if postprocess == "rankmix" else plan

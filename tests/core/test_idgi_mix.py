@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from PIL import Image
 
@@ -13,8 +14,8 @@ from idg_core.evaluation import EvalConfig, evaluate_folder
 from idg_core.evaluation.idgi_mix import idgi_mix_plan, rank_shift, ranks
 from idg_core.evaluation.runner import parse_row
 from idg_core.heatmap import saliency
-from idg_core.model_calls import run_plans
-from idg_core.postprocess import build_plan
+from idg_core.model_calls import CallStats, run_plans
+from idg_core.postprocess import build_plan, rank_mix
 from tests.models import SmallCNN, tiny_classifier
 
 IDG: dict[str, Any] = {"steps": 6, "probe_steps": 5}
@@ -71,3 +72,58 @@ def test_the_analysis_reads_both_maps_from_one_pass() -> None:
     assert all(0.0 <= out[k] <= 1.0 for k in shares)
     assert -1.0 <= out["idgi_vs_own_spearman"] <= 1.0 and 0.0 <= out["own_deletion"] <= 1.0
     assert out["own_top_delta"] > 0 and out["idgi_top_delta"] > 0  # relative to the image's mean distance from the baseline
+
+
+def test_the_librarys_rankmix_is_the_evaluations_row_at_half_weight_at_the_cost_of_idgi() -> None:
+    """``postprocess="rankmix"`` (what the service runs) gives the evaluation's RankMix row's map, with SmoothGrad
+    around it, in the same passes and model calls as ``postprocess="idgi"``."""
+    torch.manual_seed(1)
+    model, x = SmallCNN(), torch.rand(3, 16, 16)
+    base = torch.zeros_like(x)
+    smooth: dict[str, Any] = {"smooth_samples": 3, "smooth_std": 0.1}
+    library = build_plan("idg", x, base, 2, postprocess="rankmix", **smooth, **IDG)
+    row = idgi_mix_plan("idg", x, base, 2, idgi_mix=0.5, **smooth, **IDG)
+    plain, idgi_calls = CallStats(), CallStats()
+    (mine,) = run_plans(model, [library], 64, plain)
+    (theirs,) = run_plans(model, [row], 64)
+    (idgi,) = run_plans(model, [build_plan("idg", x, base, 2, postprocess="idgi", **smooth, **IDG)], 64, idgi_calls)
+    torch.testing.assert_close(mine.attributions, theirs.attributions)
+    assert mine.attributions.shape == (1, 3, 16, 16) and float(mine.attributions.min()) >= 0
+    mixed = saliency(mine.attributions[0])  # the mean of two pixels' ranks, each running 0..1 evenly
+    assert float(mixed.max()) <= 1.0 and abs(float(mixed.mean()) - 0.5) < 1e-6
+    assert (plain.calls, plain.forward_images, plain.backward_images) == (idgi_calls.calls, idgi_calls.forward_images,
+                                                                          idgi_calls.backward_images)
+    with pytest.raises(ValueError, match="path method"):
+        build_plan("agi", x, base, 0, postprocess="rankmix", num_classes=10)
+
+
+def test_ranks_run_0_to_1_on_the_maps_device_and_the_weight_is_checked() -> None:
+    sal = torch.tensor([[3.0, 1.0], [2.0, 0.0]])
+    torch.testing.assert_close(ranks(sal), torch.tensor([[1.0, 1 / 3], [2 / 3, 0.0]], dtype=torch.float64))
+    both = torch.rand(1, 6, 4, 4)
+    torch.testing.assert_close(rank_mix(both, 0.0), (ranks(saliency(both[0, :3])) / 3).float().expand(3, -1, -1)[None])
+    with pytest.raises(ValueError, match="weight"):
+        rank_mix(both, 1.5)
+
+
+def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_closest_when_none_is() -> None:
+    from idg_core.evaluation.report import first_or_tied
+
+    gen = torch.Generator().manual_seed(3)
+    noise = torch.randn(40, 5, generator=gen) * 0.02
+
+    def rec(i: int) -> dict[str, Any]:
+        base = {"insertion": 0.50, "deletion": 0.15, "sic": 0.40, "aic": 0.50}
+        n = noise[i].tolist()
+        row = {k: v + n[j] for j, (k, v) in enumerate(base.items())}  # the candidates' differences: n[4] (a tie) or none
+        return {"image": f"{i}.png", "correct": True, "methods": {
+            "AGI": row, "IDG": {**row, "insertion": row["insertion"] + 0.01}, "SIG": dict(row),
+            "tied": {**row, "insertion": row["insertion"] + 0.05, "deletion": row["deletion"] + 0.002 + n[4]},  # a tie
+            "worse": {**row, "insertion": row["insertion"] + 0.08, "deletion": row["deletion"] + 0.05}}}  # deletion: behind
+
+    records = [rec(i) for i in range(40)]
+    chosen, lines = first_or_tied(records, ["tied", "worse"])
+    assert chosen == "tied" and "By the rule: **tied**" in lines[-1]
+    assert any(line.startswith("| worse |") and "no (" in line for line in lines)
+    chosen, lines = first_or_tied(records, ["worse"])
+    assert chosen == "worse" and lines[-1].startswith("No candidate qualifies")

@@ -76,12 +76,19 @@ async def test_idgi_and_smoothgrad_through_the_api(tiny_app: AppFactory) -> None
         body = await _attribute(client, **IG, smooth_samples="3", smooth_kind="vargrad")
         assert body["cost"] == {"forward_passes": 1 + 12, "backward_passes": 12} and sum(net.calls) == 13
         assert body["parameters"]["smooth_samples"] == 3 and body["parameters"]["smooth_kind"] == "vargrad"
+        net.calls.clear()
+        body = await _attribute(client, **IG, postprocess="rankmix", return_attribution="true")
+        mixed = np.load(io.BytesIO(base64.b64decode(body["attribution"]["data"]))).astype(np.float64).sum(0)
+        assert body["parameters"]["postprocess"] == "rankmix" and body["cost"] == {"forward_passes": 5, "backward_passes": 4}
+        assert sum(net.calls) == 5 and mixed.min() >= 0 and mixed.max() <= 1 + 1e-3  # a rank score per pixel
+        assert mixed.mean() == pytest.approx(0.5, abs=1e-3)  # the mean of two ranks that each run evenly over 0..1
 
 
 @pytest.mark.parametrize(("fields", "words"), [
     ({"faithfulness": "auc"}, "faithfulness"),
     ({"faithfulness": "insertion", "faithfulness_steps": "0"}, "faithfulness_steps"),
     ({"postprocess": "idgi", "method": "agi", "steps": None, "rule": None}, "path method"),
+    ({"postprocess": "rankmix", "method": "agi", "steps": None, "rule": None}, "path method"),
     ({"smooth_samples": "64", "steps": "512"}, "smooth_samples"),
 ])
 async def test_bad_options_are_422s_that_say_why(tiny_app: AppFactory, fields: dict, words: str) -> None:
