@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, mean_ci
+from idg_core.budget import WorkBound, postprocess_bound
+from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, mean_ci, parse_row
+from idg_core.methods import METHODS
 from idg_core.metrics.curves import SKIP_RULES
 
 log = logging.getLogger(__name__)
@@ -208,24 +210,36 @@ def preset_choice(records: list[dict[str, Any]], names: list[str], ranks: dict[s
     return chosen, lines
 
 
+def row_bound(name: str) -> WorkBound | None:
+    """The most model passes a row's plan can cost on one image (its method's bound with its post-steps: what a user
+    pays), from its name alone, so rows read from an earlier run's CSV have one too; None for a name not parsed."""
+    try:
+        method, kw = parse_row(name)
+    except ValueError:
+        return None
+    spec = METHODS[method]
+    own = {k: v for k, v in kw.items() if k in spec.params} | ({"num_classes": 1000} if "num_classes" in spec.params else {})
+    return postprocess_bound(spec.bound(spec.validate(**own)), kw)
+
+
 RULE_METRICS = (*METRICS, ("diffid", "↑"))
 """What :func:`first_or_tied` reads: the four metrics and DiffID."""
 
 
 def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tuple[str, ...] = ("AGI", "IDG", "SIG"),
                   budget: float = 10.0) -> tuple[str | None, list[str]]:
-    """Issue #47's rule for the ``quality`` preset: a candidate passes a metric (insertion, deletion, SIC, AIC, DiffID)
-    within ``budget`` × AGI's most model passes on an image, when, paired by image against each reference of ``refs``
-    present, it is ahead or its 95% interval reaches 0 (first,
-    or tied within the interval); it qualifies when it passes all five. Among those that qualify: the most metrics
-    ahead of every reference in the mean, then the smallest worst gap. When none does: the one failing the fewest
-    (metric, reference) pairs, then the smallest worst gap, said so. Returns the row (None without candidates)
-    and the report's lines (the table of paired differences, then the verdict)."""
+    """Issue #47's rule for the ``quality`` preset. A candidate within ``budget`` × AGI's bound of model passes on an
+    image (:func:`row_bound`) passes a metric (insertion, deletion, SIC, AIC, DiffID) when, paired by image against each
+    reference of ``refs`` present, it is ahead or its 95% interval reaches 0 (first, or tied within the interval); it
+    qualifies when it passes all five. Among those that qualify: the most metrics ahead of every reference in the mean,
+    then the smallest worst gap. When none does: the one failing the fewest (metric, reference) pairs, then the
+    smallest worst gap, said so. Returns the row (None without candidates) and the report's lines (the table of
+    paired differences, then the verdict)."""
     refs = tuple(r for r in refs if any(r in rec["methods"] for rec in records))
-    agi = _cost(records, "AGI")
-    limit = budget * agi[2] if agi else float("inf")  # rows read from an earlier CSV carry no passes: not excluded
+    agi = row_bound("AGI")
+    limit = budget * agi.forward if agi else float("inf")
     rows = [c for c in candidates if c not in refs and any(c in rec["methods"] for rec in records)
-            and ((cost := _cost(records, c)) is None or cost[0] <= limit)]
+            and ((cost := row_bound(c)) is None or cost.forward <= limit)]
     if not rows or not refs:
         return None, []
     head = ["| candidate | " + " | ".join(f"{m} {a} vs {', '.join(refs)}" for m, a in RULE_METRICS) + " | passes |",

@@ -127,3 +127,13 @@ def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_cl
     assert any(line.startswith("| worse |") and "no (" in line for line in lines)
     chosen, lines = first_or_tied(records, ["worse"])
     assert chosen == "worse" and lines[-1].startswith("No candidate qualifies")
+
+
+def test_a_rows_bound_comes_from_its_name_so_rows_read_from_a_csv_are_budgeted_too() -> None:
+    from idg_core.evaluation.report import row_bound
+
+    bounds = {n: (b.forward, b.backward) for n in ("AGI", "idg@quality+RankMix", "SIG", "LA", "IDG+IDGI+SmoothGrad")
+              if (b := row_bound(n)) is not None}
+    assert bounds == {"AGI": (40, 40), "idg@quality+RankMix": (384, 256), "SIG": (199, 199), "LA": (780, 780),
+                      "IDG+IDGI+SmoothGrad": (1000, 500)}
+    assert row_bound("no such row") is None
