@@ -3,11 +3,14 @@ while that server is healthy.
 
 A test starts ``python -m app.server`` (the tiny model; a simulated device where calls must take time), causes the
 fault (a device call that stalls past the deadline, a start-up that does not end, a full queue, 504s, a server
-process killed, the whole server killed), and scrapes the real ``/metrics`` twice a few seconds apart. Those two
-scrapes become a ``promtool test rules`` file: each counter goes on at the rate measured between them and each gauge
-stays at its value for 30 minutes (what Prometheus would have scraped had the state lasted), with the ``job`` and
-``instance`` labels Prometheus adds and ``up`` 1 (0 for a server that did not answer). promtool then evaluates the
-shipped rules on them; the rules' annotations are stripped, as the unit tests (idg.rules.test.yml) check their text.
+process killed, the whole server killed, a slow device, a fast device behind a busy host, inputs that change), and
+scrapes the real ``/metrics`` twice a few seconds apart. Those two scrapes become a ``promtool test rules`` file: each
+counter goes on at the rate measured between them and each gauge stays at its value for 30 minutes (what Prometheus
+would have scraped had the state lasted), with the ``job`` and ``instance`` labels Prometheus adds and ``up`` 1 (0 for
+a server that did not answer). The drift alerts compare the last hour with the last day: their series are phases, a
+day at a healthy window's rates, then the fault window's (:data:`Phases`). promtool then evaluates the shipped rules
+that the tested alerts read on them; the rules' annotations are stripped, as the unit tests (idg.rules.test.yml) check
+their text.
 """
 
 from __future__ import annotations
@@ -510,18 +513,19 @@ def test_a_fast_device_behind_a_busy_host_fires_device_waits_for_host(tmp_path: 
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One server whose simulated device takes 2.6 s a call (a prediction is one call, an explanation by IG of a given
-    class two), with 12 s deadlines (IDGSlowExplanations: over 6 s)."""
+    """One server whose simulated device takes 1.5 s a call (a prediction is one call, an explanation by IG of a given
+    class two), with 5.5 s deadlines (IDGSlowExplanations: over 2.75 s)."""
     folder = tmp_path_factory.mktemp("slow")
-    with serve_process(folder / "server.log", IDG_SIMULATED_CALL_MS=2600, IDG_BATCH_WAIT_MS=0, IDG_REQUEST_TIMEOUT_S=12,
+    with serve_process(folder / "server.log", IDG_SIMULATED_CALL_MS=1500, IDG_BATCH_WAIT_MS=0, IDG_REQUEST_TIMEOUT_S=5.5,
                        IDG_DATA_DIR=folder / "data") as served:
         yield served
 
 
 def test_a_slow_device_fires_slow_answers_and_device_saturated(tmp_path: Path, slow: Served, steered: Served) -> None:
-    """A prediction (one 2.6 s call), and behind it an explanation (waits for it, then two calls: 7.8 s): the prediction
-    is over 2.5 s, the explanation over half its 12 s deadline, the device busy all along. The steerable server's quick
-    answers on its fast device are the healthy window: all silent there; and the slow device waits for no host."""
+    """An explanation (two 1.5 s calls), and a prediction that comes while its first call runs (one call, after that
+    one): the prediction takes over 2.5 s, the explanation over half its 5.5 s deadline, and the device is busy all
+    the window (from the explanation's admission to its answer). The steerable server's quick answers on its fast device
+    are the healthy window: all silent there; and the slow device waits for no host."""
     answers: dict[str, tuple[int, float]] = {}
 
     def timed(path: str, **data: str) -> None:
@@ -529,17 +533,19 @@ def test_a_slow_device_fires_slow_answers_and_device_saturated(tmp_path: Path, s
         status = _post(slow, path, **data).status_code
         answers[path] = (status, time.monotonic() - began)
 
-    def prediction_then_explanation() -> None:
-        first = threading.Thread(target=timed, args=("/predict",))
-        first.start()
-        _until(lambda: slow.metric("idg_queue_depth") >= 1 or bool(answers), 5, "the prediction admitted", slow)
-        timed("/attribute", method="ig", target="1", steps="8", return_overlay="false")
-        first.join(timeout=30)
-
-    slowed = window(slow, "idg:8000", during=prediction_then_explanation)
+    explaining = threading.Thread(target=timed, args=("/attribute",),
+                                  kwargs={"method": "ig", "target": "1", "steps": "8", "return_overlay": "false"})
+    explaining.start()
+    _until(lambda: slow.metric("idg_queue_depth") >= 1, 5, "the explanation admitted", slow)
+    before, began = scrape(slow.url), time.monotonic()
+    timed("/predict")
+    explaining.join(timeout=30)
+    slowed = Window("idg:8000", before, scrape(slow.url), time.monotonic() - began)
     assert answers["/predict"][0] == 200 and answers["/predict"][1] > 2.5, answers
-    assert answers["/attribute"][0] == 200 and answers["/attribute"][1] > 6, answers
-    assert slowed.increase("idg_device_busy_seconds_total") / slowed.seconds > 0.9
+    assert answers["/attribute"][0] == 200 and answers["/attribute"][1] > 2.75, answers
+    busy = slowed.increase("idg_device_busy_seconds_total") / slowed.seconds
+    log.info("answers %s, the device busy %.2f of the window", answers, busy)
+    assert busy > 0.9, busy
     fired = ["IDGSlowPredictions", "IDGSlowExplanations", "IDGDeviceSaturated"]
     assert_alerts(tmp_path, [slowed], {
         "IDGSlowPredictions": [firing("IDGSlowPredictions", "idg:8000", route="/predict")],
