@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         tracing.enable()
     if settings.replicas_expected is not None:
         metrics.replicas_expected.set(settings.replicas_expected)
+    metrics.request_timeout.set(settings.request_timeout_s)
     app.state.metrics = metrics
     app.state.ready = False
     app.state.draining = False

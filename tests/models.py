@@ -123,6 +123,30 @@ def tiny_classifier(delay_s: float = 0.0) -> ImageClassifier:
     return ImageClassifier("tiny", TinyNet(delay_s), Preprocessing(36, 32), imagenet_class_names())
 
 
+class Steerable(nn.Module):
+    """Normalised 3xHxW images (grey 128/255 is 0) -> 10 logits: ``scale`` times the mean of the red, green and blue
+    channels for classes 0, 1 and 2, 0 for the other seven. What it predicts, how sure it is and where its explanation
+    lies follow the image: a red patch on grey is class 0 at about 0.94, the map on the patch alone; a grey checkerboard
+    with a faint green tint is class 1 at about 0.5, the map spread evenly over every pixel (the drift alerts' faults)."""
+
+    def __init__(self, scale: float = 50.0) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, z: Tensor) -> Tensor:
+        rgb = z.mean(dim=(2, 3)) * self.scale
+        return torch.cat([rgb, rgb.new_zeros(z.shape[0], 7)], dim=1)
+
+
+def steerable_classifier(name: str = "steer") -> ImageClassifier:
+    """:class:`Steerable` behind 36 -> 32 preprocessing (mean 128/255, std 0.25: a grey pixel is 0), classes red, green,
+    blue and c3..c9."""
+    model = ImageClassifier(name, Steerable().eval(), Preprocessing(36, 32, mean=(128 / 255,) * 3, std=(0.25,) * 3),
+                            ["red", "green", "blue", *(f"c{i}" for i in range(3, 10))])
+    model.source = "test:steerable"
+    return model
+
+
 def tiny_model_maker() -> ModuleType:
     """``scripts/make_tiny_models.py`` as a module: saves tiny models of each source as a user would."""
     path = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_models.py"

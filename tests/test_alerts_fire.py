@@ -3,33 +3,41 @@ while that server is healthy.
 
 A test starts ``python -m app.server`` (the tiny model; a simulated device where calls must take time), causes the
 fault (a device call that stalls past the deadline, a start-up that does not end, a full queue, 504s, a server
-process killed, the whole server killed), and scrapes the real ``/metrics`` twice a few seconds apart. Those two
-scrapes become a ``promtool test rules`` file: each counter goes on at the rate measured between them and each gauge
-stays at its value for 30 minutes (what Prometheus would have scraped had the state lasted), with the ``job`` and
-``instance`` labels Prometheus adds and ``up`` 1 (0 for a server that did not answer). promtool then evaluates the
-shipped rules on them; the rules' annotations are stripped, as the unit tests (idg.rules.test.yml) check their text.
+process killed, the whole server killed, a slow device, a fast device behind a busy host, inputs that change), and
+scrapes the real ``/metrics`` twice a few seconds apart. Those two scrapes become a ``promtool test rules`` file: each
+counter goes on at the rate measured between them and each gauge stays at its value for 30 minutes (what Prometheus
+would have scraped had the state lasted), with the ``job`` and ``instance`` labels Prometheus adds and ``up`` 1 (0 for
+a server that did not answer). The drift alerts compare the last hour with the last day: their series are phases, a
+day at a healthy window's rates, then the fault window's (:data:`Phases`). promtool then evaluates the shipped rules
+that the tested alerts read on them; the rules' annotations are stripped, as the unit tests (idg.rules.test.yml) check
+their text.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.service.conftest import image_bytes
 from tests.service.reliability.server_app import Served, serve_process
 from tests.test_monitoring import PROMTOOL, RULES
 
+log = logging.getLogger(__name__)
 yaml = pytest.importorskip("yaml")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (Debian's prometheus package; scripts/setup.sh dev)")
 
@@ -92,22 +100,62 @@ def _selector(name: str, labels: dict[str, str]) -> str:
     return f"{name}{{{quoted}}}"
 
 
-def input_series(w: Window) -> list[dict[str, str]]:
-    """The window as promtool input series, held for :data:`MINUTES` at 1-minute steps."""
-    base = {"job": "idg", "instance": w.instance}
-    up = w.after is not None
-    out = [{"series": _selector("up", base), "values": f"{int(up)}x{MINUTES}"}]
-    if w.after is None:
-        return out
-    for (name, labels), (kind, value) in sorted(w.after.items(), key=lambda kv: (kv[0][0], sorted(kv[0][1]))):
-        if kind == "counter":
-            earlier = (w.before or {}).get((name, labels), (kind, 0.0))[1]
-            per_minute = max(0.0, value - earlier) / w.seconds * 60
-            values = f"{value:.6f}+{per_minute:.6f}x{MINUTES}"
-        else:
-            values = f"{value:.6f}x{MINUTES}"
-        out.append({"series": _selector(name, dict(labels) | base), "values": values})
+Phases = list[tuple[Window, int]]
+"""One instance in each window's state for so many minutes, one after the other (the drift alerts compare the last hour
+with the last day: a day of the healthy window's rates, then the fault's)."""
+
+
+def input_series(w: Window | Phases, step: int = 1) -> list[dict[str, str]]:
+    """The window as promtool input series, held for :data:`MINUTES` at ``step``-minute steps; or the phases, one after
+    the other, each counter going on from where the phase before left it at the rate of its own window."""
+    phases = [(w, MINUTES)] if isinstance(w, Window) else w
+    base = {"job": "idg", "instance": phases[0][0].instance}
+    # each phase but the last gives its steps' samples, the last one more (a single window: MINUTES + 1, as before)
+    counts = [m // step + (i == len(phases) - 1) for i, (_, m) in enumerate(phases)]
+    out = [{"series": _selector("up", base), "values": " ".join(f"{int(p.after is not None)}x{n - 1}"
+                                                                for (p, _), n in zip(phases, counts, strict=True))}]
+    keys = sorted({k for p, _ in phases for k in (p.after or {})}, key=lambda k: (k[0], sorted(k[1])))
+    for name, labels in keys:
+        segments, total = [], None
+        for (p, _), n in zip(phases, counts, strict=True):
+            kind, value = (p.after or {}).get((name, labels), ("gauge", None))
+            if value is None:  # not in this phase's scrape: no samples
+                segments.append(" ".join(["_"] * n))
+                continue
+            if kind == "counter":
+                earlier = (p.before or {}).get((name, labels), (kind, 0.0))[1]
+                per_step = max(0.0, value - earlier) / p.seconds * 60 * step
+                start = value if total is None else total + per_step
+                segments.append(f"{start:.6f}+{per_step:.6f}x{n - 1}")
+                total = start + per_step * (n - 1)
+            else:
+                segments.append(f"{value:.6f}x{n - 1}")
+        out.append({"series": _selector(name, dict(labels) | base), "values": " ".join(segments)})
     return out
+
+
+def _names(expr: str) -> set[str]:
+    return set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
+
+
+def rules_for(alerts: Iterable[str]) -> tuple[dict[str, Any], set[str]]:
+    """The shipped rules cut to ``alerts`` and the recording rules they read (annotations stripped), and every name
+    their expressions read: what promtool needs to evaluate them (a day of samples of every series and rule takes it
+    a minute)."""
+    rules = yaml.safe_load(RULES.read_text())
+    records = {r["record"]: r["expr"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    todo = [r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") in alerts]
+    needed = {"up"}
+    while todo:
+        for name in _names(todo.pop()) - needed:
+            needed.add(name)
+            if name in records:
+                todo.append(records[name])
+    for group in rules["groups"]:
+        group["rules"] = [r for r in group["rules"] if r.get("alert") in alerts or r.get("record") in needed]
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    return rules, needed
 
 
 def severity(alert: str) -> str:
@@ -123,17 +171,16 @@ def firing(alert: str, instance: str, **labels: str) -> dict[str, Any]:
     return {"exp_labels": {"severity": severity(alert), "job": "idg", "instance": instance, **labels}}
 
 
-def assert_alerts(tmp_path: Path, windows: list[Window], expected: dict[str, list[dict[str, Any]]]) -> None:
-    """promtool evaluates the shipped rules on the windows' series at :data:`EVAL`: each alert of ``expected`` fires
-    exactly as listed there (an empty list: silent)."""
-    rules = yaml.safe_load(RULES.read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
+def assert_alerts(tmp_path: Path, windows: Sequence[Window | Phases], expected: dict[str, list[dict[str, Any]]],
+                  eval_time: str = EVAL, step: int = 1) -> None:
+    """promtool evaluates the shipped rules on the windows' series (``step`` minutes apart, the rules evaluated as often)
+    at ``eval_time``: each alert of ``expected`` fires exactly as listed there (an empty list: silent)."""
+    rules, needed = rules_for(expected)
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
-    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": [s for w in windows for s in input_series(w)],
-        "alert_rule_test": [{"alertname": a, "eval_time": EVAL, "exp_alerts": exp} for a, exp in expected.items()]}]}
+    series = [s for w in windows for s in input_series(w, step) if s["series"].split("{", 1)[0] in needed]
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": f"{step}m", "tests": [{
+        "interval": f"{step}m", "input_series": series,
+        "alert_rule_test": [{"alertname": a, "eval_time": eval_time, "exp_alerts": exp} for a, exp in expected.items()]}]}
     (tmp_path / "alerts.test.yml").write_text(yaml.safe_dump(test))
     assert PROMTOOL is not None
     done = subprocess.run([PROMTOOL, "test", "rules", "alerts.test.yml"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
@@ -356,3 +403,154 @@ def test_a_job_store_that_goes_down_fires_store_errors_and_not_ready(tmp_path: P
         assert_alerts(tmp_path, [down], {"IDGJobStoreErrors": [firing("IDGJobStoreErrors", "idg:8000", operation="claim")],
                                          "IDGNotReady": [firing("IDGNotReady", "idg:8000")], "IDGDown": []})
         assert_alerts(tmp_path, [healthy], {"IDGJobStoreErrors": [], "IDGNotReady": []})
+
+
+# ---- drift: what the model predicts and how its explanations look, the last hour against the last day -------------
+
+DAY, SHIFTED = 23 * 60, 100  # minutes: a day of healthy traffic, then the shifted inputs for longer than the alerts' hour + for
+DRIFT_STEP = 10  # minutes between samples and evaluations: a day at 1-minute steps takes promtool 15 s, at 10 minutes 1 s
+DRIFT_EVAL = f"{DAY + SHIFTED - DRIFT_STEP}m"
+DRIFT_ALERTS = ("IDGPredictionsShifted", "IDGConfidenceFalling", "IDGExplanationsShifted", "IDGFaithfulnessFalling")
+
+
+def _png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def red_patch() -> bytes:
+    """A healthy input of the steerable model: a 7x7 red patch on grey (class "red" at 0.94, the map on the patch)."""
+    img = Image.new("RGB", (36, 36), (128, 128, 128))
+    img.paste((255, 0, 0), (15, 15, 22, 22))
+    return _png(img)
+
+
+def noisy_grey() -> bytes:
+    """What a broken camera sends: a grey checkerboard (+-40) with a green tint of one level: class "green" at 0.2, its
+    map spread evenly over the noise (concentration 0.05), its insertion AUC half the patch's."""
+    img = Image.new("RGB", (36, 36))
+    img.putdata([(128 + n, 129 + n, 128 + n) for i in range(36) for j in range(36) for n in [40 if (i + j) % 2 else -40]])
+    return _png(img)
+
+
+@pytest.fixture(scope="module")
+def steered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One server of the steerable model (and the tiny one) on a fast simulated device (1 ms a call, no batch wait): the
+    drift windows, and a device that waits for its host (the host's share of each call, the model's real outputs)."""
+    folder = tmp_path_factory.mktemp("steered")
+    with serve_process(folder / "server.log", IDG_TEST_MODEL="steer", IDG_SIMULATED_CALL_MS=1, IDG_BATCH_WAIT_MS=0,
+                       IDG_DATA_DIR=folder / "data") as served:
+        yield served
+
+
+def _steered_traffic(served: Served, image: bytes, rounds: int = 4) -> None:
+    """Two clients at once, each ``rounds`` times a prediction and an explanation scored for faithfulness."""
+    codes: list[int] = []
+
+    def client() -> None:
+        for _ in range(rounds):
+            file = {"file": ("a.png", image, "image/png")}
+            codes.append(httpx.post(served.url + "/predict", files=file, timeout=60).status_code)
+            codes.append(httpx.post(served.url + "/attribute", files=file, timeout=60, data={
+                "steps": "8", "probe_steps": "4", "return_overlay": "false", "faithfulness": "insertion,deletion",
+                "faithfulness_steps": "8"}).status_code)
+
+    clients = [threading.Thread(target=client) for _ in range(2)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join(timeout=60)
+    assert codes == [200] * 4 * rounds, codes
+
+
+def test_shifted_inputs_fire_the_drift_alerts(tmp_path: Path, steered: Served) -> None:
+    """A day of red patches, then the camera breaks (noisy grey for 100 minutes): the predicted classes, the confidence,
+    the explanations' concentration and their faithfulness all move, and each drift alert fires for the model; a day
+    and more of red patches alone keeps them silent. Both windows are the one server, before and after the shift."""
+    healthy = window(steered, "idg:8000", during=lambda: _steered_traffic(steered, red_patch()))
+    shifted = window(steered, "idg:8000", during=lambda: _steered_traffic(steered, noisy_grey()))
+    for w, cls in ((healthy, "0"), (shifted, "1")):
+        assert w.increase("idg_predicted_classes_total", model="steer", classes=cls) == 8
+    mean = {n: shifted.increase(f"{n}_sum", **labels) / shifted.increase(f"{n}_count", **labels)
+            for n, labels in (("idg_prediction_confidence", {"model": "steer"}), ("idg_attribution_concentration", {"model": "steer"}))}
+    log.info("windows %.1f s and %.1f s; shifted: %s", healthy.seconds, shifted.seconds, mean)
+    assert mean["idg_prediction_confidence"] < 0.3 and mean["idg_attribution_concentration"] < 0.1, mean
+    fired = {a: [{"exp_labels": {"severity": severity(a), "model": "steer"} | ({"method": "idg", "metric": "insertion"}
+                                                                          if a == "IDGFaithfulnessFalling" else {})}]
+             for a in DRIFT_ALERTS}
+    assert_alerts(tmp_path, [[(healthy, DAY), (shifted, SHIFTED)]], fired, DRIFT_EVAL, DRIFT_STEP)
+    assert_alerts(tmp_path, [[(healthy, DAY + SHIFTED)]], dict.fromkeys(DRIFT_ALERTS, []), DRIFT_EVAL, DRIFT_STEP)
+
+
+def test_a_fast_device_behind_a_busy_host_fires_device_waits_for_host(tmp_path: Path, steered: Served) -> None:
+    """Two clients' explanations by the tiny model (64 + 16 points) keep requests in the worker: the device (1 ms a call)
+    waits for the host steps between its calls (gathering points, launching each call: the tiny model's real forward
+    and backward passes, on the host) most of the time."""
+    def explanations() -> None:
+        codes: list[int] = []
+
+        def client() -> None:
+            codes.extend(_post(steered, "/attribute", model="tiny", steps="64", probe_steps="16", return_overlay="false").status_code
+                         for _ in range(5))
+
+        clients = [threading.Thread(target=client) for _ in range(2)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(timeout=60)
+        assert codes == [200] * 10, codes
+
+    host_bound = window(steered, "idg:8000", during=explanations)
+    busy = host_bound.increase("idg_device_busy_seconds_total") / host_bound.seconds
+    host = host_bound.increase("idg_device_idle_seconds_total", cause="host") / host_bound.seconds
+    log.info("the device busy %.2f of the window, idle for the host %.2f", busy, host)
+    assert host > 0.3 and busy < 0.7, (host, busy)
+    assert_alerts(tmp_path, [host_bound], {"IDGDeviceWaitsForHost": [firing("IDGDeviceWaitsForHost", "idg:8000", cause="host")],
+                                           "IDGDeviceSaturated": []})
+
+
+# ---- a slow device: slow answers, a saturated device -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One server whose simulated device takes 1.5 s a call (a prediction is one call, an explanation by IG of a given
+    class two), with 5.5 s deadlines (IDGSlowExplanations: over 2.75 s)."""
+    folder = tmp_path_factory.mktemp("slow")
+    with serve_process(folder / "server.log", IDG_SIMULATED_CALL_MS=1500, IDG_BATCH_WAIT_MS=0, IDG_REQUEST_TIMEOUT_S=5.5,
+                       IDG_DATA_DIR=folder / "data") as served:
+        yield served
+
+
+def test_a_slow_device_fires_slow_answers_and_device_saturated(tmp_path: Path, slow: Served, steered: Served) -> None:
+    """An explanation (two 1.5 s calls), and a prediction that comes while its first call runs (one call, after that
+    one): the prediction takes over 2.5 s, the explanation over half its 5.5 s deadline, and the device is busy all
+    the window (from the explanation's admission to its answer). The steerable server's quick answers on its fast device
+    are the healthy window: all silent there; and the slow device waits for no host."""
+    answers: dict[str, tuple[int, float]] = {}
+
+    def timed(path: str, **data: str) -> None:
+        began = time.monotonic()
+        status = _post(slow, path, **data).status_code
+        answers[path] = (status, time.monotonic() - began)
+
+    explaining = threading.Thread(target=timed, args=("/attribute",),
+                                  kwargs={"method": "ig", "target": "1", "steps": "8", "return_overlay": "false"})
+    explaining.start()
+    _until(lambda: slow.metric("idg_queue_depth") >= 1, 5, "the explanation admitted", slow)
+    before, began = scrape(slow.url), time.monotonic()
+    timed("/predict")
+    explaining.join(timeout=30)
+    slowed = Window("idg:8000", before, scrape(slow.url), time.monotonic() - began)
+    assert answers["/predict"][0] == 200 and answers["/predict"][1] > 2.5, answers
+    assert answers["/attribute"][0] == 200 and answers["/attribute"][1] > 2.75, answers
+    busy = slowed.increase("idg_device_busy_seconds_total") / slowed.seconds
+    log.info("answers %s, the device busy %.2f of the window", answers, busy)
+    assert busy > 0.9, busy
+    fired = ["IDGSlowPredictions", "IDGSlowExplanations", "IDGDeviceSaturated"]
+    assert_alerts(tmp_path, [slowed], {
+        "IDGSlowPredictions": [firing("IDGSlowPredictions", "idg:8000", route="/predict")],
+        "IDGSlowExplanations": [firing("IDGSlowExplanations", "idg:8000", route="/attribute")],
+        "IDGDeviceSaturated": [firing("IDGDeviceSaturated", "idg:8000")], "IDGDeviceWaitsForHost": []})
+    quick = window(steered, "idg:8000", during=lambda: _steered_traffic(steered, red_patch(), rounds=2))
+    assert_alerts(tmp_path, [quick], dict.fromkeys(fired, []))

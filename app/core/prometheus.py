@@ -84,6 +84,9 @@ class Metrics:
         self.replicas_expected = Gauge(
             "idg_replicas_expected", "Replicas of this service that should answer (IDG_REPLICAS_EXPECTED; 0 when unset: no alert): "
             "fewer up targets than this is IDGReplicasMissing", registry=r, multiprocess_mode="livemax")
+        self.request_timeout = Gauge(
+            "idg_request_timeout_seconds", "Each request's deadline (IDG_REQUEST_TIMEOUT_S): IDGSlowExplanations fires when the "
+            "p99 latency of explanations is over half of it", registry=r, multiprocess_mode="livemax")
         self.processes_expected = Gauge(
             "idg_processes_expected", "Server processes this server should run (IDG_PROCESSES; 1 for one process): "
             "idg_ready_processes below it while above 0 means some are down or still loading", registry=r,

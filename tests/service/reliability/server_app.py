@@ -1,7 +1,9 @@
 """A real server process for the tests that need sockets and signals: the launcher
 (``python -m app.server``) serving the tiny model, every setting from ``IDG_*`` variables.
 
-``IDG_TEST_DELAY_S`` slows each model call (see ``TinyNet``), so requests can be caught in flight.
+``IDG_TEST_DELAY_S`` slows each model call (see ``TinyNet``), so requests can be caught in flight;
+``IDG_TEST_MODEL=steer`` serves ``Steerable`` (named "steer", the default model), whose answers the input image steers,
+beside the tiny model.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi import FastAPI
 
 from app.core.config import Settings
 from app.main import create_app
+from tests.models import steerable_classifier
 from tests.service.conftest import tiny_classifier
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,7 +34,10 @@ APP = "tests.service.reliability.server_app:make_app"
 def make_app() -> FastAPI:
     """The app ``app.server --app`` loads in the child process. With ``IDG_TEST_HOLD_START`` (a path), its start-up
     (the lifespan, where a real model loads) waits while that file exists: a process that takes its time to come up."""
-    app = create_app(Settings(models=["tiny"]), models={"tiny": tiny_classifier(float(os.environ.get("IDG_TEST_DELAY_S", "0")))})
+    if os.environ.get("IDG_TEST_MODEL") == "steer":
+        app = create_app(Settings(models=["steer", "tiny"]), models={"steer": steerable_classifier(), "tiny": tiny_classifier()})
+    else:
+        app = create_app(Settings(models=["tiny"]), models={"tiny": tiny_classifier(float(os.environ.get("IDG_TEST_DELAY_S", "0")))})
     hold = os.environ.get("IDG_TEST_HOLD_START")
     if hold:
         inner = app.router.lifespan_context
