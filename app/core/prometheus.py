@@ -79,9 +79,9 @@ def service_version() -> str:
 
 
 class Metrics:
-    """Counters and histograms of the HTTP side and of the worker, and this process's standard metrics (``process_*``,
-    ``python_*``: of the process that answers the scrape; not exported with several server processes, whose values
-    would be one random process's)."""
+    """Counters and histograms of the HTTP side and of the worker, and prometheus_client's standard metrics
+    (``process_*``, ``python_*``): this process's, or with several server processes each live one's, labelled by its
+    ``pid`` (:class:`ServerProcessesCollector`)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -389,6 +389,32 @@ class DeviceTimeCollector(Collector):
         return [busy, idle]
 
 
+class ServerProcessesCollector(Collector):
+    """With several server processes: prometheus_client's ``process_*`` metrics (memory, CPU, open files, start time) of
+    each live one, read from its ``/proc`` entry at the scrape and labelled with its ``pid``, and ``python_info`` once
+    (the processes run one Python). A process that died is gone from the next scrape. The ``python_gc_*`` metrics are a
+    process's own state (not in ``/proc``) and are left out."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for pid in live_pids(self.folder):
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():  # type: ignore[misc]
+                out = families.setdefault(family.name, Metric(family.name, family.documentation, family.type, family.unit))
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+        return [*families.values(), *PlatformCollector(registry=None).collect()]
+
+
+def live_pids(folder: Path) -> list[int]:
+    """The server processes alive now: those with a file of live gauges in ``folder`` (the launcher deletes a dead one's,
+    ``mark_process_dead``) and a ``/proc`` entry."""
+    pids = {path.stem.rsplit("_", 1)[-1] for path in folder.glob("gauge_live*_*.db")}
+    return sorted(int(pid) for pid in pids if pid.isdigit() and Path(f"/proc/{pid}").exists())
+
+
 def exposition(registry: CollectorRegistry) -> bytes:
     """``/metrics``: this app's registry, or with ``PROMETHEUS_MULTIPROC_DIR`` set, every server process's values and
     the device's own time (:class:`DeviceTimeCollector`)."""
@@ -397,6 +423,7 @@ def exposition(registry: CollectorRegistry) -> bytes:
         every = CollectorRegistry()
         MultiProcessCollector(every)
         every.register(DeviceTimeCollector(Path(folder)))
+        every.register(ServerProcessesCollector(Path(folder)))
         return generate_latest(every)
     return generate_latest(registry)
 
