@@ -78,6 +78,11 @@ class SharedDeviceTime:
                 cls._open[path] = cls(path)
             return cls._open[path]
 
+    def join(self) -> None:
+        """This process uses the device from now on (its worker started): the device's time starts, if it had not."""
+        with self._lock:
+            self._write()
+
     def call(self, on: bool) -> None:
         """A call of this process went onto the device (True) or its last one there ended (False)."""
         with self._lock:

@@ -110,6 +110,8 @@ class Worker:
             self._thread.join()
             self._device.stop()
             raise self._warm_up_error
+        if self._marks is not None:
+            self._marks.join()  # serving from now: the device's time starts (a warm-up's calls are not the traffic's)
         self.watchdog.start(self._stop)
 
     def run_on_device(self, fn: Callable[[], T]) -> T:
