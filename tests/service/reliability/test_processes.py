@@ -102,6 +102,11 @@ def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Pa
         assert all(v > 10e6 for v in _process_metric(served, "process_resident_memory_bytes").values())
         assert set(_process_metric(served, "process_open_fds")) == pids
         assert len(_process_metric(served, "python_info")) == 1
+        # the device's own busy time (the processes' shared file), once, beside each process's own summed
+        text = httpx.get(served.url + "/metrics", timeout=10).text
+        for family in ("idg_device_busy_seconds_total", "idg_device_idle_seconds_total"):
+            assert text.count(f"# TYPE {family} counter") == 1
+        assert served.metric("idg_device_busy_seconds_total") > 0 and served.metric("idg_process_device_busy_seconds_total") > 0
         if GRPC:
             assert _grpc_replica_pids(grpc_port, 2) == pids
     assert answered_by == pids
