@@ -219,7 +219,7 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
         rows.append(f"| {title} ({served}), {clients} clients x {level.get('requests', '?')} requests | "
                     f"{level['throughput_per_s']:.1f} attributions/s, p50 {_f(level.get('p50_s'), '.3f')} s, "
                     f"p99 {_f(level.get('p99_s'), '.3f')} s (p99/p50 {_f(level.get('p99_over_p50'), '.2f')}), "
-                    f"device busy (the service's counter, summed over its processes) {level['device_busy_fraction']:.0%}, "
+                    f"device busy (the service's counter: the union of its processes' calls) {level['device_busy_fraction']:.0%}, "
                     f"SM util {_f(level.get('gpu_sm_util_mean'), '.0f')}%, "
                     f"unwarmed calls {level.get('unwarmed_calls', 0):.0f}, padding/real rows "
                     f"{_f(level.get('padded_per_real_row'), '.2f')}, {_f(level.get('mean_images_per_call'), '.1f')} images/call, "

@@ -104,7 +104,8 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines += ["", "Server p50 / p99: the answers' own `timings.total_ms` (from the server's reading the body to its answer); "
               "where they are far below the client's, the time went to HTTP, the network stack or the load generator."]
     lines += ["", "Device busy: the service's own counter (`idg_device_busy_seconds_total`: CUDA-event time of each model call on a "
-              "GPU, the device thread's time in the call elsewhere) over the level's wall time. GPU SM util: the mean of "
+              "GPU, the device thread's time in the call elsewhere; with several server processes, the union of their calls' "
+              "times, from launch to result) over the level's wall time. GPU SM util: the mean of "
               "`nvidia-smi dmon -s u` samples during the level. Device idle (`idg_device_idle_seconds_total`): the gaps between "
               "calls, split by what the device waited for: the worker, while it held requests (planning, gathering points, "
               "booking: the host side of the device loop) or no request (they were still arriving or being decoded: more "

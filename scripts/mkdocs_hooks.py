@@ -145,12 +145,14 @@ def metric_rows() -> list[dict[str, str]]:
             name = m._name + ("_total" if kind == "counter" else "")  # noqa: SLF001
             rows.append({"name": name, "type": kind, "labels": ", ".join(m._labelnames),  # noqa: SLF001
                          "help": m._documentation})  # noqa: SLF001
-    for family in metrics.registry.collect():  # prometheus_client's own process_* and python_* (one server process only)
+    for family in metrics.registry.collect():  # prometheus_client's own process_* and python_*
         if family.name.startswith(("process_", "python_")):
             labels = sorted({k for s in family.samples for k in s.labels})
+            several = ("each live server process's, labelled pid" if family.name.startswith("process_") else
+                       "once" if family.name == "python_info" else "not exported")
             rows.append({"name": family.name + ("_total" if family.type == "counter" else ""), "type": family.type,
                          "labels": ", ".join(labels),
-                         "help": family.documentation + " (prometheus_client's; only with one server process)"})
+                         "help": family.documentation + f" (prometheus_client's; with several server processes: {several})"})
     return sorted(rows, key=lambda r: r["name"])
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -31,9 +32,13 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.device_time import SharedDeviceTime, read_all
 
 if TYPE_CHECKING:  # the module itself stays light: a server process of several imports it first (not_ready_yet)
     import torch
@@ -52,6 +57,16 @@ HEALTH_PARTS = ("loaded", "worker", "store")
 DRIFT_CLASS_BINS = 20
 SHARE_BUCKETS = tuple(i / 20 for i in range(1, 21))
 
+DEVICE_BUSY_HELP = (
+    "Seconds the device was busy with model calls (until their results were on the host): rate() of it is its busy "
+    "fraction. A call running over a second is booked while it runs. With several server processes on the device, the "
+    "union of their calls' times (from launch to result, as each host sees them), not their sum")
+DEVICE_IDLE_HELP = (
+    "Seconds the device had no model call to run, by what it waited for: no_work (no worker held a request: they were "
+    "still arriving or being decoded; more clients or more server processes fill it) or host (a worker held requests "
+    "and was still preparing their next call: planning, gathering points, booking the last call, the batch wait). With "
+    "several server processes, the device's own idle time (no process had a call on it)")
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
@@ -64,14 +79,17 @@ def service_version() -> str:
 
 
 class Metrics:
-    """Counters and histograms of the HTTP side and of the worker, and this process's standard metrics (``process_*``,
-    ``python_*``: of the process that answers the scrape; not exported with several server processes, whose values
-    would be one random process's)."""
+    """Counters and histograms of the HTTP side and of the worker, and prometheus_client's standard metrics
+    (``process_*``, ``python_*``): this process's, or with several server processes each live one's, labelled by its
+    ``pid`` (:class:`ServerProcessesCollector`)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        self.multiprocess = Path(folder) if folder else None
+        """Several server processes share this folder of metrics (``python -m app.server`` with ``IDG_PROCESSES``)."""
+        if not self.multiprocess:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             GCCollector(registry=r)
@@ -104,13 +122,17 @@ class Metrics:
         self.unwarmed_calls = Gauge("idg_unwarmed_calls", "Model calls since ready at a batch size the warm-up did not run (with "
                                     "fixed call sizes this stays 0; each such call may cost cuDNN seconds on a GPU)", ["model"],
                                     registry=r, multiprocess_mode="livesum")
-        self.device_busy = Counter("idg_device_busy_seconds", "Seconds the worker spent in model calls (until their results were "
-                                   "on the host); rate() of it is the device's busy fraction", registry=r)
-        self.device_idle = Counter(
-            "idg_device_idle_seconds", "Seconds the device had no model call of this process to run, by what it waited for: "
-            "no_work (the worker held no request: they were still arriving or being decoded; more clients or more server "
-            "processes fill it) or host (the worker held requests and was still preparing their next call: planning, "
-            "gathering points, booking the last call, the batch wait)", ["cause"], registry=r)
+        self.process_device_busy = Counter(
+            "idg_process_device_busy_seconds", "Seconds the worker spent in model calls (until their results were on the host), "
+            "summed over the server processes: where several share one device their calls overlap there and this passes 1 a "
+            "second (idg_device_busy_seconds_total is the device's own)", registry=r)
+        self.process_device_idle = Counter(
+            "idg_process_device_idle_seconds", "Seconds between a process's own model calls, by what it waited for (see "
+            "idg_device_idle_seconds_total), summed over the server processes: the others' calls may fill them", ["cause"],
+            registry=r)
+        if not self.multiprocess:  # several processes: the device's own, from their shared file (exposition)
+            self.device_busy = Counter("idg_device_busy_seconds", DEVICE_BUSY_HELP, registry=r)
+            self.device_idle = Counter("idg_device_idle_seconds", DEVICE_IDLE_HELP, ["cause"], registry=r)
         self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)
         self.job_seconds = Histogram(
             "idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
@@ -182,7 +204,9 @@ class Metrics:
         for operation in STORE_OPERATIONS:
             self.job_store_errors.labels(operation)
         for cause in ("no_work", "host"):
-            self.device_idle.labels(cause)
+            self.process_device_idle.labels(cause)
+            if not self.multiprocess:
+                self.device_idle.labels(cause)
         for phase in ("headers", "body"):
             self.read_timeouts.labels(phase)
 
@@ -267,6 +291,26 @@ class Metrics:
         if (part := self._compiled.get(model)) is not None:
             self.compile_late_graphs.labels(model).set(part.late_graphs)
 
+    def book_busy(self, seconds: float) -> None:
+        """This process's device busy time (its calls; with one process, the device's too)."""
+        self.process_device_busy.inc(seconds)
+        if not self.multiprocess:
+            self.device_busy.inc(seconds)
+
+    def book_idle(self, no_work: float, host: float) -> None:
+        """An idle gap between this process's calls, split by what it waited for (with one process, the device's too)."""
+        for cause, seconds in (("no_work", no_work), ("host", host)):
+            self.process_device_idle.labels(cause).inc(seconds)
+            if not self.multiprocess:
+                self.device_idle.labels(cause).inc(seconds)
+
+    def device_marks(self, device: object) -> SharedDeviceTime | None:
+        """With several server processes: the file where this process marks its calls on ``device`` and whether it holds
+        requests, whence the device's own busy and idle time (:mod:`app.core.device_time`); None with one process."""
+        if self.multiprocess is None:
+            return None
+        return SharedDeviceTime.of(self.multiprocess, str(device))
+
     def sample_device_memory(self, device: torch.device) -> None:
         if device.type == "cuda":
             import torch
@@ -323,11 +367,59 @@ def not_ready_yet() -> None:
     _ready_gauge(None).set(0)
 
 
+class DeviceTimeCollector(Collector):
+    """With several server processes: ``idg_device_busy_seconds_total`` and ``idg_device_idle_seconds_total{cause}``,
+    the device's own time from the processes' shared files (:mod:`app.core.device_time`), summed over the devices
+    there are files for (one: the processes of a server share its device)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def collect(self) -> Iterable[Metric]:
+        devices = read_all(self.folder).values()
+        busy = CounterMetricFamily("idg_device_busy_seconds", DEVICE_BUSY_HELP)
+        busy.add_metric([], sum(d["busy"] for d in devices))
+        idle = CounterMetricFamily("idg_device_idle_seconds", DEVICE_IDLE_HELP, labels=["cause"])
+        for cause in ("no_work", "host"):
+            idle.add_metric([cause], sum(d[cause] for d in devices))
+        return [busy, idle]
+
+
+class ServerProcessesCollector(Collector):
+    """With several server processes: prometheus_client's ``process_*`` metrics (memory, CPU, open files, start time) of
+    each live one, read from its ``/proc`` entry at the scrape and labelled with its ``pid``, and ``python_info`` once
+    (the processes run one Python). A process that died is gone from the next scrape. The ``python_gc_*`` metrics are a
+    process's own state (not in ``/proc``) and are left out."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for pid in live_pids(self.folder):
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():  # type: ignore[misc]
+                out = families.setdefault(family.name, Metric(family.name, family.documentation, family.type, family.unit))
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+        return [*families.values(), *PlatformCollector(registry=None).collect()]
+
+
+def live_pids(folder: Path) -> list[int]:
+    """The server processes alive now: those with a file of live gauges in ``folder`` (the launcher deletes a dead one's,
+    ``mark_process_dead``) and a ``/proc`` entry."""
+    pids = {path.stem.rsplit("_", 1)[-1] for path in folder.glob("gauge_live*_*.db")}
+    return sorted(int(pid) for pid in pids if pid.isdigit() and Path(f"/proc/{pid}").exists())
+
+
 def exposition(registry: CollectorRegistry) -> bytes:
-    """``/metrics``: this app's registry, or with ``PROMETHEUS_MULTIPROC_DIR`` set, every server process's values."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    """``/metrics``: this app's registry, or with ``PROMETHEUS_MULTIPROC_DIR`` set, every server process's values and
+    the device's own time (:class:`DeviceTimeCollector`)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
         every = CollectorRegistry()
         MultiProcessCollector(every)
+        every.register(DeviceTimeCollector(Path(folder)))
+        every.register(ServerProcessesCollector(Path(folder)))
         return generate_latest(every)
     return generate_latest(registry)
 

@@ -33,6 +33,12 @@ def current_request_id() -> str | None:
     return _current.get()
 
 
+def set_request_id(rid: str | None) -> None:
+    """Name the request this task's code runs for from now on (a durable job's image, in its runner task: the job's
+    submitting request), so its log lines and the worker's name it too. Only in a task of its own (its context is a copy)."""
+    _current.set(rid)
+
+
 def request_id_from(given: str | None) -> str:
     """``given`` when it is a safe ID (:data:`SAFE`), else a new one."""
     return given if given is not None and SAFE.fullmatch(given) else uuid.uuid4().hex

@@ -35,6 +35,8 @@ import httpx
 
 from app.core.config import Settings
 from app.core.errors import ApiError
+from app.core.replica import replica_id
+from app.core.request_id import set_request_id
 from app.jobs.callbacks import deliver, redacted
 from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreUnavailable
 from app.schemas import AttributeParams, AttributeResponse
@@ -290,6 +292,7 @@ class JobRunner:
 
     # -- one image -------------------------------------------------------------------------
     async def _run(self, claim: Claimed) -> None:
+        set_request_id(claim.request_id)  # this task's log lines, and the worker's for its image, name the job's request
         try:
             answer = await self._answer(claim)
         except _Retry as retry:
@@ -300,7 +303,7 @@ class JobRunner:
                     self._resume_at = max(self._resume_at, time.monotonic() + min(retry.pause_s, MAX_PAUSE_S))
                 return
             answer = _error_answer(504, "deadline", f"{retry.reason}, {claim.attempts} times")
-        finished = await self._store("finish", self.store.finish, self.owner, claim.job_id, claim.index, answer)
+        finished = await self._store("finish", self.store.finish, self.owner, claim.job_id, claim.index, answer, replica_id())
         if finished is None:
             self.metrics.job_images.labels("lost").inc()
             log.info("job %s image %d: its claim was lost (job deleted, or taken over); answer dropped", claim.job_id, claim.index)
@@ -396,5 +399,5 @@ def job_status(job: JobInfo, base_url: str) -> dict[str, Any]:
         "eta_s": eta, "url": f"{base}/jobs/{job.id}", "results_url": f"{base}/jobs/{job.id}/results",
         "parameters": job.params.get("attribute", {}), "explain_if": job.params.get("explain_if"),
         "callback_url": None if job.callback_url is None else redacted(job.callback_url), "callback_outcome": job.callback_outcome,
-        "tenant": job.tenant,
+        "tenant": job.tenant, "request_id": job.request_id,
     }

@@ -37,7 +37,8 @@ from app.jobs.store import (
 )
 
 Row = Sequence[Any]
-JOB_COLUMNS = "id, state, total, done, failed, created, started, finished, params, callback_url, bytes, callback_outcome, tenant"
+JOB_COLUMNS = ("id, state, total, done, failed, created, started, finished, params, callback_url, bytes, callback_outcome, tenant, "
+               "request_id")
 
 
 class Cursor(Protocol):
@@ -61,19 +62,20 @@ def schema(blob: str, real: str, big: str) -> list[str]:
             id TEXT PRIMARY KEY, state TEXT NOT NULL, total {big} NOT NULL, done {big} NOT NULL DEFAULT 0,
             failed {big} NOT NULL DEFAULT 0, created {real} NOT NULL, started {real}, finished {real}, params TEXT NOT NULL,
             callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0, callback_outcome TEXT,
-            tenant TEXT)""",
+            tenant TEXT, request_id TEXT)""",
         f"""CREATE TABLE IF NOT EXISTS images (
             job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, idx {big} NOT NULL, filename TEXT NOT NULL, data {blob},
             state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
-            summary TEXT, result TEXT, PRIMARY KEY (job_id, idx))""",
+            summary TEXT, result TEXT, finished {real}, replica TEXT, PRIMARY KEY (job_id, idx))""",
         "CREATE INDEX IF NOT EXISTS images_open ON images (state, idx)",
         "CREATE INDEX IF NOT EXISTS images_seq ON images (job_id, seq)",
         "CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished)",
     ]
 
 
-ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT", "tenant": "TEXT"}}
-"""Columns newer than the first schema: added to a store made before them."""
+ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT", "tenant": "TEXT", "request_id": "TEXT"},
+                 "images": {"finished": "{real}", "replica": "TEXT"}}
+"""Columns newer than the first schema: added to a store made before them (``{real}``: the dialect's type)."""
 
 
 def _bounded(n: int) -> int:
@@ -85,7 +87,7 @@ def _info(row: Row) -> JobInfo:
     return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
                    started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
                    params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]), callback_outcome=row[11],
-                   tenant=row[12])
+                   tenant=row[12], request_id=row[13])
 
 
 OPEN = "(images.state = ? OR (images.state = ? AND images.lease_until < ? AND images.owner <> ?))"
@@ -163,16 +165,17 @@ class SqlStore:
         """The tables and indexes (blob, real and big integer ``types``), and the columns added since a store was made."""
         for statement in schema(*types):
             cur.execute(statement)
+        blob, real, big = types
         for table, added in ADDED_COLUMNS.items():
-            for column in added.keys() - self.columns(cur, table):
-                cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {added[column]}")
+            for column in sorted(added.keys() - self.columns(cur, table)):
+                cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {added[column].format(blob=blob, real=real, big=big)}")
 
     def blob(self, data: bytes) -> Any:
         return data
 
     # -- the store -------------------------------------------------------------------------
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int, tenant: str | None = None) -> JobInfo:
+                   max_bytes: int, tenant: str | None = None, request_id: str | None = None) -> JobInfo:
         size = sum(len(data) for _, data in images)
         now = time.time()
         with self._tx() as cur:
@@ -182,11 +185,13 @@ class SqlStore:
             if stored + size > max_bytes:
                 raise StoreFull(f"the job store holds {stored} bytes; this job's {size} more would pass IDG_JOBS_MAX_BYTES "
                                 f"({max_bytes}): fetch and delete finished jobs, or wait for their retention to end")
-            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size, tenant))
+            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes, tenant, request_id) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size, tenant, request_id))
             cur.executemany("INSERT INTO images (job_id, idx, filename, data, state) VALUES (?, ?, ?, ?, ?)",
                             [(job_id, i, name, self.blob(data), PENDING) for i, (name, data) in enumerate(images)])
-        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size, tenant=tenant)
+        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size, tenant=tenant,
+                       request_id=request_id)
 
     def get_job(self, job_id: str) -> JobInfo | None:
         with self._tx(write=False) as cur:
@@ -228,15 +233,16 @@ class SqlStore:
             jobs = sorted({j for j, _ in keys})
             cur.executemany("UPDATE jobs SET state = ?, started = COALESCE(started, ?) WHERE id = ? AND state = ?",
                             [(JOB_RUNNING, now, j, QUEUED) for j in jobs])
-            params: dict[str, dict[str, Any]] = {}
+            params: dict[str, tuple[dict[str, Any], str | None]] = {}
             for j in jobs:
-                cur.execute("SELECT params FROM jobs WHERE id = ?", (j,))
-                params[j] = json.loads(cur.fetchone()[0])
+                cur.execute("SELECT params, request_id FROM jobs WHERE id = ?", (j,))
+                row = cur.fetchone()
+                params[j] = (json.loads(row[0]), row[1])
             claimed = []
             for j, i in keys:
                 cur.execute("SELECT filename, data, attempts FROM images WHERE job_id = ? AND idx = ?", (j, i))
                 name, data, attempts = cur.fetchone()
-                claimed.append(Claimed(j, i, name, bytes(data), params[j], int(attempts)))
+                claimed.append(Claimed(j, i, name, bytes(data), params[j][0], int(attempts), request_id=params[j][1]))
         return claimed
 
     def renew(self, owner: str, lease_s: float) -> None:
@@ -262,7 +268,7 @@ class SqlStore:
             cur.execute("SELECT DISTINCT owner FROM images WHERE state = ? AND owner IS NOT NULL", (RUNNING,))
             return [r[0] for r in cur.fetchall()]
 
-    def finish(self, owner: str, job_id: str, index: int, answer: Answer) -> Finished | None:
+    def finish(self, owner: str, job_id: str, index: int, answer: Answer, replica: str | None = None) -> Finished | None:
         summary = json.dumps(answer.summary, separators=(",", ":"))
         result = None if answer.result is None else json.dumps(answer.result, separators=(",", ":"))
         ok = answer.status == 200
@@ -278,8 +284,8 @@ class SqlStore:
                         "RETURNING done + failed, total", (int(ok), int(not ok), grown, job_id))
             seq, total = (int(v) for v in cur.fetchone())
             cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, data = NULL, seq = ?, status = ?, "
-                        "summary = ?, result = ? WHERE job_id = ? AND idx = ?",
-                        (DONE if ok else FAILED, seq, answer.status, summary, result, job_id, index))
+                        "summary = ?, result = ?, finished = ?, replica = ? WHERE job_id = ? AND idx = ?",
+                        (DONE if ok else FAILED, seq, answer.status, summary, result, now, replica, job_id, index))
             last = seq == total
             if last:
                 cur.execute("UPDATE jobs SET state = ?, finished = ?, callback_due = CASE WHEN callback_url IS NULL THEN 0 ELSE 1 END "
@@ -290,10 +296,11 @@ class SqlStore:
         body = "NULL" if summary_only else "result"
         after, limit = _bounded(after), _bounded(limit)
         with self._tx(write=False) as cur:
-            cur.execute(f"SELECT seq, idx, filename, status, summary, {body} FROM images WHERE job_id = ? AND seq > ? "
-                        "ORDER BY seq LIMIT ?", (job_id, after, limit))
+            cur.execute(f"SELECT seq, idx, filename, status, summary, {body}, finished, replica FROM images "
+                        "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?", (job_id, after, limit))
             rows = cur.fetchall()
-        return [ResultRow(int(r[0]), int(r[1]), r[2], int(r[3]), r[4], r[5]) for r in rows]
+        return [ResultRow(int(r[0]), int(r[1]), r[2], int(r[3]), r[4], r[5], None if r[6] is None else float(r[6]), r[7])
+                for r in rows]
 
     def sweep(self, finished_before: float) -> int:
         with self._tx() as cur:

@@ -94,6 +94,8 @@ class JobInfo:
     """What the callback got, once sent: ``delivered``, ``refused`` or ``failed``, with the status or error and the attempts."""
     tenant: str | None = None
     """The name of the API key that submitted it (None where no keys are configured)."""
+    request_id: str | None = None
+    """The ``X-Request-ID`` of the request that submitted it (None for a job stored before the service kept it)."""
 
     @property
     def answered(self) -> int:
@@ -111,6 +113,8 @@ class Claimed:
     params: dict[str, Any]
     attempts: int
     """Claims of this image so far, this one included (those given back as "busy" not counted)."""
+    request_id: str | None = None
+    """The job's request ID (:attr:`JobInfo.request_id`): the runner's log lines for this image carry it."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,10 @@ class ResultRow:
     """JSON text."""
     result: str | None
     """JSON text, None for an error or when only summaries were asked for."""
+    finished: float | None = None
+    """When the answer was stored (Unix time; None for one stored before the service kept it)."""
+    replica: str | None = None
+    """Which replica answered it (``X-IDG-Replica``: ``host:pid``, or the Ray Serve replica; None if not kept)."""
 
 
 class Store(Protocol):
@@ -150,9 +158,10 @@ class Store(Protocol):
     reachability: Reachability
 
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int, tenant: str | None = None) -> JobInfo:
+                   max_bytes: int, tenant: str | None = None, request_id: str | None = None) -> JobInfo:
         """Store a job and its images in one transaction; :class:`StoreFull` if every job's bytes
-        would then pass ``max_bytes``. ``tenant``: the name of the key that submitted it."""
+        would then pass ``max_bytes``. ``tenant``: the name of the key that submitted it; ``request_id``: the
+        submitting request's ``X-Request-ID``."""
         ...
 
     def get_job(self, job_id: str) -> JobInfo | None: ...
@@ -190,9 +199,9 @@ class Store(Protocol):
         """The owners of running images."""
         ...
 
-    def finish(self, owner: str, job_id: str, index: int, answer: Answer) -> Finished | None:
+    def finish(self, owner: str, job_id: str, index: int, answer: Answer, replica: str | None = None) -> Finished | None:
         """Store the answer and finish the image atomically, if ``owner`` still holds it (None if
-        not: the claim was lost, or the job deleted)."""
+        not: the claim was lost, or the job deleted), with the time and the ``replica`` that answered it."""
         ...
 
     def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 
 from app.core.prometheus import Metrics
 from app.worker.jobs import SHUTDOWN_REASON, Job
@@ -55,8 +56,10 @@ class Admission:
     """The requests admitted and not yet finished (their slots), and the rules for taking a new one."""
 
     def __init__(self, metrics: Metrics, *, max_queue: int, max_predict_queue: int, stall_wait_s: float,
-                 rate: RateEstimate | None = None) -> None:
+                 rate: RateEstimate | None = None, on_holds: Callable[[bool], None] | None = None) -> None:
         self.metrics = metrics
+        self.on_holds = on_holds
+        """Called with True when the first request is admitted after none was, False when the last is released."""
         self.max_queue = max_queue
         self.max_predict_queue = max_predict_queue
         self.stall_wait_s = stall_wait_s
@@ -94,6 +97,8 @@ class Admission:
             depth = len(self._held)
             if depth == 1:
                 self._held_since = time.monotonic()
+                if self.on_holds is not None:
+                    self.on_holds(True)
         self.metrics.queue_depth.set(depth)
         return depth
 
@@ -106,6 +111,8 @@ class Admission:
             depth = len(self._held)
             if depth == 0:
                 self._held_since = None
+                if self.on_holds is not None:
+                    self.on_holds(False)
         self.metrics.queue_depth.set(depth)
 
     def close(self) -> None:

@@ -132,7 +132,8 @@ class DeviceStage:
     def __init__(self, device: torch.device, depth: int = 2, name: str = "idg-device",
                  on_event: Callable[[str, int], None] | None = None, ahead: int = 2,
                  work_since: Callable[[], float | None] | None = None,
-                 on_idle: Callable[[float, float], None] | None = None) -> None:
+                 on_idle: Callable[[float, float], None] | None = None,
+                 on_busy: Callable[[bool], None] | None = None) -> None:
         self.device = device
         self.on_event = on_event
         """Called with ("submitted" | "started" | "ended", call number) as each happens (tests); on an
@@ -141,6 +142,9 @@ class DeviceStage:
         """Since when the submitter has held work without a break (``time.monotonic``; None: none now)."""
         self.on_idle = on_idle
         """Called with the (no_work, host) seconds of each idle gap as it ends, at the next call's launch."""
+        self.on_busy = on_busy
+        """Called with True when a call is launched while none is on the device, False when the last one there ends
+        (:mod:`app.core.device_time`: the device's busy time when several processes share it)."""
         self._last_end: float | None = None  # a call run here: when the last one ended (time.monotonic)
         self._last_cuda_end: Any = None  # on CUDA: the last launched call's end event
         self._skip_gap = False
@@ -237,9 +241,12 @@ class DeviceStage:
             self._slots.acquire()
             item.started = time.monotonic()
             with self._lock:
-                if not self._running:
+                went_busy = not self._running
+                if went_busy:
                     self._front_since = item.started
                 self._running.append(item)
+            if went_busy and self.on_busy is not None:
+                self.on_busy(True)
             item.work_since = self.work_since() if self.work_since is not None else None
             item.skip_gap, self._skip_gap = self._skip_gap, False
             self._event("started", item)
@@ -302,9 +309,12 @@ class DeviceStage:
     def _ended(self, call: Call) -> None:
         call.ended = time.monotonic()
         with self._lock:
+            went_idle = call in self._running and len(self._running) == 1
             if call in self._running:
                 self._running.remove(call)
             self._front_since = call.ended
+        if went_idle and self.on_busy is not None:
+            self.on_busy(False)
         self._event("ended", call)
         call.done.set()
         self._slots.release()

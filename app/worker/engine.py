@@ -69,8 +69,11 @@ class Worker:
         self.shapes = {name: (shapes or {}).get(name) or CallShapes() for name in self.models}
         """Each model's call sizes (:mod:`idg_core.call_shapes`): fixed and warmed, or any."""
         self.rate = RateEstimate()
+        self._marks = metrics.device_marks(device)
+        """With several server processes: where this one marks its calls on the device and whether it holds requests."""
         self.admission = Admission(metrics, max_queue=max_queue, max_predict_queue=max_predict_queue,
-                                   stall_wait_s=watchdog_grace_s, rate=self.rate)
+                                   stall_wait_s=watchdog_grace_s, rate=self.rate,
+                                   on_holds=None if self._marks is None else self._marks.holds)
         self.scheduler = Scheduler(list(self.models), min(max_batch_images, max(max_round_images, 1)), shapes=self.shapes,
                                    max_batch={name: getattr(m, "max_batch", None) for name, m in self.models.items()})
         self.watchdog = Watchdog(watchdog_grace_s, self._fail_late, self._tick)
@@ -97,13 +100,16 @@ class Worker:
         once it has; if it raises, the worker does not start and the exception is raised here."""
         self._warm_up = warm_up
         self._device = DeviceStage(self.device, self.pipeline_depth, on_event=self._on_device_event, ahead=self.launch_ahead,
-                                   work_since=lambda: self.admission.held_since, on_idle=self._book_idle)
+                                   work_since=lambda: self.admission.held_since, on_idle=self._book_idle,
+                                   on_busy=None if self._marks is None else self._marks.call)
         self._thread.start()
         self._warmed.wait()
         if self._warm_up_error is not None:
             self._thread.join()
             self._device.stop()
             raise self._warm_up_error
+        if self._marks is not None:
+            self._marks.join()  # serving from now: the device's time starts (a warm-up's calls are not the traffic's)
         self.watchdog.start(self._stop)
 
     def run_on_device(self, fn: Callable[[], T]) -> T:
@@ -175,14 +181,14 @@ class Worker:
         ran = time.monotonic() - since
         with self._busy_lock:
             if ran > BOOK_RUNNING_AFTER_S and not call.busy_closed and ran > call.busy_booked:
-                self.metrics.device_busy.inc(ran - call.busy_booked)
+                self.metrics.book_busy(ran - call.busy_booked)
                 call.busy_booked = ran
 
     def _book_busy(self, call: Call) -> None:
         """The call ended: book its device time less what was booked while it ran (never less than 0)."""
         with self._busy_lock:
             call.busy_closed = True
-            self.metrics.device_busy.inc(max(0.0, call.device_seconds - call.busy_booked))
+            self.metrics.book_busy(max(0.0, call.device_seconds - call.busy_booked))
 
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -300,8 +306,7 @@ class Worker:
 
     def _book_idle(self, no_work: float, host: float) -> None:
         """An idle gap of the device, split by what it waited for (:func:`app.worker.device.split_gap`)."""
-        self.metrics.device_idle.labels("no_work").inc(no_work)
-        self.metrics.device_idle.labels("host").inc(host)
+        self.metrics.book_idle(no_work, host)
 
     def _mark_busy(self) -> None:
         """What the watchdog sees: the jobs of every call on the device, since the oldest was handed over."""
@@ -383,6 +388,8 @@ class Worker:
         while True:
             before = (len(self.stats.call_sizes), self.stats.forward_images, self.stats.backward_images)
             called = time.perf_counter()
+            if self._marks is not None:
+                self._marks.call(True)
             try:
                 answered = answer_rows(model, work, batch, self.stats, skip=self._dropped, shapes=shapes)
                 if self.device.type == "cuda":  # the calls are queued without waits; busy time ends when their results are in
@@ -395,7 +402,9 @@ class Worker:
                 batch = max(1, batch // 2)
                 log.warning("CUDA out of memory: retrying with %d images per call", batch)
             finally:
-                self.metrics.device_busy.inc(time.perf_counter() - called)  # model calls, results back on the host
+                self.metrics.book_busy(time.perf_counter() - called)  # model calls, results back on the host
+                if self._marks is not None:
+                    self._marks.call(False)
                 for size in self.stats.call_sizes[before[0]:]:
                     self.metrics.batch_images.observe(size)
                 self.metrics.model_calls.labels(work[0][0].model).inc(len(self.stats.call_sizes) - before[0])

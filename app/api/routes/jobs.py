@@ -22,6 +22,7 @@ from app.api.requests import count_file_parts, first_error, read_body
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.keys import Key
+from app.core.request_id import current_request_id
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.callbacks import redacted, url_problem
 from app.jobs.runner import JobRunner, job_status
@@ -76,6 +77,8 @@ class JobStatus(BaseModel):
     callback_outcome: str | None = Field(None, description="What the callback got, once sent: delivered / refused / failed, "
                                          "with the HTTP status or error and the attempts")
     tenant: str | None = Field(None, description="The name of the API key that submitted it (IDG_API_KEYS; null without keys)")
+    request_id: str | None = Field(None, description="The X-Request-ID of the request that submitted it (given or made): the "
+                                   "service's log lines for the job's images carry it")
 
 
 class JobList(BaseModel):
@@ -168,7 +171,7 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
     stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}
     try:
         info = await _stored(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes,
-                             tenant)
+                             tenant, current_request_id())
     except StoreFull as err:
         raise ApiError(507, str(err), code="storage_full") from err
     runner.wake()
@@ -252,9 +255,11 @@ async def job_results(
                                       "{\"end\": \"finished\"|\"deleted\"|\"unavailable\", \"after\": seq}")] = False,
 ) -> StreamingResponse:
     """The answers as JSON Lines, in the order they were stored, numbered by ``seq`` from 1:
-    ``{"seq", "index" (the image's place in the submission), "filename", "status", "explained",
+    ``{"seq", "index" (the image's place in the submission), "filename", "status", "finished" (when
+    its answer was stored, Unix time), "replica" (the X-IDG-Replica that answered it), "explained",
     "prediction", "target", "faithfulness", "result" (the /attribute body)}``, or for an image that
-    failed ``{"seq", "index", "filename", "status", "error"}``. ``offset=N`` resumes after ``seq`` N.
+    failed ``{"seq", "index", "filename", "status", "finished", "replica", "error"}``. ``offset=N``
+    resumes after ``seq`` N.
     With ``follow=true`` the last line says why the stream ended, ``{"end": reason, "after": seq}``:
     ``finished`` (every answer sent), ``deleted`` (the job was deleted, or expired, while followed) or
     ``unavailable`` (the store is unreachable: resume with ``offset`` = ``after``)."""
@@ -296,7 +301,8 @@ def _end(reason: str, after: int) -> bytes:
 
 def _line(row: ResultRow, summary: bool) -> bytes:
     """One JSON line, spliced from the stored JSON texts (an answer with its PNGs is not parsed again)."""
-    head = f'{{"seq":{row.seq},"index":{row.index},"filename":{json.dumps(row.filename)},"status":{row.status},'
+    head = (f'{{"seq":{row.seq},"index":{row.index},"filename":{json.dumps(row.filename)},"status":{row.status},'
+            f'"finished":{json.dumps(row.finished)},"replica":{json.dumps(row.replica)},')
     tail = "" if summary or row.status != 200 else f',"result":{row.result or "null"}'
     return (head + row.summary[1:-1] + tail + "}\n").encode()
 

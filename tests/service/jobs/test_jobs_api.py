@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import tarfile
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from app.core.request_id import RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, images, results, submit, wait_done
 
@@ -296,3 +298,29 @@ async def test_the_callback_url_gets_the_job_status_once_when_it_ends(tiny_app: 
     assert (body["id"], body["state"], body["done"], body["total"]) == (job["id"], "done", 3, 3)
     assert body["results_url"] == f"/jobs/{job['id']}/results"  # no IDG_PUBLIC_URL: paths, never the request's Host
     assert body["callback_outcome"] is None  # as it was when sent; GET /jobs/{id} says what it got
+
+
+async def test_a_job_keeps_the_request_id_that_submitted_it_and_its_answers_say_when_and_who(
+        tiny_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.handler.addFilter(RequestIdFilter())
+    with caplog.at_level(logging.INFO, logger="app"):
+        async with serve(tiny_app(warmup=False, log_predictions=True)) as client:
+            submitted = time.time()
+            r = await client.post("/jobs", files=images(2), data=FAST | {"explain_if": "confidence >= 0"},
+                                  headers={"X-Request-ID": "nightly-batch.42"})
+            assert r.status_code == 202 and r.headers["x-request-id"] == "nightly-batch.42", r.text
+            job = r.json()
+            assert job["request_id"] == "nightly-batch.42"
+            status = await wait_done(client, job["id"])
+            assert status["request_id"] == "nightly-batch.42"
+            replica = (await client.get("/health/live")).headers["x-idg-replica"]
+            lines = await results(client, job["id"], summary="true")
+            made = (await client.post("/jobs", files=images(1), data=FAST)).json()  # no ID given: the one made for it
+    assert [line["replica"] for line in lines] == [replica, replica]
+    assert all(submitted <= line["finished"] <= status["finished"] for line in lines), (lines, status)
+    assert len(made["request_id"]) == 32
+    # the lines written while its images were answered (in the background, long after the POST) name it: the worker's
+    # one line per prediction and explanation, the runner's when the job finished
+    mine = [(rec.name, rec.getMessage()) for rec in caplog.records if getattr(rec, "request_id", None) == "nightly-batch.42"]
+    assert sum(name == "app.results" for name, _ in mine) >= 4, mine  # 2 predictions, 2 explanations
+    assert any(f"job {job['id']} finished" in message for _, message in mine), mine

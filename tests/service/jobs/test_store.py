@@ -141,13 +141,34 @@ def test_a_store_made_before_the_newer_columns_gets_them_and_keeps_its_jobs(make
     old = make_store()
     _job(old, 1, "kept")
     with old._tx() as cur:  # noqa: SLF001 - the tables as an earlier version of the service made them
-        for column in ("callback_outcome", "tenant"):
+        for column in ("callback_outcome", "tenant", "request_id"):
             cur.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+        for column in ("finished", "replica"):
+            cur.execute(f"ALTER TABLE images DROP COLUMN {column}")
     new = make_store()  # opening it again (a newer service starting) adds them back
     job = new.get_job("kept")
-    assert job is not None and job.total == 1 and job.tenant is None and job.callback_outcome is None
-    new.create_job("mine", {}, None, [("a", b"x")], 10**9, tenant="alice")
+    assert job is not None and job.total == 1 and job.tenant is None and job.callback_outcome is None and job.request_id is None
+    new.create_job("mine", {}, None, [("a", b"x")], 10**9, tenant="alice", request_id="batch-7")
     assert [j.id for j in new.list_jobs(0, 10, tenant="alice")[0]] == ["mine"]
+    assert {c.job_id: c.request_id for c in new.claim("r", 10, 30)} == {"kept": None, "mine": "batch-7"}
+    assert new.finish("r", "mine", 0, OK, replica="host:42") is not None
+    row = new.results("mine", 0, 10, True)[0]
+    assert row.replica == "host:42" and row.finished is not None and abs(row.finished - time.time()) < 60
+
+
+def test_a_job_keeps_its_request_id_and_each_answer_its_time_and_replica(make_store: StoreFactory) -> None:
+    store = make_store()
+    before = time.time()
+    created = store.create_job("j", {}, None, [("a", b"x"), ("b", b"y")], 10**9, request_id="req-1")
+    assert created.request_id == "req-1" and store.get_job("j") == created
+    claims = store.claim("runner", 10, 30)
+    assert [c.request_id for c in claims] == ["req-1", "req-1"]
+    store.finish("runner", "j", 1, OK, replica="node-a:7")
+    store.finish("runner", "j", 0, OK, replica="node-b:9")
+    rows = store.results("j", 0, 10, False)
+    assert [(r.index, r.replica) for r in rows] == [(1, "node-a:7"), (0, "node-b:9")]
+    assert all(r.finished is not None and before <= r.finished <= time.time() for r in rows)
+    assert rows[0].finished is not None and rows[1].finished is not None and rows[0].finished <= rows[1].finished
 
 
 def test_claims_take_turns_by_tenant_so_one_with_many_jobs_gets_no_more_slots(make_store: StoreFactory) -> None:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -49,6 +51,13 @@ def _alive(pid: int) -> bool:
 def _predict(served: Served) -> httpx.Response:
     files = {"file": ("x.png", image_bytes(), "image/png")}
     return httpx.post(served.url + "/predict", files=files, timeout=30)
+
+
+def _process_metric(served: Served, name: str) -> dict[int, float]:
+    """One of prometheus_client's process metrics (or python_info) in /metrics, by its ``pid`` label (0: none)."""
+    text = httpx.get(served.url + "/metrics", timeout=10).text
+    found = re.findall(rf'^{name}\{{(.*?)\}} (\S+)$', text, re.M) + [("", v) for v in re.findall(rf"^{name} (\S+)$", text, re.M)]
+    return {int(m.group(1)) if (m := re.search(r'pid="(\d+)"', labels)) else 0: float(v) for labels, v in found}
 
 
 def _grpc_replica_pids(port: int, want: int) -> set[int]:
@@ -88,9 +97,54 @@ def test_two_processes_answer_on_one_port_and_metrics_sum_over_both(tmp_path: Pa
         assert served.metric("idg_ready") == 1  # every process ready
         assert served.metric("idg_ready_processes") == 2
         assert served.metric('idg_model_calls_total{model="tiny"}') >= 12
+        # each process's own standard metrics, labelled by its pid; Python's once
+        assert set(_process_metric(served, "process_resident_memory_bytes")) == pids
+        assert all(v > 10e6 for v in _process_metric(served, "process_resident_memory_bytes").values())
+        assert set(_process_metric(served, "process_open_fds")) == pids
+        assert len(_process_metric(served, "python_info")) == 1
+        # the device's own busy time (the processes' shared file), once, beside each process's own summed
+        text = httpx.get(served.url + "/metrics", timeout=10).text
+        for family in ("idg_device_busy_seconds_total", "idg_device_idle_seconds_total"):
+            assert text.count(f"# TYPE {family} counter") == 1
+        assert served.metric("idg_device_busy_seconds_total") > 0 and served.metric("idg_process_device_busy_seconds_total") > 0
         if GRPC:
             assert _grpc_replica_pids(grpc_port, 2) == pids
     assert answered_by == pids
+
+
+def _device_time(served: Served) -> tuple[float, dict[str, float]]:
+    """When the scrape went out (``time.monotonic``), and the device's busy and idle seconds with the processes' own."""
+    sent = time.monotonic()
+    text = httpx.get(served.url + "/metrics", timeout=10).text
+    names = {"busy": "idg_device_busy_seconds_total", "host": 'idg_device_idle_seconds_total{cause="host"}',
+             "no_work": 'idg_device_idle_seconds_total{cause="no_work"}', "processes": "idg_process_device_busy_seconds_total"}
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return sent, {k: float(values[name]) for k, name in names.items()}
+
+
+@pytest.mark.slow  # a server of its own (~40 s on 2 busy cores); tests/service/test_device_time.py is the quick check
+def test_two_processes_on_one_device_read_its_busy_time_once(tmp_path: Path) -> None:
+    """Every model call takes 1 s in each process (TinyNet sleeps: the two processes' calls overlap in time, as theirs
+    do on a GPU they share): the device's busy time is the union of their calls, within the wall time, where the sum
+    of the processes' own passes it; busy and idle add up to the wall time."""
+    with serve_process(tmp_path / "server.log", IDG_PROCESSES=2, IDG_TEST_DELAY_S=1.0) as served:
+        pids = _replica_pids(served, 2)
+        for _ in range(3):  # until a burst reaches both processes (8 new connections all to one: 1 in 128)
+            t0, before = _device_time(served)
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(lambda _: _predict(served), range(8)))
+            t1, after = _device_time(served)
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            if {int(r.headers["x-idg-replica"].rsplit(":", 1)[1]) for r in answers} == pids:
+                break
+        else:
+            pytest.fail("no burst reached both processes")
+        d = {k: after[k] - before[k] for k in after}
+        wall = t1 - t0
+        assert d["busy"] >= 1.0 and d["busy"] <= wall + 0.05, (d, wall)
+        assert d["processes"] >= d["busy"] + 0.5, (d, wall)  # the processes' calls overlapped: their sum counts it twice
+        assert d["busy"] >= d["processes"] / 2 - 0.05, (d, wall)  # two processes: at most twice
+        assert abs(d["busy"] + d["host"] + d["no_work"] - wall) <= 0.3, (d, wall)
 
 
 def test_a_process_that_dies_is_replaced_and_sigterm_then_stops_every_process(tmp_path: Path) -> None:
@@ -108,6 +162,7 @@ def test_a_process_that_dies_is_replaced_and_sigterm_then_stops_every_process(tm
             assert r.status_code == 200 and int(r.headers["x-idg-replica"].rsplit(":", 1)[1]) in first - {victim}, r.text
         after = _replica_pids(served, 2)  # then the replacement answers too, on the same port
         assert len(after - first) == 1 and victim not in after and served.proc.poll() is None
+        assert set(_process_metric(served, "process_resident_memory_bytes")) == after  # the dead one's gone
         assert _predict(served).status_code == 200
 
         started = time.monotonic()
