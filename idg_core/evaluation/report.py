@@ -232,9 +232,9 @@ def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tu
     image (:func:`row_bound`) passes a metric (insertion, deletion, SIC, AIC, DiffID) when, paired by image against each
     reference of ``refs`` present, it is ahead or its 95% interval reaches 0 (first, or tied within the interval); it
     qualifies when it passes all five. Among those that qualify: the most metrics ahead of every reference in the mean,
-    then the smallest worst gap. When none does: the one failing the fewest (metric, reference) pairs, then the
-    smallest worst gap, said so. Returns the row (None without candidates) and the report's lines (the table of
-    paired differences, then the verdict)."""
+    then the largest smallest lead (the mean difference to its nearest reference on its weakest metric). When none
+    does: the one failing the fewest (metric, reference) pairs, then the same, said so. Returns the row (None without
+    candidates) and the report's lines (the table of paired differences, then the verdict)."""
     refs = tuple(r for r in refs if any(r in rec["methods"] for rec in records))
     agi = row_bound("AGI")
     limit = budget * agi.forward if agi else float("inf")
@@ -244,9 +244,9 @@ def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tu
         return None, []
     head = ["| candidate | " + " | ".join(f"{m} {a} vs {', '.join(refs)}" for m, a in RULE_METRICS) + " | passes |",
             "|---|" + "---|" * (len(RULE_METRICS) + 1)]
-    scored: list[tuple[int, int, float, str]] = []  # (failures, -metrics ahead of all, worst gap, name)
+    scored: list[tuple[int, int, float, str]] = []  # (failures, -metrics ahead of all, -smallest lead, name)
     for c in rows:
-        cells, failures, ahead_all, worst = [], 0, 0, 0.0
+        cells, failures, ahead_all, least = [], 0, 0, float("inf")
         for m, arrow in RULE_METRICS:
             parts, ahead = [], True
             for r in refs:
@@ -257,12 +257,12 @@ def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tu
                 behind = mean + half < 0  # behind even at the interval's far end
                 failures += behind
                 ahead = ahead and mean > 0
-                worst = min(worst, mean + half)
+                least = min(least, mean)
                 mark = "**" if count > 1 and abs(mean) > half else ""
                 parts.append(f"{mark}{mean:+.3f} ± {half:.3f}{mark}" + (" ✗" if behind else ""))
             ahead_all += ahead
             cells.append("<br>".join(parts))
-        scored.append((failures, -ahead_all, -worst, c))
+        scored.append((failures, -ahead_all, -least, c))
         head.append(f"| {c} | " + " | ".join(cells) + f" | {'yes' if failures == 0 else f'no ({failures} behind)'} |")
     best = min(scored)
     lines = [f"Each cell: the candidate minus {', '.join(refs)} (in that order), paired by image, signed so that > 0 favours "
@@ -271,7 +271,7 @@ def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tu
     qualified = [s for s in scored if s[0] == 0]
     if qualified:
         lines.append(f"By the rule: **{best[3]}** (qualifies; {-best[1]} of {len(RULE_METRICS)} metrics ahead of every "
-                     f"reference in the mean; {len(qualified)} of {len(rows)} candidates qualify).")
+                     f"reference in the mean, its smallest lead {-best[2]:+.3f}; {len(qualified)} of {len(rows)} candidates qualify).")
     else:
         lines.append(f"No candidate qualifies. Closest by the rule: **{best[3]}** ({best[0]} (metric, reference) pairs behind).")
     return best[3], lines

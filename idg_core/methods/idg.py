@@ -19,9 +19,10 @@ IMPORTANCE = ("finite_difference", "exact")
 FAST = {"probe_steps": 8, "steps": 16}
 """The ``fast`` preset and the defaults: the cheapest steps that keep IDG-50/50's faithfulness (:mod:`idg_core.presets`)."""
 PAPER = {"probe_steps": 50, "steps": 50}
-QUALITY = {**FAST, "postprocess": "idgi", "smooth_samples": 16, "smooth_std": 0.15}
-"""The ``quality`` preset: IDG fast + IDGI + SmoothGrad over 16 noisy copies, 384 forward / 256 gradient passes
-(within AGI's 40 x 10 = 400), chosen on the 65 sample photos (:mod:`idg_core.presets`)."""
+QUALITY = {**FAST, "postprocess": "rankmix", "smooth_samples": 16, "smooth_std": 0.15}
+"""The ``quality`` preset: IDG fast + RankMix (the map and its IDGI map rank-averaged) + SmoothGrad over 16 noisy copies,
+384 forward / 256 gradient passes (within AGI's 40 x 10 = 400), chosen by issue #47's rule on the 65 sample photos
+(``results/evaluation-65/``: first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG and SIG)."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:

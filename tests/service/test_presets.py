@@ -48,20 +48,21 @@ async def test_an_unknown_preset_is_a_422_that_names_the_choices(tiny_app: AppFa
         assert "fast" in r.json()["error"]["message"] and "paper" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize(("fields", "copies", "idgi"), [
-    ({"preset": "quality"}, PRESETS["idg"]["quality"]["smooth_samples"], True),
-    ({"preset": "quality", "smooth_samples": "2", "postprocess": "none"}, 2, False),
-    ({"preset": "fast"}, 0, False),
+@pytest.mark.parametrize(("fields", "copies", "post"), [
+    ({"preset": "quality"}, PRESETS["idg"]["quality"]["smooth_samples"], "rankmix"),
+    ({"preset": "quality", "smooth_samples": "2", "postprocess": "none"}, 2, None),
+    ({"preset": "quality", "postprocess": "idgi"}, PRESETS["idg"]["quality"]["smooth_samples"], "idgi"),
+    ({"preset": "fast"}, 0, None),
 ])
 async def test_quality_adds_its_post_steps_unless_the_request_gives_its_own(tiny_app: AppFactory, fields: dict, copies: int,
-                                                                             idgi: bool) -> None:
+                                                                             post: str | None) -> None:
     app = tiny_app()
     async with serve(app) as client:
         net = app.state.service.models["tiny"].net
         net.calls.clear()
         body = await _attribute(client, **fields)
         used = body["parameters"]
-        assert used.get("smooth_samples", 0) == copies and (used.get("postprocess") == "idgi") is idgi
+        assert used.get("smooth_samples", 0) == copies and used.get("postprocess") in ({post} if post else {None, "none"})
         fast = PRESETS["idg"]["fast"]
         per_copy = fast["probe_steps"] + fast["steps"]
         assert body["cost"] == {"forward_passes": 1 + max(copies, 1) * per_copy, "backward_passes": max(copies, 1) * fast["steps"]}
@@ -76,6 +77,6 @@ def test_the_metrics_label_names_the_presets_post_steps() -> None:
     from app.schemas import AttributeParams
     from app.service.render import method_label
 
-    assert method_label(AttributeParams.model_validate({"preset": "quality"})) == "idg+idgi+smoothgrad"
-    assert method_label(AttributeParams.model_validate({"preset": "quality", "smooth_samples": 0})) == "idg+idgi"
+    assert method_label(AttributeParams.model_validate({"preset": "quality"})) == "idg+rankmix+smoothgrad"
+    assert method_label(AttributeParams.model_validate({"preset": "quality", "smooth_samples": 0})) == "idg+rankmix"
     assert method_label(AttributeParams.model_validate({"method": "ig", "preset": "quality"})) == "ig"
