@@ -136,6 +136,12 @@ def _read(kind: Any, data: bytes) -> Any:
         return Malformed(str(err) or "it cannot be parsed")
 
 
+GRPC_DEADLINE_MARGIN_S = 0.05
+"""How much sooner than the call's gRPC deadline the service's own ends: both fall on the event loop at the same
+instant otherwise, and where grpc's cancellation came first the work was dropped uncounted (neither
+``reason="deadline"`` nor ``client_disconnected`` in ``idg_rejections_total``; 1 run in 3 on a loaded 2-core VM)."""
+
+
 class InferenceService:
     """The RPCs of ``GRPCInferenceService`` this service answers (the others answer UNIMPLEMENTED)."""
 
@@ -259,6 +265,8 @@ class InferenceService:
         remaining = context.time_remaining()
         service, key, model = await self._model(request.model_name, request.model_version)
         req, tensors = read_request(request)
+        if remaining is not None:  # end the work just before grpc cancels the call, so the service's deadline answers it
+            remaining = max(remaining - GRPC_DEADLINE_MARGIN_S, 0.0)
         timeout = service.settings.request_timeout_s if remaining is None else min(service.settings.request_timeout_s, remaining)
         inferred = await run_inference(service, key, model, req, tensors, service.context(received, timeout=max(timeout, 1e-3)))
 

@@ -67,7 +67,7 @@ def capture() -> Any:
     return context.get_current()
 
 
-STAGES = {"_small_now": "idg.decode", "render": "idg.render"}
+STAGES = {"_small_now": "idg.decode", "render": "idg.render", "_rendered": "idg.render"}
 """Span names of the image-thread functions (app.core.image_threads.in_image_thread): decoding an upload, rendering an answer."""
 
 
