@@ -336,6 +336,7 @@ print(applied, sum(faults[3:]))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
+@pytest.mark.slow  # 11-18 s: make test keeps under its 15 minutes (run with -m slow)
 def test_keeping_freed_memory_stops_page_faults_in_repeated_passes() -> None:
     """Forward-and-gradient passes over 12 MiB activations, repeated on a thread of their own: with glibc's
     defaults the freed activations go back to the kernel and fault in again on every pass; kept (and in the

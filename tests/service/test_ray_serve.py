@@ -209,6 +209,7 @@ def test_a_full_replica_answers_503_with_retry_after_and_a_late_request_504_thro
         serve.delete("full")
 
 
+@pytest.mark.slow  # 11-18 s: make test keeps under its 15 minutes (run with -m slow)
 def test_when_rays_own_queue_is_full_it_answers_503_with_retry_after_and_loses_nothing_else(cluster: str) -> None:
     """Ray's backstop (deploy/ray/serve.yaml: max_queued_requests, backpressure_config 503 + Retry-After):
     a replica taking one request at a time with one queued in Ray, six sent at once. The ones Ray
@@ -243,6 +244,7 @@ def running_ids() -> set[str]:
     return {n.rsplit("#", 1)[1] for n in names if n.startswith("SERVE_REPLICA::idg#idg#")}
 
 
+@pytest.mark.slow  # 11-18 s: make test keeps under its 15 minutes (run with -m slow)
 def test_killing_a_replica_loses_only_its_in_flight_requests_and_it_comes_back(cluster: str) -> None:
     before = running_ids()
     assert len(before) == 2

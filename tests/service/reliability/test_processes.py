@@ -174,6 +174,7 @@ def test_a_process_that_dies_is_replaced_and_sigterm_then_stops_every_process(tm
     assert served.log().count("Finished server process") == 2  # each drained and shut down (the killed one could not)
 
 
+@pytest.mark.slow  # 11-18 s: make test keeps under its 15 minutes (run with -m slow)
 def test_a_killed_launcher_takes_its_processes_with_it(tmp_path: Path) -> None:
     """SIGKILL gives the launcher no chance to stop them: the kernel tells each (PR_SET_PDEATHSIG), and they stop."""
     with serve_process(tmp_path / "server.log", IDG_PROCESSES=2) as served:
@@ -186,6 +187,7 @@ def test_a_killed_launcher_takes_its_processes_with_it(tmp_path: Path) -> None:
         assert not any(_alive(pid) for pid in pids), served.log()
 
 
+@pytest.mark.slow  # 11-18 s: make test keeps under its 15 minutes (run with -m slow)
 def test_a_process_that_cannot_start_stops_the_launcher_with_its_reason(tmp_path: Path) -> None:
     env = {**os.environ, "IDG_PROCESSES": "2", "IDG_MODELS": f"resnet50={tmp_path / 'missing.pth'}", "IDG_WARMUP": "false"}
     proc = subprocess.run([sys.executable, "-m", "app.server", "--port", "0"], cwd=ROOT, env=env, capture_output=True,
