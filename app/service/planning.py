@@ -86,7 +86,7 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
     """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
     chosen = post_steps(params)
     post: dict[str, Any] = {}
-    if chosen["postprocess"] in ("idgi", "rankmix"):
+    if chosen["postprocess"] not in (None, "none"):  # idgi or rankmix, checked below
         post["postprocess"] = chosen["postprocess"]
     if chosen["smooth_samples"]:
         post |= {k: chosen[k] for k in ("smooth_samples", "smooth_std", "smooth_kind")} | {"smooth_seed": params.seed}

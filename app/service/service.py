@@ -165,9 +165,10 @@ class Service:
         an attribution that is not finite."""
         explained = await self._explain(request, await self._input(request.model, image, request.context))
         try:
-            await in_image_thread(self._on_host, request, explained.found)
+            attr = await in_image_thread(self._on_host, request, explained.found)
         except NonFiniteAttribution as err:
             raise ApiError(500, str(err), code="model_error") from err
+        explained.found.result.attributions = attr.unsqueeze(0)  # the host copy: the answer's encoding needs no second one
         return explained
 
     async def attribute(self, request: ExplainRequest, image: Image) -> AttributeResponse:
