@@ -211,7 +211,8 @@ def evaluate_queries(
     skip: Callable[[int], bool] | None = None, shapes: CallShapes | None = None,
 ) -> list[Answer]:
     """Answer every query; model calls hold at most ``batch_size`` points from any queries (with
-    ``shapes`` fixed: at most its largest size, each call padded to one of its sizes).
+    ``shapes`` fixed: at most its largest size, each call padded to one of its sizes; a call whose (size, kind)
+    has a CUDA graph in ``shapes.graphs`` replays it instead of running the model eagerly).
 
     ``skip(i)``, if given, is called before every model call for each query ``i`` that still has
     rows to evaluate; once it returns True no more of that query's rows are evaluated, and its
@@ -223,7 +224,8 @@ def evaluate_queries(
         index = [i for i, q in enumerate(queries) if q.grad == grad and q.n > 0]
         for chunk in _chunks(queries, index, batch_size, skip):
             call = prepare_call(queries, chunk, grad, shapes)
-            out = run_call(model, call.inputs, call.rows, grad)
+            graph = shapes.graphs.get((call.size, grad)) if shapes is not None else None
+            out = graph.run(call.inputs, call.rows) if graph is not None else run_call(model, call.inputs, call.rows, grad)
             if stats is not None:
                 stats.record(call.size, grad)
             if shapes is not None:
@@ -383,13 +385,16 @@ def answer_rows(
     return [(state, qi, a, b, q, ans) for (state, qi, a, b), q, ans in zip(owners, queries, answers, strict=True)]
 
 
-def run_plans(model: Model, plans: Sequence[PlanOf[R]], batch_size: int, stats: CallStats | None = None) -> list[R]:
-    """Drive several plans in lock-step, pooling the points of all of them into shared model calls.
+def run_plans(model: Model, plans: Sequence[PlanOf[R]], batch_size: int, stats: CallStats | None = None,
+              shapes: CallShapes | None = None) -> list[R]:
+    """Drive several plans in lock-step, pooling the points of all of them into shared model calls
+    (``shapes``: fixed call sizes and their CUDA graphs, as :func:`evaluate_queries` takes them).
     A plan may yield an empty list (a checkpoint between long host steps); it gets one back."""
     states = [PlanState(plan) for plan in plans]
     active = [s for s in states if s.advance()]
     while active:
-        for state, qi, a, b, _, ans in answer_rows(model, [(s, s.take()) for s in active], batch_size, stats):
+        work = [(s, s.take()) for s in active]
+        for state, qi, a, b, _, ans in answer_rows(model, work, batch_size, stats, shapes=shapes):
             state.store(qi, a, b, ans)
         active = [s for s in active if s.advance(s.step_answers())]
     return [s.result for s in states]

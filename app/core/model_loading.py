@@ -152,7 +152,7 @@ def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool
             continue
         started = time.perf_counter()
         n = max(2, min(batch_images, model.max_batch or batch_images, 64))
-        x = torch.rand(1, 3, size, size).to(device)  # drawn on the CPU: see idg_serving.cuda_graphs
+        x = torch.rand(1, 3, size, size).to(device)  # drawn on the CPU: see idg_core.cuda_graphs
         run(partial(_idg_once, model, x, n))
         if shape is not None:
             run(partial(warm_call_shapes, model, shape, size, device, [n]))

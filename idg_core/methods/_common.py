@@ -12,6 +12,7 @@ from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
 from idg_core.budget import WorkBound
+from idg_core.call_shapes import CallShapes
 from idg_core.methods.params import Params
 from idg_core.model_calls import CallStats, default_batch_size, run_plans
 from idg_core.paths import allocate_samples, place_samples, probe_alphas
@@ -96,16 +97,18 @@ def run_method(
     target: int | Tensor | Iterable[int],
     batch_size: int | None,
     stats: CallStats | None = None,
+    shapes: CallShapes | None = None,
     **params: Any,
 ) -> AttributionResult:
     """Validate, build one plan per image and drive them all through shared model calls
-    (``batch_size`` None: :func:`default_batch_size` of the input's device)."""
+    (``batch_size`` None: :func:`default_batch_size` of the input's device; ``shapes``: fixed call sizes and
+    their CUDA graphs, :func:`idg_core.model_calls.evaluate_queries`)."""
     preprocessing = getattr(model, "preprocessing", None)  # an ImageClassifier's: its "mean" baseline
     x, base, targets = prepare_batch(x, baseline, target, getattr(preprocessing, "mean", None))
     batch_size = default_batch_size(x.device) if batch_size is None else batch_size
     check_int("batch_size", batch_size, 1)
     plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]
-    return AttributionResult.concat(run_plans(model, plans, batch_size, stats))
+    return AttributionResult.concat(run_plans(model, plans, batch_size, stats, shapes))
 
 
 def method_function(
@@ -118,19 +121,21 @@ def method_function(
 
     def function(
         model: Model, x: Tensor, baseline: BaselineLike | None, target: int | Tensor | Iterable[int], *,
-        batch_size: int | None = None, stats: CallStats | None = None, **kwargs: Any,
+        batch_size: int | None = None, stats: CallStats | None = None, shapes: CallShapes | None = None, **kwargs: Any,
     ) -> AttributionResult:
         if baseline is None:
             if uses_baseline:
                 raise ValueError(f"{name} needs a baseline: 'black', 'mean', a number or a tensor")
             baseline = "black"  # unused by the method, but the batch checks want one
-        return run_method(plan, model, x, baseline, target, batch_size, stats, **kwargs)
+        return run_method(plan, model, x, baseline, target, batch_size, stats, shapes, **kwargs)
 
     function.__name__ = function.__qualname__ = name
     function.__module__ = plan.__module__
     function.__signature__ = params.signature(inspect.signature(function))  # type: ignore[attr-defined]
     shared = ("    batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); the points of all images are pooled.\n"
-              "    stats: a CallStats that counts the model calls and passes.")
+              "    stats: a CallStats that counts the model calls and passes.\n"
+              "    shapes: a CallShapes: calls padded to its fixed sizes, each replaying its CUDA graph where one was captured\n"
+              "        (idg_core.graphs.graphed_shapes).")
     function.__doc__ = f"{doc.strip()}\n\nArgs:\n{params.doc()}\n{shared}\n"
     return function
 

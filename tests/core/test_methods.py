@@ -201,6 +201,23 @@ def test_batch_size_caps_every_model_call() -> None:
     assert max(model.calls) <= 7 and sum(model.calls) == 30 and len(model.calls) == 5
 
 
+def test_fixed_call_shapes_pad_every_call_and_change_no_attribution() -> None:
+    """shapes= (graphed_shapes on a CPU: fixed sizes, no graphs): 2 images x 10 points per pass in calls of 16
+    (16 + 4 padded to 16), counted in the shapes; the attributions are those of unpadded calls."""
+    from idg_core.cuda_graphs import graphed_shapes
+
+    model = Counting(SmallCNN())
+    x = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(4))
+    shapes = graphed_shapes(model, (16,), 16)
+    assert shapes.sizes == (16,) and shapes.graphs == {}
+    got = idg(model, x, "black", [1, 6], steps=10, probe_steps=10, batch_size=64, shapes=shapes)
+    assert model.calls == [16, 16, 16, 16] and shapes.real_rows == 40 and shapes.padded_rows == 24
+    model.calls.clear()
+    want = idg(model, x, "black", [1, 6], steps=10, probe_steps=10, batch_size=64)
+    assert model.calls == [20, 20]
+    assert torch.allclose(got.attributions, want.attributions, atol=1e-6)
+
+
 def test_a_query_one_call_holds_whole_is_answered_with_views_of_it_and_a_split_one_the_same_numbers() -> None:
     """Booking copies no gradients for a query whose rows are all in one call: its answer shares the call's output
     (one storage for both queries' gradients); one split over calls (batch 7 cuts the 10-row query) gets its own

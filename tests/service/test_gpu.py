@@ -80,9 +80,9 @@ async def test_on_cuda_every_call_runs_at_a_warmed_size_on_the_call_stream_and_a
 def test_a_replayed_cuda_graph_answers_as_an_eager_call(precision: str) -> None:
     """Each captured (size, kind) gives the real rows' outputs of an eager call, whatever the padding rows
     and targets held before (static buffers reused across replays), and refuses a target out of range."""
+    from idg_core.cuda_graphs import capture_graphs
     from idg_core.model_calls import RowSelect, run_call
     from idg_core.models import tune
-    from idg_serving.cuda_graphs import capture_graphs
 
     model = tune(small_classifier().cuda(), precision=precision, channels_last=False)
     graphs = capture_graphs(model, (4, 8), 16, torch.device("cuda"))
@@ -103,9 +103,36 @@ def test_a_replayed_cuda_graph_answers_as_an_eager_call(precision: str) -> None:
     set_tf32(False)
 
 
+def test_the_library_replays_graphs_and_answers_as_eagerly() -> None:
+    """idg(..., shapes=graphed_shapes(...)): every call replays a captured graph (3 images' points in calls of 8, the
+    last of each pass padded), and the attributions are eager's."""
+    from idg_core import CallStats, idg
+    from idg_core.cuda_graphs import graphed_shapes
+    from idg_core.models import tune
+
+    model = tune(small_classifier().cuda(), precision="fp32", channels_last=False)
+    x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(2)).cuda()
+    shapes = graphed_shapes(model, (8,), 16)
+    assert set(shapes.graphs) == {(8, False), (8, True)}
+    replays = {key: 0 for key in shapes.graphs}
+    for key, graph in shapes.graphs.items():
+        real_run = graph.run
+        def counted(inputs: torch.Tensor, rows: object, key: tuple[int, bool] = key, real_run: object = real_run) -> object:
+            replays[key] += 1
+            return real_run(inputs, rows)  # type: ignore[operator]
+        graph.run = counted  # type: ignore[method-assign]
+    stats = CallStats()
+    got = idg(model, x, "black", [1, 2, 3], steps=13, probe_steps=13, batch_size=8, shapes=shapes, stats=stats)
+    want = idg(model, x, "black", [1, 2, 3], steps=13, probe_steps=13, batch_size=8)
+    assert min(replays.values()) >= 2 and sum(replays.values()) == stats.calls and set(stats.call_sizes) == {8}
+    assert torch.allclose(got.attributions, want.attributions, atol=1e-5, rtol=1e-4)
+    assert shapes.unwarmed_calls == 0 and shapes.real_rows + shapes.padded_rows == 8 * stats.calls and shapes.padded_rows > 0
+    set_tf32(False)
+
+
 def test_a_network_that_reads_the_device_on_the_host_runs_eagerly() -> None:
     """TinyNet's forward reads a CUDA value on the host (its poison check): capture fails, no graph is kept."""
-    from idg_serving.cuda_graphs import capture_graphs
+    from idg_core.cuda_graphs import capture_graphs
 
     assert capture_graphs(tiny_classifier().cuda(), (4, 8), 32, torch.device("cuda")) == {}
     assert (torch.rand(2).cuda() * 2).shape == (2,)  # the device still works (the service draws random numbers on the CPU)

@@ -12,7 +12,9 @@ a call's (padded) inputs and row selection in, replays, and returns copies of th
 row of the graph selects its own target (padding rows whatever they held), so real rows' answers are
 those of an eager call. All graphs of a model share one memory pool, replayed one at a time on one
 stream. A network that cannot be captured (a host synchronisation inside, a data-dependent shape) is
-run eagerly (:func:`capture_graphs` returns no graphs and says why). After a failed capture, torch 2.11's
+run eagerly (:func:`capture_graphs` returns no graphs and says why). The service captures them in its warm-up
+(:mod:`idg_serving.warm_up`); a library user gets them with :func:`graphed_shapes` and passes the result to any
+method (``idg(model, x, "mean", t, shapes=graphed_shapes(model, (128,), 224))``). After a failed capture, torch 2.11's
 CUDA default generator refuses draws on the device ("Offset increment outside graph capture"); the service
 draws its random numbers on the CPU (AGI's and SmoothGrad's seeded generators, the warm-up's inputs), so it is
 not affected.
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from idg_core.call_shapes import CallShapes
 from idg_core.model_calls import RowSelect, run_call
 from idg_core.types import Model
 
@@ -86,3 +89,17 @@ def capture_graphs(model: Model, sizes: tuple[int, ...], input_size: int, device
         torch.cuda.synchronize(device)
         return {}
     return graphs
+
+
+def graphed_shapes(model: Model, sizes: tuple[int, ...], input_size: int, device: torch.device | str | None = None) -> CallShapes:
+    """Fixed call sizes ``sizes`` for ``model`` with each (size, kind) captured as a CUDA graph, for a method's
+    ``shapes=``: its calls are padded to these sizes and replay the graphs (one launch each instead of hundreds).
+    ``device``: the model's (default: where its first parameter is); on a CPU, or where the network cannot be
+    captured, the sizes stay fixed and the calls run eagerly. Calls are counted as warmed from here on."""
+    dev = torch.device(device) if device is not None else next(model.parameters()).device  # type: ignore[attr-defined]
+    shapes = CallShapes(tuple(sizes), use_graphs=dev.type == "cuda")
+    if shapes.use_graphs:
+        shapes.graphs = capture_graphs(model, shapes.sizes, input_size, dev)
+    shapes.warmed = {(s, g) for s in shapes.sizes for g in (False, True)}
+    shapes.warm_seconds = 0.0
+    return shapes

@@ -1,0 +1,160 @@
+"""IDG at the paper's cost (50 probe + 50 main points) per attribution, the four ways the library can run a model
+on a GPU, in one run on the same images (issue #48's "IDG-50/50 ResNet-101 bf16 <= 12 ms" target):
+
+- ``eager``: the tuned model (precision, channels-last, folded batch norm) called as it is;
+- ``graphs``: the same model with each call size replayed as a CUDA graph (:func:`idg_core.cuda_graphs.graphed_shapes`);
+- ``compiled``: ``torch.compile`` (inductor) at the call sizes (:mod:`idg_core.models.compiled`), its compile time reported;
+- ``compiled+graphs``: the compiled model's calls captured as CUDA graphs.
+
+Every variant's attributions are compared with eager's (cosine per image), so a faster path that answers differently
+shows. Writes ``<out>/<label>.json`` and ``.md``.
+
+    python -m benchmarks.paper_speed --model resnet101 --weights random --precision bf16   (CUDA)
+    python -m benchmarks.paper_speed --dry-run   (the CPU, a light CNN: every variant but the graphs, for the script only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.functional import cosine_similarity
+
+from benchmarks.speed import SAMPLES, machine, sample_batch
+from idg_core import idg
+from idg_core.cuda_graphs import graphed_shapes
+from idg_core.models import PRECISIONS, default_channels_last, load_entry, tune
+from idg_core.models.compiled import warm_up_compiled
+
+log = logging.getLogger(__name__)
+
+VARIANTS = ("eager", "graphs", "compiled", "compiled+graphs")
+
+
+def _best_seconds(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    fn()  # warm: allocator, cuDNN's choices
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    models_file = Path(args.models_file) if args.models_file else None
+    channels_last = default_channels_last(device, args.precision)
+
+    def tuned(compile_: bool) -> Any:
+        loaded = load_entry(args.model, args.weights, models_file).to(device).eval()
+        return tune(loaded, precision=args.precision, channels_last=channels_last, fold_bn=True, compile=compile_,
+                    compile_sizes=(args.batch_size,))
+
+    eager = tuned(False)
+    images, targets, _ = sample_batch(eager, args.images, args.count)
+    x = images.to(device)
+    size = int(x.shape[-1])
+    rows: list[dict[str, Any]] = []
+    reference: Tensor | None = None
+    for variant in args.variants:
+        if "graphs" in variant and device.type != "cuda":
+            log.info("%s: no CUDA here, skipped", variant)
+            continue
+        started = time.perf_counter()
+        model = eager
+        if variant.startswith("compiled"):
+            model = tuned(True)
+            warm_up_compiled(model, size)
+        shapes = graphed_shapes(model, (args.batch_size,), size, device) if "graphs" in variant else None
+        if shapes is not None and not shapes.graphs:
+            rows.append({"variant": variant, "error": "the model could not be captured (see the log)"})
+            continue
+        setup_s = time.perf_counter() - started
+
+        def run(model: Any = model, shapes: Any = shapes) -> Tensor:
+            return idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps, batch_size=args.batch_size,
+                       shapes=shapes).attributions
+
+        seconds = _best_seconds(run, device, args.repeats)
+        got = run().float().flatten(1)
+        reference = got if reference is None else reference
+        cos = cosine_similarity(got, reference)
+        row = {"variant": variant, "ms_per_attribution": 1000 * seconds / len(targets), "setup_s": setup_s,
+               "cosine_to_first_min": float(cos.min()), "cosine_to_first_mean": float(cos.mean())}
+        log.info("%s: %.2f ms per attribution (set-up %.1f s), cosine to %s >= %.4f", variant, row["ms_per_attribution"],
+                 setup_s, rows[0]["variant"] if rows else variant, row["cosine_to_first_min"])
+        rows.append(row)
+    return {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model,
+            "weights": args.weights, "precision": args.precision, "channels_last": channels_last, "device": str(device),
+            "images": len(targets), "batch_size": args.batch_size, "steps": args.steps, "probe_steps": args.probe_steps,
+            "repeats": args.repeats, "rows": rows}
+
+
+def render(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    lines = [f"# IDG-{data['probe_steps']}/{data['steps']} per attribution: `{data['label']}`", "",
+             f"Measured {data['date']} on: {m.get('gpu', m.get('cpu'))} ({m['platform']}, Python {m['python']}, torch {m['torch']}).", "",
+             f"Model {data['model']} ({data['weights']} weights), {data['device']}, {data['precision']}, channels-last "
+             f"{data['channels_last']}, batch norm folded; {data['images']} images, calls of {data['batch_size']} rows; best of "
+             f"{data['repeats']} after one warm run; every variant in the same process on the same images.", "",
+             "| variant | ms per attribution | set-up s (compile, capture) | cosine to the first row, min / mean |",
+             "|---|---|---|---|"]
+    for r in data["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | {r['error']} | | |")
+        else:
+            lines.append(f"| {r['variant']} | {r['ms_per_attribution']:.2f} | {r['setup_s']:.1f} | "
+                         f"{r['cosine_to_first_min']:.4f} / {r['cosine_to_first_mean']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="resnet101")
+    ap.add_argument("--weights", default="random")
+    ap.add_argument("--models-file", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    ap.add_argument("--images", type=Path, default=SAMPLES)
+    ap.add_argument("--count", type=int, default=32, help="images explained together")
+    ap.add_argument("--batch-size", type=int, default=128, help="rows per model call (the one call size compiled and captured)")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--probe-steps", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--label", default="paper-speed")
+    ap.add_argument("--out", type=Path, default=Path("results/benchmarks"))
+    ap.add_argument("--dry-run", action="store_true", help="on the CPU with a light CNN, few points: the script, not a figure")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.dry_run:
+        import tempfile
+
+        from benchmarks.load import light_cnn
+
+        folder = Path(tempfile.mkdtemp(prefix="paper-speed-"))
+        args.model, args.weights, args.device, args.precision = light_cnn(folder), "default", "cpu", "fp32"
+        args.models_file = str(folder / "models.toml")
+        args.count, args.batch_size, args.steps, args.probe_steps, args.repeats = 4, 16, 8, 8, 1
+    data = measure(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.label}.json").write_text(json.dumps(data, indent=2))
+    (args.out / f"{args.label}.md").write_text(render(data))
+    print(render(data))  # noqa: T201 - the table is the command's output
+    return 0 if data["rows"] and not any("error" in r for r in data["rows"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
