@@ -6,7 +6,8 @@
 Stages, each a subprocess with a time limit of its own so that one stuck stage cannot take the whole call:
 the GPU tests (``-m gpu``); the service as a user starts it (EfficientNet-Lite0 at every default) at 128 clients,
 with the first request after ready against the next 99; ResNet-101 (random weights) served at bf16 and at
-``auto``; the library against Captum IG-50 at its defaults (ResNet-101 at ``auto`` and bf16). Each stage's wall
+``auto``; the library against Captum IG-50 at its defaults (ResNet-101 at ``auto`` and bf16); IDG-50/50 of ResNet-101
+bf16 eager, with CUDA graphs and compiled with them (:mod:`benchmarks.paper_speed`, the 12 ms target). Each stage's wall
 time is in the table, so the call's budget is measured. The table's targets are the issue's: a missed one (or a
 stage that failed or ran out of time) makes the exit status 1.
 
@@ -164,12 +165,18 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
                    "--batch-sizes", "2", "--batch-size", "8", "--load-levels", "--images", str(images), "--out", out]
         sim = ["--simulated-ms", "20"]
         service_extra: list[str] = []
+        paper = [py, "-m", "benchmarks.paper_speed", "--model", entry, "--weights", "default", "--models-file", models_file,
+                 "--device", "cpu", "--precision", "fp32", "--count", "4", "--batch-size", "16", "--steps", "8", "--probe-steps", "8",
+                 "--repeats", "1", "--variants", "eager", "--images", str(images), "--out", out]
     else:
         library = [py, "-m", "benchmarks.run", "--model", "resnet101", "--weights", "random", "--device", "cuda",
                    "--batch-sizes", "32", "--batch-size", "128", "--repeats", "2", "--load-levels", "--images", str(images),
                    "--peak-tflops", os.environ.get("PEAK_BF16_TFLOPS", "989"), "--out", out]
         sim = []
         service_extra = ["--client-processes", "4"]
+        # IDG-50/50 the ways the library can run ResNet-101 bf16 (eager is library-resnet101-bf16's): CUDA graphs, and compiled with them
+        paper = [py, "-m", "benchmarks.paper_speed", "--variants", "eager", "graphs", "compiled+graphs", "--images", str(images),
+                 "--out", out]
     load = [py, "-m", "benchmarks.load", "--images", str(images), "--levels", str(clients), "--per-client", str(per_client),
             "--out", out, *sim, *service_extra]
     def resnet(precision: str) -> list[str]:  # the served ResNet-101 (a dry run serves the light CNN)
@@ -184,6 +191,7 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
         Stage("service-lite0", [*load, "--label", "check-service-lite0", "--serial", str(serial)], limit(220)),
         Stage("service-resnet101-bf16", [*load, "--label", "check-service-resnet101-bf16", *resnet("bf16")], limit(80)),
         Stage("service-resnet101-auto", [*load, "--label", "check-service-resnet101-auto", *resnet("auto")], limit(80)),
+        Stage("library-paper-speed", [*paper, "--label", "check-paper-speed"], limit(100)),
         Stage("gpu-tests", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS], limit(120)),
     ]
 
@@ -247,8 +255,8 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
         figures[label] = {"meta": data["meta"], "speed": data["speed"]} if data else None
         if data is None or speed is None:
             rows.append(f"| {title} | not measured |")
-            targets.append(Target(f"{title}: default vs Captum IG-50 at its defaults", None, ">=", 2, "x") if "auto" in label
-                           else Target(f"{title}: IDG-50/50 ms per attribution", None, "<=", 12, " ms"))
+            if "auto" in label:
+                targets.append(Target(f"{title}: default vs Captum IG-50 at its defaults", None, ">=", 2, "x"))
             continue
         precision = data["meta"].get("precision")
         default_ms = speed.get("ours_default_s_per_attr", 0) * 1e3
@@ -260,8 +268,20 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
         if "auto" in label:
             ratio = speed.get("default_vs_captum_default")
             targets.append(Target(f"{title}: default vs Captum IG-50 at its defaults", ratio, ">=", 2, "x"))
-        else:
-            targets.append(Target(f"{title}: IDG-50/50 ms per attribution", speed["ours_idg_s_per_attr"] * 1e3, "<=", 12, " ms"))
+
+    paper = _json(work / "check-paper-speed.json")
+    figures["check-paper-speed"] = paper
+    measured = [r for r in (paper or {}).get("rows", []) if "ms_per_attribution" in r]
+    if measured:
+        rows.append(f"| library, IDG-50/50 by how the model runs ({paper['model']} {paper['precision']}, {paper['images']} images) | "  # type: ignore[index]
+                    + ", ".join(f"{r['variant']} {r['ms_per_attribution']:.1f} ms (set-up {r['setup_s']:.0f} s, cosine to eager "
+                                f">= {r['cosine_to_first_min']:.3f})" for r in measured) + " |")
+        best = min(measured, key=lambda r: r["ms_per_attribution"])
+        targets.append(Target(f"library, IDG-50/50 at its fastest ({best['variant']}; `shapes=graphed_shapes(...)`, IDG_COMPILE)",
+                              best["ms_per_attribution"], "<=", 12, " ms"))
+    else:
+        rows.append("| library, IDG-50/50 by how the model runs | not measured |")
+        targets.append(Target("library, IDG-50/50 at its fastest", None, "<=", 12, " ms"))
     return rows, targets, figures
 
 

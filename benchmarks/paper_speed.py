@@ -57,7 +57,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     models_file = Path(args.models_file) if args.models_file else None
     channels_last = default_channels_last(device, args.precision)
 
-    def tuned(compile_: bool) -> Any:
+    def tuned(compile_: bool) -> Any:  # the same network each time: random weights drawn from one seed
+        torch.manual_seed(0)
         loaded = load_entry(args.model, args.weights, models_file).to(device).eval()
         return tune(loaded, precision=args.precision, channels_last=channels_last, fold_bn=True, compile=compile_,
                     compile_sizes=(args.batch_size,))

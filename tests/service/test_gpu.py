@@ -114,7 +114,7 @@ def test_the_library_replays_graphs_and_answers_as_eagerly() -> None:
     x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(2)).cuda()
     shapes = graphed_shapes(model, (8,), 16)
     assert set(shapes.graphs) == {(8, False), (8, True)}
-    replays = {key: 0 for key in shapes.graphs}
+    replays = dict.fromkeys(shapes.graphs, 0)
     for key, graph in shapes.graphs.items():
         real_run = graph.run
         def counted(inputs: torch.Tensor, rows: object, key: tuple[int, bool] = key, real_run: object = real_run) -> object:
