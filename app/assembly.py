@@ -12,8 +12,8 @@ import asyncio
 import gc
 import logging
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any
 
@@ -45,37 +45,53 @@ async def running(app: FastAPI, settings: Settings, metrics: Metrics, drain: Dra
     loading ``settings.models`` (tests inject tiny ones)."""
     configure_process(settings)
     device = pick_device(settings.device)
-    loaded = await prepare_models(settings, device, metrics, models)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = settings.cudnn_benchmark
-    shapes = call_shapes(settings, device, loaded)
-    worker = build_worker(settings, loaded, device, metrics, shapes)
-    await start_worker(worker, settings, loaded, shapes, metrics)
-    with image_thread_pool(image_thread_count(settings)):  # closed on every way out, a failed start-up too
-        app.state.service = service = Service(settings, loaded, worker, metrics, device)
-        if settings.warmup:
-            await service.warm_up_requests()
-        app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready)
-        if settings.gc_freeze:
-            await asyncio.to_thread(gc.collect)
-            gc.freeze()  # start-up's objects live on: the cyclic collector's full passes no longer walk them under traffic
-        app.state.ready = True
-        metrics.set_ready(True)
-        log.info("ready: %s on %s", ", ".join(loaded), device)
-        grpc_server = None
-        try:  # IDG_GRPC_PORT: the Open Inference Protocol over gRPC (a failure to open it stops what started)
-            grpc_server = await start_grpc(app, settings) if settings.grpc_port else None
-            yield
-        finally:
-            await stop(app, settings, metrics, drain, worker, grpc_server)
+    with torch_threads(settings, device):  # process-wide: as it was once the service stops
+        loaded = await prepare_models(settings, device, metrics, models)
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = settings.cudnn_benchmark
+        shapes = call_shapes(settings, device, loaded)
+        worker = build_worker(settings, loaded, device, metrics, shapes)
+        await start_worker(worker, settings, loaded, shapes, metrics)
+        with image_thread_pool(image_thread_count(settings)):  # closed on every way out, a failed start-up too
+            app.state.service = service = Service(settings, loaded, worker, metrics, device)
+            if settings.warmup:
+                await service.warm_up_requests()
+            app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready)
+            if settings.gc_freeze:
+                await asyncio.to_thread(gc.collect)
+                gc.freeze()  # start-up's objects live on: the cyclic collector's full passes no longer walk them under traffic
+            app.state.ready = True
+            metrics.set_ready(True)
+            log.info("ready: %s on %s", ", ".join(loaded), device)
+            grpc_server = None
+            try:  # IDG_GRPC_PORT: the Open Inference Protocol over gRPC (a failure to open it stops what started)
+                grpc_server = await start_grpc(app, settings) if settings.grpc_port else None
+                yield
+            finally:
+                await stop(app, settings, metrics, drain, worker, grpc_server)
+
+
+@contextmanager
+def torch_threads(settings: Settings, device: torch.device) -> Iterator[None]:
+    """Torch's intra-op threads while the service runs (process-wide; restored once it stops): ``IDG_TORCH_THREADS``,
+    else 1 where the models run on an accelerator (a real one, or the simulated device), whose host does only small
+    tensor work, in many threads at once; else torch's choice."""
+    threads = settings.torch_threads or (1 if device.type != "cpu" or settings.simulated_call_ms is not None else None)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+        log.info("torch intra-op threads: %d (%s)", threads, "IDG_TORCH_THREADS" if settings.torch_threads else
+                 "the models run on an accelerator: the host's tensor ops are small and run in many threads at once")
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def configure_process(settings: WorkerSettings) -> None:
-    """The process's runtime, before anything loads: the GIL's switch interval, torch's threads, malloc."""
+    """The process's runtime, before anything loads: the GIL's switch interval, malloc."""
     if settings.switch_interval_ms is not None:
         sys.setswitchinterval(settings.switch_interval_ms / 1000)
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
     if settings.keep_freed_memory:
         keep_freed_memory()
 

@@ -225,7 +225,11 @@ class WorkerSettings(Section):
     watchdog_grace_s: float = Field(
         10.0, gt=0, description="If the worker still holds a request this long past its deadline, that request fails, readiness "
         "answers 503 and new work is refused until the worker returns")
-    torch_threads: int | None = Field(None, ge=1, description="CPU threads for torch (default: torch's choice)")
+    torch_threads: int | None = Field(
+        None, ge=1, description="CPU threads of torch's own parallel ops (intra-op) in each server process. Default: torch's "
+        "choice (one per core) where the models run on the CPU; 1 where they run on an accelerator (CUDA, or the simulated "
+        "device), where the host's tensor work is small copies and sums done in many decode and render threads at once, and "
+        "spreading each over every core only forks, spins and joins (measured: docs/results/speed.md)")
     keep_freed_memory: bool = Field(
         True, description="glibc malloc keeps freed tensor memory for reuse instead of returning it to the kernel after every "
         "model call (idg_core.models.keep_freed_memory): faster on the CPU; resident memory then stays at its peak")

@@ -59,3 +59,20 @@ async def test_start_up_freezes_its_objects_out_of_the_collector_until_the_app_s
         assert (await client.post("/predict", files={"file": ("a.png", image_bytes())})).status_code == 200
     assert (frozen > 10_000) is freeze  # the modules, the app and the models made before ready
     assert gc.get_freeze_count() == 0  # stopped: a process that goes on can collect them again
+
+
+@pytest.mark.parametrize(("extra", "while_running"), [({"simulated_call_ms": 1.0}, 1), ({}, None),
+                                                      ({"simulated_call_ms": 1.0, "torch_threads": 3}, 3)])
+async def test_torch_threads_are_one_on_an_accelerator_and_as_they_were_once_the_app_stops(
+        tiny_app: AppFactory, extra: dict[str, object], while_running: int | None) -> None:
+    """The simulated device stands for an accelerator: its host's small tensor ops run on one intra-op thread each
+    (IDG_TORCH_THREADS wins); on the CPU torch keeps its own count. Process-wide, so restored at the end."""
+    original = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        async with serve(tiny_app(**extra)) as client:
+            assert (await client.post("/predict", files={"file": ("a.png", image_bytes())})).status_code == 200
+            assert torch.get_num_threads() == (while_running or 2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(original)
