@@ -158,8 +158,8 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype = torch.float32, n: i
     if n is None and device.type != "cuda":
         n = 256
         while n < 2048:
-            a = torch.randn(n, n, dtype=dtype)
-            if _timed(lambda: a @ a, device, 1, warm=True) > 0.1 / 8:  # the next size costs 8 times as much
+            square = partial(torch.matmul, *(2 * [torch.randn(n, n, dtype=dtype)]))
+            if _timed(square, device, 1, warm=True) > 0.1 / 8:  # the next size costs 8 times as much
                 break
             n *= 2
     n = n or 8192
