@@ -2,7 +2,7 @@
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
 #   bash benchmarks/gpu_run.sh check [--dry-run] [--stages NAME...]   (issue #48: everything in one call of <= 8 minutes, one table)
-#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [simulated] [variants] [variants-compile]
+#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [service-torch-threads] [simulated] [variants] [variants-compile]
 #                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval] [quality]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model; quality is issue #31's table, resumable: repeat the step until it says "wrote"). One step per 10-minute device call: each fits, the compile steps only just.
@@ -89,6 +89,11 @@ service-threads)  # decode/render threads: auto (one per core each process has: 
                 --per-client 6 --client-processes 4 --env "IDG_IMAGE_THREADS=$threads" --out "$OUT" 2>&1 | grep "^|" | tail -2
         done
     done
+    ;;
+service-torch-threads)  # the check's Lite0 stage with torch's own default of intra-op threads (one per core) in each process, as before
+    # 2026-11-27: does one thread per process (the default since) lift the GPU's busy share? Compare with the check's service-lite0
+    python3 -m benchmarks.load --label h200-service-lite0-torch-threads-16 --images "$IMAGES" --levels 128 --per-client 12 \
+        --client-processes 4 --env "IDG_TORCH_THREADS=$(nproc)" --out "$OUT" 2>&1 | grep "^|\|by thread" | tail -3
     ;;
 clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (against step service's 4: is the generator the limit?)
     python3 -m benchmarks.load --label h100-service-lite0-8-client-processes --images "$IMAGES" --levels 128 --per-client 6 \
