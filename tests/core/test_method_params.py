@@ -59,7 +59,7 @@ def test_the_public_signature_and_docstring_come_from_the_declaration(name: str)
     method = METHODS[name]
     sig = inspect.signature(method.function)
     keywords = {n: p.default for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
-    assert keywords == {**method.parameters, "batch_size": None, "stats": None}
+    assert keywords == {**method.parameters, "batch_size": None, "stats": None, "shapes": None}
     assert list(sig.parameters)[:4] == ["model", "x", "baseline", "target"]
     doc = method.function.__doc__ or ""
     for p in method.params:
