@@ -151,6 +151,7 @@ def _png(photo: Path) -> bytes:
     return out.getvalue()
 
 
+@pytest.mark.slow  # 13 s on the 2-core VM: make test kept under its 15 minutes (2026-11-27: 15:30 of checks)
 def test_the_benchmark_measures_a_users_own_model_and_serves_it_under_load(tmp_path: Path) -> None:
     """`make bench`'s command end to end on a user's 10-class TorchScript CNN (it took only our zoo's names): every
     attribution row against Captum, the precision the service's auto gives the model, the ceiling measured in that
