@@ -165,9 +165,7 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
                    "--batch-sizes", "2", "--batch-size", "8", "--load-levels", "--images", str(images), "--out", out]
         sim = ["--simulated-ms", "20"]
         service_extra: list[str] = []
-        paper = [py, "-m", "benchmarks.paper_speed", "--model", entry, "--weights", "default", "--models-file", models_file,
-                 "--device", "cpu", "--precision", "fp32", "--count", "4", "--batch-size", "16", "--steps", "8", "--probe-steps", "8",
-                 "--repeats", "1", "--variants", "eager", "--images", str(images), "--out", out]
+        paper = [py, "-m", "benchmarks.paper_speed", "--dry-run", "--variants", "eager", "--images", str(images), "--out", out]
     else:
         library = [py, "-m", "benchmarks.run", "--model", "resnet101", "--weights", "random", "--device", "cuda",
                    "--batch-sizes", "32", "--batch-size", "128", "--repeats", "2", "--load-levels", "--images", str(images),

@@ -19,7 +19,6 @@ import argparse
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import cosine_similarity
 
-from benchmarks.speed import SAMPLES, machine, sample_batch
+from benchmarks.speed import SAMPLES, _timed, machine, sample_batch
 from idg_core import idg
 from idg_core.cuda_graphs import graphed_shapes
 from idg_core.models import PRECISIONS, default_channels_last, load_entry, tune
@@ -36,20 +35,6 @@ from idg_core.models.compiled import warm_up_compiled
 log = logging.getLogger(__name__)
 
 VARIANTS = ("eager", "graphs", "compiled", "compiled+graphs")
-
-
-def _best_seconds(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    fn()  # warm: allocator, cuDNN's choices
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,7 +73,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             return idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps, batch_size=args.batch_size,
                        shapes=shapes).attributions
 
-        seconds = _best_seconds(run, device, args.repeats)
+        seconds = _timed(run, device, args.repeats, warm=True)
         got = run().float().flatten(1)
         reference = got if reference is None else reference
         cos = cosine_similarity(got, reference)

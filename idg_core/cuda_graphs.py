@@ -23,6 +23,7 @@ not affected.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -95,11 +96,13 @@ def graphed_shapes(model: Model, sizes: tuple[int, ...], input_size: int, device
     """Fixed call sizes ``sizes`` for ``model`` with each (size, kind) captured as a CUDA graph, for a method's
     ``shapes=``: its calls are padded to these sizes and replay the graphs (one launch each instead of hundreds).
     ``device``: the model's (default: where its first parameter is); on a CPU, or where the network cannot be
-    captured, the sizes stay fixed and the calls run eagerly. Calls are counted as warmed from here on."""
+    captured, the sizes stay fixed and the calls run eagerly. Calls are counted as warmed from here on (``warm_seconds``:
+    the capture's time)."""
+    started = time.perf_counter()
     dev = torch.device(device) if device is not None else next(model.parameters()).device  # type: ignore[attr-defined]
     shapes = CallShapes(tuple(sizes), use_graphs=dev.type == "cuda")
     if shapes.use_graphs:
         shapes.graphs = capture_graphs(model, shapes.sizes, input_size, dev)
     shapes.warmed = {(s, g) for s in shapes.sizes for g in (False, True)}
-    shapes.warm_seconds = 0.0
+    shapes.warm_seconds = time.perf_counter() - started
     return shapes
