@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.service_load import gil_profile_summary, run_load
-from benchmarks.speed import SAMPLES, machine
-from idg_core.models import image_files
+
+# No torch (nor idg_core, nor benchmarks.speed) at module level: the load generator's client processes are spawned, and a
+# spawned child imports the parent's main module, this one. With torch here each of the check's four client processes spent
+# seconds importing it before every level (9 s between ready and a level's first request on the H200, 2026-11-27).
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,9 @@ def light_cnn(out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.speed import SAMPLES, machine  # torch: see the note on imports above
+    from idg_core.models import image_files
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--label", required=True)

@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -268,3 +269,12 @@ def test_the_load_benchmark_starts_once_the_processes_an_auto_server_keeps_are_r
     monkeypatch.setattr(service_load.httpx, "get", ready)
     proc, _ = service_load.start_server({})
     assert proc is server and len(probes) == 3  # after the "serving with 1" line, not before (2) nor never
+
+
+def test_the_load_generators_client_processes_start_without_importing_torch() -> None:
+    """The client processes are spawned and import the parent's main module (``benchmarks.load``): with torch among its
+    imports each spent seconds starting before every level (9 s between ready and a level on an H200)."""
+    probe = "import sys, benchmarks.load; print(sorted(m for m in ('torch', 'idg_core', 'app') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip() == "[]"
