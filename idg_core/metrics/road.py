@@ -32,15 +32,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from scipy.sparse import coo_matrix, csc_matrix
-from scipy.sparse.linalg import splu, spsolve
 from torch import Tensor
 
 from idg_core.metrics.curves import Curve
 from idg_core.types import Model
+
+if TYPE_CHECKING:  # scipy is imported where a solve needs it: not at the service's start
+    from scipy.sparse import csc_matrix
 
 LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """Shares of pixels removed (the ROAD paper's 10% ... 90%)."""
@@ -84,6 +86,8 @@ def _system(flat: np.ndarray, kept: np.ndarray, miss: np.ndarray, h: int, w: int
     """The imputation's system for ``flat (C, H·W)`` with unknown k the pixel ``miss[k]`` (the removed
     pixels, ``kept`` False there): for each, s_i v_i - Σ_n w_n v_n = 0 (s_i: the weights of its
     in-image neighbours), the kept neighbours' terms moved to the right side ``(n, C)``."""
+    from scipy.sparse import coo_matrix
+
     var = np.full(h * w, -1, dtype=np.int64)
     var[miss] = np.arange(miss.size)
     r, col = miss // w, miss % w
@@ -114,6 +118,8 @@ def _impute_one(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
         return img.copy()
     miss = removed[np.argsort(_dissection_rank(h, w)[removed], kind="stable")]
     a, rhs = _system(flat, kept, miss, h, w)
+    from scipy.sparse.linalg import splu
+
     # the order is ours (NATURAL); positive definite, so no pivoting (a zero threshold keeps the diagonal)
     lu = splu(a, permc_spec="NATURAL", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
     out = flat.copy()
@@ -130,6 +136,8 @@ def spsolve_impute(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
     miss = np.flatnonzero(~kept)
     if miss.size == 0:
         return img.copy()
+    from scipy.sparse.linalg import spsolve
+
     a, rhs = _system(flat, kept, miss, h, w)
     out = flat.copy()
     out[:, miss] = np.asarray(spsolve(a, rhs)).reshape(miss.size, c).T

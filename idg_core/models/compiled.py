@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch._dynamo
 from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
@@ -80,6 +79,8 @@ class FixedBatchCompiled(nn.Module):
         self.warm = False
         self.compile_seconds: float | None = None
         backend = backend or DEFAULT_BACKEND
+        import torch._dynamo  # here, not at the top: 1.5 s of every process's start (the service, the tools) that compiles nothing
+
         inner: Backend = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
 
         def counting(gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:
