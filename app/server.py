@@ -264,6 +264,9 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
     config = uvicorn.Config(
         app, host=host or settings.host, port=settings.port if port is None else port, http=timed_protocol(limits),
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
+        # the access line is app.requests' (app.core.request_id: request ID, status, milliseconds; probes and scrapes left
+        # out); uvicorn's own wrote a second line for every request and one for every probe, on the event loop
+        access_log=False,
         # JSON logs: uvicorn's own lines go to the root logger's JSON handler too, rather than its text ones
         log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
     )

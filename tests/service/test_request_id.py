@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.request_id import MAX_LENGTH, JsonFormatter, RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
+from tests.service.reliability.server_app import serve_process
 from tests.service.test_oip import INFER, image_input
 
 MADE = re.compile(r"[0-9a-f]{32}")
@@ -104,3 +108,18 @@ async def test_build_model_and_process_metrics_are_exported(tiny_app: AppFactory
     # every known label at 0 from the start: a route's 5xx, a model's calls, each rejection reason
     assert 'idg_http_requests_total{route="/predict",status="500"} 0.0' in text
     assert 'idg_model_calls_total{model="tiny"}' in text and 'idg_rejections_total{reason="queue_full"} 0.0' in text
+
+
+
+def test_the_server_writes_one_line_per_request_and_none_per_probe(tmp_path: Path) -> None:
+    """The real launcher's log (``python -m app.server``): uvicorn's own access log had written a second line for every
+    request and one for every probe and scrape, which the docs promise are left out."""
+    with serve_process(tmp_path / "server.log") as served:
+        before = len(served.log().splitlines())
+        assert httpx.get(f"{served.url}/health/ready").status_code == 200
+        assert httpx.get(f"{served.url}/metrics").status_code == 200
+        assert httpx.post(f"{served.url}/predict", files=_files(), headers={"X-Request-ID": "one-line"}).status_code == 200
+        time.sleep(0.3)  # the request's line is written as its answer ends
+        lines = served.log().splitlines()[before:]
+    requests = [line for line in lines if "/health" in line or "/metrics" in line or "/predict" in line]
+    assert len(requests) == 1 and "app.requests [one-line]: POST /predict 200 in " in requests[0], lines
