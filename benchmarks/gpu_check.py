@@ -175,8 +175,11 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
         # IDG-50/50 the ways the library can run ResNet-101 bf16 (eager is library-resnet101-bf16's): CUDA graphs, and compiled with them
         paper = [py, "-m", "benchmarks.paper_speed", "--variants", "eager", "graphs", "compiled+graphs", "--images", str(images),
                  "--out", out]
-    load = [py, "-m", "benchmarks.load", "--images", str(images), "--levels", str(clients), "--per-client", str(per_client),
-            "--out", out, *sim, *service_extra]
+
+    def load(levels: int = 1) -> list[str]:  # a load run of ``levels`` levels of ``clients``
+        return [py, "-m", "benchmarks.load", "--images", str(images), "--levels", *[str(clients)] * levels, "--per-client",
+                str(per_client), "--out", out, *sim, *service_extra]
+
     def resnet(precision: str) -> list[str]:  # the served ResNet-101 (a dry run serves the light CNN)
         return [] if dry_run else ["--env", "IDG_MODELS=resnet101=random", f"IDG_PRECISION={precision}"]
 
@@ -186,9 +189,12 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
     return [  # the headline first; the GPU tests last (their compiled test is the slowest to start)
         Stage("library-resnet101-auto", [*library, "--label", "check-library-auto"], limit(60)),
         Stage("library-resnet101-bf16", [*library, "--label", "check-library-bf16", "--precision", "bf16"], limit(60)),
-        Stage("service-lite0", [*load, "--label", "check-service-lite0", "--serial", str(serial)], limit(220)),
-        Stage("service-resnet101-bf16", [*load, "--label", "check-service-resnet101-bf16", *resnet("bf16")], limit(80)),
-        Stage("service-resnet101-auto", [*load, "--label", "check-service-resnet101-auto", *resnet("auto")], limit(80)),
+        # Lite0's level twice: the first is the headline; the second runs under py-spy --gil (it comes with the wheels), to
+        # show which threads and functions hold each process's GIL while the GPU waits
+        Stage("service-lite0", [*load(2), "--profile", "--label", "check-service-lite0", "--serial", str(serial)],
+              limit(220)),
+        Stage("service-resnet101-bf16", [*load(), "--label", "check-service-resnet101-bf16", *resnet("bf16")], limit(80)),
+        Stage("service-resnet101-auto", [*load(), "--label", "check-service-resnet101-auto", *resnet("auto")], limit(80)),
         Stage("library-paper-speed", [*paper, "--label", "check-paper-speed"], limit(100)),
         Stage("gpu-tests", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TESTS], limit(120)),
     ]
@@ -235,6 +241,9 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
             nxt = _level(data["rows"], f"1 (next {serial})") if serial else None
             rows.append(f"| first request after ready vs the next {serial} (Lite0) | first {_f(first and first.get('p50_s'), '.3f')} s, "
                         f"the next {serial}: p50 {_f(nxt and nxt.get('p50_s'), '.3f')} s, p99 {_f(nxt and nxt.get('p99_s'), '.3f')} s |")
+            gil = data.get("meta", {}).get("gil_profile") or []
+            rows.append(f"| who held each process's GIL (Lite0, a second {clients}-client level under py-spy --gil) | "
+                        + ("; ".join(line.split("; ")[0] for line in gil) or "not measured (no py-spy)") + " |")
             unwarmed = sum(float(r.get("unwarmed_calls") or 0) for r in data["rows"])
             targets += [Target("Lite0 service: attributions/s at 128 clients", level["throughput_per_s"], ">=", 300),
                         Target("Lite0 service: p99 / p50", level.get("p99_over_p50"), "<=", 2),

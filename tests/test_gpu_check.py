@@ -40,7 +40,8 @@ def _level(clients: object, throughput: float, p50: float, p99: float, **extra: 
 
 def test_summarise_judges_each_promise_from_the_stages_reports(tmp_path: Path) -> None:
     lite0 = [_level("first after ready", 20, 0.05, 0.05), _level("1 (next 99)", 30, 0.03, 0.07), _level(128, 310, 0.4, 0.7)]
-    (tmp_path / "check-service-lite0.json").write_text(json.dumps({"rows": lite0}))
+    gil = ["MainThread: 40% of samples; Runner.run 3.0%", "idg-worker: 35% of samples; run_call 2.0%"]
+    (tmp_path / "check-service-lite0.json").write_text(json.dumps({"meta": {"gil_profile": gil}, "rows": lite0}))
     (tmp_path / "check-service-resnet101-bf16.json").write_text(json.dumps({"rows": [_level(128, 140, 0.5, 0.6)]}))
     speed = {"batch": 32, "ours_default_s_per_attr": 0.005, "ours_idg_s_per_attr": 0.011, "ours_ig_s_per_attr": 0.01,
              "captum_ig_default_s_per_attr": 0.023, "default_vs_captum_default": 4.6, "ours_idg_tflops": 180.0}
@@ -63,6 +64,7 @@ def test_summarise_judges_each_promise_from_the_stages_reports(tmp_path: Path) -
     assert figures["gpu_tests"] == {"passed": 17, "deselected": 30}
     table = render(["- GPU: none"], [tests], rows, targets, dry_run=False, total_s=1.0)
     assert "310.0 attributions/s" in table and "compiled+graphs 11.5 ms" in table
+    assert "py-spy --gil) | MainThread: 40% of samples; idg-worker: 35% of samples |" in table
     assert "| ResNet-101 bf16 service: attributions/s at 128 clients | 140 | >= 150 | **missed** |" in table
 
 
@@ -81,6 +83,8 @@ def test_the_dry_run_prints_every_figure_of_the_table(tmp_path: Path) -> None:
     for figure in ("attributions/s", "p99/p50", "unwarmed calls", "padding/real rows", "first request after ready",
                    "IDG-50/50", "Captum IG-50 at its defaults", "torch", "GPU tests"):
         assert figure in table
+    if (ROOT / ".venv" / "bin" / "py-spy").exists():  # the bench extra's; the GPU's comes with the wheels
+        assert "idg-worker: " in table  # who held the GIL in the profiled Lite0 level
     judged = table.split("| target |")[1].split("| stage |")[0].splitlines()
     unmeasured = [line for line in judged if "not measured" in line and not line.startswith("| GPU tests failed")]
     assert not unmeasured, unmeasured  # on a CPU no GPU test runs; every other figure is there
