@@ -2,7 +2,7 @@
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
 #   bash benchmarks/gpu_run.sh check [--dry-run] [--stages NAME...]   (issue #48: everything in one call of <= 8 minutes, one table)
-#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [service-torch-threads] [simulated] [variants] [variants-compile]
+#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [service-torch-threads] [service-mps] [simulated] [variants] [variants-compile]
 #                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval] [quality]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model; quality is issue #31's table, resumable: repeat the step until it says "wrote"). One step per 10-minute device call: each fits, the compile steps only just.
@@ -97,6 +97,26 @@ service-torch-threads)  # the check's Lite0 stage with torch's own default of in
     # 2026-11-27: does one thread per process (the default since) lift the GPU's busy share? Compare with the check's service-lite0
     python3 -m benchmarks.load --label h200-service-lite0-torch-threads-16 --images "$IMAGES" --levels 128 --per-client 12 \
         --client-processes 4 --env "IDG_TORCH_THREADS=$(nproc)" --out "$OUT" 2>&1 | grep "^|\|by thread" | tail -3
+    ;;
+service-mps)  # the check's Lite0 level with the server processes' CUDA work under MPS, a private daemon started and stopped here.
+    # Without MPS the GPU time-slices between the four processes' contexts, one at a time: on the H200 (2026-11-27) their calls
+    # were in flight 83% of the time but kernels ran 61%, and eight processes answered little more than four (281 against 268/s). Compare with the
+    # check's service-lite0 in the same session. Skipped where the driver has no nvidia-cuda-mps-control.
+    if command -v nvidia-cuda-mps-control >/dev/null; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/idg-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/idg-mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if nvidia-cuda-mps-control -d; then
+            trap 'echo quit | nvidia-cuda-mps-control' EXIT
+            python3 -m benchmarks.load --label gpu-service-lite0-mps --images "$IMAGES" --levels 128 --per-client 12 \
+                --client-processes 4 --out "$OUT" 2>&1 | grep "^|\|by thread" | tail -3
+            echo quit | nvidia-cuda-mps-control
+            trap - EXIT
+            tail -5 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null
+        fi
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    else
+        echo "service-mps: this machine's driver has no nvidia-cuda-mps-control" | tee "$OUT/gpu-service-lite0-mps.txt"
+    fi
     ;;
 clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (against step service's 4: is the generator the limit?)
     python3 -m benchmarks.load --label h100-service-lite0-8-client-processes --images "$IMAGES" --levels 128 --per-client 6 \
