@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,27 @@ log = logging.getLogger(__name__)
 VARIANTS = ("eager", "graphs", "compiled", "compiled+graphs")
 
 
+def _variant(args: argparse.Namespace, variant: str, eager: Any, tuned: Callable[[bool], Any], x: Tensor, targets: list[int],
+             device: torch.device) -> tuple[dict[str, Any], Tensor | None]:
+    """One variant's row (its time per attribution and set-up) and its attributions (None: it could not run)."""
+    started = time.perf_counter()
+    model = eager
+    if variant.startswith("compiled"):
+        model = tuned(True)
+        warm_up_compiled(model, int(x.shape[-1]))
+    shapes = graphed_shapes(model, (args.batch_size,), int(x.shape[-1]), device) if "graphs" in variant else None
+    if shapes is not None and not shapes.graphs:
+        return {"variant": variant, "error": "the model could not be captured (see the log)"}, None
+    setup_s = time.perf_counter() - started
+
+    def run() -> Tensor:
+        return idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps, batch_size=args.batch_size,
+                   shapes=shapes).attributions
+
+    seconds = _timed(run, device, args.repeats, warm=True)
+    return {"variant": variant, "ms_per_attribution": 1000 * seconds / len(targets), "setup_s": setup_s}, run().float().flatten(1)
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     models_file = Path(args.models_file) if args.models_file else None
@@ -51,36 +73,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     eager = tuned(False)
     images, targets, _ = sample_batch(eager, args.images, args.count)
     x = images.to(device)
-    size = int(x.shape[-1])
     rows: list[dict[str, Any]] = []
     reference: Tensor | None = None
     for variant in args.variants:
         if "graphs" in variant and device.type != "cuda":
             log.info("%s: no CUDA here, skipped", variant)
             continue
-        started = time.perf_counter()
-        model = eager
-        if variant.startswith("compiled"):
-            model = tuned(True)
-            warm_up_compiled(model, size)
-        shapes = graphed_shapes(model, (args.batch_size,), size, device) if "graphs" in variant else None
-        if shapes is not None and not shapes.graphs:
-            rows.append({"variant": variant, "error": "the model could not be captured (see the log)"})
-            continue
-        setup_s = time.perf_counter() - started
-
-        def run(model: Any = model, shapes: Any = shapes) -> Tensor:
-            return idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps, batch_size=args.batch_size,
-                       shapes=shapes).attributions
-
-        seconds = _timed(run, device, args.repeats, warm=True)
-        got = run().float().flatten(1)
-        reference = got if reference is None else reference
-        cos = cosine_similarity(got, reference)
-        row = {"variant": variant, "ms_per_attribution": 1000 * seconds / len(targets), "setup_s": setup_s,
-               "cosine_to_first_min": float(cos.min()), "cosine_to_first_mean": float(cos.mean())}
-        log.info("%s: %.2f ms per attribution (set-up %.1f s), cosine to %s >= %.4f", variant, row["ms_per_attribution"],
-                 setup_s, rows[0]["variant"] if rows else variant, row["cosine_to_first_min"])
+        try:
+            row, got = _variant(args, variant, eager, tuned, x, targets, device)
+        except torch.cuda.OutOfMemoryError:
+            row, got = {"variant": variant, "error": f"CUDA out of memory at calls of {args.batch_size} rows"}, None
+        finally:  # the variant's model, graphs and their memory pool go before the next one's
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if got is not None:
+            reference = got if reference is None else reference
+            cos = cosine_similarity(got, reference)
+            row |= {"cosine_to_first_min": float(cos.min()), "cosine_to_first_mean": float(cos.mean())}
+            log.info("%s: %.2f ms per attribution (set-up %.1f s), cosine to %s >= %.4f", variant, row["ms_per_attribution"],
+                     row["setup_s"], rows[0]["variant"] if rows else variant, row["cosine_to_first_min"])
         rows.append(row)
     return {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model,
             "weights": args.weights, "precision": args.precision, "channels_last": channels_last, "device": str(device),
