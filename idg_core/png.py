@@ -4,12 +4,19 @@ Why not Pillow: for what the service answers it is faster and, for heatmaps, sma
 docs/results/speed.md). Pillow chooses a row filter by itself, which on a heatmap (a
 few hundred exact colours) costs time and bytes; here the caller names the filter that suits the
 picture. The output is a standard PNG: every reader, Pillow's included, decodes it.
+
+The compression is ISA-L's deflate (the ``isal`` package, a dependency) where it is installed, else zlib's: the same
+zlib stream format at 4-6x the speed on these pictures and sizes within a few percent (measured on the 2-core VM, IDG
+maps of 8 sample photos: a heatmap 0.48 ms and 56 KiB against zlib's 2.1 ms and 53 KiB, an overlay 0.60 ms and 110 KiB
+against 3.7 ms and 112 KiB), and it releases the GIL while it compresses, as zlib does. The PNG is the service's
+largest host cost per answer after decoding the upload.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,8 +24,19 @@ SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FILTER_NONE, FILTER_UP = 0, 2
 """Row filters (PNG spec, section 9): ``NONE`` suits heatmaps, whose colours repeat exactly; ``UP`` (each
 byte minus the one above it) suits photos and overlays (sizes: docs/results/speed.md)."""
-LEVEL = 1
-"""zlib level: higher levels cost more time than they save bytes on these pictures."""
+
+
+def _deflater() -> tuple[str, Callable[[bytes, int], bytes], int]:
+    """The compressor's name, its ``compress(data, level)`` and the level: ISA-L's 2 (as fast as its 1 here, a few percent
+    smaller; its levels are 0-3), or zlib's 1 where isal has no wheel (higher levels cost more time than they save)."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return "zlib", zlib.compress, 1
+    return "isal", isal_zlib.compress, 2
+
+
+DEFLATE, _compress, LEVEL = _deflater()
 _COLOUR_TYPE = {1: 0, 3: 2}  # channels -> PNG colour type (grey, RGB)
 
 
@@ -44,4 +62,4 @@ def encode_png(array: np.ndarray, row_filter: int = FILTER_NONE) -> bytes:
     if row_filter == FILTER_UP and height > 1:
         np.subtract(rows[1:], rows[:-1], out=raw[1:, 1:])  # modulo 256, as the spec wants; the first row has nothing above
     header = struct.pack(">IIBBBBB", width, height, 8, _COLOUR_TYPE[channels], 0, 0, 0)
-    return SIGNATURE + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(raw.tobytes(), LEVEL)) + _chunk(b"IEND", b"")
+    return SIGNATURE + _chunk(b"IHDR", header) + _chunk(b"IDAT", _compress(raw.tobytes(), LEVEL)) + _chunk(b"IEND", b"")

@@ -49,3 +49,18 @@ def test_repeated_colours_compress() -> None:
 def test_what_it_cannot_write_is_refused(pixels: np.ndarray, row_filter: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         encode_png(pixels, row_filter)
+
+
+def test_without_isal_the_writer_falls_back_to_zlib_and_writes_the_same_pixels(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from idg_core import png
+
+    assert png.DEFLATE == "isal"  # a dependency: the service's installs have it
+    monkeypatch.setitem(sys.modules, "isal", None)  # as on a platform without its wheel: the import fails
+    name, compress, level = png._deflater()
+    assert (name, level) == ("zlib", 1)
+    monkeypatch.setattr(png, "_compress", compress)
+    monkeypatch.setattr(png, "LEVEL", level)
+    pixels = np.random.default_rng(0).integers(0, 256, size=(31, 17, 3), dtype=np.uint8)
+    assert np.array_equal(np.asarray(_read(encode_png(pixels, FILTER_UP))), pixels)
