@@ -189,10 +189,11 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
     return [  # the headline first; the GPU tests last (their compiled test is the slowest to start)
         Stage("library-resnet101-auto", [*library, "--label", "check-library-auto"], limit(60)),
         Stage("library-resnet101-bf16", [*library, "--label", "check-library-bf16", "--precision", "bf16"], limit(60)),
-        # Lite0's level twice: the first is the headline; the second runs under py-spy --gil (it comes with the wheels), to
-        # show which threads and functions hold each process's GIL while the GPU waits
+        # Lite0's level twice: the first is the headline; the second runs under py-spy (it comes with the wheels) sampling
+        # every thread while it runs, so the table shows where each process's CPU went while the GPU waited: holding the
+        # GIL, or outside it (decode, render, a CUDA synchronisation spinning)
         Stage("service-lite0", [*load(2), "--profile", "--label", "check-service-lite0", "--serial", str(serial)],
-              limit(220)),
+              limit(220), env={"IDG_BENCH_PROFILE": "cpu"}),
         Stage("service-resnet101-bf16", [*load(), "--label", "check-service-resnet101-bf16", *resnet("bf16")], limit(80)),
         Stage("service-resnet101-auto", [*load(), "--label", "check-service-resnet101-auto", *resnet("auto")], limit(80)),
         Stage("library-paper-speed", [*paper, "--label", "check-paper-speed"], limit(100)),
@@ -242,7 +243,7 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
             rows.append(f"| first request after ready vs the next {serial} (Lite0) | first {_f(first and first.get('p50_s'), '.3f')} s, "
                         f"the next {serial}: p50 {_f(nxt and nxt.get('p50_s'), '.3f')} s, p99 {_f(nxt and nxt.get('p99_s'), '.3f')} s |")
             gil = data.get("meta", {}).get("gil_profile") or []
-            rows.append(f"| who held each process's GIL (Lite0, a second {clients}-client level under py-spy --gil) | "
+            rows.append(f"| where the server's CPU went by thread (Lite0, a second {clients}-client level under py-spy) | "
                         + ("; ".join(line.split("; ")[0] for line in gil) or "not measured (no py-spy)") + " |")
             unwarmed = sum(float(r.get("unwarmed_calls") or 0) for r in data["rows"])
             targets += [Target("Lite0 service: attributions/s at 128 clients", level["throughput_per_s"], ">=", 300),

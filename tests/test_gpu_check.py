@@ -64,7 +64,7 @@ def test_summarise_judges_each_promise_from_the_stages_reports(tmp_path: Path) -
     assert figures["gpu_tests"] == {"passed": 17, "deselected": 30}
     table = render(["- GPU: none"], [tests], rows, targets, dry_run=False, total_s=1.0)
     assert "310.0 attributions/s" in table and "compiled+graphs 11.5 ms" in table
-    assert "py-spy --gil) | MainThread: 40% of samples; idg-worker: 35% of samples |" in table
+    assert "under py-spy) | MainThread: 40% of samples; idg-worker: 35% of samples |" in table
     assert "| ResNet-101 bf16 service: attributions/s at 128 clients | 140 | >= 150 | **missed** |" in table
 
 
@@ -84,7 +84,7 @@ def test_the_dry_run_prints_every_figure_of_the_table(tmp_path: Path) -> None:
                    "IDG-50/50", "Captum IG-50 at its defaults", "torch", "GPU tests"):
         assert figure in table
     if (ROOT / ".venv" / "bin" / "py-spy").exists():  # the bench extra's; the GPU's comes with the wheels
-        assert "idg-worker: " in table  # who held the GIL in the profiled Lite0 level
+        assert "idg-worker: " in table  # where the CPU went in the profiled Lite0 level
     judged = table.split("| target |")[1].split("| stage |")[0].splitlines()
     unmeasured = [line for line in judged if "not measured" in line and not line.startswith("| GPU tests failed")]
     assert not unmeasured, unmeasured  # on a CPU no GPU test runs; every other figure is there
