@@ -2,7 +2,7 @@
 # The GPU part of the benchmarks, as run on a lent H100 (no network there): wheels from .whl/,
 # sample images from shared/data/ inside the checkout, results into $OUT (or results/).
 #   bash benchmarks/gpu_run.sh check [--dry-run] [--stages NAME...]   (issue #48: everything in one call of <= 8 minutes, one table)
-#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [service-torch-threads] [service-mps] [paper-speed-rows] [simulated] [variants] [variants-compile]
+#   bash benchmarks/gpu_run.sh [tests] [service] [service-resnet101] [service-ab] [service-processes] [service-threads] [service-torch-threads] [service-mps] [paper-speed-rows] [paper-speed-cudnn] [simulated] [variants] [variants-compile]
 #                              [variants-lite12] [variants-pic] [resnet101] [resnet101-compile] [lite0] [host] [eval] [quality]
 # (default: tests variants resnet101 lite0 host; eval is EfficientNet-Lite2 over the 65 samples, bounded by EVAL_TIMEOUT;
 # EVAL_MODEL picks another model; quality is issue #31's table, resumable: repeat the step until it says "wrote"). One step per 10-minute device call: each fits, the compile steps only just.
@@ -125,6 +125,11 @@ paper-speed-rows)  # the 12 ms target (IDG-50/50 ResNet-101 bf16) at larger call
         timeout "${PAPER_TIMEOUT:-200}" python3 -m benchmarks.paper_speed --batch-size "$rows" --variants eager compiled+graphs \
             --images "$IMAGES" --label "gpu-paper-speed-$rows-rows" --out "$OUT" 2>&1 | grep "^|"
     done
+    ;;
+paper-speed-cudnn)  # the same target at the check's 128 rows with cuDNN's own timing of its kernels (cudnn.benchmark: one shape
+    # here, so seconds, not the minutes Lite0's many sizes took): its heuristics may not pick ResNet-101's fastest bf16 kernels
+    timeout "${PAPER_TIMEOUT:-200}" python3 -m benchmarks.paper_speed --cudnn-benchmark --variants eager compiled+graphs \
+        --images "$IMAGES" --label gpu-paper-speed-cudnn-benchmark --out "$OUT" 2>&1 | grep "^|"
     ;;
 clients8)  # the Lite0 default service at 128 clients from 8 load-generating processes (against step service's 4: is the generator the limit?)
     python3 -m benchmarks.load --label h100-service-lite0-8-client-processes --images "$IMAGES" --levels 128 --per-client 6 \

@@ -104,7 +104,8 @@ def render(data: dict[str, Any]) -> str:
     lines = [f"# IDG-{data['probe_steps']}/{data['steps']} per attribution: `{data['label']}`", "",
              f"Measured {data['date']} on: {m.get('gpu', m.get('cpu'))} ({m['platform']}, Python {m['python']}, torch {m['torch']}).", "",
              f"Model {data['model']} ({data['weights']} weights), {data['device']}, {data['precision']}, channels-last "
-             f"{data['channels_last']}, batch norm folded; {data['images']} images, calls of {data['batch_size']} rows; best of "
+             f"{data['channels_last']}, batch norm folded, cuDNN benchmark {data.get('cudnn_benchmark', False)}; {data['images']} images, "
+             f"calls of {data['batch_size']} rows; best of "
              f"{data['repeats']} after one warm run; every variant in the same process on the same images.", "",
              "| variant | ms per attribution | set-up s (compile, capture) | cosine to the first row, min / mean |",
              "|---|---|---|---|"]
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="torch.backends.cudnn.benchmark: cuDNN times its kernels for each shape (one call size here: seconds)")
     ap.add_argument("--label", default="paper-speed")
     ap.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     ap.add_argument("--dry-run", action="store_true", help="on the CPU with a light CNN, few points: the script, not a figure")
@@ -145,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         args.model, args.weights, args.device, args.precision = light_cnn(folder), "default", "cpu", "fp32"
         args.models_file = str(folder / "models.toml")
         args.count, args.batch_size, args.steps, args.probe_steps, args.repeats = 4, 16, 8, 8, 1
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     data = measure(args)
+    data["cudnn_benchmark"] = args.cudnn_benchmark
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps(data, indent=2))
     (args.out / f"{args.label}.md").write_text(render(data))
