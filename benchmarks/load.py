@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--simulated-ms", type=float, default=None, help="serve a tiny CNN on a simulated device: ms per call")
     ap.add_argument("--client-processes", type=int, default=1,
                     help="load-generating processes (one costs ~0.5 ms of CPU per request: benchmarks/raw_http.py)")
-    ap.add_argument("--profile", action="store_true", help="py-spy --gil on the server during the last level (if installed)")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy on the server during the last level, if installed: --gil, or as IDG_BENCH_PROFILE says (idle, cpu)")
     ap.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     args = ap.parse_args(argv)
     profile = args.out / f"{args.label}-gil.txt" if args.profile else None

@@ -16,6 +16,7 @@ shows. Writes ``<out>/<label>.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import time
@@ -74,29 +75,41 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     images, targets, _ = sample_batch(eager, args.images, args.count)
     x = images.to(device)
     rows: list[dict[str, Any]] = []
-    reference: Tensor | None = None
+    reference: tuple[str, Tensor] | None = None  # the first variant that ran (eager when it did): what the cosines compare with
     for variant in args.variants:
         if "graphs" in variant and device.type != "cuda":
             log.info("%s: no CUDA here, skipped", variant)
             continue
         try:
             row, got = _variant(args, variant, eager, tuned, x, targets, device)
-        except torch.cuda.OutOfMemoryError:
+        except Exception as err:  # noqa: BLE001 - an out-of-memory size is a row of the table, anything else an error
+            if not _out_of_memory(err):
+                raise
             row, got = {"variant": variant, "error": f"CUDA out of memory at calls of {args.batch_size} rows"}, None
-        finally:  # the variant's model, graphs and their memory pool go before the next one's
+        finally:  # the variant's model, graphs and their memory pool go before the next one's (a compiled model holds a cycle)
+            gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         if got is not None:
-            reference = got if reference is None else reference
-            cos = cosine_similarity(got, reference)
+            reference = reference or (variant, got)
+            cos = cosine_similarity(got, reference[1])
             row |= {"cosine_to_first_min": float(cos.min()), "cosine_to_first_mean": float(cos.mean())}
             log.info("%s: %.2f ms per attribution (set-up %.1f s), cosine to %s >= %.4f", variant, row["ms_per_attribution"],
-                     row["setup_s"], rows[0]["variant"] if rows else variant, row["cosine_to_first_min"])
+                     row["setup_s"], reference[0], row["cosine_to_first_min"])
         rows.append(row)
     return {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model,
             "weights": args.weights, "precision": args.precision, "channels_last": channels_last, "device": str(device),
             "images": len(targets), "batch_size": args.batch_size, "steps": args.steps, "probe_steps": args.probe_steps,
-            "repeats": args.repeats, "rows": rows}
+            "repeats": args.repeats, "cosine_reference": reference[0] if reference else None, "rows": rows}
+
+
+def _out_of_memory(err: BaseException | None) -> bool:
+    """Whether ``err`` is CUDA running out of memory, or wraps it (inductor re-raises a compile's errors as its own)."""
+    while err is not None:
+        if isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower():
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def render(data: dict[str, Any]) -> str:
@@ -107,7 +120,8 @@ def render(data: dict[str, Any]) -> str:
              f"{data['channels_last']}, batch norm folded, cuDNN benchmark {data.get('cudnn_benchmark', False)}; {data['images']} images, "
              f"calls of {data['batch_size']} rows; best of "
              f"{data['repeats']} after one warm run; every variant in the same process on the same images.", "",
-             "| variant | ms per attribution | set-up s (compile, capture) | cosine to the first row, min / mean |",
+             f"| variant | ms per attribution | set-up s (compile, capture) | cosine to {data.get('cosine_reference') or 'the first row'}, "
+             "min / mean |",
              "|---|---|---|---|"]
     for r in data["rows"]:
         if "error" in r:

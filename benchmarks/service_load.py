@@ -348,8 +348,8 @@ def _rows(text: str) -> tuple[float, float]:
 
 
 def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
-    """py-spy sampling the server's threads while they hold the GIL (what serialises the host), raw stacks
-    into ``out``; None without py-spy."""
+    """py-spy sampling the server's threads (all its processes), raw stacks into ``out``; None without py-spy. By default
+    while they hold the GIL (what serialises the host); ``IDG_BENCH_PROFILE=idle`` waits too, ``cpu`` every running thread."""
     exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if exe is None:
         log.warning("py-spy not found: no GIL profile")
@@ -364,7 +364,8 @@ def _py_spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
 
 
 def gil_profile_summary(raw: Path, top: int = 8) -> list[str]:
-    """The threads and leaf functions that held the GIL most, from py-spy's raw output."""
+    """The threads (by name, summed over the server's processes) and their leaf functions with the most samples, from
+    py-spy's raw output: who held the GIL most under ``--gil``, where the CPU went without it."""
     by_thread: Counter[str] = Counter()
     leaves: dict[str, Counter[str]] = {}
     for line in raw.read_text().splitlines():

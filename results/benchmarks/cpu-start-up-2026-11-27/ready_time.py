@@ -24,8 +24,11 @@ def main() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "app.server", "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     port_open = None
+    deadline = started + 300
     try:
         while True:
+            if proc.poll() is not None or time.perf_counter() > deadline:
+                raise SystemExit(f"the server exited (code {proc.returncode}) or was not ready within 300 s")
             try:
                 answer = httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1)
                 port_open = port_open or time.perf_counter() - started
