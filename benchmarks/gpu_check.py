@@ -175,7 +175,7 @@ def stages(work: Path, images: Path, dry_run: bool, clients: int, per_client: in
                    "--peak-tflops", os.environ.get("PEAK_BF16_TFLOPS", "989"), "--out", out]
         sim = []
         service_extra = ["--client-processes", "4"]
-        # IDG-50/50 the ways the library can run ResNet-101 bf16 (eager is library-resnet101-bf16's): CUDA graphs, and compiled with them
+        # IDG-50/50 the ways the library can run ResNet-101 bf16: eager (the cosines' reference), CUDA graphs, compiled with them
         paper = [py, "-m", "benchmarks.paper_speed", "--variants", "eager", "graphs", "compiled+graphs", "--images", str(images),
                  "--out", out]
 
@@ -286,8 +286,9 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
     measured = [r for r in (paper or {}).get("rows", []) if "ms_per_attribution" in r]
     if measured:
         rows.append(f"| library, IDG-50/50 by how the model runs ({paper['model']} {paper['precision']}, {paper['images']} images) | "  # type: ignore[index]
-                    + ", ".join(f"{r['variant']} {r['ms_per_attribution']:.1f} ms (set-up {r['setup_s']:.0f} s, cosine to eager "
-                                f">= {r['cosine_to_first_min']:.3f})" for r in measured) + " |")
+                    + ", ".join(f"{r['variant']} {r['ms_per_attribution']:.1f} ms (set-up {r['setup_s']:.0f} s, cosine to "
+                                f"{paper.get('cosine_reference') or 'the first'} >= {r['cosine_to_first_min']:.3f})"  # type: ignore[union-attr]
+                                for r in measured) + " |")
         best = min(measured, key=lambda r: r["ms_per_attribution"])
         targets.append(Target(f"library, IDG-50/50 at its fastest ({best['variant']}; `shapes=graphed_shapes(...)`, IDG_COMPILE)",
                               best["ms_per_attribution"], "<=", 12, " ms"))

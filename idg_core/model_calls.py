@@ -1,5 +1,5 @@
 """The model calls: every method's points go through here (:func:`evaluate_queries`, :func:`run_plans`, and
-the service's worker through :func:`prepare_call` / :func:`run_call` / :func:`book_call`). Named apart from
+the service's worker through :func:`prepare_call` / :func:`run_prepared` / :func:`book_call`). Named apart from
 :mod:`idg_core.evaluation`, the benchmark tool.
 
 Points of all queries (of all images, targets and methods) are chunked together into model calls
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -133,6 +133,17 @@ def prepare_call(queries: Sequence[Query], chunk: list[tuple[int, int, int]], gr
     return PreparedCall(inputs, RowSelect.of(queries, chunk, inputs.device), grad, chunk)
 
 
+def run_prepared(model: Model, call: PreparedCall, graphs: Mapping[tuple[int, bool], Any] | None = None,
+                 ) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`run_call` on a prepared call, or the replay of its (size, kind)'s CUDA graph where ``graphs`` holds one
+    (:mod:`idg_core.cuda_graphs`: the same outputs)."""
+    graph = (graphs or {}).get((call.size, call.grad))
+    if graph is not None:
+        out: tuple[Tensor, Tensor | None, Tensor] = graph.run(call.inputs, call.rows)
+        return out
+    return run_call(model, call.inputs, call.rows, call.grad)
+
+
 def book_call(call: PreparedCall, queries: Sequence[Query], answers: list[Answer | None],
               out: tuple[Tensor, Tensor | None, Tensor]) -> None:
     """Store a call's outputs (from :func:`run_call`) into the answers of its queries (None: not booked yet).
@@ -224,8 +235,7 @@ def evaluate_queries(
         index = [i for i, q in enumerate(queries) if q.grad == grad and q.n > 0]
         for chunk in _chunks(queries, index, batch_size, skip):
             call = prepare_call(queries, chunk, grad, shapes)
-            graph = shapes.graphs.get((call.size, grad)) if shapes is not None else None
-            out = graph.run(call.inputs, call.rows) if graph is not None else run_call(model, call.inputs, call.rows, grad)
+            out = run_prepared(model, call, shapes.graphs if shapes is not None else None)
             if stats is not None:
                 stats.record(call.size, grad)
             if shapes is not None:

@@ -2,7 +2,7 @@
 can prepare call k+1 and book call k while call k runs.
 
 The worker thread gathers a call's inputs (:func:`idg_core.model_calls.prepare_call`) and hands it to
-:meth:`DeviceStage.submit`; this stage's thread runs it (:func:`idg_core.model_calls.run_call`) and marks it
+:meth:`DeviceStage.submit`; this stage's thread runs it (:func:`idg_core.model_calls.run_prepared`) and marks it
 done; the worker books the outputs into its jobs (:meth:`DeviceStage.wait`) while the next call runs.
 At most ``depth`` calls are handed over at once (one running, the rest queued), so the device never
 waits for the host as long as the host prepares a call faster than the device runs one.
@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from idg_core.model_calls import PreparedCall, run_call
+from idg_core.model_calls import PreparedCall, run_prepared
 from idg_core.types import Model
 from idg_serving.simulated import SimulatedAccelerator
 
@@ -325,7 +325,7 @@ class DeviceStage:
         sim = getattr(call.model, "net", None)
         if isinstance(sim, SimulatedAccelerator) and sim.stream:
             before = sim.thread_busy_s  # this thread's own bookings: a call launched meanwhile on another is not this one's
-            call.out = run_call(call.model, p.inputs, p.rows, p.grad)
+            call.out = run_prepared(call.model, p)
             call._end, call.device_seconds, call.idle_before = sim.end_event(), sim.thread_busy_s - before, sim.idle_before
             call.idle_ended = sim.booked_at  # when the call was booked on the device's timeline (as its launch began)
             return True
@@ -333,7 +333,7 @@ class DeviceStage:
             if self._last_end is not None and call.started is not None:
                 call.idle_before = max(0.0, call.started - self._last_end)
             try:
-                call.out = run_call(call.model, p.inputs, p.rows, p.grad)
+                call.out = run_prepared(call.model, p)
             finally:
                 self._last_end = time.monotonic()
             return False
@@ -347,8 +347,7 @@ class DeviceStage:
             # synchronize spins a host core for the whole call (a core per server process, taken from decode and render)
             call._start, call._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True, blocking=True)
             call._start.record(stream)
-            graph = (call.graphs or {}).get((p.size, p.grad))
-            call.out = graph.run(p.inputs, p.rows) if graph is not None else run_call(call.model, p.inputs, p.rows, p.grad)
+            call.out = run_prepared(call.model, p, call.graphs)
             call._end.record(stream)
             call._prev_end, self._last_cuda_end = self._last_cuda_end, call._end
         return True
