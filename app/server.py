@@ -57,6 +57,7 @@ CLOSE_S = 2  # after the drain: how long uvicorn waits for answers still being w
 EXIT_MARGIN_S = 4.5  # the watchdog's bound past the grace (the promise is grace + 5 s)
 WATCHDOG_EXIT_CODE = 3
 BODY_BACKSTOP_S = 2.0  # past IDG_BODY_TIMEOUT_S, the protocol closes a body nobody reads
+LISTEN_POLL_S = 0.05  # a server process waiting for the port to open (another of its processes ready) looks this often
 LINGER_S = 2.0  # after a 408: how long bytes still arriving are read and dropped before the close
 
 
@@ -178,6 +179,9 @@ class Server(uvicorn.Server):
         """Called once the app is ready and the sockets accept (a supervisor's child reports it)."""
         self.serve_early = True
         """Whether the sockets answer while the app starts (:meth:`_serve_early`); not where another process serves."""
+        self.listen_when: Callable[[], bool] | None = None
+        """Without :attr:`serve_early`: the sockets accept only once the app is ready and this says so (the port is
+        open: another server process of the port is ready), polled every :data:`LISTEN_POLL_S`."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start-up (the app's lifespan: models load and warm up, then the sockets accept for good), with the
@@ -186,6 +190,8 @@ class Server(uvicorn.Server):
         if sockets is None and self.config.uds is None and self.config.fd is None:
             sockets = [self.config.bind_socket()]  # uvicorn's own bind, and its "Uvicorn running on" line, now
         early = await self._serve_early(sockets or []) if self.serve_early else []
+        if not self.serve_early and self.listen_when is not None:
+            self._listen_when_open(self.listen_when)
         try:
             await super().startup(sockets)
         finally:
@@ -196,6 +202,19 @@ class Server(uvicorn.Server):
             logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (one of several server processes)", host, port)
         if self.started and self.on_started is not None:
             self.on_started()
+
+    def _listen_when_open(self, is_open: Callable[[], bool]) -> None:
+        """After the app's lifespan has started it (models loaded, warm), wait for ``is_open`` before uvicorn listens."""
+        lifespan_startup = self.lifespan.startup
+
+        async def startup() -> None:
+            await lifespan_startup()
+            if not is_open() and not self.lifespan.should_exit:
+                log.info("ready: listening once another server process of the port is ready")
+            while not is_open() and not self.lifespan.should_exit and not self.should_exit:
+                await asyncio.sleep(LISTEN_POLL_S)
+
+        self.lifespan.startup = startup
 
     async def _serve_early(self, sockets: list[socket.socket]) -> list[asyncio.Server]:
         """Serve the app on ``sockets`` while its lifespan starts it: ``/metrics`` answers (``idg_ready`` 0),
@@ -278,7 +297,8 @@ def _configure_logging(fmt: str = "text") -> None:
     logging.getLogger("uvicorn.error").addFilter(StartupErrorFilter())
 
 
-def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event) -> None:
+def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event,
+                opened: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on this process's socket of the port."""
     _configure_logging(Settings().log_format)
     app = load_app(spec)
@@ -291,9 +311,11 @@ def serve_child(spec: str, host: str | None, port: int | None, log_level: str, s
         except (OSError, RuntimeError) as err:
             log.warning("could not report this process's GPU memory to the launcher: %s", err)
         ready.set()
+        opened.set()  # the port is open: the processes waiting for it listen
 
     server.on_started = started
     server.serve_early = os.environ.get(SERVE_EARLY) != "0"
+    server.listen_when = opened.is_set
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
 

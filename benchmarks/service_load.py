@@ -371,8 +371,9 @@ def gil_profile_summary(raw: Path, top: int = 8) -> list[str]:
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if frames[0].startswith("process ") and len(frames) > 1:  # --subprocesses: the process, then the thread
-            frames = frames[1:]
+        # --subprocesses: the launcher's process, the server process's (its command line may hold ";"), then the thread
+        at = next((i for i, frame in enumerate(frames) if frame.startswith("thread (")), 0)
+        frames = frames[at:]
         thread = frames[0].split(": ", 1)[-1]
         by_thread[thread] += int(count)
         leaves.setdefault(thread, Counter())[frames[-1]] += int(count)

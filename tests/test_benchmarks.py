@@ -278,3 +278,22 @@ def test_the_load_generators_client_processes_start_without_importing_torch() ->
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.stdout.strip() == "[]"
+
+
+def test_the_profile_summary_names_threads_across_server_processes(tmp_path: Path) -> None:
+    """py-spy --subprocesses --threads writes the launcher's process, the server process's (whose command line holds
+    ';'), then the thread: the summary sums each thread name over the processes (the GPU check had tabled processes)."""
+    from benchmarks.service_load import gil_profile_summary
+
+    child = 'process {pid}:"python -B -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4) --multiprocessing-fork"'
+    lines = []
+    for pid in (11, 12):
+        head = f'process 10:"python -m app.server";{child.format(pid=pid)}'
+        lines += [f"{head};thread ({pid}1): idg-worker;Thread.run (threading.py:1);plan (idg_core/x.py:3) 30",
+                  f"{head};thread ({pid}2): MainThread;run (asyncio.py:9);render (app/png.py:2) 20"]
+    raw = tmp_path / "raw.txt"
+    raw.write_text("\n".join(lines) + "\n")
+    summary = gil_profile_summary(raw)
+    assert summary[0].startswith("idg-worker: 60% of samples; plan 60.0%")
+    assert summary[1].startswith("MainThread: 40% of samples; render 40.0%")
+    assert len(summary) == 2

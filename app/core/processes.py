@@ -5,9 +5,11 @@ Python run under one GIL, milliseconds of CPU per attribution, so a process cann
 faster than that (measured: docs/results/speed.md). With ``IDG_PROCESSES=N`` the launcher starts N server processes
 on the port (spawned, as uvicorn's ``--workers`` does), each with a socket of its own there (``SO_REUSEPORT``), so
 the kernel spreads new connections evenly over them. Each loads its own copy of the models onto the same device,
-warms it and batches its own requests; the device runs their calls one after another. Those started together answer
-from the start (``/metrics`` and ``/health`` while they load, a JSON 503 for work); one started while another serves
-(a replacement, auto's extras) accepts connections only once it is warm, so no client meets its start-up.
+warms it and batches its own requests; the device runs their calls one after another. Of those started together the
+first answers from the start (``/metrics`` and ``/health`` while they load, a JSON 503 for work); every other accepts
+connections only once it is warm and the port is open (a process there is ready), so once ``/health/ready`` says 200 no
+client meets a process still starting (on a GPU the second had listened first and answered 503 ``not_ready`` after the
+first said ready). One started while another serves (a replacement, auto's extras) listens once it is warm.
 
 The launcher (this module, in the parent process):
 
@@ -214,6 +216,8 @@ class Child:
     ready: Event
     sock: socket.socket
     """Its listening socket on the port (its own: a replacement gets a new one)."""
+    serves_early: bool = False
+    """Whether it answers while it starts (the port's first); the others listen once warm and the port open."""
 
 
 PR_SET_PDEATHSIG = 1
@@ -234,17 +238,18 @@ def die_with_parent() -> None:
 
 
 SERVE_EARLY = "IDG_SERVE_EARLY"
-"""Set by the launcher for each server process it starts: "0" where another already serves (see ``Supervisor._start``)."""
+"""Set by the launcher for each server process it starts: "1" for the one that answers while the port starts, "0" for
+the others, which listen only once they are warm and the port is open (see ``Supervisor._start``)."""
 
 
-def child_main(target: Target, sock: socket.socket, ready: Event) -> None:
+def child_main(target: Target, sock: socket.socket, ready: Event, opened: Event) -> None:
     """A server process's first steps, before the app's imports: die with the launcher, say it is not ready (so
     ``idg_ready`` is 0 until it is), then run the target."""
     die_with_parent()
     not_ready_yet()
     spec, args = target
     module, _, name = spec.partition(":")
-    getattr(importlib.import_module(module), name)(*args, sock, ready)
+    getattr(importlib.import_module(module), name)(*args, sock, ready, opened)
 
 
 def bind(host: str, port: int, count: int) -> list[socket.socket]:
@@ -291,18 +296,21 @@ class Supervisor:
         self.children: list[Child] = []
         self._stop = threading.Event()
         self._context = multiprocessing.get_context("spawn")
+        self.opened = self._context.Event()
+        """Set by the first process to be ready: the port is open; the others listen only once it is set."""
         self.exit_code = 0
 
     def _start(self, index: int, sock: socket.socket) -> Child:
-        # a process started while another serves (a replacement, auto's extras) listens only once ready, so no client
-        # meets its start-up; the first ones answer from the start (/metrics, /health: app.server.Server.startup)
-        serving = any(c.ready.is_set() and c.process.is_alive() for c in self.children)
+        # one process answers while the port starts (/metrics, /health: app.server.Server.startup); every other, and one
+        # started while another serves (a replacement, auto's extras), listens only once warm and the port open, so no
+        # client meets its start-up
+        serving = any(c.process.is_alive() and (c.ready.is_set() or c.serves_early) for c in self.children)
         os.environ[SERVE_EARLY] = "0" if serving else "1"  # read by the spawned child
         ready = self._context.Event()
-        process = self._context.Process(target=child_main, args=(self.target, sock, ready), name=f"idg-server-{index}")
+        process = self._context.Process(target=child_main, args=(self.target, sock, ready, self.opened), name=f"idg-server-{index}")
         process.start()
         log.info("server process %d: pid %s", index, process.pid)
-        return Child(index, process, ready, sock)
+        return Child(index, process, ready, sock, serves_early=not serving)
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         self._stop.set()
@@ -311,7 +319,8 @@ class Supervisor:
         """Start the processes, keep them running until SIGTERM/SIGINT, stop them; the exit code."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.children = [self._start(i, self.socks[i]) for i in range(1 if self.staged is not None else self.count)]
+            for i in range(1 if self.staged is not None else self.count):
+                self.children.append(self._start(i, self.socks[i]))
             while not self._stop.wait(POLL_S):
                 self._replace_dead()
                 if self.staged is not None and not self._stop.is_set() and self.children[0].ready.is_set():

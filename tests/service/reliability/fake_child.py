@@ -17,7 +17,7 @@ from app.core.processes import DeviceMemory, save_memory_report
 
 
 def serve(report: tuple[int, int, int] | None, fail: tuple[int, ...], die_once: tuple[int, ...], marks: str,
-          sock: socket.socket, ready: Event) -> None:
+          sock: socket.socket, ready: Event, opened: Event) -> None:
     """``report``: (peak reserved, free, total) bytes to report, or None to report nothing (a CPU process). The processes
     whose index is in ``fail`` exit with code 1 before they are ready (as one the GPU cannot hold); those in ``die_once``
     exit with code 3 a moment after they are ready, the first time only (a file in ``marks`` remembers), as a crash
@@ -33,6 +33,7 @@ def serve(report: tuple[int, int, int] | None, fail: tuple[int, ...], die_once: 
     mine.with_suffix(".tmp").write_text(f"{index} {os.fstat(sock.fileno()).st_ino} {on_host}")
     mine.with_suffix(".tmp").replace(mine)  # whole: the test reads it while the others start
     ready.set()
+    opened.set()
     mark = Path(marks) / f"died-{index}"
     if index in die_once and not mark.exists():
         mark.write_text("")

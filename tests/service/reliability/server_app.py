@@ -9,6 +9,7 @@ beside the tiny model.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import re
 import subprocess
@@ -33,13 +34,15 @@ APP = "tests.service.reliability.server_app:make_app"
 
 def make_app() -> FastAPI:
     """The app ``app.server --app`` loads in the child process. With ``IDG_TEST_HOLD_START`` (a path), its start-up
-    (the lifespan, where a real model loads) waits while that file exists: a process that takes its time to come up."""
+    (the lifespan, where a real model loads) waits while that file exists: a process that takes its time to come up;
+    with ``IDG_TEST_HOLD_PROCESS`` too, only the server process of that index (``idg-server-N``) waits."""
     if os.environ.get("IDG_TEST_MODEL") == "steer":
         app = create_app(Settings(models=["steer", "tiny"]), models={"steer": steerable_classifier(), "tiny": tiny_classifier()})
     else:
         app = create_app(Settings(models=["tiny"]), models={"tiny": tiny_classifier(float(os.environ.get("IDG_TEST_DELAY_S", "0")))})
     hold = os.environ.get("IDG_TEST_HOLD_START")
-    if hold:
+    index = os.environ.get("IDG_TEST_HOLD_PROCESS")
+    if hold and (index is None or multiprocessing.current_process().name == f"idg-server-{index}"):
         inner = app.router.lifespan_context
 
         @asynccontextmanager
@@ -84,7 +87,9 @@ def serve_process(log_path: Path, wait_ready: bool = True, **settings: object) -
         port, deadline = 0, time.monotonic() + 90
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"the server died:\n{log_path.read_text()}"
-            found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", log_path.read_text(errors="replace"))
+            # one process says where it listens; several, the launcher (before any listens)
+            found = re.search(r"(?:Uvicorn running on http://|server processes on )127\.0\.0\.1:(\d+)",
+                              log_path.read_text(errors="replace"))
             if found:
                 port = int(found.group(1))
                 if not wait_ready:

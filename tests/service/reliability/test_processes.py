@@ -198,6 +198,37 @@ def test_a_process_that_cannot_start_stops_the_launcher_with_its_reason(tmp_path
     assert proc.stderr.count("server process 0: pid") == 1  # not restarted
 
 
+@pytest.mark.parametrize("slow", [0, 1])
+def test_processes_started_together_take_no_work_before_the_port_is_ready(tmp_path: Path, slow: int) -> None:
+    """IDG_PROCESSES=2, one process held in its start-up: until the port says ready every request is a 503 from the one
+    process that answers while the port starts (never an answer from a ready process beside a 503 from one still
+    starting, which had passed a CUDA host's /health/ready); the first process ready opens the port, and the other
+    listens only once it is warm too. ``slow``: which process is held (0: the one that answers early)."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    with serve_process(tmp_path / "server.log", wait_ready=False, IDG_PROCESSES=2, IDG_TEST_HOLD_START=hold,
+                       IDG_TEST_HOLD_PROCESS=slow) as served:
+        deadline = time.monotonic() + 60
+        while served.log().count("ready: tiny on cpu") < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen: dict[int, set[str]] = {}
+        for _ in range(16):  # a new connection each, so the kernel would spread them over both processes' sockets
+            r = _predict(served)
+            seen.setdefault(r.status_code, set()).add(r.headers.get("x-idg-replica", ""))
+        if slow == 0:  # the early process is held: the ready one waits for it, the port answers "starting"
+            assert set(seen) == {503}, seen
+            assert httpx.get(served.url + "/health/ready", timeout=10).status_code == 503
+            assert "listening once another server process of the port is ready" in served.log()
+        else:  # the early process is ready and serves; the held one has not listened
+            assert set(seen) == {200} and len(seen[200]) == 1, seen
+        hold.unlink()
+        pids = _replica_pids(served, 2)
+        for _ in range(16):
+            r = _predict(served)
+            assert r.status_code == 200, r.text
+        assert len(pids) == 2
+
+
 def test_idg_ready_is_0_while_one_process_has_started_and_is_not_ready(tmp_path: Path) -> None:
     """What a scrape reads during a start or a restart: the process still loading has said it is not ready. Each
     process here is a Python of its own (the values are kept per pid), writing into one metrics directory."""
