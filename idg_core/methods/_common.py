@@ -8,6 +8,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+import torch
 from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
@@ -148,5 +149,6 @@ def adaptive_samples(
     them. Returns ``(alphas, weights, probe_alphas, probe_values)``."""
     pa = probe_alphas(probe_steps)
     (probe,) = yield [Query.path(baseline, diff, pa, target, grad=False, output=output, label="probe")]
-    alphas, weights = place_samples(allocate_samples(probe.values, steps), probe_steps, placement)
-    return alphas, weights, pa, probe.values.detach().cpu().double()
+    values = probe.values.detach().to("cpu", torch.float64)  # on a GPU the probe's one wait for the device
+    alphas, weights = place_samples(allocate_samples(values, steps), probe_steps, placement)
+    return alphas, weights, pa, values

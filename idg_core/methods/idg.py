@@ -13,7 +13,7 @@ from idg_core.budget import WorkBound
 from idg_core.methods._common import Method, adaptive_samples, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.paths import PLACEMENTS
-from idg_core.types import AttributionResult, Output, Plan, Query
+from idg_core.types import AttributionResult, Output, Plan, Query, to_device
 
 IMPORTANCE = ("finite_difference", "exact")
 FAST = {"probe_steps": 8, "steps": 16}
@@ -79,13 +79,17 @@ def _plan(
         forward = probe_steps
     (main,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="main pass")]
     assert main.grads is not None
-    factors = importance_factors(main.values, alphas, main.grads, diff, importance)
-    coef = (factors * weights / steps).to(x.device, x.dtype)
+    # On a GPU the step's one wait for the device: its values on the host, once, before this step queues kernels of its
+    # own; the coefficients go back without a wait (a plain copy, or a second .cpu() after the kernels below, waited for
+    # those kernels, which queue behind the next model call: the GPU check's profile of the worker)
+    values = main.values.detach().to("cpu", torch.float64)
+    factors = importance_factors(values, alphas, main.grads, diff, importance)
+    coef = to_device((factors * weights / steps).to(x.dtype), x.device)
     # grads: (M, C, H, W) weighted by IF_j * w_j / M and summed -> (C, H, W)
     attr = (main.grads * coef.view(-1, 1, 1, 1)).sum(0) * diff
     result.attributions = attr.unsqueeze(0)
     result.alphas = alphas.unsqueeze(0)
-    result.values = main.values.detach().cpu().double().unsqueeze(0)
+    result.values = values.unsqueeze(0)
     result.output = output
     result.importance = factors.unsqueeze(0)
     result.weights = weights.unsqueeze(0)

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from idg_core.budget import WorkBound
 from idg_core.methods._common import Method, adaptive_samples, method_function
 from idg_core.methods.params import InvalidParameter, Param, Params, output_param
 from idg_core.paths import IG_RULES, ig_rule
-from idg_core.types import AttributionResult, Output, Plan, Query
+from idg_core.types import AttributionResult, Output, Plan, Query, to_device
 
 
 def _joint(values: dict[str, Any]) -> None:
@@ -58,14 +59,15 @@ def _plan(x: Tensor, baseline: Tensor, target: int, alphas: Tensor, weights: Ten
     diff = x - baseline
     (ans,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="path gradients")]
     assert ans.grads is not None
-    w = weights.to(x.device, x.dtype).view(-1, 1, 1, 1)
+    values = ans.values.detach().to("cpu", torch.float64)  # on a GPU the one wait, before this step's kernels (see idg._plan)
+    w = to_device(weights.to(x.dtype), x.device).view(-1, 1, 1, 1)
     # grads: (steps, C, H, W) -> weighted path average (C, H, W)
     avg = (ans.grads * w).sum(0)
     steps = alphas.shape[0]
     return AttributionResult(
         attributions=(avg * diff).unsqueeze(0),
         alphas=alphas.unsqueeze(0),
-        values=ans.values.detach().cpu().double().unsqueeze(0),
+        values=values.unsqueeze(0),
         output=output,
         weights=weights.unsqueeze(0),
         forward_passes=steps,

@@ -456,3 +456,45 @@ def test_work_bound_is_known_before_and_holds(name: str) -> None:
     assert res.forward_passes <= bound.forward and res.backward_passes <= bound.backward
     if name != "agi":  # only AGI may stop early
         assert (res.forward_passes, res.backward_passes) == (bound.forward, bound.backward)
+
+
+class _DeviceValues(torch.Tensor):
+    """An answer's values as if they lived on a GPU: each copy to the host (``.cpu()``, ``.to("cpu")``, ``.tolist()``,
+    ``.item()``, ``.numpy()``) is counted, as each is a wait for the device there, and gives a plain host tensor."""
+
+    copies = 0
+    HOST = {torch.Tensor.cpu, torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        to_host = func in cls.HOST or (func is torch.Tensor.to and "cpu" in [str(a) for a in (*args[1:], *kwargs.values())])
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if to_host:
+            cls.copies += 1
+            return out.as_subclass(torch.Tensor) if isinstance(out, torch.Tensor) else out
+        return out.as_subclass(cls) if isinstance(out, torch.Tensor) else out
+
+
+@pytest.mark.parametrize(("name", "want"), [("idg", [1, 1]), ("ig", [1])])
+def test_each_step_copies_its_answers_values_to_the_host_once(name: str, want: list[int]) -> None:
+    """On a GPU each copy of a step's values to the host waits for the device, and one made after the step has queued
+    its own kernels waits for those too, behind the next model call (the H200's worker profile: three waits per IDG
+    main step). The probe and the main pass each copy their values once; the answer equals the method's own."""
+    model, x = SmallCNN(), torch.rand(3, 16, 16)
+    plan = METHODS[name].plan(x, torch.zeros_like(x), 2, steps=6, probe_steps=4, output="logit")
+    queries, copies = next(plan), []
+    try:
+        while True:
+            answers = [Answer(a.values.as_subclass(_DeviceValues), a.grads, a.top1) for a in evaluate_queries(model, queries, 8)]
+            before = _DeviceValues.copies
+            queries = plan.send(answers)
+            copies.append(_DeviceValues.copies - before)
+    except StopIteration as stop:
+        copies.append(_DeviceValues.copies - before)
+        result = stop.value
+    assert copies == want  # IDG: the probe, the main pass
+    same = METHODS[name].function(model, x.unsqueeze(0), "black", 2, steps=6, probe_steps=4, output="logit")
+    torch.testing.assert_close(result.attributions, same.attributions)
+    torch.testing.assert_close(result.values, same.values)

@@ -311,6 +311,39 @@ def test_model_calls_never_wait_for_the_device() -> None:
             torch.testing.assert_close(g.grads.cpu(), c.grads, rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.gpu
+@cuda
+def test_an_idg_step_waits_for_the_device_once() -> None:
+    """On CUDA each step of an IDG plan synchronises once (its values to the host): the coefficients go back to the
+    GPU without a wait, and the values are not copied a second time behind the step's own kernels."""
+    import warnings
+
+    from idg_core.methods.idg import idg_plan
+
+    model = tune(small_classifier().cuda(), precision="fp32")
+    x = images(1)[0].cuda()
+    waits: list[int] = []
+    for run in range(2):  # the first warms the caching allocators (their first blocks may synchronise)
+        plan = idg_plan(x, torch.zeros_like(x), 2, steps=8, probe_steps=4)
+        queries = next(plan)
+        try:
+            while True:
+                answers = evaluate_queries(model, queries, 8)
+                torch.cuda.synchronize()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        queries = plan.send(answers)
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                        if run:
+                            waits.append(sum("synchroniz" in str(w.message) for w in caught))
+        except StopIteration:
+            pass
+    assert waits == [1, 1], waits
+
+
 _FAULTS_PER_PASS = """
 import resource, sys, threading, torch
 from torch import nn
