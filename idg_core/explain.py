@@ -22,12 +22,14 @@ def predict_plan(x: Tensor) -> PlanOf[Tensor]:
     """All class probabilities ``(num_classes,)`` of one image ``x (C, H, W)``, on the CPU: one forward pass."""
     (ans,) = yield [Query.at(x.unsqueeze(0), 0, grad=False, output="logit", full=True, label="prediction")]
     assert ans.all_logits is not None
-    logits = ans.all_logits[0].float()
+    # on the host at once: on a GPU one wait for the device (its check and softmax there had waited twice, the second
+    # behind the next model call), and a thousand numbers cost the CPU microseconds
+    logits = ans.all_logits[0].to("cpu", torch.float32)
     bad = int((~torch.isfinite(logits)).sum())
     if bad:  # softmax would make every probability NaN, and the ranking of the classes arbitrary
         raise ValueError(f"the model's logits are not finite ({bad} of {logits.numel()} NaN or infinite): no class can be "
                          "ranked (an overflow in reduced precision? try IDG_PRECISION=fp32)")
-    return torch.softmax(logits, 0).cpu()
+    return torch.softmax(logits, 0)
 
 
 @dataclass(frozen=True)

@@ -460,10 +460,12 @@ def test_work_bound_is_known_before_and_holds(name: str) -> None:
 
 class _DeviceValues(torch.Tensor):
     """An answer's values as if they lived on a GPU: each copy to the host (``.cpu()``, ``.to("cpu")``, ``.tolist()``,
-    ``.item()``, ``.numpy()``) is counted, as each is a wait for the device there, and gives a plain host tensor."""
+    ``.item()``, ``.numpy()``, ``int()``, ``float()``, ``bool()``) is counted, as each is a wait for the device there,
+    and gives a plain host tensor."""
 
     copies = 0
-    HOST = {torch.Tensor.cpu, torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy}
+    HOST = {torch.Tensor.cpu, torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.__int__,
+            torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.__index__}
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -498,3 +500,21 @@ def test_each_step_copies_its_answers_values_to_the_host_once(name: str, want: l
     same = METHODS[name].function(model, x.unsqueeze(0), "black", 2, steps=6, probe_steps=4, output="logit")
     torch.testing.assert_close(result.attributions, same.attributions)
     torch.testing.assert_close(result.values, same.values)
+
+
+def test_a_prediction_copies_its_logits_to_the_host_once() -> None:
+    """The prediction pass of an explanation (its class probabilities): one copy of the logits to the host (on a GPU its
+    finiteness check and its softmax there had waited for the device twice), the probabilities as before."""
+    from idg_core.explain import predict_plan
+
+    model, x = SmallCNN(), torch.rand(3, 16, 16)
+    plan = predict_plan(x)
+    (answer,) = evaluate_queries(model, next(plan), 8)
+    assert answer.all_logits is not None
+    before = _DeviceValues.copies
+    with pytest.raises(StopIteration) as stop:
+        plan.send([Answer(answer.values, None, answer.top1, answer.all_logits.as_subclass(_DeviceValues))])
+    assert _DeviceValues.copies - before == 1
+    probs = stop.value.value
+    assert type(probs) is torch.Tensor and probs.device.type == "cpu"
+    torch.testing.assert_close(probs, torch.softmax(model(x.unsqueeze(0))[0].detach(), 0))
