@@ -145,15 +145,17 @@ def run_prepared(model: Model, call: PreparedCall, graphs: Mapping[tuple[int, bo
 
 
 def book_call(call: PreparedCall, queries: Sequence[Query], answers: list[Answer | None],
-              out: tuple[Tensor, Tensor | None, Tensor]) -> None:
+              out: tuple[Tensor, Tensor | None, Tensor], top1: Tensor | None = None) -> None:
     """Store a call's outputs (from :func:`run_call`) into the answers of its queries (None: not booked yet).
 
     A query whose rows all lie in this call (and that has no answer yet) is answered with views of the call's
     outputs: its gradients are not copied, nor memory allocated for them (at 224 pixels, 9.6 MB a copy for an
     explanation's 16 gradient rows, and the page faults of a new buffer). A query split over calls gets a buffer
-    of its own, filled call by call."""
+    of its own, filled call by call. The values, the arg-max classes (``top1``: computed here when None) and the logits
+    may be host copies of a call on a GPU (the service's device stage makes them, so its plans read them without a wait)
+    while the gradients stay on the GPU: a split query's buffers are made where each output is."""
     values, grads, logits = out
-    top1 = logits.argmax(1)
+    top1 = logits.argmax(1) if top1 is None else top1
     row = 0
     for qi, a, b in call.chunk:
         q, rows = queries[qi], slice(row, row + b - a)
@@ -163,7 +165,7 @@ def book_call(call: PreparedCall, queries: Sequence[Query], answers: list[Answer
                                  top1[rows], logits[rows] if q.full else None)
         else:
             if ans is None:
-                ans = answers[qi] = _allocated_answer(q)
+                ans = answers[qi] = _allocated_answer(q, values.device)
             ans.values[a:b] = values[rows].to(ans.values.dtype)
             ans.top1[a:b] = top1[rows]
             if grads is not None and ans.grads is not None:
@@ -199,10 +201,13 @@ def _chunks(
             yield chunk
 
 
-def _allocated_answer(q: Query) -> Answer:
+def _allocated_answer(q: Query, host: torch.device | None = None) -> Answer:
+    """Buffers for all ``q.n`` rows of a query answered over several calls: the gradients on the query's device, the
+    values and arg-max classes on ``host`` (where the calls' values are; default: the query's device)."""
     dev = q.origin.device
+    at = dev if host is None else host
     grads = torch.empty((q.n, *q.origin.shape[-3:]), device=dev, dtype=q.origin.dtype) if q.grad else None
-    return Answer(torch.empty(q.n, device=dev), grads, torch.empty(q.n, dtype=torch.long, device=dev))
+    return Answer(torch.empty(q.n, device=at), grads, torch.empty(q.n, dtype=torch.long, device=at))
 
 
 def empty_answers(queries: Sequence[Query]) -> list[Answer]:

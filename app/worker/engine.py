@@ -299,7 +299,8 @@ class Worker:
         for job, _ in work:
             job.in_flight += 1
         prepared = prepare_call(queries, [(i, 0, q.n) for i, q in enumerate(queries)], grad, self.shapes[model_name])
-        call = Call(self.models[model_name], prepared, graphs=self.shapes[model_name].graphs, owner=(model_name, work, owners, queries))
+        call = Call(self.models[model_name], prepared, graphs=self.shapes[model_name].graphs, owner=(model_name, work, owners, queries),
+                    host_logits=any(q.full for q in queries))
         self.metrics.batch_requests.observe(len(work))
         self._device.submit(call)
         return call
@@ -345,7 +346,7 @@ class Worker:
             self.metrics.call_rows.labels(model_name, "real").inc(prepared.n)
             self.metrics.call_rows.labels(model_name, "padding").inc(prepared.size - prepared.n)
             booked: list[Answer | None] = [None] * len(queries)
-            book_call(prepared, queries, booked, call.out)
+            book_call(prepared, queries, booked, call.out, call.top1)
             for (job, qi, a, b), ans in zip(owners, booked_answers(queries, booked), strict=True):
                 if job.cancel_reason is None:
                     job.store(qi, a, b, ans)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from idg_core.methods import METHODS
-from idg_core.types import Answer, AttributionResult, Plan, Query
+from idg_core.types import Answer, AttributionResult, Plan, Query, to_device
 
 IDGI_METHODS = tuple(name for name, m in METHODS.items() if m.straight_path)
 """Methods whose gradient pass is one straight path (IDGI applies to them): ``Method.straight_path``."""
@@ -31,9 +31,9 @@ def idgi(alphas: Tensor, values: Tensor, grads: Tensor) -> Tensor:
     if grads.dim() != 4 or values.shape[0] != grads.shape[0] or alphas.shape[0] != grads.shape[0]:
         raise ValueError(f"need n alphas, n values and (n, C, H, W) grads, "
                          f"got {tuple(alphas.shape)}, {tuple(values.shape)}, {tuple(grads.shape)}")
-    order = torch.argsort(alphas.detach().cpu(), stable=True).to(grads.device)
+    order = to_device(torch.argsort(alphas.detach().cpu(), stable=True), grads.device)
     g = grads[order].double()
-    f = values.to(grads.device)[order].double()
+    f = to_device(values.detach(), grads.device)[order].double()  # the values may be on the host (a service's GPU calls)
     sq = g * g  # (n, C, H, W)
     norm = sq.flatten(1).sum(1)  # (n,)
     d = f[1:] - f[:-1]  # (n - 1,)
