@@ -200,7 +200,7 @@ class Server(uvicorn.Server):
         if self.started and given and sockets:  # uvicorn leaves the message to whoever gave the sockets: one of several processes
             host, port = sockets[0].getsockname()[:2]
             logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (one of several server processes)", host, port)
-        if self.started and self.on_started is not None:
+        if self.started and self.on_started is not None and not self.should_exit:  # not if stopped while it waited to listen
             self.on_started()
 
     def _listen_when_open(self, is_open: Callable[[], bool]) -> None:

@@ -224,11 +224,12 @@ def booked_answers(queries: Sequence[Query], answers: Sequence[Answer | None]) -
 
 def evaluate_queries(
     model: Model, queries: Sequence[Query], batch_size: int, stats: CallStats | None = None,
-    skip: Callable[[int], bool] | None = None, shapes: CallShapes | None = None,
+    skip: Callable[[int], bool] | None = None, shapes: CallShapes | None = None, graphs: bool = True,
 ) -> list[Answer]:
     """Answer every query; model calls hold at most ``batch_size`` points from any queries (with
     ``shapes`` fixed: at most its largest size, each call padded to one of its sizes; a call whose (size, kind)
-    has a CUDA graph in ``shapes.graphs`` replays it instead of running the model eagerly).
+    has a CUDA graph in ``shapes.graphs`` replays it instead of running the model eagerly, unless ``graphs`` is false:
+    a graph's inputs are buffers of its own, which a replay on another stream may be reading).
 
     ``skip(i)``, if given, is called before every model call for each query ``i`` that still has
     rows to evaluate; once it returns True no more of that query's rows are evaluated, and its
@@ -240,7 +241,7 @@ def evaluate_queries(
         index = [i for i, q in enumerate(queries) if q.grad == grad and q.n > 0]
         for chunk in _chunks(queries, index, batch_size, skip):
             call = prepare_call(queries, chunk, grad, shapes)
-            out = run_prepared(model, call, shapes.graphs if shapes is not None else None)
+            out = run_prepared(model, call, shapes.graphs if shapes is not None and graphs else None)
             if stats is not None:
                 stats.record(call.size, grad)
             if shapes is not None:
@@ -389,14 +390,15 @@ S = TypeVar("S", bound=PlanState)
 
 def answer_rows(
     model: Model, work: Sequence[tuple[S, Rows]], batch_size: int, stats: CallStats | None = None,
-    skip: Callable[[S], bool] | None = None, shapes: CallShapes | None = None,
+    skip: Callable[[S], bool] | None = None, shapes: CallShapes | None = None, graphs: bool = True,
 ) -> list[tuple[S, int, int, int, Query, Answer]]:
     """Evaluate the rows of several plan states in shared model calls (:func:`evaluate_queries`);
     returns each part with its answer, for the caller to store. ``skip(state)``, asked before every
     call, drops the remaining rows of a state (their answers are then incomplete)."""
     owners = [(state, qi, a, b) for state, rows in work for qi, a, b in rows]
     queries = [state.part(qi, a, b) for state, qi, a, b in owners]
-    answers = evaluate_queries(model, queries, batch_size, stats, None if skip is None else lambda i: skip(owners[i][0]), shapes)
+    answers = evaluate_queries(model, queries, batch_size, stats, None if skip is None else lambda i: skip(owners[i][0]), shapes,
+                               graphs)
     return [(state, qi, a, b, q, ans) for (state, qi, a, b), q, ans in zip(owners, queries, answers, strict=True)]
 
 

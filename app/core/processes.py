@@ -9,7 +9,9 @@ warms it and batches its own requests; the device runs their calls one after ano
 first answers from the start (``/metrics`` and ``/health`` while they load, a JSON 503 for work); every other accepts
 connections only once it is warm and the port is open (a process there is ready), so once ``/health/ready`` says 200 no
 client meets a process still starting (on a GPU the second had listened first and answered 503 ``not_ready`` after the
-first said ready). One started while another serves (a replacement, auto's extras) listens once it is warm.
+first said ready). One started while another serves (a replacement, auto's extras) listens once it is warm. A process
+waiting for the port has its models loaded and warm: its gRPC port (``IDG_GRPC_PORT``) and its jobs runner already
+work, since they answer only what a ready process can.
 
 The launcher (this module, in the parent process):
 
@@ -297,7 +299,8 @@ class Supervisor:
         self._stop = threading.Event()
         self._context = multiprocessing.get_context("spawn")
         self.opened = self._context.Event()
-        """Set by the first process to be ready: the port is open; the others listen only once it is set."""
+        """Set once the process that answers while the port starts (or its replacement) is ready: the port is open; the
+        others, warm or not, listen only once it is set (so the port is ready when that process is, not the fastest)."""
         self.exit_code = 0
 
     def _start(self, index: int, sock: socket.socket) -> Child:

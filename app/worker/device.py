@@ -10,8 +10,10 @@ waits for the host as long as the host prepares a call faster than the device ru
 On CUDA the calls run on a stream of their own. The worker's stream (the plans' host steps, the
 inputs' gathering) and the call stream meet only through events: a call waits for the event recorded
 after its inputs were gathered, and the worker's stream waits for the call's end event before its
-outputs are used, so a plan's synchronisation (``.tolist()`` of a probe) waits for its own call,
-not for the one running behind it. Tensors that cross streams are recorded on the stream that uses
+outputs are used. What the plans read on the host (each row's value and arg-max class, a prediction's logits) is
+copied to pinned host memory on the call stream behind the call, so it is there when the end event is and the worker
+never waits for the GPU: a copy made from the worker's stream waited for every kernel its plans had queued there,
+which run behind the next call. Tensors that cross streams are recorded on the stream that uses
 them (``record_stream``), so the caching allocator does not hand their memory out too early.
 Device time is measured per call: CUDA events on a GPU, the stage thread's time elsewhere. So is the time between
 calls, when the device has nothing to run (:func:`split_gap`): each such gap is split into the part while the worker

@@ -392,7 +392,9 @@ class Worker:
             if self._marks is not None:
                 self._marks.call(True)
             try:
-                answered = answer_rows(model, work, batch, self.stats, skip=self._dropped, shapes=shapes)
+                # eagerly: the device stage may be replaying the same CUDA graphs behind (calls launched after the one
+                # that failed), and a graph's inputs are buffers of its own, which this thread's stream would overwrite
+                answered = answer_rows(model, work, batch, self.stats, skip=self._dropped, shapes=shapes, graphs=False)
                 if self.device.type == "cuda":  # the calls are queued without waits; busy time ends when their results are in
                     torch.cuda.synchronize(self.device)
                 break

@@ -429,3 +429,27 @@ def test_tuned_gives_the_services_cpu_settings_and_keeps_the_logits_and_attribut
     attr = idg(model, x, "mean", [0, 1, 2], steps=8, probe_steps=8).attributions
     torch.testing.assert_close(attr, ref_attr, rtol=1e-3, atol=1e-5)
     assert "load_model" in (tuned.__doc__ or "")  # the documented one-liner
+
+
+def test_evaluation_without_graphs_runs_the_model_eagerly_at_the_fixed_sizes() -> None:
+    """``graphs=False`` (the service's retry of a failed call, while the device stage may replay the same graphs on its
+    stream): no captured graph is replayed, the calls keep the fixed sizes, and the answers are the model's."""
+    from idg_core.call_shapes import CallShapes
+
+    class Graph:
+        replays = 0
+
+        def run(self, inputs: torch.Tensor, rows: object) -> tuple[torch.Tensor, None, torch.Tensor]:
+            Graph.replays += 1
+            raise AssertionError("a graph was replayed")
+
+    x = images()
+    model = tune(small_classifier(), precision="fp32")
+    want = evaluate_queries(model, _queries(x), batch_size=8)
+    shapes = CallShapes(sizes=(8, 16), graphs={(s, g): Graph() for s in (8, 16) for g in (False, True)})
+    got = evaluate_queries(model, _queries(x), batch_size=16, shapes=shapes, graphs=False)
+    assert Graph.replays == 0 and shapes.warmed <= {(8, False), (16, False), (8, True), (16, True)} and shapes.warmed
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.values, w.values)
+    with pytest.raises(AssertionError, match="a graph was replayed"):
+        evaluate_queries(model, _queries(x), batch_size=16, shapes=shapes)

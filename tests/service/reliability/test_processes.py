@@ -6,6 +6,7 @@ start stops the launcher with its reason instead of a loop of restarts."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -210,6 +211,11 @@ def test_processes_started_together_take_no_work_before_the_port_is_ready(tmp_pa
                        IDG_TEST_HOLD_PROCESS=slow) as served:
         deadline = time.monotonic() + 60
         while served.log().count("ready: tiny on cpu") < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        while time.monotonic() < deadline:  # the early process listens (the other may be ready before it imported the app)
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(served.url + "/health/live", timeout=5).status_code == 200:
+                    break
             time.sleep(0.1)
         seen: dict[int, set[str]] = {}
         for _ in range(16):  # a new connection each, so the kernel would spread them over both processes' sockets
