@@ -331,13 +331,16 @@ def class_range(b: int, classes: int) -> str:
 def concentration(attributions: torch.Tensor, top: float = 0.05) -> float | None:
     """Share of ``attributions``' mass (``(C, H, W)`` or ``(H, W)``: absolute values summed over channels) in its ``top``
     share of pixels; None for a map with no mass or not finite."""
+    import numpy as np
+
     a = attributions.detach().float().abs()
-    a = (a.sum(0) if a.dim() == 3 else a).flatten()
-    total = float(a.sum())
+    m = (a.sum(0) if a.dim() == 3 else a).flatten().cpu().numpy()
+    total = float(m.sum(dtype=np.float64))
     if not total > 0 or total == float("inf"):
         return None
-    k = max(1, round(top * a.numel()))
-    return min(1.0, float(a.topk(k).values.sum()) / total)
+    k = max(1, round(top * m.size))
+    # the k largest by a partial sort: 0.2 ms for a 224-pixel map where torch's topk took 1 ms of an image thread
+    return min(1.0, float(np.partition(m, m.size - k)[m.size - k :].sum(dtype=np.float64)) / total)
 
 
 def weights_digest(module: torch.nn.Module) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,6 +33,9 @@ def test_concentration_reads_0_05_for_an_even_map_and_1_for_one_on_few_pixels() 
     spot[:, 4, 5] = -2.0  # the sign does not matter: the mass is |attribution|
     assert concentration(spot) == 1.0
     assert concentration(torch.zeros(3, 4, 4)) is None and concentration(torch.full((2, 2), float("nan"))) is None
+    noisy = torch.randn(3, 50, 50, generator=torch.Generator().manual_seed(0))  # the share of the 125 largest of 2500 pixels
+    flat = noisy.abs().sum(0).flatten().double()
+    assert concentration(noisy) == pytest.approx(float(flat.topk(125).values.sum() / flat.sum()), rel=1e-6)
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
