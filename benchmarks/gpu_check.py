@@ -287,6 +287,7 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
     paper = _json(work / "check-paper-speed.json")
     figures["check-paper-speed"] = paper
     measured = [r for r in (paper or {}).get("rows", []) if "ms_per_attribution" in r]
+    fastest, value = "library, IDG-50/50 at its fastest with the reference's answers", None
     if measured:
         rows.append(f"| library, IDG-50/50 by how the model runs ({paper['model']} {paper['precision']}, {paper['images']} images) | "  # type: ignore[index]
                     + ", ".join(f"{r['variant']} {r['ms_per_attribution']:.1f} ms (set-up {r['setup_s']:.0f} s, cosine to "
@@ -298,14 +299,14 @@ def summarise(work: Path, done: list[Stage], clients: int, serial: int) -> tuple
         others = [r["variant"] for r in measured if r not in agree]
         if agree:
             best = min(agree, key=lambda r: r["ms_per_attribution"])
-            name = f"library, IDG-50/50 at its fastest with the reference's answers ({best['variant']}; `shapes=graphed_shapes(...)`"
-            name += f"; not judged, answering otherwise: {', '.join(others)})" if others else ")"
-            targets.append(Target(name, best["ms_per_attribution"], "<=", 12, " ms"))
+            fastest += f" ({best['variant']}; `shapes=graphed_shapes(...)`"
+            fastest += f"; not judged, answering otherwise: {', '.join(others)})" if others else ")"
+            value = best["ms_per_attribution"]
         else:
-            targets.append(Target("library, IDG-50/50 at its fastest with the reference's answers (none agreed)", None, "<=", 12, " ms"))
+            fastest += " (none agreed)"
     else:
         rows.append("| library, IDG-50/50 by how the model runs | not measured |")
-        targets.append(Target("library, IDG-50/50 at its fastest with the reference's answers", None, "<=", 12, " ms"))
+    targets.append(Target(fastest, value, "<=", 12, " ms"))
     return rows, targets, figures
 
 
