@@ -7,9 +7,12 @@ on a GPU, in one run on the same images (issue #48's "IDG-50/50 ResNet-101 bf16 
 - ``compiled+graphs``: the compiled model's calls captured as CUDA graphs.
 
 Every variant's attributions are compared with eager's (cosine per image), so a faster path that answers differently
-shows. Writes ``<out>/<label>.json`` and ``.md``.
+shows. ``--profile`` adds where eager's time goes: the model's own passes timed alone at the call size (a forward,
+a forward with the input's gradient) against the IDG they add up to (the rest is IDG's own work between calls), and
+the kernels (CUDA; aten operators on the CPU) of one profiled run, largest first. Writes ``<out>/<label>.json`` and ``.md``.
 
     python -m benchmarks.paper_speed --model resnet101 --weights random --precision bf16   (CUDA)
+    python -m benchmarks.paper_speed --variants eager --profile   (where eager's 17 ms go: passes, IDG's own work, kernels)
     python -m benchmarks.paper_speed --dry-run   (the CPU, a light CNN: every variant but the graphs, for the script only)
 """
 
@@ -31,6 +34,7 @@ from torch.nn.functional import cosine_similarity
 from benchmarks.speed import SAMPLES, _timed, machine, sample_batch
 from idg_core import idg
 from idg_core.cuda_graphs import graphed_shapes
+from idg_core.model_calls import CallStats, RowSelect, run_call
 from idg_core.models import PRECISIONS, default_channels_last, load_entry, tune
 from idg_core.models.compiled import warm_up_compiled
 
@@ -58,6 +62,56 @@ def _variant(args: argparse.Namespace, variant: str, eager: Any, tuned: Callable
 
     seconds = _timed(run, device, args.repeats, warm=True)
     return {"variant": variant, "ms_per_attribution": 1000 * seconds / len(targets), "setup_s": setup_s}, run().float().flatten(1)
+
+
+def _passes(model: Any, x: Tensor, targets: list[int], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Eager's time split: the model's passes alone at calls of ``batch_size`` rows (points on one image's path, as IDG
+    sends them) against one IDG run's rows of each kind, and the kernels of a profiled IDG run."""
+    stats = CallStats()
+    idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps, batch_size=args.batch_size, stats=stats)
+    alphas = torch.linspace(0, 1, args.batch_size, device=device).view(-1, 1, 1, 1)
+    inputs = (alphas * x[:1]).contiguous()
+    rows = RowSelect(torch.full((args.batch_size,), targets[0], dtype=torch.long, device=device), None, targets[0])
+    forward_s = _timed(lambda: run_call(model, inputs, rows, False), device, args.repeats, warm=True)
+    gradient_s = _timed(lambda: run_call(model, inputs, rows, True), device, args.repeats, warm=True)
+    forward_rows = stats.forward_images - stats.backward_images
+    passes_ms = 1000 * (forward_rows * forward_s + stats.backward_images * gradient_s) / args.batch_size / len(targets)
+    return {"calls": stats.calls, "forward_rows": forward_rows, "gradient_rows": stats.backward_images,
+            "forward_ms_per_row": 1000 * forward_s / args.batch_size, "gradient_ms_per_row": 1000 * gradient_s / args.batch_size,
+            "passes_ms_per_attribution": passes_ms,
+            "kernels": _kernels(lambda: idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps,
+                                            batch_size=args.batch_size), device, len(targets), args.top)}
+
+
+def _kernels(run: Callable[[], Any], device: torch.device, images: int, top: int) -> dict[str, Any]:
+    """One profiled run: the device's busy time (CUDA kernels' own time, aten operators' on the CPU) per attribution
+    against the run's wall time, and the ``top`` kernels by their time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall_s = time.perf_counter() - started
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        on_device = e.device_type == torch.autograd.DeviceType.CUDA
+        if device.type == "cuda" and not on_device:
+            continue
+        if device.type != "cuda" and not e.name.startswith("aten::"):
+            continue
+        us = e.self_device_time_total if on_device else e.self_cpu_time_total
+        row = by_name.setdefault(e.name, [0, 0.0])
+        row[0] += 1
+        row[1] += us
+    busy_us = sum(v[1] for v in by_name.values())
+    largest = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"wall_ms_per_attribution": 1000 * wall_s / images, "busy_ms_per_attribution": busy_us / 1000 / images,
+            "top": [{"name": name, "count": int(n), "ms_per_attribution": us / 1000 / images, "share": us / busy_us if busy_us else 0.0}
+                    for name, (n, us) in largest]}
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,7 +151,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             log.info("%s: %.2f ms per attribution (set-up %.1f s), cosine to %s >= %.4f", variant, row["ms_per_attribution"],
                      row["setup_s"], reference[0], row["cosine_to_first_min"])
         rows.append(row)
-    return {"label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model,
+    passes = _passes(eager, x, targets, args, device) if args.profile else None
+    return {"passes": passes, "label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model,
             "weights": args.weights, "precision": args.precision, "channels_last": channels_last, "device": str(device),
             "images": len(targets), "batch_size": args.batch_size, "steps": args.steps, "probe_steps": args.probe_steps,
             "repeats": args.repeats, "cosine_reference": reference[0] if reference else None, "rows": rows}
@@ -129,7 +184,30 @@ def render(data: dict[str, Any]) -> str:
         else:
             lines.append(f"| {r['variant']} | {r['ms_per_attribution']:.2f} | {r['setup_s']:.1f} | "
                          f"{r['cosine_to_first_min']:.4f} / {r['cosine_to_first_mean']:.4f} |")
+    if data.get("passes"):
+        lines += _render_passes(data["passes"], data)
     return "\n".join(lines) + "\n"
+
+
+def _render_passes(p: dict[str, Any], data: dict[str, Any]) -> list[str]:
+    k = p["kernels"]
+    eager = next((r for r in data["rows"] if r["variant"] == "eager" and "error" not in r), None)
+    measured = f"{eager['ms_per_attribution']:.2f} ms measured above" if eager else "eager not measured"
+    what = "CUDA kernels" if data["device"].startswith("cuda") else "aten operators (CPU)"
+    lines = ["", "## Where eager's time goes", "",
+             f"The model's passes alone, calls of {data['batch_size']} rows on one image's path: forward "
+             f"{p['forward_ms_per_row']:.4f} ms per row, forward with the input's gradient {p['gradient_ms_per_row']:.4f} ms per row "
+             f"({p['gradient_ms_per_row'] / p['forward_ms_per_row']:.2f}x). One IDG run: {p['calls']} calls, {p['forward_rows']} forward "
+             f"rows and {p['gradient_rows']} gradient rows for {data['images']} images (padding included), which the passes alone "
+             f"make **{p['passes_ms_per_attribution']:.2f} ms per attribution** ({measured}; the difference is IDG's own work "
+             "between and around the calls).", "",
+             f"One profiled run: {k['wall_ms_per_attribution']:.2f} ms per attribution of wall time (the profiler's cost included), "
+             f"the {what} busy {k['busy_ms_per_attribution']:.2f} ms of it. The largest:", "",
+             "| kernel | count | ms per attribution | share of busy |", "|---|---|---|---|"]
+    for t in k["top"]:
+        name = t["name"] if len(t["name"]) <= 110 else t["name"][:107] + "..."
+        lines.append(f"| `{name.replace('|', '/')}` | {t['count']} | {t['ms_per_attribution']:.3f} | {100 * t['share']:.1f}% |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="torch.backends.cudnn.benchmark: cuDNN times its kernels for each shape (one call size here: seconds)")
+    ap.add_argument("--profile", action="store_true",
+                    help="where eager's time goes: the passes alone against IDG, and the kernels of one profiled run")
+    ap.add_argument("--top", type=int, default=15, help="kernels listed by --profile")
     ap.add_argument("--label", default="paper-speed")
     ap.add_argument("--out", type=Path, default=Path("results/benchmarks"))
     ap.add_argument("--dry-run", action="store_true", help="on the CPU with a light CNN, few points: the script, not a figure")

@@ -297,3 +297,20 @@ def test_the_profile_summary_names_threads_across_server_processes(tmp_path: Pat
     assert summary[0].startswith("idg-worker: 60% of samples; plan 60.0%")
     assert summary[1].startswith("MainThread: 40% of samples; render 40.0%")
     assert len(summary) == 2
+
+
+def test_the_paper_speed_profile_splits_eagers_time_into_passes_and_kernels(tmp_path: Path) -> None:
+    from benchmarks import paper_speed
+
+    assert paper_speed.main(["--dry-run", "--variants", "eager", "--profile", "--top", "5", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "paper-speed.json").read_text())
+    passes = data["passes"]
+    # the dry run: 4 images, 8 probe and 8 main points each, calls of 16 rows
+    assert (passes["calls"], passes["forward_rows"], passes["gradient_rows"]) == (4, 32, 32)
+    per_row = (32 * passes["forward_ms_per_row"] + 32 * passes["gradient_ms_per_row"]) / 4
+    assert passes["passes_ms_per_attribution"] == pytest.approx(per_row)
+    top = passes["kernels"]["top"]
+    assert 1 <= len(top) <= 5 and all(t["name"].startswith("aten::") for t in top)  # the CPU: aten operators
+    assert [t["ms_per_attribution"] for t in top] == sorted((t["ms_per_attribution"] for t in top), reverse=True)
+    assert 0 < sum(t["share"] for t in top) <= 1 + 1e-9
+    assert "## Where eager's time goes" in (tmp_path / "paper-speed.md").read_text()

@@ -50,8 +50,12 @@ def test_summarise_judges_each_promise_from_the_stages_reports(tmp_path: Path) -
     variants = [{"variant": v, "ms_per_attribution": ms, "setup_s": 1.0, "cosine_to_first_min": low, "cosine_to_first_mean": mean}
                 for v, ms, low, mean in (("eager", 17.0, 1, 1), ("graphs", 16.9, 0.98, 0.999), ("compiled", 11.0, 0.48, 0.98),
                                          ("compiled+graphs", 11.5, 0.97, 0.995))]
+    kernels = {"wall_ms_per_attribution": 18.0, "busy_ms_per_attribution": 15.5,
+               "top": [{"name": "sm90_xmma_dgrad_implicit_gemm_bf16", "count": 400, "ms_per_attribution": 6.0, "share": 0.39}]}
+    passes = {"calls": 25, "forward_rows": 1600, "gradient_rows": 1600, "forward_ms_per_row": 0.08, "gradient_ms_per_row": 0.24,
+              "passes_ms_per_attribution": 16.0, "kernels": kernels}
     (tmp_path / "check-paper-speed.json").write_text(json.dumps({"model": "resnet101", "precision": "bf16", "images": 32,
-                                                                 "rows": variants}))
+                                                                 "rows": variants, "passes": passes}))
     tests = Stage("gpu-tests", [], 1, status="ok", output="17 passed, 30 deselected in 90s\n")
     rows, targets, figures = summarise(tmp_path, [tests], 128, 99)
     verdicts = {t.name: t.met for t in targets}
@@ -69,6 +73,8 @@ def test_summarise_judges_each_promise_from_the_stages_reports(tmp_path: Path) -
     assert "310.0 attributions/s" in table and "compiled+graphs 11.5 ms" in table
     assert "under py-spy) | MainThread: 40% of samples; idg-worker: 35% of samples |" in table
     assert "| ResNet-101 bf16 service: attributions/s at 128 clients | 140 | >= 150 | **missed** |" in table
+    assert ("| library, where eager IDG-50/50's time goes | the model's passes alone 16.0 ms (gradient pass 3.00x a forward); "
+            "profiled run 18.0 ms, kernels busy 15.5 ms; largest kernel 39%: `sm90_xmma_dgrad_implicit_gemm_bf16`") in table
 
 
 def test_a_stage_that_did_not_report_is_not_measured_never_met(tmp_path: Path) -> None:
@@ -84,7 +90,7 @@ def test_the_dry_run_prints_every_figure_of_the_table(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = (tmp_path / "gpu-check.md").read_text()
     for figure in ("attributions/s", "p99/p50", "unwarmed calls", "padding/real rows", "first request after ready",
-                   "IDG-50/50", "Captum IG-50 at its defaults", "torch", "GPU tests"):
+                   "IDG-50/50", "Captum IG-50 at its defaults", "torch", "GPU tests", "where eager IDG-50/50's time goes"):
         assert figure in table
     if (ROOT / ".venv" / "bin" / "py-spy").exists():  # the bench extra's; the GPU's comes with the wheels
         assert "idg-worker: " in table  # where the CPU went in the profiled Lite0 level
