@@ -116,10 +116,12 @@ async def _load(data: bytes, model: ImageClassifier, settings: Settings, device:
 
 async def load_input(
     data: bytes, model: ImageClassifier, settings: Settings, device: torch.device, deadline: float | None = None,
+    timeout: float | None = None,
 ) -> Tensor:
     """:func:`model_input` in a thread; a large decode first waits for one of
     ``settings.max_concurrent_decodes`` slots (on the event loop, holding no thread). Past
-    ``deadline`` (``time.monotonic()``, from the request's arrival) it answers 504 at once; a
+    ``deadline`` (``time.monotonic()``, from the request's arrival) it answers 504 at once, naming the request's own
+    ``timeout`` (seconds; the service's request timeout unless given: a gRPC call's may be shorter); a
     decode already running finishes in its thread and keeps its slot until then (a thread cannot
     be stopped, and freeing its slot early would let more decodes run than the setting allows),
     and one not yet started is not started."""
@@ -131,7 +133,7 @@ async def load_input(
         async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
             return await asyncio.shield(task)
     except (TimeoutError, _Late) as err:
-        raise past_deadline(settings.request_timeout_s) from err
+        raise past_deadline(settings.request_timeout_s if timeout is None else timeout) from err
 
 
 def _consume(task: asyncio.Future[Tensor]) -> None:

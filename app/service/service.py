@@ -179,9 +179,14 @@ class Service:
 
     async def _input(self, model: ImageClassifier, image: Image, context: RequestContext) -> Tensor:
         """The model's input: an encoded file decoded within the deadline, or the given pixels on the device."""
-        if isinstance(image, bytes):
-            return await load_input(image, model, self.settings, self.device, context.deadline())
-        return to_device(image, self.device)
+        if not isinstance(image, bytes):
+            return to_device(image, self.device)
+        try:
+            return await load_input(image, model, self.settings, self.device, context.deadline(), context.timeout)
+        except ApiError as err:
+            if err.code == "deadline":  # past the deadline before any work was queued: counted as the worker counts its own
+                self.metrics.rejections.labels("deadline").inc()
+            raise
 
     async def _classify(self, name: str, x: Tensor, context: RequestContext) -> Outcome[Tensor]:
         outcome = await self.run(Submission(name, predict_plan(x), "predict", context.priority_of(PREDICT_PRIORITY)), context)

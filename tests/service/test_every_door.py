@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -175,6 +176,47 @@ async def test_work_past_the_deadline_is_answered_by_it_in_the_doors_form(tiny_a
         calls = len(app.state.service.models["tiny"].net.calls)
         await asyncio.sleep(0.3)
         assert len(app.state.service.models["tiny"].net.calls) == calls  # and nothing more is computed for it
+
+
+async def _deadline_rejections(client: AsyncClient) -> float:
+    line = 'idg_rejections_total{reason="deadline"} '
+    return float(next(x for x in (await client.get("/metrics")).text.splitlines() if x.startswith(line)).split()[-1])
+
+
+@pytest.mark.parametrize("name", [n for n in DOORS if n != "a job's image"])
+@pytest.mark.usefixtures("slow_decodes")
+async def test_a_deadline_that_passes_while_decoding_is_answered_and_counted(tiny_app: AppFactory, name: str) -> None:
+    # the decode (0.6 s) outlasts the whole deadline: answered by it, before any model call, and counted as the worker
+    # counts a deadline it meets (it was not, for a decode: an alert on idg_rejections_total missed these)
+    send, _ = DOORS[name]
+    app = tiny_app(request_timeout_s=0.3, warmup=False)
+    async with serve(app) as client:
+        before = await _deadline_rejections(client)
+        began = time.monotonic()
+        refusal = await send(client, {"method": "idg", "steps": 4, "probe_steps": 4})
+        assert refusal.status == 504 and "within its deadline of 0.3 s" in refusal.message, refusal
+        assert time.monotonic() - began < 0.3 + SLACK_S
+        assert await _deadline_rejections(client) == before + (2 if name == "/attribute/batch" else 1)
+        assert app.state.service.models["tiny"].net.calls == []
+
+
+@pytest.mark.usefixtures("slow_decodes")
+async def test_a_grpc_calls_own_deadline_ending_in_the_decode_is_the_one_it_names(tiny_app: AppFactory) -> None:
+    # the call's deadline (0.3 s, shorter than the service's 30 s) ends while its image decodes: the answer names the
+    # call's deadline, not the service's
+    grpc = pytest.importorskip("grpc")
+    pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+    stub_of = pytest.importorskip("tritonclient.grpc.service_pb2_grpc").GRPCInferenceServiceStub
+    app = tiny_app(request_timeout_s=30.0, warmup=False)
+    request = pb.ModelInferRequest(model_name="tiny", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="image", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[image_bytes()]))])
+    async with serve(app) as client, grpc.aio.insecure_channel(f"127.0.0.1:{os.environ['IDG_GRPC_PORT']}") as channel:
+        before = await _deadline_rejections(client)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub_of(channel).ModelInfer(request, timeout=0.3)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert re.fullmatch(r"the request did not finish within its deadline of 0\.2\d* s", caught.value.details()), caught.value.details()
+        assert await _deadline_rejections(client) == before + 1
 
 
 @pytest.mark.parametrize("name", list(DOORS))
