@@ -246,8 +246,12 @@ def decode_tensor(spec: RequestInput, raw: bytes | None) -> Tensor:
         if raw is not None:
             tensor.items = _split_bytes(raw, spec.name)
         else:
+            flat = _flat(spec.data, spec.name)
+            odd = [s for s in flat if not isinstance(s, str)][:1]
+            if odd:  # str(None) and str(1234) are base64 too: they were decoded and refused as "not an image"
+                raise bad(f"input {spec.name!r}: BYTES elements in JSON must be base64 strings, got {json.dumps(odd[0])[:40]}")
             try:
-                tensor.items = [base64.b64decode(str(s), validate=True) for s in _flat(spec.data, spec.name)]
+                tensor.items = [base64.b64decode(s, validate=True) for s in flat]
             except (binascii.Error, ValueError) as err:
                 raise bad(f"input {spec.name!r}: BYTES elements in JSON must be base64 strings") from err
         got = len(tensor.items)

@@ -102,7 +102,7 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
     if ctype.startswith("application/json"):
         try:
             payload = json_cls.model_validate_json(body)
-            _json_types(json.loads(body), json_cls)
+            check_json_types(json.loads(body), json_cls)
         except ValidationError as err:
             raise ApiError(422, first_error(err, json_cls), code="invalid_parameter") from err
         fields = payload.model_dump(exclude={"image"}, exclude_unset=True, exclude_none=True)  # null: not given
@@ -158,9 +158,10 @@ def _kinds(annotation: object) -> set[type]:
     return {annotation} if isinstance(annotation, type) else set()
 
 
-def _json_types(raw: object, model: type[BaseModel]) -> None:
+def check_json_types(raw: object, model: type[BaseModel], json_said: bool = True) -> None:
     """422 for a JSON value of another type than its field's, which pydantic would convert ("8" for 8,
-    0 for false, "yes" for true): JSON's types as the schema states them (an integer may be 8.0)."""
+    0 for false, "yes" for true): JSON's types as the schema states them (an integer may be 8.0). The Open
+    Inference Protocol's parameters are checked so too (``json_said`` False: they are typed in gRPC as in JSON)."""
     if not isinstance(raw, dict):
         return
     for name, value in raw.items():
@@ -174,7 +175,9 @@ def _json_types(raw: object, model: type[BaseModel]) -> None:
             fits = True
         if kinds and not fits:
             names = sorted({"boolean" if k is bool else "integer" if k is int else "number" if k is float else "string" for k in kinds})
-            raise ApiError(422, f"{name}: expected a JSON {' or '.join(names)}, got {json.dumps(value)[:40]}", code="invalid_parameter")
+            kinds_said = " or ".join(names)
+            expected = f"a JSON {kinds_said}" if json_said else f"{'an' if kinds_said[0] in 'aeiou' else 'a'} {kinds_said}"
+            raise ApiError(422, f"{name}: expected {expected}, got {json.dumps(value)[:40]}", code="invalid_parameter")
 
 
 def _not_empty(data: bytes) -> bytes:

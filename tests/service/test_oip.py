@@ -221,6 +221,14 @@ REFUSALS: list[tuple[str, Any, int, str]] = [
     ("FP16", _pixel_input([1, 3, 32, 32], [0.5] * 3072, "FP16"), 400, "datatype FP16 is not supported"),
     ("not base64", {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["%%%"]}]}, 400, "must be base64"),
     ("not an image", {"inputs": [image_input(b"hello")]}, 415, "not an image in a supported format"),
+    # str(None) and str(1234) are valid base64: they had been decoded and refused as "not an image"
+    ("null as an image", {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [None]}]}, 400,
+     "BYTES elements in JSON must be base64 strings, got null"),
+    ("number as an image", {"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": [1234]}]}, 400,
+     "must be base64 strings, got 1234"),
+    # checked as /attribute's JSON is: pydantic's lax mode had explained class 1 for target true, and taken "8" for 8
+    ("boolean as target", {"inputs": [image_input(b"x")], "parameters": {"target": True}}, 422, "target: expected an integer, got true"),
+    ("string as steps", {"inputs": [image_input(b"x")], "parameters": {"steps": "8"}}, 422, 'steps: expected an integer, got "8"'),
     ("too many images", {"inputs": [image_input(*[b"x"] * 5)]}, 413, "at most 4 images"),
     ("unknown output", {"inputs": [image_input(b"x")], "outputs": [{"name": "logits"}]}, 400, "unknown output 'logits'"),
     ("unknown parameter", {"inputs": [image_input(b"x")], "parameters": {"stepz": 3}}, 422, "parameter 'stepz' is not"),

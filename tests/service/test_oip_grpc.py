@@ -128,6 +128,8 @@ def test_errors_are_status_codes_with_the_services_message(client: grpcclient.In
     assert err.status() == "StatusCode.NOT_FOUND" and "has one version, '1'" in err.message()
     err = refused(client.infer, "tiny", [one], headers=AUTH, parameters={"method": "idg", "steps": 1000})
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "steps must be <= 64, got 1000" in err.message()
+    err = refused(client.infer, "tiny", [one], headers=AUTH, parameters={"target": True})  # a bool_param: not class 1
+    assert err.status() == "StatusCode.INVALID_ARGUMENT" and "target: expected an integer, got true" in err.message()
     wrong = grpcclient.InferInput("input", [1, 3, 8, 8], "FP32")
     wrong.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
     err = refused(client.infer, "tiny", [wrong], headers=AUTH)

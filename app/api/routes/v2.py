@@ -74,7 +74,7 @@ from app.api.oip import (
     read_infer_request,
     write_infer_response,
 )
-from app.api.requests import first_error, read_body, until_disconnected
+from app.api.requests import check_json_types, first_error, read_body, until_disconnected
 from app.core.errors import ApiError, allow_header, documented_methods
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
 from app.service import ExplainRequest, Image, PredictRequest, RequestContext, Service
@@ -398,6 +398,7 @@ def _attribute_params(req: InferRequest, wanted: list[tuple[str, dict[str, Scala
         raise ApiError(422, f"parameter 'explain' must be true or false, got {flag!r}", code="invalid_parameter")
     if flag is False and (asked or given):
         raise ApiError(422, "explain is false, yet the request asks for explanation outputs or parameters", code="invalid_parameter")
+    check_json_types(given, AttributeParams, json_said=False)  # true is not target 1, nor "8" steps 8
     try:
         params = AttributeParams.model_validate({**given, "model": model, "top_k": 1, "return_heatmap": False, "return_overlay": False})
     except ValidationError as err:
