@@ -336,6 +336,11 @@ async def test_unknown_model_version_and_route_and_compression(tiny_app: AppFact
         assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error"]
         r = await client.post("/v2/repository/models/tiny/load")
         assert r.status_code == 404 and list(r.json()) == ["error"]
+        for method in ("PATCH", "OPTIONS", "TRACE"):  # every method in the protocol's form, not the REST contract's
+            r = await client.request(method, INFER)
+            assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error"], (method, r.text)
+            r = await client.request(method, "/v2/nothing")
+            assert r.status_code == 404 and list(r.json()) == ["error"], (method, r.text)
         r = await client.post(INFER, content=b"\x1f\x8b", headers={"Content-Encoding": "gzip"})
         assert r.status_code == 415 and "Content-Encoding" in r.json()["error"]
 

@@ -330,7 +330,7 @@ async def versioned(name: str, version: str, rest: str) -> None:
                    code="not_found")
 
 
-@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"], include_in_schema=False)
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"], include_in_schema=False)
 async def unknown(rest: str, request: Request) -> None:
     """Any other /v2 path: a 404 in the protocol's form; a documented path with another method (``POST
     /v2/health/live``), which this catch-all takes before the router can answer it, a 405 with its ``Allow``."""
