@@ -283,14 +283,43 @@ def validate_request(given: bytes | dict[str, Any]) -> InferRequest:
         raise bad(f"the inference request is not valid: {where + ': ' if where else ''}{e.get('msg')}") from err
 
 
-def read_infer_request(body: bytes, header_length: str | None) -> tuple[InferRequest, list[Tensor]]:
-    """The request and its input tensors, from a JSON body or a JSON header followed by binary data."""
+LARGE_REQUEST_BYTES = 256 * 1024
+"""A request (HTTP body or gRPC message) of this size or more is read off the event loop, in an image thread: a body of
+10 MB of JSON numbers took the loop 1-4 s (the health probes and every other request waited), and an image's request of
+a few kB takes less than the thread's hand-over."""
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What a request's inputs may hold, known before any of their data is read: ``images`` (IDG_MAX_BATCH_FILES) in the
+    batch dimension, and at most that many images of ``image_elements`` numbers each (the model's ``3 x S x S``)."""
+
+    images: int
+    image_elements: int
+
+    def check(self, request: InferRequest) -> None:
+        """413 for a batch of more images than the limit, 400 for a tensor larger than that many images, from the shapes alone."""
+        for spec in request.inputs:
+            n = spec.shape[0] if spec.shape else 0
+            if n > self.images:
+                raise ApiError(413, f"a request holds at most {self.images} images (IDG_MAX_BATCH_FILES), this one {n}",
+                               code="too_large")
+            count = _count(spec.shape)
+            if spec.datatype != "BYTES" and count > max(n, 1) * self.image_elements:
+                raise bad(f"input {spec.name!r}: its shape {spec.shape} holds {count} elements, more than {max(n, 1)} image(s) "
+                          f"of {self.image_elements}")
+
+
+def read_infer_request(body: bytes, header_length: str | None, limits: BatchLimits) -> tuple[InferRequest, list[Tensor]]:
+    """The request and its input tensors, from a JSON body or a JSON header followed by binary data; ``limits`` checked
+    from the shapes before any tensor's data is decoded."""
     binary = b""
     if header_length is not None:
         if not (header_length.isascii() and header_length.isdigit()) or int(header_length) > len(body):
             raise bad(f"Inference-Header-Content-Length {header_length!r} is not a length within the body's {len(body)} bytes")
         body, binary = body[:int(header_length)], body[int(header_length):]
     request = validate_request(body)
+    limits.check(request)
     tensors, pos = [], 0
     for spec in request.inputs:
         raw = None

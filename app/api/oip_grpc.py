@@ -37,11 +37,24 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app.api.deps import api_key_in, api_key_refusal, ready_service
 from app.api.failures import internal_error
-from app.api.oip import DTYPES, InferRequest, RequestInput, Scalar, Tensor, bad, decode_tensor, json_numbers, validate_request
-from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, run_inference
+from app.api.oip import (
+    DTYPES,
+    LARGE_REQUEST_BYTES,
+    BatchLimits,
+    InferRequest,
+    RequestInput,
+    Scalar,
+    Tensor,
+    bad,
+    decode_tensor,
+    json_numbers,
+    validate_request,
+)
+from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, batch_limits, run_inference
 from app.core.config import Settings
 from app.core.drain import Drain
 from app.core.errors import SHUTTING_DOWN, ApiError
+from app.core.image_threads import in_image_thread
 from app.core.replica import replica_id
 from app.service import Service
 from idg_core.models import ImageClassifier
@@ -98,8 +111,9 @@ def _raw(spec: RequestInput, contents: pb.InferTensorContents) -> bytes:
     return json_numbers(items, DTYPES[spec.datatype], spec.name, spec.datatype).tobytes()
 
 
-def read_request(request: pb.ModelInferRequest) -> tuple[InferRequest, list[Tensor]]:
-    """The HTTP door's inference request and its tensors, from a ``ModelInferRequest`` (400 for what it would refuse)."""
+def read_request(request: pb.ModelInferRequest, limits: BatchLimits) -> tuple[InferRequest, list[Tensor]]:
+    """The HTTP door's inference request and its tensors, from a ``ModelInferRequest`` (400 for what it would refuse;
+    ``limits`` checked from the shapes before any tensor's contents are read)."""
     req = validate_request({
         "id": request.id or None,
         "parameters": _parameters(request.parameters, "the request's"),
@@ -107,6 +121,7 @@ def read_request(request: pb.ModelInferRequest) -> tuple[InferRequest, list[Tens
                    for i in request.inputs],
         "outputs": [{"name": o.name, "parameters": _parameters(o.parameters, "an output's")} for o in request.outputs] or None,
     })
+    limits.check(req)
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(req.inputs):
         raise bad(f"raw_input_contents holds {len(raw)} tensors for {len(req.inputs)} inputs")
@@ -264,7 +279,8 @@ class InferenceService:
         received = time.perf_counter()
         remaining = context.time_remaining()
         service, key, model = await self._model(request.model_name, request.model_version)
-        req, tensors = read_request(request)
+        read = partial(read_request, request, batch_limits(service, model))
+        req, tensors = await in_image_thread(read) if request.ByteSize() >= LARGE_REQUEST_BYTES else read()
         if remaining is not None:  # end the work just before grpc cancels the call, so the service's deadline answers it
             remaining = max(remaining - GRPC_DEADLINE_MARGIN_S, 0.0)
         timeout = service.settings.request_timeout_s if remaining is None else min(service.settings.request_timeout_s, remaining)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from app.api import oip
 from app.api.routes import v2
 from tests.service.conftest import AppFactory, image_bytes, serve
 
@@ -319,6 +320,50 @@ async def test_a_large_answer_is_encoded_off_the_event_loop(tiny_app: AppFactory
                                            "parameters": {"explain": True, "steps": 4, "probe_steps": 4}})
         assert r.status_code == 200 and encoded_on == [True, False], r.text
         assert outputs(r.json())["attribution"].shape == (2, 3, 32, 32)
+
+
+async def test_a_large_request_is_read_off_the_event_loop(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 10 MB of JSON numbers had held the event loop 1-4 s (/v2/health/live waited): a large body is read in an image
+    # thread, a small one (an image of a few kB) on the loop
+    read_on: list[bool] = []
+    real = v2.read_infer_request
+
+    def spy(*args: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            read_on.append(True)
+        except RuntimeError:
+            read_on.append(False)
+        return real(*args)
+
+    monkeypatch.setattr(v2, "read_infer_request", spy)
+    noise = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 300, 3), dtype=np.uint8)).save(noise, format="PNG")
+    assert len(noise.getvalue()) > v2.LARGE_REQUEST_BYTES
+    async with serve(tiny_app()) as client:
+        assert (await client.post(INFER, json={"inputs": [image_input(image_bytes())]})).status_code == 200
+        r = await client.post(INFER, json={"inputs": [image_input(noise.getvalue())]})
+        assert r.status_code == 200 and read_on == [True, False], r.text
+
+
+@pytest.mark.parametrize(("shape", "datatype", "status", "says"), [
+    ([2_450_000], "FP32", 413, "at most 4 images (IDG_MAX_BATCH_FILES), this one 2450000"),
+    ([5], "BYTES", 413, "at most 4 images (IDG_MAX_BATCH_FILES), this one 5"),
+    ([1, 9_999_999], "UINT8", 400, "its shape [1, 9999999] holds 9999999 elements, more than 1 image(s) of 3072"),
+    ([4, 3, 32, 33], "FP32", 400, "holds 12672 elements, more than 4 image(s) of 3072"),
+], ids=["a batch of millions", "five files", "one image of millions of numbers", "four images a column too wide"])
+async def test_a_request_too_large_is_refused_from_its_shapes_before_its_data_is_read(
+    tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch, shape: list[int], datatype: str, status: int, says: str,
+) -> None:
+    # the limit had been checked after every element was decoded: 2.4 million elements took 4 s and 110 MB to refuse
+    decoded: list[str] = []
+    real = oip.decode_tensor
+    monkeypatch.setattr(oip, "decode_tensor", lambda spec, raw: decoded.append(spec.name) or real(spec, raw))
+    data = [b64(b"x")] * 5 if datatype == "BYTES" else [0] * 1000
+    async with serve(tiny_app(max_batch_files=4)) as client:
+        r = await client.post(INFER, json={"inputs": [{"name": "input", "shape": shape, "datatype": datatype, "data": data}]})
+    assert r.status_code == status and says in r.json()["error"], r.text
+    assert decoded == []
 
 
 async def test_unknown_model_version_and_route_and_compression(tiny_app: AppFactory) -> None:

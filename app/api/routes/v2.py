@@ -53,6 +53,8 @@ from app.api.deps import get_service, require_api_key
 from app.api.failures import internal_error
 from app.api.oip import (
     HEADER_LENGTH,
+    LARGE_REQUEST_BYTES,
+    BatchLimits,
     ConfigTensor,
     InferRequest,
     InferResponse,
@@ -76,6 +78,7 @@ from app.api.oip import (
 )
 from app.api.requests import check_json_types, first_error, read_body, until_disconnected
 from app.core.errors import ApiError, allow_header, documented_methods
+from app.core.image_threads import in_image_thread
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
 from app.service import ExplainRequest, Image, PredictRequest, RequestContext, Service
 from idg_core.explain import Explanation
@@ -244,7 +247,8 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     _check_content_type(request.headers.get("content-type"))
     key, model = service.model(name)
     body = await read_body(request, service.settings.max_upload_bytes)
-    req, tensors = read_infer_request(body, request.headers.get(HEADER_LENGTH))
+    read = partial(read_infer_request, body, request.headers.get(HEADER_LENGTH), batch_limits(service, model))
+    req, tensors = await in_image_thread(read) if len(body) >= LARGE_REQUEST_BYTES else read()
     inferred = await run_inference(service, key, model, req, tensors,
                                    service.context(received, until_disconnected=until_disconnected(request)))
     answer = partial(_answer, inferred, received)
@@ -284,7 +288,7 @@ async def run_inference(service: Service, key: str, model: ImageClassifier, req:
     wanted = _wanted_outputs(req)
     params, explain = _attribute_params(req, wanted, key)
     call = service.explain_request(params, context) if explain else service.predict_request(PredictParams(model=key, top_k=1), context)
-    items = _images(tensors, model, service.settings.max_batch_files)
+    items = _images(tensors, model)
 
     async def one(item: Image) -> tuple[torch.Tensor, Explanation | None]:
         if isinstance(call, PredictRequest):
@@ -410,16 +414,20 @@ def _attribute_params(req: InferRequest, wanted: list[tuple[str, dict[str, Scala
     return params, bool(flag) or asked or bool(given)
 
 
-def _images(tensors: list[Tensor], model: ImageClassifier, max_images: int) -> list[bytes | torch.Tensor]:
-    """The request's images: encoded files from ``image``, or ``(3, S, S)`` tensors in [0, 1] from ``input``."""
+def batch_limits(service: Service, model: ImageClassifier) -> BatchLimits:
+    """What one request to ``model`` may hold (:class:`BatchLimits`), for every door of the protocol."""
+    return BatchLimits(service.settings.max_batch_files, 3 * model.preprocessing.crop_size ** 2)
+
+
+def _images(tensors: list[Tensor], model: ImageClassifier) -> list[bytes | torch.Tensor]:
+    """The request's images: encoded files from ``image``, or ``(3, S, S)`` tensors in [0, 1] from ``input`` (their
+    count was bounded from the shapes, :class:`BatchLimits`, before their data was read)."""
     if len(tensors) != 1 or tensors[0].name not in ("image", "input"):
         raise bad(f"send exactly one input, 'image' (BYTES) or 'input' (FP32 pixels); got {[t.name for t in tensors]}")
     t = tensors[0]
     n = t.shape[0] if t.shape else 0
     if n < 1:
         raise bad(f"input {t.name!r} holds no image: its shape {t.shape} has no batch dimension of at least 1")
-    if n > max_images:
-        raise ApiError(413, f"a request holds at most {max_images} images (IDG_MAX_BATCH_FILES), this one {n}", code="too_large")
     if t.name == "image":
         if t.datatype != "BYTES" or len(t.shape) != 1:
             raise bad(f"input 'image' must be BYTES of shape [N] (one encoded image file each), got {t.datatype} {t.shape}")
