@@ -39,8 +39,9 @@ PARAMS = Params("la", (
     Param("classes", int, 20, "Attacks: classes - 1 toward classes drawn with seed, and one untargeted (the code's "
           "sampling_times)", low=1, step=True),
     Param("spatial_range", float, 20.0, "Step size divisor: each step moves a pixel by its own value / spatial_range", low=1e-3,
-          why="the step is the pixel divided by it: a smaller divisor moves every pixel past the [0, 1] clamp all the same, "
-          "and one near 0 made the step infinite or NaN (0 / 0 in float32)"),
+          high=1e6, why="the step is the pixel divided by it: a smaller divisor moves every pixel past the [0, 1] clamp all the "
+          "same, and one near 0 made the step infinite or NaN (0 / 0 in float32); a larger one moves no pixel enough to "
+          "change the model's output (1e308 answered a map of zeros)"),
     Param("num_classes", int, 1000, "Classes of the model (the service sets it from the model)", low=2, service=False),
     Param("seed", int, 0, "Seed of the class draw", low=0),
     output_param("probability"),

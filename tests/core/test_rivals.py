@@ -4,6 +4,8 @@ loop, per image, with the batch bug fixed); composable post-steps and the blur c
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -102,6 +104,22 @@ def test_la_refuses_a_spatial_range_that_would_make_its_step_infinite() -> None:
     for x in (torch.zeros(1, 3, 32, 32), torch.ones(1, 3, 32, 32)):
         res = METHODS["la"](model, x, None, 0, max_iter=2, classes=2, spatial_range=1e-3, num_classes=10)
         assert bool(torch.isfinite(res.attributions).all())
+
+
+@pytest.mark.parametrize("spatial_range", [math.inf, 1e308, 2e6], ids=["infinite", "1e308", "past 1e6"])
+def test_la_refuses_a_spatial_range_whose_step_moves_nothing(spatial_range: float) -> None:
+    """inf and 1e308 had been accepted: every step x / spatial_range was 0, and the answer a map of zeros after all the
+    attacks' passes."""
+    with pytest.raises(InvalidParameter, match=r"spatial_range must be a number in \[0.001, 1000000.0\]"):
+        METHODS["la"](SmallCNN(), torch.rand(1, 3, 32, 32), None, 0, max_iter=1, classes=2, spatial_range=spatial_range, num_classes=10)
+
+
+def test_no_float_parameter_takes_infinity() -> None:
+    floats = [p for m in METHODS.values() for p in m.params if p.kind is float]
+    assert len(floats) >= 5
+    for p in floats:
+        with pytest.raises(InvalidParameter, match=p.name):
+            p.check(math.inf)
 
 
 def test_idgi_and_smoothgrad_compose_on_a_method_and_blur_comes_last() -> None:
