@@ -61,17 +61,25 @@ def method_params(settings: Settings, params: AttributeCommon, num_classes: int)
         raise _invalid(str(err)) from err
 
 
-def work_bound(settings: Settings, params: AttributeCommon, used: dict[str, Any], options: ExplainOptions) -> WorkBound:
-    """The most the method with its post-steps can cost; 422 beyond ``IDG_MAX_PASSES``."""
+def work_bound(settings: Settings, params: AttributeCommon, used: dict[str, Any], options: ExplainOptions, size: int) -> WorkBound:
+    """The most the method with its post-steps can cost; 422 when it, or the whole explanation of a ``size``-pixel crop
+    (its prediction pass and faithfulness scores too), would cost more model passes than ``IDG_MAX_PASSES``."""
     limit = settings.max_passes or 4 * settings.max_steps
-    bound = METHODS[params.method].bound(used)
+    method = METHODS[params.method]
+    bound = method.bound(used)
     if bound.forward > limit:
+        counts = " or ".join(p.name for p in method.params if p.step)
         raise _invalid(f"{params.method} with these parameters may cost up to {bound.forward} model passes, more than the "
-                       f"limit of {limit}: lower steps, probe_steps, max_iter or adversarial_classes")
+                       f"limit of {limit}: lower {counts}")
     bound = postprocess_bound(bound, options.post)
     if bound.forward > limit:
         raise _invalid(f"{params.method} with smooth_samples={options.post.get('smooth_samples', 0)} may cost up to {bound.forward} model "
                        f"passes, more than the limit of {limit}: lower smooth_samples or steps")
+    whole = explanation_bound(bound, options.metrics, size, size, options.steps, predict=True).forward
+    if options.metrics and whole > limit:  # the scores' passes had been left out: 2,499 passes ran under a limit of 2,048
+        raise _invalid(f"{params.method} with faithfulness={','.join(options.metrics)} in {options.steps} steps may cost up to "
+                       f"{whole} model passes with its prediction, more than the limit of {limit}: lower faithfulness_steps, "
+                       "steps or smooth_samples")
     return bound
 
 
@@ -139,7 +147,7 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
         raise _invalid(f"target must be < {model.num_classes} (the model's classes), got {params.target}")
     kwargs = method_params(settings, params, model.num_classes)
     options = explain_options(settings, params, model)
-    bound = work_bound(settings, params, kwargs, options)
+    bound = work_bound(settings, params, kwargs, options, model.preprocessing.crop_size)
     used = {k: v for k, v in kwargs.items() if v is not None}  # None: not used (AGI's explicit classes)
     used |= {"baseline": params.baseline, "preset": answered_preset(params), **options.post}
     if options.metrics:
