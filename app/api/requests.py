@@ -115,7 +115,11 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
             except Exception as err:  # noqa: BLE001 - any multipart parse failure is the client's
                 raise ApiError(400, f"the multipart body could not be parsed: {err}", code="bad_request") from err
             items = [(k, v if isinstance(v, str) else FilePart(v.filename or "", await v.read())) for k, v in form.multi_items()]
-        upload = dict(items).get("file")  # the last part of that name, as Starlette's form.get
+        uploads = [v for k, v in items if k == "file"]
+        if len(uploads) > 1:  # which one would count is no rule a client should have to guess (the last had, silently)
+            raise ApiError(422, f"file: given {len(uploads)} times; send one image a request (several: POST /attribute/batch)",
+                           code="invalid_parameter")
+        upload = uploads[0] if uploads else None
         if not isinstance(upload, FilePart):
             raise ApiError(422, "file: send the image as a multipart file field named 'file'", code="missing_file")
         return _not_empty(upload.data), _validate(params_cls, form_fields(items, "file"))

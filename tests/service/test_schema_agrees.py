@@ -89,3 +89,11 @@ async def test_a_form_field_sent_twice_is_refused() -> None:
         r = await client.post("/attribute", files=[("file", ("a.png", image_bytes(), "image/png"))],
                               data={"steps": ["2", "40"], "probe_steps": "3"})
     assert r.status_code == 422 and r.json()["error"]["message"] == "steps: given more than once", r.text
+
+
+@pytest.mark.parametrize("route", ["/attribute", "/predict"])
+async def test_a_file_sent_twice_is_refused_not_the_last_one_answered(route: str) -> None:
+    two = [("file", ("a.png", image_bytes(), "image/png")), ("file", ("b.png", image_bytes((9, 9, 9)), "image/png"))]
+    async with serve(create_app(SETTINGS, models={"tiny": tiny_classifier()})) as client:
+        r = await client.post(route, files=two, data={"steps": "2", "probe_steps": "3"} if route == "/attribute" else {})
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("file: given 2 times; send one image"), r.text
