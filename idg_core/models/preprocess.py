@@ -10,6 +10,8 @@ needs, so memory is the decoded image plus the output, whatever the shape.
 from __future__ import annotations
 
 import io
+import math
+import re
 import warnings
 from pathlib import Path
 
@@ -93,13 +95,24 @@ def open_image(
     except ImageDecodeError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        # Pillow's own check (past 89 megapixels) comes before ours: word it by our limit, not Pillow's
+        pixels = re.search(r"Image size \((\d+) pixels\)", str(err))
+        if pixels and max_pixels is not None:
+            raise ImageTooLargeError(f"the image has {int(pixels[1])} pixels, more than the limit of {max_pixels}", "pixels") from err
         raise ImageTooLargeError(f"the image is too large to decode safely ({err})") from err
     except UnidentifiedImageError as err:
+        known = next((name for magic, name in _SIGNATURES if data.startswith(magic) and (name != "WebP" or data[8:12] == b"WEBP")), None)
+        if known is not None:  # a file of a supported format whose header is broken: corrupt, not unsupported
+            raise ImageDecodeError(f"the image could not be decoded: it starts as a {known} file but its header is corrupt") from err
         raise UnsupportedImageError("the file is not an image in a supported format (JPEG, PNG, WebP, GIF, BMP, TIFF)") from err
     except Exception as err:  # noqa: BLE001 - Pillow raises many types on malformed files
         raise ImageDecodeError(f"the image could not be decoded, it may be truncated or corrupt ({type(err).__name__}: {err})") from err
     return img
 
+
+_SIGNATURES = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"RIFF", "WebP"),
+               (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+"""The first bytes of each supported format (WebP's RIFF also names WEBP at bytes 8-12)."""
 
 _RGB16_KEYED = ("a 16-bit RGB PNG with a transparent colour (tRNS) is not supported (its transparent pixels cannot be "
                 "told apart once read): send it as 8-bit or with an alpha channel")
@@ -199,7 +212,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
     top = None
     if img.mode in ("I;16", "I;16B", "I;16L", "I"):
         rows = max(1, STRIP_PIXELS // max(1, w))
-        peak = max(float(np.asarray(img.crop((0, y, w, min(h, y + rows))), dtype=np.float64).max()) for y in range(0, h, rows))
+        peak, low = -math.inf, math.inf
+        for y in range(0, h, rows):  # a strip at a time: the only full-size allocation stays the RGB result
+            strip = np.asarray(img.crop((0, y, w, min(h, y + rows))), dtype=np.float64)
+            peak, low = max(peak, float(strip.max())), min(low, float(strip.min()))
+        if img.mode == "I" and (low < 0 or peak > 65535):  # clipped to 0-65535 they had answered black or white images
+            raise UnsupportedImageError(f"32-bit integer images with values outside 0-65535 are not supported (their value range "
+                                        f"is not defined; this one holds {low:g} to {peak:g}): send it as 8- or 16-bit")
         top = 65535.0 if img.mode.startswith("I;16") or peak > 255 else 255.0
     if w * h <= STRIP_PIXELS:
         return _to_rgb(img, top)

@@ -21,6 +21,21 @@ def _png(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG of a header only: its IHDR declares the size, no pixel follows."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+
+
+def _broken_jpeg_header() -> bytes:
+    data = bytearray(image_bytes(fmt="JPEG"))
+    at = data.find(b"\xff\xc4")  # its Huffman table, overwritten
+    data[at + 4:at + 40] = b"\xff" * 36
+    return bytes(data)
+
+
 @pytest.mark.parametrize(
     ("content", "status", "words"),
     [
@@ -29,8 +44,13 @@ def _png(img: Image.Image) -> bytes:
         (image_bytes(fmt="ICO"), 415, "supported format"),
         (b"", 400, "empty"),
         (_png(Image.new("L", (9000, 9000))), 413, "pixels"),
+        # past Pillow's own bomb limit (89 megapixels): its sentence had named its limit, not the service's
+        (_png_header(50_000, 50_000), 413, "the image has 2500000000 pixels, more than the limit of 25000000"),
+        # a supported format with a broken header had been "not an image in a supported format" (415)
+        (_broken_jpeg_header(), 400, "it starts as a JPEG file but its header is corrupt"),
+        (_png_header(0, 0), 400, "it starts as a PNG file but its header is corrupt"),
     ],
-    ids=["text", "truncated-jpeg", "ico", "empty", "pixel-bomb"],
+    ids=["text", "truncated-jpeg", "ico", "empty", "pixel-bomb", "pillow-bomb", "broken-jpeg-header", "zero-size-png"],
 )
 async def test_bad_images(tiny_app: AppFactory, content: bytes, status: int, words: str) -> None:
     async with serve(tiny_app(max_image_pixels=50_000_000 // 2)) as client:
@@ -144,6 +164,16 @@ async def test_a_float_tiff_is_refused_not_stretched_by_its_own_maximum(tiny_app
     async with serve(tiny_app()) as client:
         r = await client.post("/predict", files={"file": ("a.tiff", buf.getvalue())})
     assert r.status_code == 415 and "32-bit float images are not supported" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("value", [-100_000, 100_000], ids=["negative", "past 16 bits"])
+async def test_a_32_bit_integer_tiff_out_of_16_bits_is_refused_not_clipped(tiny_app: AppFactory, value: int) -> None:
+    """Clipped to 0-65535, such an image had been answered as a black or a white one."""
+    buf = io.BytesIO()
+    Image.fromarray(np.full((40, 30), value, np.int32)).save(buf, format="TIFF")
+    async with serve(tiny_app()) as client:
+        r = await client.post("/predict", files={"file": ("a.tiff", buf.getvalue())})
+    assert r.status_code == 415 and "32-bit integer images with values outside 0-65535" in r.json()["error"]["message"], r.text
 
 
 def test_exif_orientation_is_honoured() -> None:
