@@ -332,14 +332,17 @@ def test_failing_durable_job_images_fire_job_images_failing(tmp_path: Path, serv
 
 def test_a_replica_gone_from_discovery_fires_replicas_missing(tmp_path: Path, served: Served) -> None:
     """Two replicas expected (IDG_REPLICAS_EXPECTED=2): with both up it is silent; with one killed and gone from service
-    discovery (a Ray Serve replica's target leaves within seconds: no series at all, not even ``up``) it fires. Both
-    replicas are scrapes of the one server under two instance names."""
+    discovery (a Ray Serve replica's target leaves within seconds: no series at all, not even ``up``) it fires; with
+    both gone, IDGNoReplicaUp fires. Both replicas are scrapes of the one server under two instance names."""
     one = window(served, "replica-a:9000", 1.0)
     other = window(served, "replica-b:9000", 1.0)
     assert one.value("idg_replicas_expected") == 2
     assert_alerts(tmp_path, [one], {"IDGReplicasMissing": [{"exp_labels": {"severity": severity("IDGReplicasMissing"), "job": "idg"}}],
-                                    "IDGDown": []})
-    assert_alerts(tmp_path, [one, other], {"IDGReplicasMissing": [], "IDGDown": []})
+                                    "IDGDown": [], "IDGNoReplicaUp": []})
+    assert_alerts(tmp_path, [one, other], {"IDGReplicasMissing": [], "IDGDown": [], "IDGNoReplicaUp": []})
+    # both gone: no series at all, not even the expected count; IDGReplicasMissing and IDGDown cannot see it
+    assert_alerts(tmp_path, [], {"IDGNoReplicaUp": [{"exp_labels": {"severity": severity("IDGNoReplicaUp")}}],
+                                 "IDGReplicasMissing": [], "IDGDown": []})
 
 
 def _replica_pid(served: Served) -> int:

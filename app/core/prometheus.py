@@ -67,7 +67,9 @@ DEVICE_IDLE_HELP = (
     "and was still preparing their next call: planning, gathering points, booking the last call, the batch wait). With "
     "several server processes, the device's own idle time (no process had a call on it)")
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560)
+"""Up to 2560 s: the IDGSlowExplanations alert compares the p99 with half the request deadline (IDG_REQUEST_TIMEOUT_S),
+which a histogram ending at 160 s could not reach past a deadline of 320 s."""
 
 
 def service_version() -> str:
