@@ -110,6 +110,10 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
     if ctype.startswith("multipart/form-data"):
         items = simple_form(body, request.headers.get("content-type", ""), max_files=2, max_fields=64)
         if items is None:  # not the common form: Starlette's parser reads it, and words what is wrong
+            boundary = _BOUNDARY.search(request.headers.get("content-type", ""))
+            if boundary and b"--" + boundary[1].encode("latin-1") + b"--" not in body:  # its parser drops a part left open
+                raise ApiError(400, "the multipart body could not be parsed: it ends without its closing boundary "
+                               f"(--{boundary[1]}--)", code="bad_request")
             try:
                 form = await request.form(max_files=2, max_fields=64)
             except Exception as err:  # noqa: BLE001 - any multipart parse failure is the client's

@@ -218,6 +218,11 @@ async def test_missing_file_wrong_content_type_and_bad_json(tiny_app: AppFactory
         assert r.status_code == 400 and "base64" in r.json()["error"]["message"]
         r = await client.post("/predict", json={"picture": "abc"})
         assert r.status_code == 422
+        # a body that stops before its closing boundary: the parser had dropped the open part, and the answer said no
+        # file was sent
+        open_part = b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n' + image_bytes()
+        r = await client.post("/predict", content=open_part, headers={"content-type": "multipart/form-data; boundary=XYZ"})
+        assert r.status_code == 400 and "ends without its closing boundary (--XYZ--)" in r.json()["error"]["message"], r.text
 
 
 async def test_api_key(tiny_app: AppFactory) -> None:
