@@ -39,6 +39,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.device_time import SharedDeviceTime, read_all
+from app.core.request_id import COUNTED_STATUS
 
 if TYPE_CHECKING:  # the module itself stays light: a server process of several imports it first (not_ready_yet)
     import torch
@@ -481,5 +482,6 @@ class MetricsMiddleware:
             name = getattr(route, "path", None) or "unmatched"
             answered = status is not None and (finished or not client_gone)
             code = status if answered and status is not None else CLIENT_CLOSED if client_gone else 500
+            scope.setdefault("state", {})[COUNTED_STATUS] = code  # the request log's line says the same (RequestIdMiddleware)
             self.metrics.requests.labels(name, str(code)).inc()
             self.metrics.latency.labels(name).observe(time.perf_counter() - started)

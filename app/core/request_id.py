@@ -25,6 +25,8 @@ QUIET = re.compile(r"/metrics|(/v2)?/health/.+|/v2/models/[^/]+(/versions/[^/]+)
 """Paths whose answers are not logged one by one: probes, scrapes, the page's assets."""
 
 log = logging.getLogger("app.requests")
+COUNTED_STATUS = "counted_status"
+"""The key in a request's ``scope["state"]`` of the status :class:`app.core.prometheus.MetricsMiddleware` counted for it."""
 _current: ContextVar[str | None] = ContextVar("idg_request_id", default=None)
 
 
@@ -74,6 +76,9 @@ class RequestIdMiddleware:
         try:
             await self.app(scope, receive, _send)
         finally:
+            # the status the metrics counted where they did: 499 for a client gone before its answer ended, whatever the
+            # app then sent (the line had said 503 where the metric said 499)
+            status = scope["state"].get(COUNTED_STATUS, status)
             if status and not QUIET.fullmatch(scope["path"]):
                 ms = round((time.perf_counter() - started) * 1000, 1)
                 log.info("%s %s %d in %.1f ms", scope["method"], scope["path"], status, ms,

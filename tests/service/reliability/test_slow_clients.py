@@ -155,6 +155,12 @@ def test_a_client_leaving_while_its_job_runs_counts_499_not_503(served: Served) 
     assert served.metric(sample % 503) == 0
     assert served.metric(sample % 500) == 0
     assert "Traceback" not in served.log()
+    # the request's log line says what the metric counted (it had said 503, the status sent to nobody)
+    deadline = time.monotonic() + 5
+    while "POST /predict 499 in " not in served.log():
+        assert time.monotonic() < deadline, served.log()[-2000:]
+        time.sleep(0.05)
+    assert "POST /predict 503 in " not in served.log()
 
 
 def test_a_client_that_leaves_while_its_attribution_waits_has_its_work_dropped(served: Served) -> None:
