@@ -66,6 +66,14 @@ class ReadLimits:
     header_timeout_s: float
     body_timeout_s: float
     on_timeout: Callable[[str], None] | None = None
+    min_upload_rate: float | None = None
+    """Bytes per second a body of declared length is given at least (``IDG_MIN_UPLOAD_RATE``), as the app gives it."""
+
+    def body_s(self, declared: int | None) -> float:
+        """The time a body may take: ``body_timeout_s``, or its declared length at ``min_upload_rate`` if longer."""
+        if declared is None or not self.min_upload_rate:
+            return self.body_timeout_s
+        return max(self.body_timeout_s, declared / self.min_upload_rate)
 
 
 class TimedH11Protocol(H11Protocol):
@@ -80,6 +88,7 @@ class TimedH11Protocol(H11Protocol):
         self._phase = ""
         self._head_bytes = 0
         self._lingering = False
+        self._body_s = self.limits.body_timeout_s
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -108,13 +117,22 @@ class TimedH11Protocol(H11Protocol):
                 self._head_bytes = len(pending)
         elif state is h11.SEND_BODY:
             if self._phase == "headers":
-                self._arm("body")
+                self._arm("body", self._declared_length())
         else:
             self._disarm()  # the request is in (or the connection is over)
 
-    def _arm(self, phase: str) -> None:
+    def _declared_length(self) -> int | None:
+        """The Content-Length of the request being read (uvicorn's scope for it), None when it declares none."""
+        headers = getattr(self, "scope", {}).get("headers", [])
+        value = next((v for k, v in headers if k == b"content-length"), None)
+        return int(value) if value is not None and value.isdigit() else None
+
+    def _arm(self, phase: str, declared: int | None = None) -> None:
+        """The deadline of reading the headers, or the body: the app's own (a body of declared length has its time at
+        the minimum rate: a 300 MB job had been cut at the plain body timeout) and :data:`BODY_BACKSTOP_S` more."""
         self._disarm()
-        seconds = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s + BODY_BACKSTOP_S
+        self._body_s = self.limits.body_s(declared)
+        seconds = self.limits.header_timeout_s if phase == "headers" else self._body_s + BODY_BACKSTOP_S
         self._phase, self._head_bytes = phase, 0
         self._read_timer = self.loop.call_later(seconds, self._timed_out, phase)
 
@@ -136,7 +154,7 @@ class TimedH11Protocol(H11Protocol):
                 log.info("closed the connection of %s: its request headers did not arrive within %g s", who, seconds)
                 answered = True
         else:
-            log.info("closed the connection of %s: its request body did not arrive within %g s", who, self.limits.body_timeout_s)
+            log.info("closed the connection of %s: its request body did not arrive within %g s", who, self._body_s)
         if self.limits.on_timeout is not None and (phase == "body" or self._head_bytes):
             self.limits.on_timeout(phase)
         if answered and self.transport.can_write_eof():
@@ -279,7 +297,8 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
     """The server for ``app``, configured from its settings (``host``/``port`` override them)."""
     settings = app.state.settings
     metrics = app.state.metrics
-    limits = ReadLimits(settings.header_timeout_s, settings.body_timeout_s, lambda phase: metrics.read_timeouts.labels(phase).inc())
+    limits = ReadLimits(settings.header_timeout_s, settings.body_timeout_s, lambda phase: metrics.read_timeouts.labels(phase).inc(),
+                        settings.min_upload_rate)
     config = uvicorn.Config(
         app, host=host or settings.host, port=settings.port if port is None else port, http=timed_protocol(limits),
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
