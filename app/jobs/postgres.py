@@ -57,7 +57,7 @@ class PostgresStore(SqlStore):
     lock_row = " FOR UPDATE"
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        super().__init__()
+        super().__init__(timeout_s)
         try:
             import psycopg
             from psycopg_pool import ConnectionPool
@@ -74,8 +74,8 @@ class PostgresStore(SqlStore):
             self.create_tables(cur, ("BYTEA", "DOUBLE PRECISION", "BIGINT"))
 
     @contextmanager
-    def transaction(self, write: bool = True) -> Iterator[Cursor]:
-        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+    def transaction(self, write: bool = True, timeout_s: float | None = None) -> Iterator[Cursor]:
+        with self._pool.connection(timeout=timeout_s) as conn, conn.transaction(), conn.cursor() as cur:
             yield _Cursor(cur)
 
     def columns(self, cur: Cursor, table: str) -> set[str]:

@@ -126,15 +126,23 @@ class SqlStore:
     lock_row = ""
     """Appended to a SELECT of rows about to change: PostgreSQL's ``FOR UPDATE``."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = 5.0) -> None:
         self._lock = threading.Lock()
+        self.timeout_s = timeout_s
+        """How long one operation may wait, for this process's turn at the store and then for the store itself
+        (``IDG_JOBS_STORE_TIMEOUT_S``)."""
         self.reachability = Reachability()
 
     # -- dialect ---------------------------------------------------------------------------
-    def transaction(self, write: bool = True) -> AbstractContextManager[Cursor]:
-        """A cursor in a transaction (committed on leaving, rolled back on an error); ``write=False``:
-        it only reads (SQLite then does not wait for another writer's lock)."""
+    def transaction(self, write: bool = True, timeout_s: float | None = None) -> AbstractContextManager[Cursor]:
+        """A cursor in a transaction (committed on leaving, rolled back on an error), waiting at most ``timeout_s``
+        (None: :attr:`timeout_s`) for the store; ``write=False``: it only reads (SQLite then does not wait for
+        another writer's lock)."""
         raise NotImplementedError
+
+    def lock_for(self, write: bool) -> threading.Lock:
+        """The lock of the connection a transaction uses (one connection serves one thread at a time)."""
+        return self._lock
 
     def transient(self, err: BaseException) -> bool:
         """Whether ``err`` means the store is unreachable or busy for now (not a bug in a statement)."""
@@ -144,14 +152,20 @@ class SqlStore:
     def _tx(self, write: bool = True) -> Iterator[Cursor]:
         """:meth:`transaction` under this store's lock; a passing failure becomes :class:`StoreUnavailable`
         and marks the store unreachable, a success marks it reachable."""
+        began, lock = time.monotonic(), self.lock_for(write)
+        if not lock.acquire(timeout=self.timeout_s):  # another operation holds the connection (a store that hangs, a
+            # long sweep): every operation queued behind it had waited its whole turn, then its own timeout (20 s seen)
+            raise StoreUnavailable(f"the job store is busy: this process's other operations held it for {self.timeout_s:g} s")
         try:
-            with self._lock, self.transaction(write) as cur:
+            with self.transaction(write, max(0.05, self.timeout_s - (time.monotonic() - began))) as cur:
                 yield cur
         except Exception as err:
             if not self.transient(err):
                 raise
             self.reachability.failed(err)
             raise StoreUnavailable(f"{type(err).__name__}: {str(err).strip()[:200]}") from err
+        finally:
+            lock.release()
         self.reachability.ok()
 
     def lock_jobs(self, cur: Cursor) -> None:

@@ -110,6 +110,30 @@ async def test_a_sqlite_file_locked_past_the_busy_timeout_mid_job_heals_without_
         await _every_image_once(client, app, job["id"])
 
 
+async def test_while_sqlite_is_locked_every_route_answers_within_the_store_timeout(tiny_app: AppFactory, tmp_path: Path) -> None:
+    # six submissions at once against another process's write lock: each had waited its turn at the process's connection,
+    # then its own busy timeout (6 x 0.5 s); reads had waited behind them though WAL lets them run beside a writer
+    data, timeout_s = tmp_path / "data", 0.5
+    app = tiny_app(delay_s=0.02, data_dir=data, jobs_store_timeout_s=timeout_s)
+    async with serve(app) as client:
+        job = await submit(client, images(2))
+
+        async def timed(request: Any) -> tuple[Any, float]:
+            began = time.monotonic()
+            r = await request
+            return r, time.monotonic() - began
+
+        with write_locked(data / "jobs.sqlite3", 4.0):
+            posts = [timed(client.post("/jobs", files=images(1), data=FAST)) for _ in range(6)]
+            reads = [timed(client.get(f"/jobs/{job['id']}")) for _ in range(3)] + [timed(client.get("/jobs"))]
+            answered = await asyncio.gather(*posts, *reads)
+        for r, took in answered[:6]:
+            _refused_for_now(r)
+            assert took < 3 * timeout_s, took  # its own timeout (and a turn), not the queue's
+        for r, took in answered[6:]:
+            assert r.status_code == 200 and took < 2 * timeout_s, (r.text, took)
+
+
 @pytest.mark.slow
 async def test_postgres_stopped_mid_job_and_started_again_heals_without_a_restart(tiny_app: AppFactory) -> None:
     outage_s = float(os.environ.get("IDG_TEST_PG_OUTAGE_S", "10"))
@@ -122,9 +146,12 @@ async def test_postgres_stopped_mid_job_and_started_again_heals_without_a_restar
             await asyncio.sleep(0.2)  # the stream is open, waiting for more answers
             stopped = time.monotonic()
             await asyncio.to_thread(server.stop)  # fast: the server ends every session, as a restart would
-            _refused_for_now(await client.get("/jobs"))
-            _refused_for_now(await client.get(f"/jobs/{job['id']}"))
-            _refused_for_now(await client.post("/jobs", files=images(1), data=FAST))
+            began = time.monotonic()  # at once, each within the store timeout (they had taken 4 times it in turn)
+            refused = await asyncio.gather(client.get("/jobs"), client.get(f"/jobs/{job['id']}"),
+                                           client.post("/jobs", files=images(1), data=FAST), client.get(f"/jobs/{job['id']}"))
+            for r in refused:
+                _refused_for_now(r)
+            assert time.monotonic() - began < 3 * 1.0
             await _until_unreachable(client)
             lines = [json.loads(line) for line in (await asyncio.wait_for(followed, outage_s)).text.splitlines()]
             assert lines[-1] == {"end": "unavailable", "after": lines[-2]["seq"]}, lines[-3:]  # said why: resumable there
