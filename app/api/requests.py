@@ -9,7 +9,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Literal, TypeVar, get_args, get_origin
+from typing import IO, Literal, TypeVar, get_args, get_origin
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -57,6 +57,45 @@ async def read_body(request: Request, limit: int) -> bytes:
     length, than ``min_upload_rate``) with 408 (closing the connection, so the slow client's socket
     is freed). A client that goes away raises Starlette's ``ClientDisconnect`` (answered and counted
     as 499 by the error handlers and the metrics)."""
+    chunks: list[bytes] = []
+
+    async def keep(chunk: bytes) -> None:
+        chunks.append(chunk)
+
+    await _read_chunks(request, limit, keep)
+    body = b"".join(chunks)
+    request._body = body  # noqa: SLF001 - lets request.form() parse the body read here
+    return body
+
+
+SPOOL_FLUSH_BYTES = 1 << 20
+"""A spooled body is written out in pieces of this size, each in a thread (the event loop never writes to disk)."""
+
+
+async def spool_body(request: Request, limit: int, spool: IO[bytes]) -> int:
+    """The body written to ``spool`` (a file: a large job upload waits on disk, not in memory, for its turn to be
+    unpacked), with :func:`read_body`'s limits; its length. ``spool`` is rewound."""
+    pending: list[bytes] = []
+    size = held = 0
+
+    async def write(chunk: bytes) -> None:
+        nonlocal size, held
+        pending.append(chunk)
+        size += len(chunk)
+        held += len(chunk)
+        if held >= SPOOL_FLUSH_BYTES:
+            await asyncio.to_thread(spool.writelines, list(pending))
+            pending.clear()
+            held = 0
+
+    await _read_chunks(request, limit, write)
+    await asyncio.to_thread(spool.writelines, pending)
+    spool.seek(0)
+    return size
+
+
+async def _read_chunks(request: Request, limit: int, each: Callable[[bytes], Awaitable[None]]) -> None:
+    """Every chunk of the body to ``each``, within the limits of :func:`read_body`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {int(declared)} bytes, more than the limit of {limit}", code="too_large")
@@ -64,22 +103,19 @@ async def read_body(request: Request, limit: int) -> bytes:
     timeout = settings.body_timeout_s
     if declared is not None and declared.isdigit():
         timeout = max(timeout, int(declared) / settings.min_upload_rate)
-    chunks, size = [], 0
+    size = 0
     try:
         async with asyncio.timeout(timeout):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
                     raise ApiError(413, f"the request body is larger than the limit of {limit} bytes", code="too_large")
-                chunks.append(chunk)
+                await each(chunk)
     except TimeoutError as err:
         request.app.state.metrics.read_timeouts.labels("body").inc()
         log.info("request body to %s did not arrive within %g s (%d bytes came); answering 408", request.url.path, timeout, size)
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s ({size} bytes came)",
                        headers={"Connection": "close"}, code="body_timeout") from err
-    body = b"".join(chunks)
-    request._body = body  # noqa: SLF001 - lets request.form() parse the body read here
-    return body
 
 
 def until_disconnected(request: Request) -> Callable[[], Awaitable[None]]:

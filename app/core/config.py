@@ -301,8 +301,9 @@ class JobsSettings(Section):
     jobs_max_images: int = Field(10_000, ge=1, description="Most images in one job (POST /jobs); beyond, 413")
     jobs_max_upload_bytes: int = Field(300_000_000, ge=1, description="Largest POST /jobs body, and most bytes one job's "
                                        "images may take once its archives are unpacked (all its uploads together); beyond, 413")
-    jobs_unpack_at_once: int = Field(2, ge=1, description="Archives (POST /jobs) unpacked at once per process; more wait their "
-                                     "turn, so that memory holds at most this many times IDG_JOBS_MAX_UPLOAD_BYTES of unpacked images")
+    jobs_unpack_at_once: int = Field(2, ge=1, description="Job submissions (POST /jobs) parsed and unpacked at once per "
+                                     "process; more wait their turn with their bodies spooled to disk (IDG_DATA_DIR), so that "
+                                     "memory holds at most about twice this many times IDG_JOBS_MAX_UPLOAD_BYTES")
     jobs_max_bytes: int = Field(5_000_000_000, ge=1, description="Most bytes the job store holds (images not yet answered, "
                                 "answers), checked when a job is submitted; beyond, 507")
     jobs_retention_s: float = Field(7 * 86400.0, gt=0, description="Finished jobs are deleted this long after they finished")

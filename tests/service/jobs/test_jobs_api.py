@@ -8,13 +8,16 @@ import io
 import json
 import logging
 import tarfile
+import tempfile
 import threading
 import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from app.core.request_id import RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
@@ -129,6 +132,47 @@ async def test_bounds_and_bad_parameters_get_a_clear_error_in_the_json_contract(
             r = await client.request(method, path)
             assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_job")
         assert (await client.get("/jobs", params={"limit": 0})).status_code == 422
+
+
+async def test_large_uploads_wait_on_disk_and_are_unpacked_one_turn_at_a_time(tiny_app: AppFactory, tmp_path: Any,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # six uploads of 287 MB at once had held 5.6 GB: every body in memory, and each parsed and unpacked at once.
+    # Now a body waits spooled to disk (IDG_DATA_DIR) for one of IDG_JOBS_UNPACK_AT_ONCE turns.
+    from app.api.routes import jobs
+
+    data = tmp_path / "data"
+    active, most, spooled = 0, 0, []
+    real = jobs._job_images
+    spools: list[Any] = []
+
+    class Recorded(tempfile.SpooledTemporaryFile):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            spools.append(self)
+
+    async def counted(form: Any, settings: Any) -> Any:
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        await asyncio.sleep(0.3)  # the others arrive meanwhile, and wait
+        spooled.append(sum(1 for f in spools if f._rolled and not f.closed))  # noqa: SLF001 - on disk: rolled over
+        try:
+            return await real(form, settings)
+        finally:
+            active -= 1
+
+    monkeypatch.setattr(jobs.tempfile, "SpooledTemporaryFile", Recorded)
+    monkeypatch.setattr(jobs, "_job_images", counted)
+    big = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (1000, 1500), dtype=np.uint8)).save(big, format="BMP")
+    assert len(big.getvalue()) > jobs.SPOOL_MEMORY_BYTES  # a body larger than what may wait in memory
+    async with serve(tiny_app(data_dir=data, jobs_unpack_at_once=1)) as client:
+        answers = await asyncio.gather(*[client.post("/jobs", files=[("files", (f"big{i}.bmp", big.getvalue(), "image/bmp"))],
+                                                     data=FAST) for i in range(4)])
+    assert [r.status_code for r in answers] == [202] * 4, [r.text for r in answers]
+    assert most == 1  # one turn at a time
+    assert max(spooled) >= 2, spooled  # the waiting bodies were on disk, not in memory
+    assert len(spools) == 4 and all(f.closed for f in spools)  # and gone once read
 
 
 async def test_jobs_are_listed_newest_first_a_page_at_a_time(tiny_app: AppFactory) -> None:
