@@ -43,9 +43,23 @@ def is_archive(data: bytes) -> bool:
 
 
 def _is_tar(data: bytes) -> bool:
+    """Compressed, or a POSIX (``ustar``) tar; or a pre-POSIX (v7) one, whose first header's checksum holds, or an
+    empty one (zero blocks: no image format starts so). Those two had been taken for an image and refused as one."""
     if data[:2] == b"\x1f\x8b" or data[:3] == b"BZh" or data[:6] == b"\xfd7zXZ\x00":
         return True
-    return len(data) >= 512 and data[257:262] == b"ustar"
+    if len(data) < 512:
+        return False
+    if data[257:262] == b"ustar" or _tar_checksum_holds(data[:512]):
+        return True
+    return len(data) >= 1024 and len(data) % 512 == 0 and not data[:1024].strip(b"\x00")
+
+
+def _tar_checksum_holds(block: bytes) -> bool:
+    """A tar header's checksum (octal at bytes 148-155: the sum of the header's bytes, the field itself as spaces)."""
+    field = block[148:156].split(b"\x00", 1)[0].strip()
+    if not field or any(c not in b"01234567" for c in field):
+        return False
+    return int(field, 8) == sum(block[:148]) + 8 * 32 + sum(block[156:512])
 
 
 def _bad(message: str) -> ApiError:

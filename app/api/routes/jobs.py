@@ -166,7 +166,7 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
         try:
             parse_condition(explain_if)
         except ConditionError as err:
-            raise ApiError(422, f"explain_if: {err}", code="invalid_parameter") from err
+            raise ApiError(422, str(err), code="invalid_parameter") from err  # it names explain_if itself
     _check_callback(callback_url)
     tenant = key.name if (key := _key(request)) is not None else None
     stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}

@@ -102,6 +102,33 @@ async def test_broken_encrypted_or_nested_archives_are_a_422_that_says_what_was_
         assert (await client.get("/jobs")).json()["total"] == 0
 
 
+def _v7(posix_tar: bytes) -> bytes:
+    """A pre-POSIX (v7) tar: the first header without its ``ustar`` magic, its checksum made again."""
+    raw = bytearray(posix_tar)
+    raw[257:265], raw[148:156] = bytes(8), b" " * 8
+    raw[148:156] = b"%06o\x00 " % sum(raw[:512])
+    return bytes(raw)
+
+
+def test_a_pre_posix_or_empty_tar_is_read_as_an_archive_not_refused_as_an_image() -> None:
+    # both had been taken for an image (only the ustar magic was looked for) and answered 415 per item
+    v7 = _v7(tarred(PHOTOS, "w"))
+    assert v7[257:262] != b"ustar" and is_archive(v7)
+    assert [name for name, _ in read_archive(v7, BOUNDS)] == list(PHOTOS)
+    empty = io.BytesIO()
+    tarfile.open(fileobj=empty, mode="w").close()
+    assert is_archive(empty.getvalue()) and read_archive(empty.getvalue(), BOUNDS) == []
+    assert not any(is_archive(image_bytes(fmt=f)) for f in ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP"))
+
+
+async def test_an_empty_tar_is_a_job_of_no_images(tiny_app: AppFactory) -> None:
+    empty = io.BytesIO()
+    tarfile.open(fileobj=empty, mode="w").close()
+    async with serve(tiny_app()) as client:
+        r = await client.post("/jobs", files={"archive": ("a.tar", empty.getvalue())}, data=FAST)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "missing_file", r.text
+
+
 async def test_the_unpacked_bytes_are_bounded_per_job_across_its_uploads(tiny_app: AppFactory) -> None:
     """Two archives of 60 KB of (compressible) images each: either alone fits 100 KB, both do not."""
     blank = {f"b{i}.bmp": bytes(20_000) for i in range(3)}

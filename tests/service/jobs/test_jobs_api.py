@@ -127,6 +127,7 @@ async def test_bounds_and_bad_parameters_get_a_clear_error_in_the_json_contract(
             r = await client.post("/jobs", files=kwargs["files"] or None, data=data)
             assert (r.status_code, r.json()["error"]["code"]) == (status, code), (kwargs, r.text)
             assert r.json()["error"]["status"] == status and r.json()["error"]["message"]
+            assert "explain_if: explain_if" not in r.json()["error"]["message"]  # said once
         assert (await client.get("/jobs")).json()["total"] == 0
         for method, path in (("GET", "/jobs/nope"), ("GET", "/jobs/nope/results"), ("DELETE", "/jobs/nope")):
             r = await client.request(method, path)
