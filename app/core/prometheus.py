@@ -36,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.requests import ClientDisconnect
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.device_time import SharedDeviceTime, read_all
@@ -444,6 +445,22 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._plain: dict[int, str] = {}
+
+    def _plain_route(self, scope: Scope) -> str | None:
+        """The path of a Starlette route or mount that answered (``/openapi.json``, ``/static/{path}``): FastAPI's own
+        routes name themselves in ``scope["route"]``, these only by their endpoint, and had been counted as
+        ``unmatched``."""
+        endpoint = scope.get("endpoint")
+        if endpoint is None:
+            return None
+        if id(endpoint) not in self._plain:
+            for r in getattr(scope.get("app"), "routes", []):
+                if getattr(r, "endpoint", None) is endpoint:
+                    self._plain[id(endpoint)] = str(r.path)
+                elif isinstance(r, Mount) and r.app is endpoint:
+                    self._plain[id(endpoint)] = f"{r.path}/{{path}}"
+        return self._plain.get(id(endpoint))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -478,8 +495,7 @@ class MetricsMiddleware:
             client_gone = True
             raise
         finally:
-            route = scope.get("route")
-            name = getattr(route, "path", None) or "unmatched"
+            name = getattr(scope.get("route"), "path", None) or self._plain_route(scope) or "unmatched"
             answered = status is not None and (finished or not client_gone)
             code = status if answered and status is not None else CLIENT_CLOSED if client_gone else 500
             scope.setdefault("state", {})[COUNTED_STATUS] = code  # the request log's line says the same (RequestIdMiddleware)

@@ -80,6 +80,13 @@ async def test_models_health_metrics_and_docs(lite0_app) -> None:
         assert {"file", "method", "target", "steps", "probe_steps", "baseline", "placement", "importance"} <= set(form)
         assert all(v.get("description") for k, v in form.items())
         assert "application/json" in spec["paths"]["/predict"]["post"]["requestBody"]["content"]
+        # the schema and the page's assets are counted by their route, not as "unmatched"
+        assert (await client.get("/static/style.css")).status_code == 200
+        assert (await client.get("/nowhere")).status_code == 404
+        text = (await client.get("/metrics")).text
+        assert 'idg_http_requests_total{route="/openapi.json",status="200"} 1.0' in text
+        assert 'idg_http_requests_total{route="/static/{path}",status="200"} 1.0' in text
+        assert 'idg_http_requests_total{route="unmatched",status="404"} 1.0' in text
 
 
 async def test_every_answer_says_nosniff_and_the_page_forbids_framing_and_foreign_scripts(tiny_app) -> None:
