@@ -68,12 +68,16 @@ class ReadLimits:
     on_timeout: Callable[[str], None] | None = None
     min_upload_rate: float | None = None
     """Bytes per second a body of declared length is given at least (``IDG_MIN_UPLOAD_RATE``), as the app gives it."""
+    max_body_bytes: int = 0
+    """The largest body any route takes (``IDG_JOBS_MAX_UPLOAD_BYTES``, ``IDG_MAX_UPLOAD_BYTES``): a larger declared
+    length is refused by the app (413) and gives no more time on the socket."""
 
     def body_s(self, declared: int | None) -> float:
-        """The time a body may take: ``body_timeout_s``, or its declared length at ``min_upload_rate`` if longer."""
+        """The time a body may take: ``body_timeout_s``, or its declared length (up to ``max_body_bytes``) at
+        ``min_upload_rate`` if longer. Uncapped, a declared 10 TB had kept a socket nobody read for 231 days."""
         if declared is None or not self.min_upload_rate:
             return self.body_timeout_s
-        return max(self.body_timeout_s, declared / self.min_upload_rate)
+        return max(self.body_timeout_s, min(declared, self.max_body_bytes) / self.min_upload_rate)
 
 
 class TimedH11Protocol(H11Protocol):
@@ -298,7 +302,7 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
     settings = app.state.settings
     metrics = app.state.metrics
     limits = ReadLimits(settings.header_timeout_s, settings.body_timeout_s, lambda phase: metrics.read_timeouts.labels(phase).inc(),
-                        settings.min_upload_rate)
+                        settings.min_upload_rate, max(settings.max_upload_bytes, settings.jobs_max_upload_bytes))
     config = uvicorn.Config(
         app, host=host or settings.host, port=settings.port if port is None else port, http=timed_protocol(limits),
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,

@@ -110,7 +110,8 @@ class LimitsSettings(Section):
         "body_timeout_s or its length at this rate, whichever is longer (a 300 MB job at the default: 600 s), so the size "
         "limits and the timeout agree for slow links. A body without a declared length (chunked) has body_timeout_s")
     max_upload_bytes: int = Field(10_000_000, ge=1, description="Largest request body; beyond, 413")
-    max_image_pixels: int = Field(40_000_000, ge=1, description="Largest decoded image (width x height); beyond, 413")
+    max_image_pixels: int = Field(40_000_000, ge=1, le=178_956_970, description="Largest decoded image (width x height); "
+                                  "beyond, 413. At most Pillow's own limit against decompression bombs (178,956,970)")
     max_image_side: int = Field(
         16384, ge=1, description="Longest image side in pixels, checked from the header before decoding; beyond, 413 "
         "(16384 is WebP's own limit and above any camera's; with the aspect limit it bounds decoding cost by shape)")

@@ -76,10 +76,10 @@ def work_bound(settings: Settings, params: AttributeCommon, used: dict[str, Any]
         raise _invalid(f"{params.method} with smooth_samples={options.post.get('smooth_samples', 0)} may cost up to {bound.forward} model "
                        f"passes, more than the limit of {limit}: lower smooth_samples or steps")
     whole = explanation_bound(bound, options.metrics, size, size, options.steps, predict=True).forward
-    if options.metrics and whole > limit:  # the scores' passes had been left out: 2,499 passes ran under a limit of 2,048
-        raise _invalid(f"{params.method} with faithfulness={','.join(options.metrics)} in {options.steps} steps may cost up to "
-                       f"{whole} model passes with its prediction, more than the limit of {limit}: lower faithfulness_steps, "
-                       "steps or smooth_samples")
+    if whole > limit:  # the scores' passes and the prediction had been left out: 2,499 passes ran under a limit of 2,048
+        scores = f" with faithfulness={','.join(options.metrics)} in {options.steps} steps" if options.metrics else ""
+        raise _invalid(f"{params.method}{scores} may cost up to {whole} model passes with its prediction, more than the limit "
+                       f"of {limit}: lower {'faithfulness_steps, ' if options.metrics else ''}steps or smooth_samples")
     return bound
 
 

@@ -84,8 +84,8 @@ def open_image(
     if not data:
         raise ImageDecodeError("the uploaded file is empty")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with warnings.catch_warnings():  # with a limit of our own, Pillow's warning (past 89 megapixels) is not the limit
+            warnings.simplefilter("error" if max_pixels is None else "ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=formats)
         check_size(img.size, max_pixels, max_side, max_aspect_ratio)
         if img.format == "PNG" and "transparency" in img.info and (_png_rawmode(img) or "").startswith("RGB;16"):
@@ -97,7 +97,7 @@ def open_image(
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         # Pillow's own check (past 89 megapixels) comes before ours: word it by our limit, not Pillow's
         pixels = re.search(r"Image size \((\d+) pixels\)", str(err))
-        if pixels and max_pixels is not None:
+        if pixels and max_pixels is not None and int(pixels[1]) > max_pixels:
             raise ImageTooLargeError(f"the image has {int(pixels[1])} pixels, more than the limit of {max_pixels}", "pixels") from err
         raise ImageTooLargeError(f"the image is too large to decode safely ({err})") from err
     except UnidentifiedImageError as err:

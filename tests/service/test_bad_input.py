@@ -166,6 +166,16 @@ async def test_a_float_tiff_is_refused_not_stretched_by_its_own_maximum(tiny_app
     assert r.status_code == 415 and "32-bit float images are not supported" in r.json()["error"]["message"], r.text
 
 
+def test_a_limit_above_pillows_warning_is_the_limit() -> None:
+    """With IDG_MAX_IMAGE_PIXELS above Pillow's warning (89 megapixels), an image under the limit had been refused,
+    saying it was "more than the limit" it was under."""
+    from idg_core.models.preprocess import open_image
+
+    assert open_image(_png_header(10_000, 10_000), max_pixels=150_000_000).size == (10_000, 10_000)
+    with pytest.raises(Exception, match="the image has 10000x10000 pixels, more than the limit of 90000000"):
+        open_image(_png_header(10_000, 10_000), max_pixels=90_000_000)
+
+
 @pytest.mark.parametrize("value", [-100_000, 100_000], ids=["negative", "past 16 bits"])
 async def test_a_32_bit_integer_tiff_out_of_16_bits_is_refused_not_clipped(tiny_app: AppFactory, value: int) -> None:
     """Clipped to 0-65535, such an image had been answered as a black or a white one."""

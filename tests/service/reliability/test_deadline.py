@@ -88,6 +88,8 @@ async def test_degenerate_parameters_are_refused_before_any_work(tiny_app: AppFa
         # 2,048 passes of the method, its prediction and two scores' passes: the scores had been left out of the bound
         ({"method": "ig", "steps": "512", "smooth_samples": "4", "faithfulness": "insertion,deletion", "faithfulness_steps": "224"},
          "with faithfulness=insertion,deletion in 224 steps may cost up to"),
+        # exactly the limit's 2,048 passes, and the prediction's one more
+        ({"method": "ig", "steps": "512", "smooth_samples": "4"}, "may cost up to 2049 model passes with its prediction"),
     ]
     app = tiny_app(max_passes=2048)
     async with serve(app) as client:

@@ -142,6 +142,15 @@ def test_a_long_body_of_declared_length_has_its_time_at_the_minimum_rate_on_the_
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
 
 
+def test_the_time_a_declared_length_buys_on_the_socket_stops_at_the_largest_body_a_route_takes() -> None:
+    from app.server import ReadLimits
+
+    limits = ReadLimits(10.0, 60.0, None, 500_000, 300_000_000)
+    assert limits.body_s(None) == limits.body_s(1_000) == 60.0
+    assert limits.body_s(100_000_000) == 200.0
+    assert limits.body_s(10**13) == 600.0  # not 2e7 s: a declared 10 TB nobody reads is closed like any body
+
+
 def _until_closed_or_answered(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
     """What the server sends until its answer's body is complete (Content-Length) or it closes, and how long that took."""
     started = time.monotonic()
