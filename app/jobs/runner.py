@@ -38,7 +38,7 @@ from app.core.errors import ApiError
 from app.core.replica import replica_id
 from app.core.request_id import set_request_id
 from app.jobs.callbacks import deliver, redacted
-from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreUnavailable
+from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreBusy, StoreUnavailable
 from app.schemas import AttributeParams, AttributeResponse
 from app.service import BACKGROUND_PRIORITY, Service
 
@@ -216,6 +216,8 @@ class JobRunner:
                 if await self._claim_some():
                     self.metrics.set_health(store=True)
                 self._claim_wait = POLL_S
+            except StoreBusy as err:  # this process's own operations held the store: it answers, so no error and no wait
+                log.debug("claiming job images waited for this process's other store operations (%s)", err)
             except StoreUnavailable as err:  # said once by the store's Reachability; waits longer while it lasts
                 self.metrics.job_store_errors.labels("claim").inc()
                 self.metrics.set_health(store=False)  # idg_ready 0 until a claim succeeds again
@@ -264,6 +266,8 @@ class JobRunner:
                     swept = await asyncio.to_thread(self.store.sweep, time.time() - self.settings.jobs_retention_s)
                     if swept:
                         log.info("deleted %d finished job(s) past their retention", swept)
+            except StoreBusy as err:  # this process's own operations held the store: not the store's error
+                log.debug("renewing job claims waited for this process's other store operations: %s", err)
             except StoreUnavailable as err:  # said once by the store's Reachability
                 self.metrics.job_store_errors.labels("upkeep").inc()
                 log.debug("renewing job claims failed: %s", err)
@@ -278,6 +282,10 @@ class JobRunner:
         while True:
             try:
                 done = await asyncio.to_thread(call, *args)
+            except StoreBusy as err:  # this process's own operations held the store: again shortly, no error counted
+                log.debug("job store: %s waited for this process's other operations (%s)", what, err)
+                await asyncio.sleep(STORE_RETRY_S)
+                continue
             except StoreUnavailable as err:
                 tries += 1
                 self.metrics.job_store_errors.labels(what).inc()

@@ -23,6 +23,7 @@ from app.jobs.store import (
     JOB_DONE,
     JOB_RUNNING,
     MAX_INT,
+    OPERATION_DEADLINE,
     PENDING,
     QUEUED,
     RUNNING,
@@ -32,6 +33,7 @@ from app.jobs.store import (
     JobInfo,
     Reachability,
     ResultRow,
+    StoreBusy,
     StoreFull,
     StoreUnavailable,
 )
@@ -152,12 +154,12 @@ class SqlStore:
     def _tx(self, write: bool = True) -> Iterator[Cursor]:
         """:meth:`transaction` under this store's lock; a passing failure becomes :class:`StoreUnavailable`
         and marks the store unreachable, a success marks it reachable."""
-        began, lock = time.monotonic(), self.lock_for(write)
-        if not lock.acquire(timeout=self.timeout_s):  # another operation holds the connection (a store that hangs, a
-            # long sweep): every operation queued behind it had waited its whole turn, then its own timeout (20 s seen)
-            raise StoreUnavailable(f"the job store is busy: this process's other operations held it for {self.timeout_s:g} s")
+        deadline, lock = OPERATION_DEADLINE.get() or time.monotonic() + self.timeout_s, self.lock_for(write)
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):  # another operation holds the connection (a
+            # store that hangs, a long write): every operation queued behind it had waited its turn, then its own timeout
+            raise StoreBusy(f"the job store is busy: this process's other operations held it for {self.timeout_s:g} s")
         try:
-            with self.transaction(write, max(0.05, self.timeout_s - (time.monotonic() - began))) as cur:
+            with self.transaction(write, max(0.05, deadline - time.monotonic())) as cur:
                 yield cur
         except Exception as err:
             if not self.transient(err):

@@ -41,6 +41,9 @@ class SqliteStore(SqlStore):
         # autocommit mode: transactions are begun and ended here (BEGIN IMMEDIATE ... COMMIT)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)
         self._conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect on a new file: freed pages can go back
+        # a file made before incremental vacuum keeps its pages (VACUUM once by hand gives them back); its sweeps had spun
+        # 2 s each on a vacuum that frees nothing
+        self._incremental = int(self._conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
         self._conn.execute("PRAGMA journal_mode=WAL")
         # after a checkpoint the WAL file is cut back to this: a sweep that freed 1.7 GB had left a WAL file of 1.7 GB
         self._conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
@@ -92,8 +95,9 @@ class SqliteStore(SqlStore):
         time, for at most :data:`VACUUM_S`: one ``incremental_vacuum`` of 1.7 GB freed had held the store, and every
         route and the runner with it, for 10 minutes; what is left goes back at the next sweep."""
         swept = super().sweep(finished_before)
-        ends = time.monotonic() + VACUUM_S
-        while time.monotonic() < ends:
+        ends, left = time.monotonic() + VACUUM_S, -1
+        while self._incremental and time.monotonic() < ends:
+            before = left
             if not self._lock.acquire(timeout=self.timeout_s):
                 break
             try:  # sqlite3_exec steps it to the end (execute frees one page)
@@ -105,7 +109,7 @@ class SqliteStore(SqlStore):
                 break
             finally:
                 self._lock.release()
-            if left == 0:
+            if left == 0 or left == before:  # all given back, or nothing more moves
                 break
         return swept
 

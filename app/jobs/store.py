@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,6 +37,18 @@ class StoreUnavailable(Exception):
     """The store could not be reached, or stayed locked past ``IDG_JOBS_STORE_TIMEOUT_S``: a passing failure
     (the routes answer 503 with ``Retry-After``; the runner waits and tries again). Nothing of the failed
     operation was stored."""
+
+
+class StoreBusy(StoreUnavailable):
+    """This process's own operations held the store's connection past ``IDG_JOBS_STORE_TIMEOUT_S`` (a large job being
+    written, a sweep): the store itself answers, so neither readiness nor the store's error count hear of it; the route
+    answers 503 all the same, and the runner tries again shortly."""
+
+
+OPERATION_DEADLINE: ContextVar[float | None] = ContextVar("job_store_operation_deadline", default=None)
+"""The ``time.monotonic()`` by which a store operation must answer, set by its caller before the operation's thread is
+started (:func:`asyncio.to_thread` carries it there): an operation that waited for a thread past it gives up at once,
+so a request waits ``IDG_JOBS_STORE_TIMEOUT_S`` in all, not that on top of the operations queued before it."""
 
 
 class Reachability:
@@ -156,6 +169,8 @@ class Store(Protocol):
     :class:`StoreUnavailable` when the store cannot be reached (or stays locked) for now."""
 
     reachability: Reachability
+    timeout_s: float
+    """How long one operation may wait for the store, in all (``IDG_JOBS_STORE_TIMEOUT_S``)."""
 
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
                    max_bytes: int, tenant: str | None = None, request_id: str | None = None) -> JobInfo:

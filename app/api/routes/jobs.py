@@ -7,9 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -17,6 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from app.api.deps import get_service, require_api_key
 from app.api.requests import first_error, spool_body
@@ -27,7 +32,7 @@ from app.core.request_id import current_request_id
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.callbacks import redacted, url_problem
 from app.jobs.runner import JobRunner, job_status
-from app.jobs.store import JOB_DONE, MAX_INT, JobInfo, ResultRow, StoreFull, StoreUnavailable
+from app.jobs.store import JOB_DONE, MAX_INT, OPERATION_DEADLINE, JobInfo, ResultRow, Store, StoreBusy, StoreFull, StoreUnavailable
 from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
 from app.service import Service
 from app.service.explain_if import ConditionError, parse_condition
@@ -115,13 +120,20 @@ async def get_runner(request: Request) -> JobRunner:
 Runner = Annotated[JobRunner, Depends(get_runner)]
 
 
-async def _stored(call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)`` on the store, in a thread; 503 with ``Retry-After`` while the store is unreachable."""
+async def _stored(store: Store, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` on ``store``, in a thread, answered within the store's timeout from now (waiting for a thread
+    included); 503 with ``Retry-After`` while the store is unreachable or busy."""
+    token = OPERATION_DEADLINE.set(time.monotonic() + store.timeout_s)  # asyncio.to_thread carries it to the thread
     try:
         return await asyncio.to_thread(call, *args)
+    except StoreBusy as err:
+        raise ApiError(503, "the job store is busy with this server's other work (nothing was changed): try again shortly",
+                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable") from err
     except StoreUnavailable as err:
         raise ApiError(503, "the job store is unreachable for now (nothing was changed): try again shortly",
                        headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable") from err
+    finally:
+        OPERATION_DEADLINE.reset(token)
 
 
 def _key(request: Request) -> Key | None:
@@ -132,7 +144,7 @@ def _key(request: Request) -> Key | None:
 
 async def _own_job(request: Request, runner: JobRunner, job_id: str) -> JobInfo:
     """The job, if it exists and the request's key may see it: another tenant's job is as unknown as a missing one."""
-    info = await _stored(runner.store.get_job, job_id)
+    info = await _stored(runner.store, runner.store.get_job, job_id)
     key = _key(request)
     if info is None or (key is not None and not key.sees(info.tenant)):
         raise _unknown(job_id)
@@ -153,9 +165,46 @@ def _base_url(request: Request) -> str:
 async def submit_job(request: Request, service: Annotated[Service, Depends(get_service)], runner: Runner) -> JSONResponse:
     """Submit many images (multipart ``files``, repeated, or one tar/zip ``archive``) with the form
     fields of /attribute (and ``explain_if``, ``callback_url``); answered in the background at a
-    lower priority than requests. 202 with the job's id, ``url`` and ``results_url``."""
+    lower priority than requests. 202 with the job's id, ``url`` and ``results_url``.
+
+    The body is spooled as it arrives (in memory up to :data:`SPOOL_MEMORY_BYTES`, then on disk in ``IDG_DATA_DIR``)
+    and waits for one of ``IDG_JOBS_UNPACK_AT_ONCE`` turns, held while it is parsed, unpacked and stored: six uploads
+    of 287 MB at once had held 5.6 GB of memory. At most :data:`WAITING_PER_TURN` submissions per turn are received
+    or wait at once (beyond, 503 ``busy`` at once), a turn is waited for at most :data:`TURN_WAIT_S`, and a client
+    gone meanwhile stores nothing."""
     settings = service.settings
-    images, fields = await _read_job_form(request, settings)
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise ApiError(415, "send multipart/form-data with the images in repeated 'files' fields or one tar/zip 'archive'",
+                       code="unsupported_media_type")
+    turns = _turns(request, settings)
+    if turns.waiting >= WAITING_PER_TURN * settings.jobs_unpack_at_once:
+        raise ApiError(503, f"{turns.waiting} job submissions are being received or wait their turn here: try again shortly",
+                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="busy")
+    turns.waiting += 1
+    try:
+        with _spool(settings) as spool:
+            await _received(spool_body(request, settings.jobs_max_upload_bytes, spool))
+            try:
+                async with asyncio.timeout(TURN_WAIT_S):
+                    await turns.semaphore.acquire()
+            except TimeoutError as err:
+                raise ApiError(503, f"no turn at unpacking a job came within {TURN_WAIT_S:g} s: try again shortly",
+                               headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="busy") from err
+            try:
+                if await request.is_disconnected():  # nobody would learn the job's id
+                    raise ClientDisconnect()
+                images, fields = await _parse_job_form(request, settings, spool)
+                return await _submitted(request, service, runner, images, fields)
+            finally:
+                turns.semaphore.release()
+    finally:
+        turns.waiting -= 1
+
+
+async def _submitted(request: Request, service: Service, runner: JobRunner, images: list[tuple[str, bytes]],
+                     fields: dict[str, Any]) -> JSONResponse:
+    """The job of ``images`` with the form's ``fields`` checked and stored: its 202."""
+    settings = service.settings
     explain_if, callback_url = fields.pop("explain_if", None), fields.pop("callback_url", None)
     try:
         params = AttributeParams.model_validate(fields)
@@ -168,11 +217,14 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
         except ConditionError as err:
             raise ApiError(422, str(err), code="invalid_parameter") from err  # it names explain_if itself
     _check_callback(callback_url)
+    if not runner.store.reachability.up:  # unreachable at its last operation: at once, not after the store's timeout
+        raise ApiError(503, "the job store is unreachable for now (nothing was changed): try again shortly",
+                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable")
     tenant = key.name if (key := _key(request)) is not None else None
     stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}
     try:
-        info = await _stored(runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images, settings.jobs_max_bytes,
-                             tenant, current_request_id())
+        info = await _stored(runner.store, runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images,
+                             settings.jobs_max_bytes, tenant, current_request_id())
     except StoreFull as err:
         raise ApiError(507, str(err), code="storage_full") from err
     runner.wake()
@@ -182,27 +234,68 @@ async def submit_job(request: Request, service: Annotated[Service, Depends(get_s
     return JSONResponse(body, status_code=202, headers={"Location": body["url"]})
 
 
-async def _read_job_form(request: Request, settings: Settings) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-    """The images (archives unpacked, within bounds) and the other form fields. The body waits on disk (a spooled file
-    in ``IDG_DATA_DIR``) for one of ``IDG_JOBS_UNPACK_AT_ONCE`` turns, then is parsed and unpacked: six uploads of
-    287 MB at once had held 5.6 GB of memory (each its body, a copy per file, its images)."""
-    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
-        raise ApiError(415, "send multipart/form-data with the images in repeated 'files' fields or one tar/zip 'archive'",
-                       code="unsupported_media_type")
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES, mode="w+b", dir=str(settings.data_dir), prefix="upload-") as spool:
-        await spool_body(request, settings.jobs_max_upload_bytes, spool)
-        async with _unpacking(request, settings):
-            return await _parse_job_form(request, settings, spool)
-
-
 SPOOL_MEMORY_BYTES = 1 << 20
 """A job upload's body stays in memory up to this size while it waits for its turn; a larger one is on disk."""
+WAITING_PER_TURN = 4
+"""Job submissions received or waiting at once per turn (``IDG_JOBS_UNPACK_AT_ONCE``): what bounds the disk the waiting
+bodies take (4 x 2 x 300 MB at the defaults)."""
+TURN_WAIT_S = 60.0
+"""Most seconds a received submission waits for its turn; then 503 ``busy``."""
+
+
+@dataclass
+class _Turns:
+    semaphore: asyncio.Semaphore
+    waiting: int = 0
+
+
+def _turns(request: Request, settings: Settings) -> _Turns:
+    """The process's turns at parsing, unpacking and storing a job (``IDG_JOBS_UNPACK_AT_ONCE``), and how many
+    submissions are being received or wait for one."""
+    state = request.app.state
+    if getattr(state, "job_turns", None) is None:
+        state.job_turns = _Turns(asyncio.Semaphore(settings.jobs_unpack_at_once))
+    turns: _Turns = state.job_turns
+    return turns
+
+
+@contextmanager
+def _spool(settings: Settings) -> Iterator[IO[bytes]]:
+    """A spooled file for a job's body: on disk in ``IDG_DATA_DIR`` past :data:`SPOOL_MEMORY_BYTES`, or in the system's
+    temporary folder where that folder cannot be made (a PostgreSQL store needs no data folder of its own)."""
+    folder: str | None = str(settings.data_dir)
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        log.warning("cannot make %s for job uploads (%s); spooling them in %s", settings.data_dir, err, tempfile.gettempdir())
+        folder = None
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES, mode="w+b", dir=folder, prefix="upload-") as spool:
+        yield spool
+
+
+async def _received(reading: Awaitable[int]) -> int:
+    """The spooled body's length; a disk that cannot take it is a 507, not a 500."""
+    try:
+        return await reading
+    except OSError as err:
+        raise ApiError(507, f"no room to receive the upload here ({err.strerror or err}): try again later or send less",
+                       code="storage_full") from err
 
 
 async def _parse_job_form(request: Request, settings: Settings, spool: IO[bytes]) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
-    """:func:`_read_job_form`'s images and fields, from the spooled body, in the process's turn."""
+    """The images (archives unpacked, within bounds) and the other form fields, from the spooled body, in the process's
+    turn; a body that stops before its closing boundary is a 400 (the parser drops the part left open: the job had
+    been stored without it)."""
     limit = settings.jobs_max_images
+    boundary = re.search(r'boundary="?([^";]+)"?', request.headers.get("content-type", ""), re.IGNORECASE)
+    close = b"--" + boundary[1].encode("latin-1") + b"--" if boundary else b""
+    spool.seek(0, 2)
+    size = spool.tell()
+    spool.seek(max(0, size - len(close) - 64))
+    if close and close not in spool.read():
+        raise ApiError(400, f"the multipart body could not be parsed: it ends without its closing boundary ({close.decode('latin-1')})",
+                       code="bad_request")
+    spool.seek(0)
 
     async def body() -> AsyncGenerator[bytes, None]:
         while chunk := await asyncio.to_thread(spool.read, SPOOL_MEMORY_BYTES):
@@ -249,15 +342,6 @@ async def _job_images(form: FormData, settings: Settings) -> list[tuple[str, byt
         raise ApiError(422, "files: send one or more images as multipart file fields named 'files' (or a tar/zip 'archive')",
                        code="missing_file")
     return images
-
-
-def _unpacking(request: Request, settings: Settings) -> asyncio.Semaphore:
-    """The process's turns at parsing and unpacking a job's upload (``IDG_JOBS_UNPACK_AT_ONCE``)."""
-    state = request.app.state
-    if getattr(state, "unpacking", None) is None:
-        state.unpacking = asyncio.Semaphore(settings.jobs_unpack_at_once)
-    turns: asyncio.Semaphore = state.unpacking
-    return turns
 
 
 def _check_callback(url: str | None) -> None:
@@ -341,7 +425,7 @@ async def delete_job(job_id: str, request: Request, runner: Runner) -> dict[str,
     it with its images and answers."""
     info = await _own_job(request, runner, job_id)
     dropped = runner.cancel_job(job_id)
-    if not await _stored(runner.store.delete_job, job_id):
+    if not await _stored(runner.store, runner.store.delete_job, job_id):
         raise _unknown(job_id)
     log.info("job %s (of %s) deleted by %s", job_id, info.tenant, getattr(_key(request), "name", "a caller"))
     return {"id": job_id, "deleted": True, "dropped_in_flight": dropped}
@@ -370,7 +454,8 @@ async def list_jobs(
         created, job_id = cursor.split("_", 1)
         before = (float(created), job_id)
     key = _key(request)
-    jobs, total = await _stored(runner.store.list_jobs, offset, limit + 1, before, None if key is None or key.admin else key.name)
+    tenant = None if key is None or key.admin else key.name
+    jobs, total = await _stored(runner.store, runner.store.list_jobs, offset, limit + 1, before, tenant)
     base = _base_url(request)
     more, jobs = len(jobs) > limit, jobs[:limit]
     return {"jobs": [job_status(j, base) for j in jobs], "total": total, "offset": offset, "limit": limit,

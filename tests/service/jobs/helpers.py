@@ -29,7 +29,12 @@ async def submit(client: AsyncClient, files: list[Any], **fields: str) -> dict[s
 
 async def wait_done(client: AsyncClient, job_id: str, limit_s: float = 60) -> dict[str, Any]:
     for _ in range(int(limit_s / 0.05)):
-        status = (await client.get(f"/jobs/{job_id}")).json()
+        r = await client.get(f"/jobs/{job_id}")
+        if r.status_code == 503:  # the store busy or unreachable for now: a client tries again, as Retry-After says
+            assert int(r.headers["retry-after"]) > 0, r.text
+            await asyncio.sleep(0.05)
+            continue
+        status = r.json()
         if status["state"] == "done":
             return status
         await asyncio.sleep(0.05)

@@ -176,6 +176,52 @@ async def test_large_uploads_wait_on_disk_and_are_unpacked_one_turn_at_a_time(ti
     assert len(spools) == 4 and all(f.closed for f in spools)  # and gone once read
 
 
+async def test_submissions_past_the_waiting_bound_are_busy_at_once_and_a_cut_body_stores_nothing(
+        tiny_app: AppFactory, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.api.routes import jobs
+
+    held = asyncio.Event()
+    real = jobs._job_images
+
+    async def slow(form: Any, settings: Any) -> Any:
+        held.set()
+        await asyncio.sleep(0.5)
+        return await real(form, settings)
+
+    monkeypatch.setattr(jobs, "_job_images", slow)
+    monkeypatch.setattr(jobs, "WAITING_PER_TURN", 1)
+    async with serve(tiny_app(data_dir=tmp_path / "data", jobs_unpack_at_once=1)) as client:
+        first = asyncio.create_task(client.post("/jobs", files=images(1), data=FAST))
+        await asyncio.wait_for(held.wait(), 10)
+        began = asyncio.get_running_loop().time()
+        busy = await client.post("/jobs", files=images(1), data=FAST)
+        assert asyncio.get_running_loop().time() - began < 0.4  # at once, not after the first's turn
+        assert busy.status_code == 503 and busy.json()["error"]["code"] == "busy" and busy.headers["retry-after"], busy.text
+        assert (await first).status_code == 202
+        # a body that stops before its closing boundary: the parser drops the part left open, and the job had been
+        # stored without it
+        request = client.build_request("POST", "/jobs", files=images(2), data=FAST)
+        body = request.read()
+        cut = body[:body.rindex(b"\r\n--")]
+        r = await client.post("/jobs", content=cut, headers={"content-type": request.headers["content-type"]})
+        assert r.status_code == 400 and "ends without its closing boundary" in r.json()["error"]["message"], r.text
+        assert (await client.get("/jobs")).json()["total"] == 1
+
+
+def test_an_upload_spools_in_the_system_temporary_folder_where_the_data_folder_cannot_be_made(tmp_path: Any) -> None:
+    # a PostgreSQL store needs no IDG_DATA_DIR: one that cannot be made (a file in its way, no permission) had made every
+    # POST /jobs a 500
+    from app.api.routes import jobs
+    from app.core.config import Settings
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with jobs._spool(Settings(models=["tiny"], data_dir=blocked / "data")) as spool:
+        spool.write(bytes(2 * jobs.SPOOL_MEMORY_BYTES))  # past the memory part: on disk
+        spool.seek(0)
+        assert len(spool.read()) == 2 * jobs.SPOOL_MEMORY_BYTES
+
+
 async def test_jobs_are_listed_newest_first_a_page_at_a_time(tiny_app: AppFactory) -> None:
     async with serve(tiny_app()) as client:
         ids = [(await submit(client, images(1, start=i)))["id"] for i in range(3)]

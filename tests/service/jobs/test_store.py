@@ -169,6 +169,39 @@ def test_a_sqlite_sweep_gives_pages_back_a_few_at_a_time_and_holds_no_operation_
     store.close()
 
 
+def test_a_sqlite_file_made_without_incremental_vacuum_is_swept_without_spinning(tmp_path) -> None:
+    """A file from before incremental vacuum frees nothing by it: its sweeps had spun for their whole 2 s each minute."""
+    import sqlite3
+
+    from app.jobs.sqlite import FILE_NAME, VACUUM_S, SqliteStore
+
+    sqlite3.connect(tmp_path / FILE_NAME).execute("PRAGMA journal_mode=WAL").close()  # auto_vacuum NONE, as files once were
+    store = SqliteStore(tmp_path)
+    store.create_job("j", {}, None, [(str(i), bytes(100_000)) for i in range(20)], 10**10)
+    assert store.delete_job("j")
+    began = time.monotonic()
+    store.sweep(time.time() - 3600)
+    assert time.monotonic() - began < VACUUM_S / 4
+    store.close()
+
+
+def test_waiting_for_this_process_s_own_store_operations_is_busy_not_unreachable(tmp_path) -> None:
+    """Another operation of this process held the connection past the timeout: a 503 all the same, but the store answers,
+    so readiness and the store's error count must not hear of it (they had: a large job written meant "unreachable")."""
+    from app.jobs.sqlite import SqliteStore
+    from app.jobs.store import StoreBusy
+
+    store = SqliteStore(tmp_path, busy_timeout_s=0.2)
+    with store._lock:  # noqa: SLF001 - as a long write of this process holds it
+        began = time.monotonic()
+        with pytest.raises(StoreBusy):
+            store.claim("A", 1, 30.0)
+        assert time.monotonic() - began < 1.0
+    assert store.reachability.up
+    assert store.list_jobs(0, 10) == ([], 0)  # reads go on beside it meanwhile, and after
+    store.close()
+
+
 def test_pages_by_cursor_and_integers_past_the_store_give_an_empty_page(make_store: StoreFactory) -> None:
     store = make_store()
     for i in range(4):
