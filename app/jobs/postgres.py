@@ -52,6 +52,15 @@ class _Cursor:
         return list(self._cur.fetchall())
 
 
+def _dead_peer(timeout_s: float) -> dict[str, int]:
+    """libpq's TCP settings that end a connection to a server gone silent (a network partition) within about
+    ``timeout_s`` plus a few seconds: a statement waiting on it had held the store's connection, and every operation of
+    this process behind it, for as long as the kernel's defaults (hours) allowed."""
+    idle = max(1, round(timeout_s))
+    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 1, "keepalives_count": 3,
+            "tcp_user_timeout": 1000 * (idle + 3)}
+
+
 class PostgresStore(SqlStore):
     skip_locked = " FOR UPDATE OF images SKIP LOCKED"
     lock_row = " FOR UPDATE"
@@ -66,7 +75,7 @@ class PostgresStore(SqlStore):
                                "pip install 'idg-service[postgres]'") from err
         self._errors = (psycopg.OperationalError, psycopg.InterfaceError)  # PoolTimeout is an OperationalError
         self._pool = ConnectionPool(url, min_size=1, max_size=POOL_SIZE, open=False, name="idg-jobs", timeout=timeout_s,
-                                    kwargs={"autocommit": True, "connect_timeout": max(2, round(timeout_s))},
+                                    kwargs={"autocommit": True, "connect_timeout": max(2, round(timeout_s)), **_dead_peer(timeout_s)},
                                     check=ConnectionPool.check_connection, reconnect_timeout=RECONNECT_S)
         self._pool.open(wait=True, timeout=max(timeout_s, 10.0))  # the server must answer at start-up
         with self._tx() as cur:

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 async def test_two_replicas_share_a_job_and_never_answer_an_image_twice(tiny_app: AppFactory, postgres_url: str) -> None:
     reset(postgres_url)
-    first, second = (tiny_app(delay_s=0.01, jobs_db_url=postgres_url, jobs_in_flight=2) for _ in range(2))
+    # 0.1 s a model call: the job lasts past the second replica's first poll (POLL_S, 1 s) however fast the store is
+    first, second = (tiny_app(delay_s=0.1, jobs_db_url=postgres_url, jobs_in_flight=2) for _ in range(2))
     async with serve(first) as a, serve(second) as b:
         job = await submit(a, images(24))
         status = await wait_done(b, job["id"])  # the other replica sees it
