@@ -297,21 +297,27 @@ async def test_the_content_type_is_json_binary_or_none(tiny_app: AppFactory) -> 
             assert r.status_code == 200, (taken, r.text)
 
 
+def _on_the_loop(monkeypatch: pytest.MonkeyPatch, name: str) -> list[bool]:
+    """Wraps ``v2.<name>``: each call appends whether it ran on the event loop (True) or in a thread (False)."""
+    calls: list[bool] = []
+    real = getattr(v2, name)
+
+    def spy(*args: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            calls.append(True)
+        except RuntimeError:
+            calls.append(False)
+        return real(*args)
+
+    monkeypatch.setattr(v2, name, spy)
+    return calls
+
+
 async def test_a_large_answer_is_encoded_off_the_event_loop(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     # 105 MB of JSON for 32 explained images had held the event loop 5 s (/health/live waited): a large answer is built in
     # a thread; a small one (a classification) on the loop, where a thread hop would cost more than the encoding
-    encoded_on: list[bool] = []
-    real = v2.write_infer_response
-
-    def spy(*args: Any) -> tuple[bytes, int | None]:
-        try:
-            asyncio.get_running_loop()
-            encoded_on.append(True)
-        except RuntimeError:
-            encoded_on.append(False)
-        return real(*args)
-
-    monkeypatch.setattr(v2, "write_infer_response", spy)
+    encoded_on = _on_the_loop(monkeypatch, "write_infer_response")
     monkeypatch.setattr(v2, "INLINE_ELEMENTS", 5000)  # the tiny model's attribution: 3 x 32 x 32 per image
     async with serve(tiny_app()) as client:
         r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))]})
@@ -325,18 +331,7 @@ async def test_a_large_answer_is_encoded_off_the_event_loop(tiny_app: AppFactory
 async def test_a_large_request_is_read_off_the_event_loop(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     # 10 MB of JSON numbers had held the event loop 1-4 s (/v2/health/live waited): a large body is read in an image
     # thread, a small one (an image of a few kB) on the loop
-    read_on: list[bool] = []
-    real = v2.read_infer_request
-
-    def spy(*args: Any) -> Any:
-        try:
-            asyncio.get_running_loop()
-            read_on.append(True)
-        except RuntimeError:
-            read_on.append(False)
-        return real(*args)
-
-    monkeypatch.setattr(v2, "read_infer_request", spy)
+    read_on = _on_the_loop(monkeypatch, "read_infer_request")
     noise = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 300, 3), dtype=np.uint8)).save(noise, format="PNG")
     assert len(noise.getvalue()) > v2.LARGE_REQUEST_BYTES
