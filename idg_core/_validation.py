@@ -58,7 +58,12 @@ def prepare_batch(
         raise ValueError("x must hold at least one image, got batch size 0")
     if not torch.isfinite(x).all():
         raise ValueError("x must be finite, got NaN or infinite values")
+    x = x.detach()  # an input that requires grad had failed deep in torch
     base = resolve_baseline(baseline, x, mean)
+    if not torch.isfinite(base).all():  # a NaN baseline had answered a NaN map
+        raise ValueError("baseline must be finite, got NaN or infinite values")
+    if target is None or isinstance(target, (str, bytes, float)):
+        raise ValueError(f"target must be a class index, a list of them or an integer tensor, got {target!r}")
     targets = torch.as_tensor(target).reshape(-1).tolist() if not isinstance(target, int) else [target]
     if len(targets) == 1 and x.shape[0] > 1:
         targets = targets * x.shape[0]

@@ -78,6 +78,16 @@ def _select(logits: Tensor, rows: RowSelect) -> Tensor:
     return chosen
 
 
+def _logits(out: object, rows: int) -> Tensor:
+    """The model's output, checked from its shape alone (no wait for the device): ``(rows, classes)`` floats. A model
+    returning more rows had had the extra ones cut off silently, and other shapes failed deep in torch."""
+    if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != rows or not out.is_floating_point():
+        got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"the model must return float logits of shape (batch, classes) = ({rows}, classes) for an input batch "
+                         f"of {rows}, got {got}")
+    return out
+
+
 def run_call(model: Model, inputs: Tensor, rows: RowSelect, grad: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     """One model call on ``inputs`` (``(size, C, H, W)``, possibly padded past the ``n`` rows of
     ``rows``): the selected outputs of the ``n`` real rows, their input gradients (or None) and their
@@ -85,11 +95,11 @@ def run_call(model: Model, inputs: Tensor, rows: RowSelect, grad: bool) -> tuple
     n = rows.targets.shape[0]
     if not grad:
         with torch.no_grad():
-            logits = model(inputs)[:n]
+            logits = _logits(model(inputs), inputs.shape[0])[:n]
             return _select(logits, rows).detach(), None, logits.detach()
     inputs = inputs.detach().requires_grad_(True)
     with torch.enable_grad():
-        logits = model(inputs)[:n]
+        logits = _logits(model(inputs), inputs.shape[0])[:n]
         chosen = _select(logits, rows)
         (grads,) = torch.autograd.grad(chosen.sum(), inputs)
     return chosen.detach(), grads[:n].detach(), logits.detach()

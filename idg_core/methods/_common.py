@@ -106,10 +106,33 @@ def run_method(
     their CUDA graphs, :func:`idg_core.model_calls.evaluate_queries`)."""
     preprocessing = getattr(model, "preprocessing", None)  # an ImageClassifier's: its "mean" baseline
     x, base, targets = prepare_batch(x, baseline, target, getattr(preprocessing, "mean", None))
+    check_eval_mode(model)
     batch_size = default_batch_size(x.device) if batch_size is None else batch_size
     check_int("batch_size", batch_size, 1)
     plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]
-    return AttributionResult.concat(run_plans(model, plans, batch_size, stats, shapes))
+    result = AttributionResult.concat(run_plans(model, plans, batch_size, stats, shapes))
+    if not bool(torch.isfinite(result.attributions).all()):  # a model whose logits are NaN had answered a NaN map
+        raise ValueError(NOT_FINITE)
+    return result
+
+
+NOT_FINITE = ("the model's output or its gradient is not finite (NaN or infinite) on this input, so neither is the "
+              "attribution: check the model (and run it in float32 if a lower precision overflowed)")
+
+TRAINING_DEPENDENT = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.instancenorm._InstanceNorm,  # noqa: SLF001
+                      torch.nn.modules.dropout._DropoutNd, torch.nn.AlphaDropout)
+"""Modules whose answers change in training mode (batch statistics, random dropping)."""
+
+
+def check_eval_mode(model: Model) -> None:
+    """A ``ValueError`` for a model with batch norm or dropout left in training mode: its attributions had depended on
+    the batch size (0.88 on a map of scale 0.33), differed from run to run, and its batch-norm statistics changed."""
+    if not isinstance(model, torch.nn.Module):
+        return
+    training = [name or type(m).__name__ for name, m in model.named_modules() if m.training and isinstance(m, TRAINING_DEPENDENT)]
+    if training:
+        raise ValueError(f"the model is in training mode ({', '.join(training[:3])}{', ...' if len(training) > 3 else ''} "
+                         "answer by batch statistics or drop at random): call model.eval() first")
 
 
 def method_function(

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from idg_core.budget import WorkBound
-from idg_core.methods._common import Method, method_function
+from idg_core.methods._common import NOT_FINITE, Method, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.types import AttributionResult, Output, Plan, Query
 
@@ -80,6 +80,9 @@ def _plan(x_in: Tensor, baseline: Tensor, target: int, *, steps: int, fraction: 
         grad_actual = ans.grads[0].double().clone()  # its own memory: the answer, a view of a whole call's outputs, goes now
         values.append(float(ans.values[0]))
         del ans
+        if not (math.isfinite(values[-1]) and bool(torch.isfinite(grad_actual).all())):
+            # a NaN gradient chose no feature to move: the map had come back all zeros, finite and wrong
+            raise ValueError(NOT_FINITE)
         grad = grad_actual.clone()
         alpha = (step + 1.0) / steps
         alpha_min, alpha_max = max(alpha - max_dist, 0.0), min(alpha + max_dist, 1.0)

@@ -73,10 +73,18 @@ def _predicted(model: Model, x: Tensor) -> Tensor:
         return model(x).argmax(1)
 
 
+def _check_saliency(x: Tensor, saliency: Tensor) -> None:
+    """``saliency`` is one ``(H, W)`` map per image of ``x (B, C, H, W)``: a ``(B, 1, W)`` one had broadcast silently."""
+    if x.dim() != 4 or not isinstance(saliency, Tensor) or tuple(saliency.shape) != (x.shape[0], x.shape[2], x.shape[3]):
+        got = tuple(saliency.shape) if isinstance(saliency, Tensor) else type(saliency).__name__
+        raise ValueError(f"saliency must be (B, H, W) = {(x.shape[0], *x.shape[2:])} for x of shape {tuple(x.shape)}, got {got}")
+
+
 def deletion(model: Model, x: Tensor, saliency: Tensor, *, substrate: Sequence[float] = IMAGENET_MEAN, step: int = 224,
              batch_size: int = 64) -> list[Curve]:
     """Deletion: from the image, replace the most salient pixels by ``substrate`` (zeros in the
     model's normalised space = its mean colour). ``x (B, C, H, W)``, ``saliency (B, H, W)``. Lower AUC is better."""
+    _check_saliency(x, saliency)
     finish = torch.tensor(substrate, dtype=x.dtype, device=x.device).view(1, -1, 1, 1).expand_as(x)
     return _curves(_scores(model, x, finish, moved_at(saliency.to(x.device), step), step, _predicted(model, x), batch_size))
 
@@ -84,5 +92,6 @@ def deletion(model: Model, x: Tensor, saliency: Tensor, *, substrate: Sequence[f
 def insertion(model: Model, x: Tensor, saliency: Tensor, *, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
               step: int = 224, batch_size: int = 64) -> list[Curve]:
     """Insertion: from the blurred image, put back the most salient pixels first. Higher AUC is better."""
+    _check_saliency(x, saliency)
     moved = moved_at(saliency.to(x.device), step)
     return _curves(_scores(model, gaussian_blur(x, mean, std), x, moved, step, _predicted(model, x), batch_size))
