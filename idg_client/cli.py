@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+from PIL import Image
 
 from idg_client.client import Client, ServiceError
 
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="idg-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=os.environ.get("IDG_URL", "http://127.0.0.1:8000"), help="the service (default: $IDG_URL or http://127.0.0.1:8000)")
     p.add_argument("--api-key", default=os.environ.get("IDG_API_KEY"))
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for an answer (default 300)")
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="top-k classes")
     pr.add_argument("image", type=Path)
@@ -59,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     out = sys.stdout
     try:
-        with Client(args.url, api_key=args.api_key) as client:
+        if args.command == "attribute":  # before the work: a path that cannot be written had failed after it, with a traceback
+            _writable(args.out)
+            if args.overlay is not None:
+                _writable(args.overlay)
+        with Client(args.url, api_key=args.api_key, timeout=args.timeout) as client:
             if args.command == "job":
                 return _job(args, client, out)
             if args.command == "predict":
@@ -77,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceError as err:
         sys.stderr.write(f"error {err.status}: {err.message}\n")
         return 1
-    except httpx.TransportError as err:  # refused, unreachable, timed out: one line, no traceback
+    except httpx.TimeoutException as err:  # reached, but no answer in time
+        sys.stderr.write(f"error: the service at {args.url} did not answer within {args.timeout:g} s ({type(err).__name__}); "
+                         "try again, or give it longer with --timeout\n")
+        return 2
+    except httpx.TransportError as err:  # refused, unreachable: one line, no traceback
         sys.stderr.write(f"error: could not reach the service at {args.url} ({type(err).__name__}); "
                          "start it (make run) or point --url / IDG_URL at it\n")
         return 2
@@ -85,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {err}\n")
         return 2
     assert a.heatmap is not None
-    a.heatmap.save(args.out)
-    if args.overlay and a.overlay is not None:
-        a.overlay.save(args.overlay)
+    try:
+        a.heatmap.save(args.out)
+        if args.overlay and a.overlay is not None:
+            a.overlay.save(args.overlay)
+    except (OSError, ValueError) as err:  # the disk filled, or the folder went, meanwhile
+        sys.stderr.write(f"error: the answer came but could not be written: {err}\n")
+        return 2
     out.write(f"{a.model} {a.method}: class {a.target.index} {a.target.name} (p={a.target.probability:.4f}); heatmap -> {args.out}\n")
     if a.faithfulness:
         out.write("faithfulness: " + ", ".join(f"{k} {v:.3f}" for k, v in a.faithfulness.items() if k != "steps" and v is not None)
@@ -160,6 +174,14 @@ def _job(args: argparse.Namespace, client: Client, out: TextIO) -> int:
         for j in client.jobs(limit=500)["jobs"]:
             out.write(f"{j['id']}  {j['state']:8s} {j['done'] + j['failed']:>6d}/{j['total']:<6d} failed {j['failed']}\n")
     return 0
+
+
+def _writable(path: Path) -> None:
+    """A ``ValueError`` for an image path that cannot be written: no such folder, or no format by its extension."""
+    if not path.parent.is_dir():
+        raise ValueError(f"{path}: the folder {path.parent} does not exist")
+    if path.suffix.lower() not in Image.registered_extensions():
+        raise ValueError(f"{path}: give it an image extension (.png, .jpg, ...) to say its format")
 
 
 def _field(text: str) -> tuple[str, str]:

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,10 +141,12 @@ def _scores(rows: list[dict[str, Any]]) -> list[ClassScore]:
 
 
 def parse_prediction(body: dict[str, Any]) -> Prediction:
+    body = _holding(body, "model", "top_k")
     return Prediction(body["model"], _scores(body["top_k"]), body)
 
 
 def parse_attribution(body: dict[str, Any]) -> Attribution:
+    body = _holding(body, "model", "method", "curve", "target", "prediction", "parameters")
     raw = body.get("attribution")
     array = np.load(io.BytesIO(base64.b64decode(raw["data"]))) if raw else None
     c = body["curve"]
@@ -167,13 +169,27 @@ def _is_service_error(r: httpx.Response) -> bool:
 
 def _check(r: httpx.Response) -> dict[str, Any]:
     if r.status_code == 200:
-        body: dict[str, Any] = r.json()
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):  # an HTML page or a list: another server at this URL
+            raise ServiceError(200, f"the answer from {r.url} is not the service's JSON: is the URL the IDG service's?",
+                               "not_the_service")
         return body
     try:
         err = r.json()["error"]
         raise ServiceError(r.status_code, err["message"], err.get("code", "error"))
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError, IndexError):  # not the service's error contract: a proxy's, or another server's
         raise ServiceError(r.status_code, r.text[:200]) from None
+
+
+def _holding(body: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``body`` if it holds ``names``; else a :class:`ServiceError` (another server answered 200 at this URL)."""
+    missing = [n for n in names if n not in body]
+    if missing:
+        raise ServiceError(200, f"the answer lacks {', '.join(missing)}: is the URL the IDG service's?", "not_the_service")
+    return body
 
 
 def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
@@ -213,7 +229,14 @@ class JobResults(Iterator[dict[str, Any]]):
             if r.status_code != 200:
                 r.read()
                 _check(r)
-            for line in r.iter_lines():
+            lines = r.iter_lines()
+            while True:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    return
+                except httpx.TransportError:  # the stream was cut (a restart): ``end`` stays None; resume after ``after``
+                    return
                 if not line.strip():
                     continue
                 row = json.loads(line)
@@ -283,31 +306,41 @@ class Client:
         fields = _fields({"method": method, "explain_if": explain_if, "callback_url": callback_url, **params})
         r = self._send("POST", "/jobs", files=_job_files(images), data=fields)
         if r.status_code == 202:
-            status: dict[str, Any] = r.json()
-            return status
+            try:
+                status = r.json()
+            except ValueError:
+                status = None
+            if isinstance(status, dict):
+                return _holding(status, "id", "total", "url")
         return _check(r)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """GET /jobs/{id}: state, done / failed / pending of total, eta_s."""
-        return _check(self._send("GET", f"/jobs/{job_id}"))
+        return _holding(_check(self._send("GET", f"/jobs/{job_id}")), "id", "state", "done", "failed", "total")
 
     def jobs(self, offset: int = 0, limit: int = 50) -> dict[str, Any]:
         """GET /jobs: a page of jobs, newest first (``jobs``, ``total``, ``next``)."""
-        return _check(self._send("GET", "/jobs", params={"offset": offset, "limit": limit}))
+        return _holding(_check(self._send("GET", "/jobs", params={"offset": offset, "limit": limit})), "jobs", "total")
 
     def delete_job(self, job_id: str) -> dict[str, Any]:
         """Cancel a job and delete it with its answers."""
         return _check(self._send("DELETE", f"/jobs/{job_id}"))
 
-    def wait_job(self, job_id: str, *, poll_s: float = 1.0, timeout: float | None = None,
+    def wait_job(self, job_id: str, *, poll_s: float = 1.0, timeout: float | None = None, unreachable_s: float = 120.0,
                  on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Poll until the job is done (``on_progress`` gets each status); its last status. A poll the
-        service cannot answer (a restart) is retried until ``timeout``."""
+        service cannot answer (a restart) is retried until ``timeout``, or until it has not answered for
+        ``unreachable_s`` (then the last ``httpx.TransportError``: a server that is not there had been waited for
+        forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        answered = time.monotonic()  # the last time the service answered: past unreachable_s without one, give up
         while True:
             try:
                 status = self.job(job_id)
+                answered = time.monotonic()
             except httpx.TransportError:
+                if time.monotonic() - answered > unreachable_s:  # never came back (or never was there): say so
+                    raise
                 status = None  # the server restarts: the job is kept, ask again
             if status is not None:
                 if on_progress is not None:
@@ -324,8 +357,19 @@ class Client:
         ``follow`` waits for the answers still to come; once read, a followed stream's ``end`` says why
         it ended (``finished``, ``deleted``, ``unavailable``)."""
         params: dict[str, str | int] = {"offset": offset, "summary": str(summary).lower(), "follow": str(follow).lower()}
-        return JobResults(lambda: self._http.stream("GET", f"/jobs/{job_id}/results", params=params,
-                                                    timeout=None if follow else self._http.timeout))
+        return JobResults(lambda: self._stream_retried(f"/jobs/{job_id}/results", params, None if follow else self._http.timeout))
+
+    @contextmanager
+    def _stream_retried(self, path: str, params: dict[str, str | int], timeout: Any) -> Iterator[httpx.Response]:
+        """A streamed GET, its 503 (busy, the store unreachable) retried as :meth:`_send` retries, honouring Retry-After."""
+        for attempt in range(self.retries + 1):
+            with self._http.stream("GET", path, params=params, timeout=timeout) as r:
+                wait = _retry_after(r, attempt, self.max_wait) if attempt < self.retries else None
+                if wait is None:
+                    yield r
+                    return
+                r.read()
+            time.sleep(wait)
 
     def attribute_many(self, images: Sequence[ImageInput], *, concurrency: int = 4, method: str = "idg",
                        **params: Any) -> list[Attribution | ServiceError]:

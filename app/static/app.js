@@ -57,7 +57,8 @@ async function api(url, options = {}, onAsk = () => {}) {
 }
 
 const takes = {};  // method -> the parameter names it accepts (a request may give no others)
-const stepsOf = {};  // method -> its main step count: the first integer parameter GET /models lists (steps, or AGI's max_iter)
+const stepsOf = {};  // method -> its main step count: its "steps" where it has one (IDG-EG's first integer is paths),
+// else the first integer parameter GET /models lists (AGI's and LA's max_iter)
 
 async function loadModels() {
   try {
@@ -67,7 +68,7 @@ async function loadModels() {
     for (const m of body.models) $("model").add(new Option(`${m.name} (${m.input_size}px)`, m.name));
     for (const [name, params] of Object.entries(body.method_parameters || {})) {
       takes[name] = new Set(params.map((p) => p.name));
-      const first = params.find((p) => p.type === "integer");
+      const first = params.find((p) => p.name === "steps") || params.find((p) => p.type === "integer");
       if (first) stepsOf[name] = first.name;
     }
     for (const [name, summary] of Object.entries(body.methods)) {
@@ -170,11 +171,13 @@ async function run() {
   $("results").innerHTML = "";
   $("run").disabled = true;
   const methods = [$("method").value, $("compare").value].filter((m, i, a) => m && a.indexOf(m) === i);
+  const failures = [];  // every method's, not the last one's alone
   await Promise.all(methods.map(async (m) => {
     const panel = newPanel(m);
     try { await explain(m, panel); } catch (e) {
       panel.querySelector(".status").textContent = "failed";
-      showError(`${m}: ${e.message}`);
+      failures.push(`${m}: ${e.message}`);
+      showError(failures.join(" · "));
     }
   }));
   $("run").disabled = false;

@@ -113,3 +113,95 @@ def test_a_proxys_plain_500_is_retried_but_the_services_json_500_is_not() -> Non
                 with pytest.raises(ServiceError, match="internal error"):
                     c.predict(image_bytes())
         assert len(calls) == calls_expected
+
+
+def test_cli_refuses_a_path_it_cannot_write_before_any_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the whole attribution had run first, then a traceback; the URL here answers nothing: refused before asking it
+    img = tmp_path / "a.png"
+    img.write_bytes(image_bytes())
+    for out, says in ((tmp_path / "no" / "h.png", "does not exist"), (tmp_path / "h.xyz", "image extension")):
+        assert cli(["--url", "http://127.0.0.1:9", "attribute", str(img), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "could not reach" not in err and "Traceback" not in err, err
+
+
+def test_cli_says_a_service_that_does_not_answer_in_time_did_not_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    img = tmp_path / "a.png"
+    img.write_bytes(image_bytes())
+    with socket.socket() as s:  # accepts connections (the kernel's backlog) and never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        assert cli(["--url", f"http://127.0.0.1:{s.getsockname()[1]}", "--timeout", "0.5", "predict", str(img)]) == 2
+    err = capsys.readouterr().err
+    assert "did not answer within 0.5 s" in err and "--timeout" in err and "could not reach" not in err, err
+
+
+def _mock(handler: object) -> Client:
+    import httpx
+
+    return Client("http://svc", transport=httpx.MockTransport(handler), max_wait=0.01)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (404, {"error": "not found"}), (400, ["a", "list"]), (200, {"ok": True}), (200, "<html>a page</html>"),
+], ids=["another error form", "a list", "other JSON", "a web page"])
+def test_another_server_at_the_url_is_a_service_error_not_a_traceback(status: int, body: object) -> None:
+    import httpx
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json=body) if not isinstance(body, str) else httpx.Response(status, text=body)
+
+    with _mock(handler) as c:
+        for call in (lambda: c.predict(image_bytes()), lambda: c.attribute(image_bytes()), lambda: c.job("x"), lambda: c.jobs()):
+            with pytest.raises(ServiceError) as caught:
+                call()
+            assert caught.value.status == status
+
+
+def test_waiting_for_a_job_on_a_service_that_never_answers_ends() -> None:
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    began = time.monotonic()
+    with Client(f"http://127.0.0.1:{port}") as c, pytest.raises(httpx.TransportError):
+        c.wait_job("x", poll_s=0.05, unreachable_s=0.3)  # it had polled forever
+    assert time.monotonic() - began < 5
+
+
+def test_a_cut_results_stream_ends_with_its_resume_point_and_a_busy_one_is_retried(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import httpx
+
+    class Cut(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            yield (json.dumps({"seq": 1, "index": 0}) + "\n").encode()
+            raise httpx.RemoteProtocolError("peer closed connection")
+
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) == 1:  # the store busy for now: retried as every other call is (it had been reported at once)
+            return httpx.Response(503, headers={"Retry-After": "0"}, json={"error": {"status": 503, "code": "store_unavailable",
+                                                                                      "message": "try again"}})
+        return httpx.Response(200, stream=Cut(), headers={"content-type": "application/x-ndjson"})
+
+    with _mock(handler) as c:
+        answers = c.job_results("x", follow=True)
+        assert [a["seq"] for a in answers] == [1] and answers.end is None and answers.after == 1
+    assert len(calls) == 2
+    # the CLI: exit 4 and where to resume (it had been "could not reach the service", exit 2)
+    monkeypatch.setattr("idg_client.cli.Client", lambda *a, **kw: _mock(handler))
+    calls.clear()
+    assert cli(["job", "results", "x", "--follow"]) == 4
+    err = capsys.readouterr().err
+    assert "ended (cut) after seq 1" in err, err

@@ -80,6 +80,21 @@ def test_errors_are_shown_in_words(page: object) -> None:
     assert "not an image" in page.locator("#error").inner_text()
 
 
+def test_both_methods_failures_are_shown_and_the_steps_box_sets_each_methods_steps(page: object) -> None:
+    # two methods refused: the second's message had replaced the first's
+    page.set_input_files("#file", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"not a picture"}])
+    page.select_option("#method", "idg")
+    page.select_option("#compare", "ig")
+    page.click("#run")
+    page.wait_for_function("document.querySelectorAll('.panel .status').length == 2 && "
+                           "[...document.querySelectorAll('.panel .status')].every(s => s.textContent == 'failed')", timeout=30_000)
+    shown = page.locator("#error").inner_text()
+    assert "idg: " in shown and "ig: " in shown, shown
+    # the Steps box: IDG-EG's steps (its first integer parameter is paths, which it had set), AGI's max_iter
+    assert page.evaluate("stepsOf['idg_eg']") == "steps" and page.evaluate("stepsOf['idg']") == "steps"
+    assert page.evaluate("stepsOf['agi']") == "max_iter"
+
+
 def test_a_bundled_sample_can_be_chosen(page: object) -> None:
     page.click("#samples img[alt='n02391049_zebra.jpg']")
     # the sample is fetched asynchronously: wait for the preview to hold a decoded image
