@@ -32,6 +32,19 @@ PRESET_HELP = "cost preset: fast (the service's default), paper, quality, or any
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a reader that went away (``| head``) ends it quietly, as a shell tool does, not with a traceback."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        try:  # what is still buffered for stdout goes nowhere, not into a second BrokenPipeError at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141  # 128 + SIGPIPE, as a shell reports it
+
+
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="idg-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=os.environ.get("IDG_URL", "http://127.0.0.1:8000"), help="the service (default: $IDG_URL or http://127.0.0.1:8000)")
     p.add_argument("--api-key", default=os.environ.get("IDG_API_KEY"))

@@ -205,3 +205,15 @@ def test_a_cut_results_stream_ends_with_its_resume_point_and_a_busy_one_is_retri
     assert cli(["job", "results", "x", "--follow"]) == 4
     err = capsys.readouterr().err
     assert "ended (cut) after seq 1" in err, err
+
+
+def test_cli_piped_into_a_reader_that_stops_ends_quietly(url: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    img = tmp_path / "a.png"
+    img.write_bytes(image_bytes())
+    # the curve's lines after the first two go to a closed pipe: a BrokenPipeError traceback before
+    done = subprocess.run(f"{sys.executable} -m idg_client --url {url} attribute {img} --steps 64 --out {tmp_path / 'h.png'} | head -1",
+                          shell=True, capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.startswith("tiny idg: class") and "Traceback" not in done.stderr, done.stderr
