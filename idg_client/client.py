@@ -167,14 +167,15 @@ def _is_service_error(r: httpx.Response) -> bool:
         return False
 
 
-def _check(r: httpx.Response) -> dict[str, Any]:
-    if r.status_code == 200:
+def _check(r: httpx.Response, ok: int = 200) -> dict[str, Any]:
+    """The body of an answer of status ``ok`` (a JSON object), or the :class:`ServiceError` it is."""
+    if r.status_code == ok:
         try:
             body = r.json()
         except ValueError:
             body = None
         if not isinstance(body, dict):  # an HTML page or a list: another server at this URL
-            raise ServiceError(200, f"the answer from {r.url} is not the service's JSON: is the URL the IDG service's?",
+            raise ServiceError(ok, f"the answer from {r.url} is not the service's JSON: is the URL the IDG service's?",
                                "not_the_service")
         return body
     try:
@@ -305,14 +306,7 @@ class Client:
         job's status (``id``, ``url``, ``results_url``)."""
         fields = _fields({"method": method, "explain_if": explain_if, "callback_url": callback_url, **params})
         r = self._send("POST", "/jobs", files=_job_files(images), data=fields)
-        if r.status_code == 202:
-            try:
-                status = r.json()
-            except ValueError:
-                status = None
-            if isinstance(status, dict):
-                return _holding(status, "id", "total", "url")
-        return _check(r)
+        return _holding(_check(r, ok=202), "id", "total", "url")
 
     def job(self, job_id: str) -> dict[str, Any]:
         """GET /jobs/{id}: state, done / failed / pending of total, eta_s."""

@@ -146,10 +146,9 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
     if ctype.startswith("multipart/form-data"):
         items = simple_form(body, request.headers.get("content-type", ""), max_files=2, max_fields=64)
         if items is None:  # not the common form: Starlette's parser reads it, and words what is wrong
-            boundary = _BOUNDARY.search(request.headers.get("content-type", ""))
-            if boundary and b"--" + boundary[1].encode("latin-1") + b"--" not in body:  # its parser drops a part left open
-                raise ApiError(400, "the multipart body could not be parsed: it ends without its closing boundary "
-                               f"(--{boundary[1]}--)", code="bad_request")
+            close = closing_delimiter(request.headers.get("content-type", ""))
+            if close and close not in body:  # its parser drops a part left open
+                raise unclosed_form(close)
             try:
                 form = await request.form(max_files=2, max_fields=64)
             except Exception as err:  # noqa: BLE001 - any multipart parse failure is the client's
@@ -171,6 +170,19 @@ async def read_image_request(request: Request, params_cls: type[P], json_cls: ty
 
 _FILE_PART = re.compile(rb"^content-disposition:[^\r\n]*\bfilename\*?=", re.IGNORECASE | re.MULTILINE)
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
+
+
+def closing_delimiter(content_type: str) -> bytes | None:
+    """A multipart body's close delimiter (``--BOUNDARY--``), by its ``content_type``; None without a boundary."""
+    m = _BOUNDARY.search(content_type)
+    return b"--" + m[1].encode("latin-1") + b"--" if m else None
+
+
+def unclosed_form(close: bytes) -> ApiError:
+    """The 400 of a multipart body that ends without its close delimiter: a multipart parser drops the part left open,
+    and the request had gone on without it."""
+    return ApiError(400, f"the multipart body could not be parsed: it ends without its closing boundary ({close.decode('latin-1')})",
+                    code="bad_request")
 
 
 def count_file_parts(body: bytes, content_type: str) -> int:

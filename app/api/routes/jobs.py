@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import tempfile
 import time
 import uuid
@@ -24,7 +23,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from app.api.deps import get_service, require_api_key
-from app.api.requests import first_error, spool_body
+from app.api.requests import closing_delimiter, first_error, spool_body, unclosed_form
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.keys import Key
@@ -126,14 +125,17 @@ async def _stored(store: Store, call: Callable[..., T], *args: Any) -> T:
     token = OPERATION_DEADLINE.set(time.monotonic() + store.timeout_s)  # asyncio.to_thread carries it to the thread
     try:
         return await asyncio.to_thread(call, *args)
-    except StoreBusy as err:
-        raise ApiError(503, "the job store is busy with this server's other work (nothing was changed): try again shortly",
-                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable") from err
     except StoreUnavailable as err:
-        raise ApiError(503, "the job store is unreachable for now (nothing was changed): try again shortly",
-                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable") from err
+        raise _store_refusal(busy=isinstance(err, StoreBusy)) from err
     finally:
         OPERATION_DEADLINE.reset(token)
+
+
+def _store_refusal(busy: bool = False) -> ApiError:
+    """The 503 of an operation the store did not do (unreachable, or busy with this server's other work)."""
+    why = "busy with this server's other work" if busy else "unreachable for now"
+    return ApiError(503, f"the job store is {why} (nothing was changed): try again shortly",
+                    headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable")
 
 
 def _key(request: Request) -> Key | None:
@@ -218,8 +220,7 @@ async def _submitted(request: Request, service: Service, runner: JobRunner, imag
             raise ApiError(422, str(err), code="invalid_parameter") from err  # it names explain_if itself
     _check_callback(callback_url)
     if not runner.store.reachability.up:  # unreachable at its last operation: at once, not after the store's timeout
-        raise ApiError(503, "the job store is unreachable for now (nothing was changed): try again shortly",
-                       headers={"Retry-After": str(STORE_RETRY_AFTER_S)}, code="store_unavailable")
+        raise _store_refusal()
     tenant = key.name if (key := _key(request)) is not None else None
     stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}
     try:
@@ -287,14 +288,12 @@ async def _parse_job_form(request: Request, settings: Settings, spool: IO[bytes]
     turn; a body that stops before its closing boundary is a 400 (the parser drops the part left open: the job had
     been stored without it)."""
     limit = settings.jobs_max_images
-    boundary = re.search(r'boundary="?([^";]+)"?', request.headers.get("content-type", ""), re.IGNORECASE)
-    close = b"--" + boundary[1].encode("latin-1") + b"--" if boundary else b""
+    close = closing_delimiter(request.headers.get("content-type", "")) or b""
     spool.seek(0, 2)
     size = spool.tell()
     spool.seek(max(0, size - len(close) - 64))
     if close and close not in spool.read():
-        raise ApiError(400, f"the multipart body could not be parsed: it ends without its closing boundary ({close.decode('latin-1')})",
-                       code="bad_request")
+        raise unclosed_form(close)
     spool.seek(0)
 
     async def body() -> AsyncGenerator[bytes, None]:
