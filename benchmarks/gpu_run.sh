@@ -47,7 +47,7 @@ steps=("$@")
 for step in "${steps[@]}"; do
 case "$step" in
 tests)
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/core/test_speed.py tests/core/test_compiled.py tests/service/test_gpu.py tests/service/test_device_idle.py 2>&1 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/core/test_speed.py tests/core/test_compiled.py tests/core/test_fuse_cudnn.py tests/service/test_gpu.py tests/service/test_device_idle.py 2>&1 \
         | tee "$OUT/gpu-tests.txt"
     python3 -m pytest -q -p no:cacheprovider tests/service/test_call_pipeline.py 2>&1 | tail -3 | tee -a "$OUT/gpu-tests.txt"
     python3 -m benchmarks.compiled_check --out "$OUT" 2>&1 | tail -14

@@ -4,10 +4,14 @@ on a GPU, in one run on the same images (issue #48's "IDG-50/50 ResNet-101 bf16 
 - ``eager``: the tuned model (precision, channels-last, folded batch norm) called as it is;
 - ``graphs``: the same model with each call size replayed as a CUDA graph (:func:`idg_core.cuda_graphs.graphed_shapes`);
 - ``compiled``: ``torch.compile`` (inductor) at the call sizes (:mod:`idg_core.models.compiled`), its compile time reported;
-- ``compiled+graphs``: the compiled model's calls captured as CUDA graphs.
+- ``compiled+graphs``: the compiled model's calls captured as CUDA graphs;
+- ``fused``: eager with each convolution, its bias, residual add and ReLU one cuDNN kernel
+  (:func:`idg_core.models.fuse.fuse_conv_add_relu`; PyTorch's separate operations on the CPU), ``fused+graphs`` captured.
 
 Every variant's attributions are compared with eager's (cosine per image), so a faster path that answers differently
-shows. ``--profile`` adds where eager's time goes: the model's own passes timed alone at the call size (a forward,
+shows; at a precision below fp32 also with the same model's in IEEE fp32 (``--fp32-reference``, one untimed run), so a
+variant that answers otherwise than eager but no further from the exact function than eager does shows as such.
+``--profile`` adds where eager's time goes: the model's own passes timed alone at the call size (a forward,
 a forward with the input's gradient) against the IDG they add up to (the rest is IDG's own work between calls), and
 the kernels (CUDA; aten operators on the CPU) of one profiled run, largest first. Writes ``<out>/<label>.json`` and ``.md``.
 
@@ -19,6 +23,7 @@ the kernels (CUDA; aten operators on the CPU) of one profiled run, largest first
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import logging
@@ -37,10 +42,11 @@ from idg_core.cuda_graphs import graphed_shapes
 from idg_core.model_calls import CallStats, RowSelect, run_call
 from idg_core.models import PRECISIONS, default_channels_last, load_entry, tune
 from idg_core.models.compiled import warm_up_compiled
+from idg_core.models.fuse import fuse_conv_add_relu
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("eager", "graphs", "compiled", "compiled+graphs")
+VARIANTS = ("eager", "graphs", "compiled", "compiled+graphs", "fused", "fused+graphs")
 
 
 def _variant(args: argparse.Namespace, variant: str, eager: Any, tuned: Callable[[bool], Any], x: Tensor, targets: list[int],
@@ -51,6 +57,10 @@ def _variant(args: argparse.Namespace, variant: str, eager: Any, tuned: Callable
     if variant.startswith("compiled"):
         model = tuned(True)
         warm_up_compiled(model, int(x.shape[-1]))
+    if variant.startswith("fused"):
+        model = copy.deepcopy(eager)
+        model.net, fused = fuse_conv_add_relu(model.net, model.autocast_dtype)
+        log.info("%s: %d convolutions fused", variant, fused)
     shapes = graphed_shapes(model, (args.batch_size,), int(x.shape[-1]), device) if "graphs" in variant else None
     if shapes is not None and not shapes.graphs:
         return {"variant": variant, "error": "the model could not be captured (see the log)"}, None
@@ -129,6 +139,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     images, targets, _ = sample_batch(eager, args.images, args.count)
     x = images.to(device)
     rows: list[dict[str, Any]] = []
+    answers: dict[str, Tensor] = {}
     reference: tuple[str, Tensor] | None = None  # the first variant that ran (eager when it did): what the cosines compare with
     for variant in args.variants:
         if "graphs" in variant and device.type != "cuda":
@@ -136,15 +147,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             continue
         try:
             row, got = _variant(args, variant, eager, tuned, x, targets, device)
-        except Exception as err:  # noqa: BLE001 - an out-of-memory size is a row of the table, anything else an error
-            if not _out_of_memory(err):
+        except Exception as err:  # noqa: BLE001 - an out-of-memory size is a row of the table; so is a way that fails after
+            # the reference ran (a fused kernel this cuDNN lacks, say): its error is in the table, the other rows stay
+            if _out_of_memory(err):
+                row, got = {"variant": variant, "error": f"CUDA out of memory at calls of {args.batch_size} rows"}, None
+            elif reference is None:
                 raise
-            row, got = {"variant": variant, "error": f"CUDA out of memory at calls of {args.batch_size} rows"}, None
+            else:
+                log.exception("%s failed", variant)
+                first_line = (str(err).splitlines() or [""])[0][:160]
+                row, got = {"variant": variant, "error": f"failed: {type(err).__name__}: {first_line}"}, None
         finally:  # the variant's model, graphs and their memory pool go before the next one's (a compiled model holds a cycle)
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         if got is not None:
+            answers[variant] = got
             reference = reference or (variant, got)
             cos = cosine_similarity(got, reference[1])
             row |= {"cosine_to_first_min": float(cos.min()), "cosine_to_first_mean": float(cos.mean())}
@@ -152,10 +170,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                      row["setup_s"], reference[0], row["cosine_to_first_min"])
         rows.append(row)
     passes = _passes(eager, x, targets, args, device) if args.profile else None
+    if args.fp32_reference and args.precision != "fp32" and answers:
+        exact = _fp32_answers(args, models_file, x, targets, device)
+        for row in rows:
+            if row["variant"] in answers:
+                cos = cosine_similarity(answers[row["variant"]], exact)
+                row |= {"cosine_to_fp32_min": float(cos.min()), "cosine_to_fp32_mean": float(cos.mean())}
     return {"passes": passes, "label": args.label, "date": time.strftime("%Y-%m-%d"), "machine": machine(), "model": args.model,
             "weights": args.weights, "precision": args.precision, "channels_last": channels_last, "device": str(device),
             "images": len(targets), "batch_size": args.batch_size, "steps": args.steps, "probe_steps": args.probe_steps,
             "repeats": args.repeats, "cosine_reference": reference[0] if reference else None, "rows": rows}
+
+
+def _fp32_answers(args: argparse.Namespace, models_file: Path | None, x: Tensor, targets: list[int], device: torch.device) -> Tensor:
+    """The same network's IDG in IEEE fp32 (no TF32, batch norm folded, one untimed run): the exact function's answers."""
+    torch.manual_seed(0)
+    loaded = load_entry(args.model, args.weights, models_file).to(device).eval()
+    model = tune(loaded, precision="fp32", channels_last=False, fold_bn=True)  # TF32 off, process-wide: the last run here
+    got = idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps, batch_size=args.batch_size).attributions
+    return got.float().flatten(1)
 
 
 def _out_of_memory(err: BaseException | None) -> bool:
@@ -176,14 +209,15 @@ def render(data: dict[str, Any]) -> str:
              f"calls of {data['batch_size']} rows; best of "
              f"{data['repeats']} after one warm run; every variant in the same process on the same images.", "",
              f"| variant | ms per attribution | set-up s (compile, capture) | cosine to {data.get('cosine_reference') or 'the first row'}, "
-             "min / mean |",
-             "|---|---|---|---|"]
+             "min / mean | cosine to IEEE fp32, min / mean |",
+             "|---|---|---|---|---|"]
     for r in data["rows"]:
         if "error" in r:
-            lines.append(f"| {r['variant']} | {r['error']} | | |")
+            lines.append(f"| {r['variant']} | {r['error']} | | | |")
         else:
+            exact = f"{r['cosine_to_fp32_min']:.4f} / {r['cosine_to_fp32_mean']:.4f}" if "cosine_to_fp32_min" in r else "n/a"
             lines.append(f"| {r['variant']} | {r['ms_per_attribution']:.2f} | {r['setup_s']:.1f} | "
-                         f"{r['cosine_to_first_min']:.4f} / {r['cosine_to_first_mean']:.4f} |")
+                         f"{r['cosine_to_first_min']:.4f} / {r['cosine_to_first_mean']:.4f} | {exact} |")
     if data.get("passes"):
         lines += _render_passes(data["passes"], data)
     return "\n".join(lines) + "\n"
@@ -224,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--fp32-reference", action=argparse.BooleanOptionalAction, default=True,
+                    help="compare every variant's answers with the model's in IEEE fp32 too (one untimed run; below fp32 only)")
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="torch.backends.cudnn.benchmark: cuDNN times its kernels for each shape (one call size here: seconds)")
     ap.add_argument("--profile", action="store_true",

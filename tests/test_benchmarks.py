@@ -314,3 +314,35 @@ def test_the_paper_speed_profile_splits_eagers_time_into_passes_and_kernels(tmp_
     assert [t["ms_per_attribution"] for t in top] == sorted((t["ms_per_attribution"] for t in top), reverse=True)
     assert 0 < sum(t["share"] for t in top) <= 1 + 1e-9
     assert "## Where eager's time goes" in (tmp_path / "paper-speed.md").read_text()
+
+
+def test_paper_speed_compares_every_way_with_the_models_answers_in_fp32(tmp_path: Path) -> None:
+    from benchmarks import paper_speed
+    from benchmarks.load import light_cnn
+
+    spec = light_cnn(tmp_path)
+    common = ["--model", spec, "--weights", "default", "--models-file", str(tmp_path / "models.toml"), "--device", "cpu",
+              "--count", "3", "--batch-size", "16", "--steps", "6", "--probe-steps", "6", "--repeats", "1",
+              "--variants", "eager", "fused", "--out", str(tmp_path)]
+    assert paper_speed.main([*common, "--precision", "bf16", "--label", "bf16"]) == 0
+    rows = json.loads((tmp_path / "bf16.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["eager", "fused"]
+    for r in rows:  # bf16 autocast of a small CNN: near fp32's answers, not equal to them
+        assert 0.99 < r["cosine_to_fp32_min"] <= r["cosine_to_fp32_mean"] < 1.0 + 1e-6
+    assert "| cosine to IEEE fp32, min / mean |" in (tmp_path / "bf16.md").read_text()
+    assert paper_speed.main([*common, "--precision", "fp32", "--label", "fp32"]) == 0  # fp32 itself: nothing to compare
+    assert all("cosine_to_fp32_min" not in r for r in json.loads((tmp_path / "fp32.json").read_text())["rows"])
+
+
+def test_a_way_that_fails_after_the_reference_ran_is_an_error_row_not_a_lost_table(tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import paper_speed
+
+    def no_engine(net: object, dtype: object = None) -> object:  # as a cuDNN without the fused kernel answers
+        raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED\nmore")
+
+    monkeypatch.setattr(paper_speed, "fuse_conv_add_relu", no_engine)
+    assert paper_speed.main(["--dry-run", "--variants", "eager", "fused", "--out", str(tmp_path)]) == 1
+    rows = json.loads((tmp_path / "paper-speed.json").read_text())["rows"]
+    assert rows[0]["variant"] == "eager" and "ms_per_attribution" in rows[0]
+    assert rows[1] == {"variant": "fused", "error": "failed: RuntimeError: cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"}

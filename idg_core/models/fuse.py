@@ -10,6 +10,7 @@ Logits and attributions are bit-identical to the unfused model's (the speed-up: 
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
 from typing import Any
 
@@ -145,4 +146,164 @@ def fuse_conv_activations(net: nn.Module) -> tuple[nn.Module, int]:
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
+    return gm, fused
+
+
+# --- CUDA: convolution + bias (+ residual) + ReLU in one cuDNN kernel -------------------------------------------------
+#
+# PyTorch runs a convolution's bias as a separate broadcast add after cuDNN's kernel, and batch-norm folding gives every
+# convolution a bias: on an H200 that add (in channels-last memory, PyTorch's slow generic element-wise kernel) was 28%
+# of eager ResNet-101 bf16 IDG-50/50's kernel time, the residual adds and the ReLUs another 20%
+# (results/benchmarks/gpu-check-h200-2026-11-27-third/). cuDNN runs ``relu(conv(x) + z + bias)`` as one kernel; PyTorch
+# exposes it for inference only (``torch.cudnn_convolution_relu`` / ``torch.cudnn_convolution_add_relu``), so the input
+# gradient is written out here: the ReLU's mask from the fused output, then the convolution's input gradient; the
+# residual's gradient is the masked one itself.
+
+Conf = tuple[list[int], list[int], list[int], int]  # padding, stride, dilation, groups
+
+
+def _conv_add_relu(x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None, conf: Conf) -> Tensor:
+    """``relu(conv(x) + z + bias)``: one cuDNN kernel on CUDA, PyTorch's separate operations elsewhere (the reference)."""
+    padding, stride, dilation, groups = conf
+    if x.is_cuda:
+        if z is None:
+            out: Tensor = torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
+        else:
+            out = torch.cudnn_convolution_add_relu(x, weight, z, 1.0, bias, stride, padding, dilation, groups)
+        return out
+    y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return F.relu(y if z is None else y + z)
+
+
+def _input_grad(grad: Tensor, x: Tensor, weight: Tensor, conf: Conf) -> Tensor:
+    padding, stride, dilation, groups = conf
+    out: Tensor = torch.ops.aten.convolution_backward(grad, x, weight, None, stride, padding, dilation, False, [0, 0], groups,
+                                                      [True, False, False])[0]
+    return out
+
+
+class _ConvAddReLU(torch.autograd.Function):
+    """The fused forward; backward to the input and the residual only (the weights are constants of an inference graph)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, z: Tensor | None, conf: Conf) -> Tensor:
+        y = _conv_add_relu(x, weight, bias, z, conf)
+        ctx.save_for_backward(x, weight, y)
+        ctx.conf, ctx.has_z = conf, z is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, y = ctx.saved_tensors
+        grad = torch.ops.aten.threshold_backward(grad_y, y, 0)
+        grad_x = _input_grad(grad, x, weight, ctx.conf) if ctx.needs_input_grad[0] else None
+        grad_z = grad if ctx.has_z and ctx.needs_input_grad[3] else None
+        return grad_x, None, None, grad_z, None
+
+
+class FusedConvAddReLU(nn.Module):
+    """``relu(conv(x) [+ z])`` as one cuDNN kernel on CUDA, its bias inside (PyTorch's separate operations on the CPU, the
+    reference its tests compare with). The weights become buffers in ``dtype`` (bf16 for a bf16-autocast model: the
+    casts autocast would make at every call are made once); the input and residual are cast to it; the output is in it.
+    Part of an inference graph, the weights never get gradients."""
+
+    weight: Tensor
+    bias: Tensor | None
+
+    def __init__(self, conv: nn.Conv2d, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.register_buffer("weight", conv.weight.detach().to(dtype or conv.weight.dtype))
+        self.register_buffer("bias", conv.bias.detach().to(dtype or conv.bias.dtype) if conv.bias is not None else None)
+        # padding: not "same" (_fusable)
+        self.conf: Conf = ([int(p) for p in conv.padding], list(conv.stride), list(conv.dilation), conv.groups)
+
+    def forward(self, x: Tensor, z: Tensor | None = None) -> Tensor:
+        x = x.to(self.weight.dtype)
+        z = None if z is None else z.to(self.weight.dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or (z is not None and z.requires_grad)):
+            out: Tensor = _ConvAddReLU.apply(x, self.weight, self.bias, z, self.conf)  # type: ignore[no-untyped-call]  # torch.autograd.Function.apply is unannotated
+            return out
+        return _conv_add_relu(x, self.weight, self.bias, z, self.conf)
+
+    def extra_repr(self) -> str:
+        return f"weight {tuple(self.weight.shape)} {self.weight.dtype}, (padding, stride, dilation, groups) {self.conf}"
+
+
+_RELUS = (nn.ReLU,)
+_RELU_FUNCTIONS = (F.relu, torch.relu)
+_ADDS = (operator.add, operator.iadd, torch.add)
+
+
+def _is_relu(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if len(node.args) != 1:
+        return False
+    if node.op == "call_module":
+        return type(modules.get(str(node.target))) in _RELUS
+    return ((node.op == "call_function" and node.target in _RELU_FUNCTIONS)
+            or (node.op == "call_method" and node.target in ("relu", "relu_")))
+
+
+def fuse_conv_add_relu(net: nn.Module, dtype: torch.dtype | None = None) -> tuple[nn.Module, int]:
+    """``net`` with each plain ``Conv2d`` whose only user is a ReLU, or an addition (``conv(x) + z``, either order)
+    whose only user is a ReLU, replaced by a :class:`FusedConvAddReLU` (weights in ``dtype``), and how many. Meant for
+    CUDA after :func:`~idg_core.models.fold_batchnorm` (a ResNet's every convolution but its downsampling ones); on the
+    CPU the fused modules run PyTorch's own operations. A ``torch.fx.GraphModule`` is changed in place; another network
+    is traced first, and comes back as it was where it cannot be traced or has no such pattern."""
+    if isinstance(net, fx.GraphModule):
+        gm = net
+    else:
+        try:
+            gm = fx.GraphModule(net, ConvLeafTracer().trace(net))
+        except Exception as err:  # noqa: BLE001 - any tracing failure means: run it as it is
+            log.info("no convolution fused: torch.fx cannot trace %s (%s)", type(net).__name__, type(err).__name__)
+            return net, 0
+    modules = dict(gm.named_modules())
+    calls = Counter(node.target for node in gm.graph.nodes if node.op == "call_module")
+
+    def conv_of(node: Any) -> nn.Conv2d | None:
+        """The plain convolution ``node`` calls, if its output has no other user and it runs nowhere else."""
+        if not isinstance(node, fx.Node) or node.op != "call_module" or len(node.users) != 1 or calls[node.target] != 1:
+            return None
+        conv = modules.get(str(node.target))
+        return conv if isinstance(conv, nn.Conv2d) and _fusable(conv) else None
+
+    fused = 0
+    for relu in list(gm.graph.nodes):
+        if not _is_relu(relu, modules):
+            continue
+        source = relu.args[0]
+        if not isinstance(source, fx.Node):
+            continue
+        conv_node: Any = source
+        z: Any = None
+        if conv_of(source) is None:  # conv(x) + z -> relu
+            if source.op != "call_function" or source.target not in _ADDS or len(source.args) != 2 or source.kwargs:
+                continue
+            if len(source.users) != 1:  # the sum is read elsewhere too
+                continue
+            a, b = source.args
+            conv_node, z = (a, b) if conv_of(a) is not None else (b, a)
+            if conv_of(conv_node) is None or not isinstance(z, fx.Node) or z is conv_node:
+                continue
+        conv = conv_of(conv_node)
+        assert conv is not None and isinstance(conv_node, fx.Node)
+        set_submodule(gm, str(conv_node.target), FusedConvAddReLU(conv, dtype))
+        if z is not None:
+            conv_node.args = (*conv_node.args, z)
+            # the residual may be computed after the convolution in the graph's order: run the fused module where the add was
+            source.prepend(conv_node)
+            relu.replace_all_uses_with(conv_node)
+            gm.graph.erase_node(relu)
+            gm.graph.erase_node(source)
+        else:
+            relu.replace_all_uses_with(conv_node)
+            gm.graph.erase_node(relu)
+        fused += 1
+    if not fused:
+        return net, 0
+    gm.graph.lint()
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    log.info("%d convolutions fused with their bias, residual and ReLU (cuDNN)", fused)
     return gm, fused
