@@ -205,3 +205,17 @@ def write_photos(folder: Path, n: int, size: tuple[int, int] = (44, 40)) -> Path
         pixels = (0.6 * ramp * tint + 0.4 * torch.rand(3, h, w, generator=g)).clamp(0, 1)
         Image.fromarray((pixels.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()).save(folder / f"photo{i:02d}.png")
     return folder
+
+
+def assert_same_function(plain: nn.Module, rewritten: nn.Module, x: Tensor) -> None:
+    """``rewritten`` (a network with fused layers, say) gives ``plain``'s logits and input gradients on ``x``, with
+    autograd and without, to float32 rounding; the gradient is not all zero (so the comparison says something)."""
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out_plain, out_fused = plain(xa), rewritten(xb)
+    torch.testing.assert_close(out_fused, out_plain, rtol=1e-5, atol=1e-5)
+    grad_plain = torch.autograd.grad(out_plain[:, 2].sum(), xa)[0]
+    grad_fused = torch.autograd.grad(out_fused[:, 2].sum(), xb)[0]
+    assert grad_plain.abs().sum() > 0
+    torch.testing.assert_close(grad_fused, grad_plain, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(rewritten(x), out_plain.detach(), rtol=1e-5, atol=1e-5)

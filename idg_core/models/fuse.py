@@ -107,6 +107,27 @@ def set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, module)
 
 
+def _graph_module(net: nn.Module) -> fx.GraphModule | None:
+    """``net`` as a ``torch.fx.GraphModule`` with each convolution one node (``net`` itself where it is one already);
+    None where it cannot be traced."""
+    if isinstance(net, fx.GraphModule):
+        return net
+    try:
+        return fx.GraphModule(net, ConvLeafTracer().trace(net))
+    except Exception as err:  # noqa: BLE001 - any tracing failure means: run it as it is
+        log.info("no convolution fused: torch.fx cannot trace %s (%s)", type(net).__name__, type(err).__name__)
+        return None
+
+
+def _rewritten(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` after its graph was changed: checked, its dead nodes and unused modules gone, its code made anew."""
+    gm.graph.lint()
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
 def fuse_conv_activations(net: nn.Module) -> tuple[nn.Module, int]:
     """``net`` with each plain ``Conv2d`` whose only user is a ``ReLU6`` or ``ReLU`` module (in-place or
     not: nothing else reads the convolution's output) replaced by a :class:`FusedConvActivation`, and how
@@ -115,14 +136,9 @@ def fuse_conv_activations(net: nn.Module) -> tuple[nn.Module, int]:
     such pair."""
     if not fusion_available():
         return net, 0
-    if isinstance(net, fx.GraphModule):
-        gm = net
-    else:
-        try:
-            gm = fx.GraphModule(net, ConvLeafTracer().trace(net))
-        except Exception as err:  # noqa: BLE001 - any tracing failure means: run it as it is
-            log.info("no convolution fused: torch.fx cannot trace %s (%s)", type(net).__name__, type(err).__name__)
-            return net, 0
+    gm = _graph_module(net)
+    if gm is None:
+        return net, 0
     modules = dict(gm.named_modules())
     calls = Counter(node.target for node in gm.graph.nodes if node.op == "call_module")
     fused = 0
@@ -141,12 +157,7 @@ def fuse_conv_activations(net: nn.Module) -> tuple[nn.Module, int]:
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
         fused += 1
-    if not fused:
-        return net, 0
-    gm.graph.eliminate_dead_code()
-    gm.delete_all_unused_submodules()
-    gm.recompile()
-    return gm, fused
+    return (_rewritten(gm), fused) if fused else (net, 0)
 
 
 # --- CUDA: convolution + bias (+ residual) + ReLU in one cuDNN kernel -------------------------------------------------
@@ -249,14 +260,9 @@ def fuse_conv_add_relu(net: nn.Module, dtype: torch.dtype | None = None) -> tupl
     CUDA after :func:`~idg_core.models.fold_batchnorm` (a ResNet's every convolution but its downsampling ones); on the
     CPU the fused modules run PyTorch's own operations. A ``torch.fx.GraphModule`` is changed in place; another network
     is traced first, and comes back as it was where it cannot be traced or has no such pattern."""
-    if isinstance(net, fx.GraphModule):
-        gm = net
-    else:
-        try:
-            gm = fx.GraphModule(net, ConvLeafTracer().trace(net))
-        except Exception as err:  # noqa: BLE001 - any tracing failure means: run it as it is
-            log.info("no convolution fused: torch.fx cannot trace %s (%s)", type(net).__name__, type(err).__name__)
-            return net, 0
+    gm = _graph_module(net)
+    if gm is None:
+        return net, 0
     modules = dict(gm.named_modules())
     calls = Counter(node.target for node in gm.graph.nodes if node.op == "call_module")
 
@@ -301,9 +307,5 @@ def fuse_conv_add_relu(net: nn.Module, dtype: torch.dtype | None = None) -> tupl
         fused += 1
     if not fused:
         return net, 0
-    gm.graph.lint()
-    gm.graph.eliminate_dead_code()
-    gm.delete_all_unused_submodules()
-    gm.recompile()
     log.info("%d convolutions fused with their bias, residual and ReLU (cuDNN)", fused)
-    return gm, fused
+    return _rewritten(gm), fused

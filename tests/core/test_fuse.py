@@ -12,6 +12,7 @@ from idg_core import idg
 from idg_core.models import fold_batchnorm, load_model, tune
 from idg_core.models.fuse import FusedConvActivation, fuse_conv_activations, fusion_available
 from idg_core.models.zoo import ImageClassifier, Preprocessing
+from tests.models import assert_same_function
 
 pytestmark = pytest.mark.skipif(not fusion_available(), reason="needs PyTorch's oneDNN (x86 CPU builds)")
 
@@ -58,15 +59,7 @@ def test_fused_network_gives_the_same_logits_and_input_gradients(channels_last: 
     plain, fused = classifier(), tune(classifier(), precision="fp32", channels_last=channels_last, fold_bn=True)
     kinds = [type(m).__name__ for m in fused.net.modules() if isinstance(m, (nn.Conv2d, FusedConvActivation))]
     assert kinds.count("FusedConvActivation") == 4, kinds  # a, b, c (after folding its batch norm), e; not d, shared
-    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    out_plain, out_fused = plain(xa), fused(xb)
-    torch.testing.assert_close(out_fused, out_plain, rtol=1e-5, atol=1e-5)
-    grad_plain = torch.autograd.grad(out_plain[:, 2].sum(), xa)[0]
-    grad_fused = torch.autograd.grad(out_fused[:, 2].sum(), xb)[0]
-    assert grad_plain.abs().sum() > 0
-    torch.testing.assert_close(grad_fused, grad_plain, rtol=1e-5, atol=1e-6)
-    with torch.no_grad():
-        torch.testing.assert_close(fused(x), out_plain.detach(), rtol=1e-5, atol=1e-5)
+    assert_same_function(plain, fused, x)
 
 
 def test_the_fused_module_runs_plainly_where_onednn_does_not_apply() -> None:
