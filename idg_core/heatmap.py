@@ -34,11 +34,11 @@ def _lut(name: str) -> np.ndarray:
 
 
 def saliency(attribution: Tensor, signed: bool = False) -> Tensor:
-    """``(C, H, W)`` attribution -> ``(H, W)`` map: |Σ_c a| (or Σ_c a when ``signed``)."""
+    """``(C, H, W)`` attribution -> ``(H, W)`` map: Σ_c |a| (or Σ_c a when ``signed``)."""
     if attribution.dim() != 3:
         raise ValueError(f"attribution must be (C, H, W), got shape {tuple(attribution.shape)}")
-    total = attribution.detach().float().cpu().sum(0)
-    return total if signed else total.abs()
+    a = attribution.detach().float().cpu()
+    return a.sum(0) if signed else a.abs().sum(0)
 
 
 def _check_outlier_perc(outlier_perc: float) -> None:

@@ -30,7 +30,7 @@ def test_agrees_with_rise_metrics_at_the_same_step_count(steps: int) -> None:
     stats = CallStats()
     out = run_plans(model, [_score_plan(x[i], attrs[i], int(preds[i]), steps=steps) for i in range(2)], 8, stats)
     step = pixels_per_step(16, 16, steps)
-    sal = attrs.sum(1).abs()
+    sal = attrs.abs().sum(1)  # the metrics' saliency: |attribution| summed over channels
     ins, dele = insertion(model, x, sal, step=step), deletion(model, x, sal, step=step)
     n = math.ceil(256 / step)
     for i in range(2):

@@ -22,10 +22,12 @@ def test_all_zero_attribution_renders() -> None:
     assert np.abs(over.astype(int) - (photo.permute(1, 2, 0).numpy() * 255).round()).max() <= 1
 
 
-def test_saliency_is_abs_of_channel_sum_and_signed_keeps_sign() -> None:
+def test_saliency_sums_each_channels_magnitude_and_signed_keeps_sign() -> None:
+    """|attribution| summed over channels, as the metrics define it: +1 and -3 in two channels of a pixel are 4, not 2
+    (their sum's magnitude would rank a pixel with opposite channels below one with a single small value)."""
     a = torch.zeros(3, 2, 2)
     a[0, 0, 0], a[1, 0, 0], a[2, 1, 1] = 1.0, -3.0, 2.0
-    assert saliency(a).tolist() == [[2.0, 0.0], [0.0, 2.0]]
+    assert saliency(a).tolist() == [[4.0, 0.0], [0.0, 2.0]]
     assert saliency(a, signed=True).tolist() == [[-2.0, 0.0], [0.0, 2.0]]
 
 
