@@ -27,11 +27,18 @@ WEIGHT = 0.5
 
 
 def ranks(sal: Tensor) -> Tensor:
-    """Each pixel's place in ``sal (H, W)``'s order, 0 (least) to 1 (most salient), float64, on ``sal``'s device."""
+    """Each pixel's place in ``sal (H, W)``'s order, 0 (least) to 1 (most salient), float64, on ``sal``'s device. Equal
+    values share their places' mean (a flat patch is not ordered by where its pixels lie); a map with no order at all
+    (every value equal: a photo at its baseline) ranks every pixel 0."""
     flat = sal.flatten().double()
-    order = torch.argsort(flat, stable=True)
+    values, order = torch.sort(flat, stable=True)
+    _, group, counts = torch.unique_consecutive(values, return_inverse=True, return_counts=True)
+    if len(counts) == 1:
+        return torch.zeros_like(flat).view(sal.shape)
+    last = counts.cumsum(0) - 1
+    mean_place = (last - (counts - 1) / 2).double()  # the mean of first..last places of each run of equal values
     r = torch.empty_like(flat)
-    r[order] = torch.arange(flat.numel(), dtype=torch.float64, device=flat.device) / max(flat.numel() - 1, 1)
+    r[order] = mean_place[group] / max(flat.numel() - 1, 1)
     return r.view(sal.shape)
 
 

@@ -106,6 +106,16 @@ def test_ranks_run_0_to_1_on_the_maps_device_and_the_weight_is_checked() -> None
         rank_mix(both, 1.5)
 
 
+def test_equal_saliencies_share_their_rank_and_a_map_without_order_ranks_every_pixel_zero() -> None:
+    # a flat patch of ones (places 1-4 of 0-5) shares their mean place, 2.5, whatever the pixels' positions
+    sal = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 5.0]])
+    torch.testing.assert_close(ranks(sal), torch.tensor([[0.0, 0.5, 0.5], [0.5, 0.5, 1.0]], dtype=torch.float64))
+    assert ranks(sal.flip(1))[0, 2] == ranks(sal)[0, 0] == 0.0  # order by value, not by place
+    assert ranks(torch.full((4, 4), 0.3)).eq(0).all()
+    # a photo at its baseline: both maps zero, so RankMix's is zero too (it had ranked the pixels by their raster order)
+    assert rank_mix(torch.zeros(1, 6, 4, 4)).eq(0).all()
+
+
 def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_closest_when_none_is() -> None:
     from idg_core.evaluation.report import first_or_tied
 
