@@ -148,7 +148,8 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
     kwargs = method_params(settings, params, model.num_classes)
     options = explain_options(settings, params, model)
     bound = work_bound(settings, params, kwargs, options, model.preprocessing.crop_size)
-    used = {k: v for k, v in kwargs.items() if v is not None}  # None: not used (AGI's explicit classes)
+    # None: not used (AGI's explicit classes); nor a parameter the others make inert (IDG's probe with uniform=true)
+    used = {k: v for k, v in METHODS[params.method].params.in_effect(kwargs).items() if v is not None}
     used |= {"baseline": params.baseline, "preset": answered_preset(params), **options.post}
     if options.metrics:
         used |= {"faithfulness": ",".join(options.metrics), "faithfulness_steps": options.steps}

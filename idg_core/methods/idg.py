@@ -42,7 +42,7 @@ PARAMS = Params("idg", (
           "rule ∇F·(x - x'), at no extra cost", choices=IMPORTANCE),
     Param("uniform", bool, False, "Skip the probe: M points linspace(0, 1, M) with equal weights 1/M (no adaptive sampling)"),
     output_param("logit"),
-))
+), inert=lambda v: {"probe_steps", "placement"} if v["uniform"] else set())
 
 
 def idg_plan(x: Tensor, baseline: Tensor, target: int, **params: Any) -> Plan:

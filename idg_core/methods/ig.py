@@ -28,7 +28,7 @@ PARAMS = Params("ig", (
           choices=IG_RULES),
     Param("probe_steps", int, 50, "With rule 'adaptive' only: uniform probe points of the output-α curve", low=3, step=True),
     output_param("logit"),
-), joint=_joint)
+), joint=_joint, inert=lambda v: set() if v["rule"] == "adaptive" else {"probe_steps"})
 
 
 def ig_bound(params: Mapping[str, Any]) -> WorkBound:

@@ -115,6 +115,9 @@ class Params:
     method: str
     items: tuple[Param, ...]
     joint: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
+    inert: Callable[[dict[str, Any]], set[str]] | None = field(default=None, compare=False)
+    """The parameters that take no effect given the values of the others (IDG's probe with ``uniform``): an answer does
+    not report them as used."""
 
     def __iter__(self) -> Iterator[Param]:
         return iter(self.items)
@@ -140,6 +143,11 @@ class Params:
     @property
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.items}
+
+    def in_effect(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` without the parameters that take no effect given the others (:attr:`inert`)."""
+        inert = self.inert(dict(values)) if self.inert is not None else set()
+        return {k: v for k, v in values.items() if k not in inert}
 
     def refuse_unknown(self, given: Iterable[str], listed: Iterable[str] | None = None) -> None:
         """:class:`InvalidParameter` for the first name the method does not take; the message lists

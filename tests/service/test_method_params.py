@@ -45,7 +45,10 @@ async def test_bad_values_get_the_methods_own_reason(tiny_app: AppFactory) -> No
 
 
 @pytest.mark.parametrize(("fields", "expected"), [
-    ({"method": "ig", "steps": "4"}, {"steps", "rule", "probe_steps", "output"}),
+    ({"method": "ig", "steps": "4"}, {"steps", "rule", "output"}),  # gausslegendre: no probe to report
+    ({"method": "ig", "steps": "4", "rule": "adaptive"}, {"steps", "rule", "probe_steps", "output"}),
+    ({"method": "idg", "steps": "4", "uniform": "true"}, {"steps", "uniform", "importance", "output"}),  # no probe, no placement
+    ({"method": "idg", "steps": "4"}, {"steps", "uniform", "importance", "probe_steps", "placement", "output"}),
     ({"method": "left_ig", "steps": "4", "threshold": "0.5"}, {"steps", "threshold", "output"}),
     ({"method": "agi", "max_iter": "2"}, {"epsilon", "max_iter", "adversarial_classes", "num_classes", "seed", "early_stop", "output"}),
 ])
