@@ -2,8 +2,9 @@
 # scripts/setup.sh creates .venv with the CPU build of torch==2.13.0 (see README), each part once;
 # `make run` stops quietly on Ctrl-C or SIGTERM (scripts/serve.sh).
 PY := .venv/bin/python
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# `make run` listens where IDG_HOST / IDG_PORT say, as the server does; HOST= / PORT= on the command line win
+HOST ?= $(or $(IDG_HOST),127.0.0.1)
+PORT ?= $(or $(IDG_PORT),8000)
 SERVE_ARGS ?=
 
 .PHONY: run test test-all demo lint bench eval docs

@@ -19,7 +19,7 @@ from app.api.openapi import install_openapi
 from app.api.routes import attribute, info, jobs, predict, v2
 from app.assembly import running
 from app.core import tracing
-from app.core.config import Settings
+from app.core.config import Settings, SettingsError, load_settings
 from app.core.drain import Drain, DrainMiddleware
 from app.core.errors import install_error_handlers
 from app.core.keys import KeyShareMiddleware, load_keys, share_limit
@@ -35,7 +35,7 @@ STATIC = Path(__file__).with_name("static")
 def create_app(settings: Settings | None = None, models: dict[str, ImageClassifier] | None = None) -> FastAPI:
     """Build the app; ``models`` replaces loading from ``settings.models`` (tests inject tiny ones). Its lifespan
     (:func:`app.assembly.running`) loads the models, starts the worker and the service, and reports ready."""
-    settings = settings or Settings()
+    settings = settings or load_settings()
     metrics = Metrics()
     drain = Drain()
 
@@ -54,9 +54,12 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.keys = load_keys(settings)  # a malformed key or keys file stops the start here
-    if settings.tracing:
-        tracing.enable()
+    try:  # a malformed key or keys file, or tracing without its exporter, stops the start here, in one line
+        app.state.keys = load_keys(settings)
+        if settings.tracing:
+            tracing.enable()
+    except (ValueError, RuntimeError) as err:
+        raise SettingsError(str(err)) from None
     if settings.replicas_expected is not None:
         metrics.replicas_expected.set(settings.replicas_expected)
     metrics.request_timeout.set(settings.request_timeout_s)

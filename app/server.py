@@ -44,7 +44,7 @@ from fastapi import FastAPI
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from app.core.config import Settings
+from app.core.config import SettingsError, load_settings
 from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.model_loading import ModelLoadError, pick_device
@@ -297,6 +297,16 @@ def load_app(spec: str) -> FastAPI:
     return obj
 
 
+def _app_or_exit(spec: str) -> FastAPI:
+    """:func:`load_app`, or the start's one line and exit status 3 where its settings cannot be used (a keys file that
+    cannot be read, tracing without its exporter)."""
+    try:
+        return load_app(spec)
+    except SettingsError as err:
+        log.error("cannot start: %s", err)
+        sys.exit(3)
+
+
 def build(app: FastAPI, host: str | None = None, port: int | None = None, log_level: str = "info") -> Server:
     """The server for ``app``, configured from its settings (``host``/``port`` override them)."""
     settings = app.state.settings
@@ -323,8 +333,8 @@ def _configure_logging(fmt: str = "text") -> None:
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event,
                 opened: Event) -> None:
     """One of several server processes (:mod:`app.core.processes`): the app on this process's socket of the port."""
-    _configure_logging(Settings().log_format)
-    app = load_app(spec)
+    _configure_logging(load_settings().log_format)  # the launcher has read them already: valid
+    app = _app_or_exit(spec)
     server = build(app, host, port, log_level)
 
     def started() -> None:
@@ -341,6 +351,13 @@ def serve_child(spec: str, host: str | None, port: int | None, log_level: str, s
     server.listen_when = opened.is_set
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
+
+
+def _port(text: str) -> int:
+    """``--port``: 0 to 65535 (it had been a bind() OverflowError traceback)."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port number, 0 to 65535")
+    return int(text)
 
 
 def _processes(text: str) -> int | str:
@@ -368,13 +385,18 @@ def _auto(device: str) -> tuple[int, bool]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="idg-serve", description="Serve the IDG app; settings: IDG_* variables (docs/settings.md).")
     parser.add_argument("--host", help="listen address (default: IDG_HOST, 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="listen port (default: IDG_PORT, 8000)")
+    parser.add_argument("--port", type=_port, help="listen port (default: IDG_PORT, 8000)")
     parser.add_argument("--processes", type=_processes, help="server processes on the port, each with its own models and worker, "
-                        "or auto (default: IDG_PROCESSES, auto: one on the CPU, up to two on CUDA)")
+                        "or auto (default: IDG_PROCESSES, auto: one on the CPU, up to four on CUDA, one per 4 host cores)")
     parser.add_argument("--app", default="app.main:app", help="module:attribute of the app or of a factory (default: app.main:app)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = parser.parse_args(argv)
-    settings = Settings()
+    _configure_logging(os.environ.get("IDG_LOG_FORMAT") or "text")  # before the settings are read: their errors are logged
+    try:
+        settings = load_settings()
+    except SettingsError as err:
+        log.error("cannot start: %s", err)
+        sys.exit(3)
     _configure_logging(settings.log_format)
     wanted = args.processes or settings.processes
     processes, staged = (wanted, False) if wanted != "auto" else _auto(settings.device)
@@ -383,8 +405,9 @@ def main(argv: list[str] | None = None) -> None:
         target = ("app.server:serve_child", (args.app, host, port, args.log_level))
         sys.exit(serve_processes(target, processes, host, port, settings.shutdown_grace_s, settings.simulated_call_ms is not None,
                                  staged=staged))
+    app = _app_or_exit(args.app)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl+C it handled gracefully
-        build(load_app(args.app), args.host, args.port, args.log_level).run()
+        build(app, args.host, args.port, args.log_level).run()
 
 
 if __name__ == "__main__":

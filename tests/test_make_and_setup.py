@@ -129,3 +129,14 @@ def test_settings_made_anywhere_in_the_tests_keep_their_state_out_of_the_checkou
     from app.core.config import Settings
 
     assert not Settings(models=["tiny"]).data_dir.resolve().is_relative_to(ROOT)
+
+
+def test_make_run_listens_where_idg_host_and_idg_port_say_and_its_own_arguments_win() -> None:
+    def planned(*args: str, **env: str) -> str:
+        done = subprocess.run(["make", "-n", "run", *args], cwd=ROOT, capture_output=True, text=True, check=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("IDG_")} | env)
+        return done.stdout.strip().splitlines()[-1]
+
+    assert planned().endswith("scripts/serve.sh --host 127.0.0.1 --port 8000")
+    assert planned(IDG_HOST="0.0.0.0", IDG_PORT="8713").endswith("scripts/serve.sh --host 0.0.0.0 --port 8713")
+    assert planned("PORT=9", IDG_PORT="8713").endswith("--port 9")

@@ -9,12 +9,15 @@ A new setting goes into the section it belongs to, with a description (``tests/t
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import torch
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from idg_core.call_shapes import power_of_two_sizes
@@ -44,7 +47,10 @@ BatchSizes = Annotated[list[int], NoDecode, BeforeValidator(_split), AfterValida
 class Section(BaseSettings):
     """One section of the settings: its fields, read from ``IDG_<FIELD>``; ``title`` heads its table in the docs."""
 
-    model_config = SettingsConfigDict(env_prefix="IDG_", env_file=".env", extra="ignore")
+    # an empty variable is an unset one (docker-compose passes ${X:-}: a path "" had meant the current folder); no
+    # float takes infinity (IDG_SHUTDOWN_GRACE_S=inf had crashed the shutdown watchdog) or NaN
+    model_config = SettingsConfigDict(env_prefix="IDG_", env_file=".env", extra="ignore", env_ignore_empty=True,
+                                      allow_inf_nan=False)
     title: ClassVar[str]
 
 
@@ -388,3 +394,57 @@ class Settings(
     section, not here."""
 
     title: ClassVar[str] = "All settings"
+
+
+OTHER_VARIABLES = frozenset({
+    "IDG_URL",  # the client's service address
+    "IDG_SERVE_EARLY", "IDG_PROCESSES_ON_HOST", "IDG_MEMORY_REPORT_DIR", "IDG_PROCESSES_EXPECTED",  # set by the launcher
+    "IDG_BENCH_READY_S", "IDG_BENCH_PROFILE",  # the benchmarks'
+})
+"""``IDG_*`` variables that are not settings but are read all the same (by the client, the launcher's processes, the
+benchmarks): not reported as unknown."""
+
+log = logging.getLogger(__name__)
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; its message names each ``IDG_*`` variable at fault, on one line."""
+
+
+def _dotenv_names(path: Path = Path(".env")) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    names = (line.strip().removeprefix("export ").split("=", 1)[0].strip() for line in lines if "=" in line)
+    return [n for n in names if n.upper().startswith("IDG_")]
+
+
+def unknown_variables() -> list[str]:
+    """One warning each for the ``IDG_*`` names in the environment or ``.env`` that no setting reads (a typo, say
+    ``IDG_MAX_QUEU``, had been ignored without a word), with the nearest setting's name."""
+    known = {f"IDG_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    seen = [n for n in os.environ if n.upper().startswith("IDG_")] + _dotenv_names()
+    out = []
+    for name in dict.fromkeys(n.upper() for n in seen):
+        if name not in known:
+            near = difflib.get_close_matches(name, sorted(known), n=1)
+            out.append(f"unknown setting {name}, ignored" + (f" (did you mean {near[0]}?)" if near else ""))
+    return out
+
+
+def load_settings() -> Settings:
+    """The settings from the environment and ``.env``: unknown ``IDG_*`` names logged as warnings, and values that
+    cannot be used a :class:`SettingsError` whose one line names each variable, its value and what it must be
+    (pydantic's own error named the field, ``max_queue``, in 17 lines with a traceback)."""
+    for warning in unknown_variables():
+        log.warning("%s", warning)
+    try:
+        return Settings()
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            name = f"IDG_{str(e['loc'][0]).upper()}" if e.get("loc") else "a setting"
+            shown = os.environ.get(name, e.get("input"))
+            problems.append(f"invalid setting {name}={shown!r}: {e['msg']}")
+        raise SettingsError("; ".join(problems)) from None

@@ -42,7 +42,11 @@ def load_keys(settings: Settings) -> list[Key]:
     keys = [Key("default", settings.api_key, True)] if settings.api_key else []
     keys += [_parse(entry, "IDG_API_KEYS") for entry in settings.api_keys]
     if settings.api_keys_file is not None:
-        lines = settings.api_keys_file.read_text().splitlines()
+        try:
+            lines = settings.api_keys_file.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            why = getattr(err, "strerror", None) or err
+            raise ValueError(f"IDG_API_KEYS_FILE={settings.api_keys_file} cannot be read ({why})") from err
         keys += [_parse(line, f"IDG_API_KEYS_FILE line {i}") for i, line in enumerate(lines, 1)
                  if line.strip() and not line.lstrip().startswith("#")]
     names, secrets_seen = [k.name for k in keys], {k.secret for k in keys}

@@ -36,7 +36,10 @@ class ModelLoadError(RuntimeError):
 def pick_device(setting: str) -> torch.device:
     if setting == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(setting)
+    try:
+        device = torch.device(setting)
+    except RuntimeError as err:  # torch's 50-line traceback had named neither the setting nor what it takes
+        raise ModelLoadError(f"IDG_DEVICE={setting!r} is not a device: auto, cpu, cuda or cuda:N") from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"IDG_DEVICE={setting} but no CUDA device is available")
     return device

@@ -30,11 +30,13 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
 from app.core.config import Settings
 from app.core.errors import ApiError
+from app.core.model_loading import ModelLoadError
 from app.core.replica import replica_id
 from app.core.request_id import set_request_id
 from app.jobs.callbacks import deliver, redacted
@@ -60,14 +62,26 @@ MAX_STORE_WAIT_S = 5.0
 
 
 def open_store(settings: Settings) -> Store:
-    """PostgreSQL when ``IDG_JOBS_DB_URL`` is set, else SQLite under ``IDG_DATA_DIR``."""
+    """PostgreSQL when ``IDG_JOBS_DB_URL`` is set, else SQLite under ``IDG_DATA_DIR``. One that cannot be opened is a
+    :class:`~app.core.model_loading.ModelLoadError` naming the setting (the start-up's one line; it had been an 80-line
+    ``PoolTimeout`` or ``NotADirectoryError`` traceback)."""
     if settings.jobs_db_url:
         from app.jobs.postgres import PostgresStore
 
-        return PostgresStore(settings.jobs_db_url, settings.jobs_store_timeout_s)
+        try:
+            return PostgresStore(settings.jobs_db_url, settings.jobs_store_timeout_s)
+        except Exception as err:  # noqa: BLE001 - psycopg's errors are imported with the optional extra
+            if isinstance(err, RuntimeError) and "pip install" in str(err):
+                raise ModelLoadError(str(err)) from err
+            where = urlsplit(settings.jobs_db_url)
+            raise ModelLoadError(f"IDG_JOBS_DB_URL: the PostgreSQL server at {where.hostname}:{where.port or 5432} could not "
+                                 f"be used ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
     from app.jobs.sqlite import SqliteStore
 
-    return SqliteStore(settings.data_dir, settings.jobs_store_timeout_s)
+    try:
+        return SqliteStore(settings.data_dir, settings.jobs_store_timeout_s)
+    except OSError as err:
+        raise ModelLoadError(f"IDG_DATA_DIR={settings.data_dir}: the job store cannot be made there ({err.strerror or err})") from err
 
 
 async def start_jobs(service: Service, paused: Callable[[], bool]) -> JobRunner:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -76,3 +82,75 @@ async def test_torch_threads_are_one_on_an_accelerator_and_as_they_were_once_the
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(original)
+
+
+def test_a_value_that_cannot_be_used_is_one_line_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core.config import SettingsError, load_settings
+
+    monkeypatch.setenv("IDG_MAX_QUEUE", "abc")
+    monkeypatch.setenv("IDG_SHUTDOWN_GRACE_S", "inf")  # had been taken, and crashed the shutdown watchdog
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert "\n" not in message
+    assert "invalid setting IDG_MAX_QUEUE='abc': Input should be a valid integer" in message
+    assert "invalid setting IDG_SHUTDOWN_GRACE_S='inf': Input should be a finite number" in message
+
+
+def test_an_empty_variable_is_an_unset_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("IDG_MODELS_FILE", "IDG_CALIBRATION_FILE", "IDG_API_KEYS_FILE", "IDG_DATA_DIR", "IDG_MAX_QUEUE"):
+        monkeypatch.setenv(name, "")  # as docker-compose passes ${X:-}: a path "" had been the current folder
+    s = Settings()
+    assert s.models_file is None and s.calibration_file is None and s.api_keys_file is None
+    assert s.data_dir == Settings.model_fields["data_dir"].default and s.max_queue == Settings.model_fields["max_queue"].default
+
+
+def test_an_unknown_idg_name_is_warned_with_the_nearest_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from app.core.config import load_settings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("IDG_MAXQUEUE=3\nOTHER=1\n")
+    monkeypatch.setenv("IDG_MODEL", "resnet50")
+    monkeypatch.setenv("IDG_URL", "http://x")  # the client's: known
+    with caplog.at_level(logging.WARNING, logger="app.core.config"):
+        load_settings()
+    warned = [r.getMessage() for r in caplog.records]
+    assert "unknown setting IDG_MODEL, ignored (did you mean IDG_MODELS?)" in warned
+    assert "unknown setting IDG_MAXQUEUE, ignored (did you mean IDG_MAX_QUEUE?)" in warned
+    assert not any("IDG_URL" in w or "OTHER" in w for w in warned)
+
+
+def test_the_server_refuses_to_start_in_one_line_naming_the_setting(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDG_")} | {"IDG_MAX_QUEUE": "0", "IDG_PORT": "0"}
+    done = subprocess.run([sys.executable, "-m", "app.server"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 3
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    wanted = "cannot start: invalid setting IDG_MAX_QUEUE='0': Input should be greater than or equal to 1"
+    assert len(lines) == 1 and wanted in lines[0], done.stderr
+    refused = subprocess.run([sys.executable, "-m", "app.server", "--port", "70000"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2 and "'70000': a port number, 0 to 65535" in refused.stderr
+
+
+def test_start_up_failures_name_their_setting_in_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core.keys import load_keys
+    from app.core.model_loading import ModelLoadError, pick_device
+    from app.jobs.runner import open_store
+
+    with pytest.raises(ModelLoadError, match=r"IDG_DEVICE='gpu' is not a device: auto, cpu, cuda or cuda:N"):
+        pick_device("gpu")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("IDG_DATA_DIR", str(blocked / "data"))
+    with pytest.raises(ModelLoadError, match=r"IDG_DATA_DIR=.*a-file/data: the job store cannot be made there \(Not a directory\)"):
+        open_store(Settings())
+    monkeypatch.setenv("IDG_API_KEYS_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match=r"IDG_API_KEYS_FILE=.*missing cannot be read \(No such file or directory\)"):
+        load_keys(Settings())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDG_")} | {"IDG_API_KEYS_FILE": str(tmp_path / "missing")}
+    done = subprocess.run([sys.executable, "-m", "app.server", "--port", "0"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot start: IDG_API_KEYS_FILE=" in done.stderr
