@@ -22,12 +22,15 @@ from fastapi import FastAPI
 
 from app.core.config import ServerSettings, Settings, SimulatedSettings, WorkerSettings
 from app.core.drain import Drain, wait_thread
+from app.core.errors import ApiError
 from app.core.image_threads import image_thread_pool, image_threads, processes_on_host
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
 from app.core.processes import host_cores
 from app.core.prometheus import Metrics, weights_digest
 from app.jobs.runner import start_jobs
+from app.schemas import AttributeParams
 from app.service import Service
+from app.service.planning import plan_attribute
 from app.worker.engine import Worker
 from idg_core.call_shapes import CallShapes
 from idg_core.models import ImageClassifier, keep_freed_memory
@@ -47,6 +50,7 @@ async def running(app: FastAPI, settings: Settings, metrics: Metrics, drain: Dra
     device = pick_device(settings.device)
     with torch_threads(settings, device):  # process-wide: as it was once the service stops
         loaded = await prepare_models(settings, device, metrics, models)
+        check_defaults_fit(settings, loaded)
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = settings.cudnn_benchmark
         shapes = call_shapes(settings, device, loaded)
@@ -69,6 +73,17 @@ async def running(app: FastAPI, settings: Settings, metrics: Metrics, drain: Dra
                 yield
             finally:
                 await stop(app, settings, metrics, drain, worker, grpc_server)
+
+
+def check_defaults_fit(settings: Settings, models: dict[str, ImageClassifier]) -> None:
+    """A :class:`ModelLoadError` where a default ``/attribute`` (no field but the model) could not run under this server's
+    limits (``IDG_MAX_PASSES=1``, ``IDG_MAX_STEPS=2``): it had started ready and answered every such request 422."""
+    for name, model in models.items():
+        try:
+            plan_attribute(settings, AttributeParams.model_validate({"model": name}), model)
+        except ApiError as err:
+            raise ModelLoadError(f"a default /attribute on {name} could not run under this server's limits (IDG_MAX_STEPS="
+                                 f"{settings.max_steps}, IDG_MAX_PASSES={settings.max_passes}): {err.message}") from err
 
 
 @contextmanager

@@ -154,3 +154,17 @@ def test_start_up_failures_name_their_setting_in_one_sentence(tmp_path: Path, mo
                           text=True, timeout=120, check=False)
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     assert "cannot start: IDG_API_KEYS_FILE=" in done.stderr
+
+
+@pytest.mark.parametrize(("limits", "words"), [({"max_passes": 1}, "may cost up to 24 model passes, more than the limit of 1"),
+                                               ({"max_steps": 2}, "probe_steps must be >= 3, got 2")])
+def test_limits_under_which_a_default_attribution_cannot_run_stop_the_start(limits: dict, words: str) -> None:
+    from app.assembly import check_defaults_fit
+    from app.core.model_loading import ModelLoadError
+    from tests.models import tiny_classifier
+
+    model = tiny_classifier()
+    check_defaults_fit(Settings(models=["tiny"]), {"tiny": model})  # the defaults fit the default limits
+    with pytest.raises(ModelLoadError, match="a default /attribute on tiny could not run under this server's limits") as err:
+        check_defaults_fit(Settings(models=["tiny"], **limits), {"tiny": model})
+    assert words in str(err.value)
