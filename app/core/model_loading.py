@@ -92,6 +92,8 @@ def apply_calibrations(models: dict[str, ImageClassifier], device: torch.device,
     if settings.precision != "auto":
         log.info("IDG_PRECISION=%s is explicit: calibrations are not used", settings.precision)
         return
+    if file is not None and file.is_dir():
+        raise ModelLoadError(f"IDG_CALIBRATION_FILE {file} is a folder, not a calibration file (idg-calibrate --out writes one)")
     if file is not None and not file.is_file() and photos is None:
         raise ModelLoadError(f"IDG_CALIBRATION_FILE {file} does not exist (idg-calibrate writes it; or set IDG_CALIBRATE_IMAGES)")
     try:

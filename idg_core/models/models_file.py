@@ -25,6 +25,7 @@ in ``fp32`` (start-up refuses it); ``bf16`` (autocast, per model) mixes with eit
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -78,8 +79,9 @@ def _positive_int(where: str, key: str, value: Any) -> int:
 
 def _triple(where: str, key: str, value: Any, positive: bool) -> tuple[float, float, float]:
     ok = isinstance(value, list) and len(value) == 3 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    if not ok or (positive and min(value) <= 0):
-        raise ValueError(f"{where}: {key} must be a list of 3 {'positive ' if positive else ''}numbers (R, G, B), got {value!r}")
+    if not ok or not all(math.isfinite(v) for v in value) or (positive and min(value) <= 0):  # TOML has nan and inf
+        raise ValueError(f"{where}: {key} must be a list of 3 finite {'positive ' if positive else ''}numbers (R, G, B), "
+                         f"got {value!r}")
     return (float(value[0]), float(value[1]), float(value[2]))
 
 

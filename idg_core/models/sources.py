@@ -25,6 +25,7 @@ import importlib
 import json
 import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -77,11 +78,17 @@ class ModelSpec:
         return ":".join(p for p in (self.kind, self.arch, self.path) if p is not None)
 
 
+MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+"""What a model name may be: one path segment of every door's routes (``/v2/models/a/b`` had no route to model ``a/b``)."""
+
+
 def parse_spec(spec: str) -> ModelSpec:
     """``name`` (packaged), ``ARCH=/path`` (torchvision) or ``NAME=KIND:...``; a ``ValueError`` sentence otherwise."""
     name, eq, rest = (p.strip() for p in spec.partition("="))
     if not name:
         raise ValueError(f"IDG_MODELS entry {spec!r} has no model name before '='")
+    if not MODEL_NAME.fullmatch(name):  # a name is a path segment of the Open Inference Protocol (/v2/models/NAME)
+        raise ValueError(f"IDG_MODELS entry {spec!r}: a model name is letters, digits, '_', '.' and '-', at most 64, got {name!r}")
     if not eq:
         if name in TORCHVISION_ARCHS:
             raise ValueError(f"{name} needs a local weights file: {name}=/path/to/weights.pth (or {name}=random for benchmarks)")
@@ -374,6 +381,9 @@ def probe(model: ImageClassifier) -> int:
         raise ValueError("the model returns one logit per image (a sigmoid head?): classes are ranked by the softmax of at least "
                          "two logits; return torch.cat([torch.zeros_like(z), z], 1) for a logit z, whose softmax is "
                          "[1 - sigmoid(z), sigmoid(z)]")
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"the model's logits are not finite for {PROBE_BATCH} random images in [0, 1] (its normalisation: mean "
+                         f"{model.preprocessing.mean}, std {model.preprocessing.std})")
     if not out.requires_grad:
         raise ValueError("the model's logits do not depend differentiably on its input (no gradient)")
     (grad,) = torch.autograd.grad(out[:, 0].sum(), x, allow_unused=True)

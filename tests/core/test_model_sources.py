@@ -34,6 +34,8 @@ def test_parse_spec(spec: str, expected: ModelSpec) -> None:
     ("v=timm:vit_base_patch16_224", "write timm:ARCH:/path/to/weights"),
     ("v=hf:", "write hf:/path"),
     ("=hf:/x", "has no model name"),
+    ("a/b=hf:/x", "a model name is letters, digits, '_', '.' and '-', at most 64, got 'a/b'"),  # /v2/models/a/b: no route
+    ("a b=hf:/x", "got 'a b'"),
 ])
 def test_parse_spec_errors(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -48,7 +50,9 @@ def test_models_file_reads_and_checks(tmp_path: Path) -> None:
     assert (a.input_size, a.labels, a.max_batch, a.mean) == (384, ("cat", "dog"), 8, (0.5, 0.5, 0.5))
     for body, message in [
         ("[models.a]\ncolour = 1\n", "unknown key 'colour'"),
-        ("[models.a]\nstd = [0.5, 0, 0.5]\n", "std must be a list of 3 positive numbers"),
+        ("[models.a]\nstd = [0.5, 0, 0.5]\n", "std must be a list of 3 finite positive numbers"),
+        ("[models.a]\nstd = [inf, 0.25, 0.25]\n", "std must be a list of 3 finite positive numbers"),  # TOML's inf and nan
+        ("[models.a]\nmean = [nan, 0.5, 0.5]\n", "mean must be a list of 3 finite numbers"),
         ("[models.a]\ninput_size = 0\n", "input_size must be a positive integer"),
         ('[models.a]\nnum_classes = 3\nlabels = "labels.txt"\n', "num_classes is 3 but the labels file has 2 names"),
         ('[models.a]\nlabels = "nope.txt"\n', "labels file .*nope.txt does not exist"),
@@ -118,3 +122,20 @@ def test_load_entry_loads_a_users_model_as_the_service_would(tmp_path: Path) -> 
     assert load_entry("resnet50", "random").source == "torchvision:resnet50:random"
     with pytest.raises(ValueError, match="needs a local weights file"):
         load_entry("resnet50")
+
+
+def test_a_model_whose_logits_are_not_finite_is_refused_before_it_serves() -> None:
+    """Its answers would each have been a 500 blaming reduced precision (a models file's mean/std of inf, say)."""
+    import torch
+    from torch import nn
+
+    from idg_core.models import ImageClassifier
+    from idg_core.models.sources import probe
+
+    class Overflow(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.flatten(1)[:, :3] / 0.0  # inf for every positive pixel
+
+    model = ImageClassifier("o", Overflow(), Preprocessing(8, 8), ["a", "b", "c"]).eval()
+    with pytest.raises(ValueError, match=r"the model's logits are not finite for 2 random images in \[0, 1\]"):
+        probe(model)

@@ -85,6 +85,8 @@ def test_a_bad_calibration_setting_stops_start_up_with_a_sentence(tmp_path: Path
     (tmp_path / "bad.json").write_text('{"models": []}')
     assert "is not one idg-calibrate wrote" in _start_error(calibration_file=tmp_path / "bad.json")
     (tmp_path / "empty").mkdir()
+    folder = _start_error(calibration_file=tmp_path / "empty")  # it had said the folder "does not exist"
+    assert f"IDG_CALIBRATION_FILE {tmp_path / 'empty'} is a folder, not a calibration file" in folder
     msg = _start_error(calibrate_images=tmp_path / "empty")
     assert "cannot calibrate model 'same' on IDG_CALIBRATE_IMAGES=" in msg and "no photos" in msg
 
