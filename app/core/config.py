@@ -266,6 +266,9 @@ class WorkerSettings(Section):
             return compiled
         limit = min(self.batch_images(device), max_batch or self.batch_images(device))
         if self.call_sizes:
+            if max(self.call_sizes) > limit:  # had been clamped without a word
+                log.warning("IDG_CALL_SIZES %s: sizes above this model's largest call, %d (IDG_MAX_BATCH_IMAGES or its max_batch), "
+                            "run at %d", ",".join(map(str, self.call_sizes)), limit, limit)
             sizes = sorted({min(s, limit) for s in self.call_sizes})
             return tuple(sizes if sizes[-1] == limit else [*sizes, limit])
         return power_of_two_sizes(limit, 8 if device.type == "cuda" else 1)
@@ -440,7 +443,7 @@ def load_settings() -> Settings:
     for warning in unknown_variables():
         log.warning("%s", warning)
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as err:
         problems = []
         for e in err.errors():
@@ -448,3 +451,28 @@ def load_settings() -> Settings:
             shown = os.environ.get(name, e.get("input"))
             problems.append(f"invalid setting {name}={shown!r}: {e['msg']}")
         raise SettingsError("; ".join(problems)) from None
+    for warning in without_effect(settings):
+        log.warning("%s", warning)
+    return settings
+
+
+def without_effect(settings: Settings) -> list[str]:
+    """One warning each for settings given that the others make void (they had been ignored without a word)."""
+    given = {name for name in Settings.model_fields if name in settings.model_fields_set}
+    out = []
+    if settings.metrics_need_key and not (settings.api_key or settings.api_keys or settings.api_keys_file):
+        out.append("IDG_METRICS_NEED_KEY=true but no key is set (IDG_API_KEY, IDG_API_KEYS, IDG_API_KEYS_FILE): /metrics, as "
+                   "every route, is open to all")
+    if "call_sizes" in given and settings.fixed_call_sizes is False:
+        out.append("IDG_CALL_SIZES is ignored: IDG_FIXED_CALL_SIZES=false")
+    if "compile_sizes" in given and not settings.compile:
+        out.append("IDG_COMPILE_SIZES is ignored: IDG_COMPILE is not true")
+    if "simulated_image_ms" in given and settings.simulated_call_ms is None:
+        out.append("IDG_SIMULATED_IMAGE_MS is ignored: IDG_SIMULATED_CALL_MS is not set")
+    if "simulated_timeline" in given and settings.simulated_call_ms is None:
+        out.append("IDG_SIMULATED_TIMELINE is ignored: IDG_SIMULATED_CALL_MS is not set")
+    cores = os.cpu_count() or 1
+    if settings.torch_threads is not None and settings.torch_threads > cores:
+        out.append(f"IDG_TORCH_THREADS={settings.torch_threads} is more than this machine's {cores} cores: torch's threads then "
+                   "wait for each other (1000 on 2 cores made a prediction 30x slower)")
+    return out

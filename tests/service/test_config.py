@@ -168,3 +168,24 @@ def test_limits_under_which_a_default_attribution_cannot_run_stop_the_start(limi
     with pytest.raises(ModelLoadError, match="a default /attribute on tiny could not run under this server's limits") as err:
         check_defaults_fit(Settings(models=["tiny"], **limits), {"tiny": model})
     assert words in str(err.value)
+
+
+def test_settings_that_others_make_void_are_warned(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from app.core.config import load_settings
+
+    for name, value in {"IDG_METRICS_NEED_KEY": "true", "IDG_FIXED_CALL_SIZES": "false", "IDG_CALL_SIZES": "3,7",
+                        "IDG_COMPILE_SIZES": "3,5", "IDG_SIMULATED_IMAGE_MS": "50", "IDG_TORCH_THREADS": "100000"}.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.WARNING, logger="app.core.config"):
+        load_settings()
+    warned = " | ".join(r.getMessage() for r in caplog.records)
+    for words in ("IDG_METRICS_NEED_KEY=true but no key is set", "IDG_CALL_SIZES is ignored: IDG_FIXED_CALL_SIZES=false",
+                  "IDG_COMPILE_SIZES is ignored", "IDG_SIMULATED_IMAGE_MS is ignored", "IDG_TORCH_THREADS=100000 is more than"):
+        assert words in warned
+    caplog.clear()
+    monkeypatch.setenv("IDG_FIXED_CALL_SIZES", "true")
+    monkeypatch.setenv("IDG_CALL_SIZES", "4,99999")
+    with caplog.at_level(logging.WARNING, logger="app.core.config"):
+        sizes = Settings().sizes_for(torch.device("cpu"), max_batch=16)
+    limit = min(Settings().batch_images(torch.device("cpu")), 16)
+    assert sizes == (4, limit) and f"IDG_CALL_SIZES 4,99999: sizes above this model's largest call, {limit}" in caplog.text
