@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,6 +31,23 @@ log = logging.getLogger("idg")
 
 # Not a list of choices: the presets are the server's (its 422 names them), so a preset it adds works here at once.
 PRESET_HELP = "cost preset: fast (the service's default), paper, quality, or any other the service takes"
+MIN_POLL_S = 0.05
+"""The shortest ``job wait --poll``: twenty status requests a second at most (0 had made about fifty, as fast as they came back)."""
+
+
+def _seconds(least: float, *, inclusive: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds above ``least`` (or equal, where ``inclusive``); argparse names the option."""
+    bound = f"at least {least:g}" if inclusive else f"> {least:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < least or (value == least and not inclusive):
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {bound}, got {text!r}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="idg-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=os.environ.get("IDG_URL", "http://127.0.0.1:8000"), help="the service (default: $IDG_URL or http://127.0.0.1:8000)")
+    p.add_argument("--url", default=os.environ.get("IDG_URL", "http://127.0.0.1:8000"),
+                   help="the service, http:// or https:// (default: $IDG_URL or http://127.0.0.1:8000)")
     p.add_argument("--api-key", default=os.environ.get("IDG_API_KEY"))
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for an answer (default 300)")
+    p.add_argument("--timeout", type=_seconds(0, inclusive=False), default=300.0, help="seconds to wait for an answer (default 300)")
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="top-k classes")
     pr.add_argument("image", type=Path)
@@ -73,6 +93,9 @@ def _main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     out = sys.stdout
+    if not args.url.lower().startswith(("http://", "https://")):  # httpx had said UnsupportedProtocol, as if unreachable
+        sys.stderr.write(f"error: IDG_URL/--url must start with http:// or https:// (got {args.url!r})\n")
+        return 2
     try:
         if args.command == "attribute":  # before the work: a path that cannot be written had failed after it, with a traceback
             _writable(args.out)
@@ -145,7 +168,8 @@ def _job_parser(sub: Any) -> None:
     submit.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any other /attribute field (repeat)")
     wait = jobs.add_parser("wait", help="wait until the job is done, with a progress bar on stderr")
     wait.add_argument("id")
-    wait.add_argument("--poll", type=float, default=1.0, help="seconds between status checks")
+    wait.add_argument("--poll", type=_seconds(MIN_POLL_S, inclusive=True), default=1.0,
+                      help=f"seconds between status checks (default 1, at least {MIN_POLL_S:g})")
     results = jobs.add_parser("results", help="the answers as JSON Lines on stdout")
     results.add_argument("id")
     results.add_argument("--offset", type=int, default=0, help="skip the first N answers (resume after the last seq read)")

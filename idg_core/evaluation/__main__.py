@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +30,7 @@ from idg_core.evaluation.runner import (
     parse_row,
 )
 from idg_core.models import PRECISIONS, image_files, keep_freed_memory, load_entry, tune
+from idg_core.models.preprocess import IMAGE_SUFFIXES
 
 
 def _machine() -> str:
@@ -40,8 +43,51 @@ def _machine() -> str:
     return f"{cpu} ({torch.get_num_threads()} threads{gpu}), torch {torch.__version__}"
 
 
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (argparse names the option in its one-line error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+    parse.__name__ = "count"  # argparse's message for a ValueError names the type; ours says more
+    return parse
+
+
+def _images_error(folder: Path) -> str | None:
+    """Why ``folder`` is not a folder of photos to evaluate (it does not exist, is a file, holds none), or None."""
+    if not folder.exists():
+        return f"--images {folder} does not exist"
+    if not folder.is_dir():
+        return f"--images {folder} is not a folder"
+    try:
+        found = image_files(folder)
+    except OSError as err:
+        return f"--images {folder} cannot be read: {err.strerror or err}"
+    if not found:
+        return f"--images {folder} holds no photos ({', '.join(IMAGE_SUFFIXES)})"
+    return None
+
+
+def _out_error(out: Path) -> str | None:
+    """Why the folder ``out`` can neither be used nor made (a file, under a file, not writable), or None; makes nothing."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a folder"
+    here = out.absolute()
+    while not here.exists():
+        here = here.parent
+    if not here.is_dir():
+        return f"--out {out} cannot be made: {here} is not a folder"
+    if not os.access(here, os.W_OK | os.X_OK):
+        return f"--out {out} cannot be {'written' if here == out.absolute() else 'made'}: {here} is not writable"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="idg-evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--images", type=Path, required=True,
                    help="folder of JPEG/PNG photos; a WNID_* name gives an ImageNet model's label (for Top-1 only)")
     p.add_argument("--out", type=Path, default=Path("results/evaluation"))
@@ -62,16 +108,16 @@ def main(argv: list[str] | None = None) -> int:
                         f"({', '.join(REFERENCES.get(n, n) for n in COST_GRID)}; IG-50 and IDG-50/50 are always kept)")
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
     p.add_argument("--no-road", action="store_true", help="skip ROAD (2 x 9 sparse solves and forward passes per row and image)")
-    p.add_argument("--limit", type=int, default=None, help="first N images only")
+    p.add_argument("--limit", type=_count(1), default=None, help="first N images only")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="only the images at positions K, K+N, K+2N, ... (0 <= K < N): several processes share one cache, "
                         "each its own images, with the seeds one run would use; run once more without --shard for the report")
     p.add_argument("--report-only", action="store_true",
                    help="write the report from the images already in the cache (a run still going on: 'N of M images'); "
                         "evaluate nothing")
-    p.add_argument("--workers", type=int, default=2, help="processes for PIC's rebuilds (<= 1: inline)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--rise-step", type=int, default=224)
+    p.add_argument("--workers", type=_count(0), default=2, help="processes for PIC's rebuilds (0 or 1: inline)")
+    p.add_argument("--batch-size", type=_count(1), default=32)
+    p.add_argument("--rise-step", type=_count(1), default=224, help="pixels per insertion/deletion step (default 224)")
     p.add_argument("--pic-min-confidence", type=float, default=0.8)
     p.add_argument("--baseline", default="mean", choices=["mean", "black"],
                    help="mean: the model's normalisation mean (zero in its normalised space), as the service's default")
@@ -88,6 +134,18 @@ def main(argv: list[str] | None = None) -> int:
         if not (slash and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
             p.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
         shard = (int(k), int(n))
+    # before the model loads (a minute for a large one): a path that is wrong had failed after it, with a traceback
+    for problem in (_images_error(args.images), _out_error(args.out)):
+        if problem:
+            p.error(problem)
+    if args.pair_with is not None and not args.pair_with.is_file():
+        p.error(f"--pair-with {args.pair_with} is not a file (an earlier run's per_image.csv)")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device!r} is not a device: give cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is not available here; give --device cpu")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     keep_freed_memory()  # as the service does by default: fewer page faults on the CPU, same results
     metrics: tuple[str, ...]
@@ -106,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EvalConfig(model=args.model, methods=chosen, baseline=args.baseline, rise_step=args.rise_step,
                      pic_min_confidence=args.pic_min_confidence, batch_size=args.batch_size, precision=args.precision,
                      metrics=metrics, fold_bn=args.fold_bn, channels_last=args.channels_last)
-    model = tune(load_entry(args.model, args.weights, args.models_file, torch.device(args.device)), precision=args.precision,
-                 fold_bn=args.fold_bn, channels_last=args.channels_last)
+    try:
+        model = tune(load_entry(args.model, args.weights, args.models_file, device), precision=args.precision,
+                     fold_bn=args.fold_bn, channels_last=args.channels_last)
+    except (ValueError, OSError, ImportError, RuntimeError) as err:  # an unknown name, a missing file, a models file in error
+        p.exit(2, f"{p.prog}: error: --model {args.model} could not be loaded: {err}\n")
     images = image_files(args.images)
     total = len(images)
     images = images[: args.limit] if args.limit else images

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -94,13 +95,21 @@ def weights_sha256(model: ImageClassifier) -> str:
     return h.hexdigest()
 
 
-def load_photos(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, list[Path]]:
-    """The first ``n`` photos of ``folder`` (JPEG, PNG, ...; by name) as the model's input, and their paths."""
-    if not folder.is_dir():
+def photo_files(folder: Path, n: int) -> list[Path]:
+    """The first ``n`` photo files of ``folder`` (JPEG, PNG, ...; by name); a ``ValueError`` sentence where there are none."""
+    if not folder.exists():
         raise ValueError(f"photo folder {folder} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"photo folder {folder} is not a folder")
     files = image_files(folder)[:n]
     if not files:
         raise ValueError(f"no photos (JPEG, PNG) in {folder}")
+    return files
+
+
+def load_photos(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, list[Path]]:
+    """The first ``n`` photos of ``folder`` (JPEG, PNG, ...; by name) as the model's input, and their paths."""
+    files = photo_files(folder, n)
     images = []
     for f in files:
         try:
@@ -176,14 +185,40 @@ def read_calibrations(path: Path) -> dict[str, Calibration]:
     return out
 
 
+def check_calibration_path(path: Path) -> dict[str, Calibration]:
+    """What the calibration file at ``path`` holds now (nothing where it is still to be made); a ``ValueError``
+    sentence where :func:`write_calibration` could not add to it: a folder, not a regular file, not a file
+    idg-calibrate wrote, or under something that is not a folder. Makes nothing: the command checks ``--out``
+    before the work."""
+    if path.is_dir():
+        raise ValueError(f"calibration file {path} is a folder: give a file in it, e.g. {path / 'calibration.json'}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"calibration file {path} is not a regular file")
+    if path.is_file():
+        return read_calibrations(path)
+    here = path.absolute().parent
+    while not here.exists():
+        here = here.parent
+    if not here.is_dir():
+        raise ValueError(f"calibration file {path} cannot be made: {here} is not a folder")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise ValueError(f"calibration file {path} cannot be made: the folder {here} is not writable")
+    return {}
+
+
 def write_calibration(path: Path, cal: Calibration) -> None:
-    """Add (or replace) ``cal`` under its model's name in the JSON file at ``path``, keeping the file's other models."""
-    models = {name: c.to_json() for name, c in read_calibrations(path).items()} if path.is_file() else {}
+    """Add (or replace) ``cal`` under its model's name in the JSON file at ``path``, keeping the file's other models.
+    Written whole or not at all: a write that fails leaves the file as it was, and no ``.tmp`` file beside it."""
+    models = {name: c.to_json() for name, c in check_calibration_path(path).items()}
     models[cal.model] = cal.to_json()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "models": models}, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps({"format": FORMAT, "models": models}, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def mismatch(cal: Calibration, model: ImageClassifier, fingerprint: str | None = None) -> str | None:
@@ -212,6 +247,28 @@ def table(cal: Calibration) -> str:
     return "\n".join([head, *lines, verdict]) + "\n"
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _device(name: str) -> torch.device:
+    """``name`` as a device this machine has; a ``ValueError`` sentence otherwise."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device: give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available here; give --device cpu")
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="idg-calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="an IDG_MODELS entry: a packaged name, ARCH=/path, or NAME=KIND:...")
@@ -220,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--photos", type=Path, required=True, help="a folder of your photos (JPEG, PNG, ...; the first N by name)")
     p.add_argument("-n", "--count", type=int, default=DEFAULT_PHOTOS, help=f"photos to use (default {DEFAULT_PHOTOS}; at least 2)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda, cuda:N or cpu")
-    p.add_argument("--batch-size", type=int, default=None, help="images per model call (default 128 on CUDA, 8 on CPU)")
+    p.add_argument("--batch-size", type=_at_least_one, default=None, help="images per model call (default 128 on CUDA, 8 on CPU)")
     p.add_argument("--curve-steps", type=int, default=DEFAULT_CURVE_STEPS, help="steps of each insertion and deletion curve")
     p.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True,
                    help="fold batch norm in the bf16 run, as the service does by default (IDG_FOLD_BN)")
@@ -233,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     from idg_core.models.sources import load_entry  # the loaders pull in optional extras only when used
 
     try:
-        model = load_entry(args.model, args.weights, args.models_file, torch.device(args.device))
+        # before the model loads and the work (a minute or more): a wrong --out had failed after it, --photos before the model
+        check_calibration_path(args.out)
+        photo_files(args.photos, args.count)
+        device = _device(args.device)
+        model = load_entry(args.model, args.weights, args.models_file, device)
         cal = calibrate(model, args.photos, photos=args.count, batch_size=args.batch_size, curve_steps=args.curve_steps,
                         fold_bn=args.fold_bn)
         write_calibration(args.out, cal)
