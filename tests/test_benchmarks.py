@@ -346,3 +346,17 @@ def test_a_way_that_fails_after_the_reference_ran_is_an_error_row_not_a_lost_tab
     rows = json.loads((tmp_path / "paper-speed.json").read_text())["rows"]
     assert rows[0]["variant"] == "eager" and "ms_per_attribution" in rows[0]
     assert rows[1] == {"variant": "fused", "error": "failed: RuntimeError: cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"}
+
+
+def test_saliency_definitions_pairs_both_rankings_of_the_same_maps(tmp_path: Path) -> None:
+    from benchmarks import saliency_definitions
+
+    if not SAMPLES.is_dir():
+        pytest.skip("the sample photos (../shared/data/imagenet-samples) are not here")
+    assert saliency_definitions.main(["--count", "2", "--rise-steps", "4", "--out", str(tmp_path)]) == 0
+    scores = json.loads((tmp_path / "saliency-definitions.json").read_text())["scores"]
+    for by in scores.values():
+        assert set(by) == {"sum of magnitudes", "magnitude of the sum"}
+        assert all(len(v) == 2 and all(0 <= auc <= 1 for auc in v) for d in by.values() for v in d.values())
+    table = (tmp_path / "README.md").read_text()
+    assert "| IDG (service defaults) | insertion |" in table and "| Σ_c \\|a\\| (defined) |" in table
