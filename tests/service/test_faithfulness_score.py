@@ -41,7 +41,7 @@ async def test_score_agrees_with_the_library_metrics_and_its_passes_are_counted(
         x = await load_input(image_bytes(), model, Settings(), torch.device("cpu"))
         base = resolve_baseline("mean", x.unsqueeze(0))
         attr = ig(model, x.unsqueeze(0), base, int(body["target"]["index"]), steps=4, rule="riemann_trapezoid").attributions
-        sal = attr[0].sum(0).abs().unsqueeze(0)
+        sal = attr[0].abs().sum(0).unsqueeze(0)  # |attribution| summed over channels
         p = model.preprocessing
         assert f["insertion"] == pytest.approx(insertion(model, x.unsqueeze(0), sal, mean=p.mean, std=p.std, step=128)[0].auc, abs=1e-5)
         assert f["deletion"] == pytest.approx(deletion(model, x.unsqueeze(0), sal, substrate=p.mean, step=128)[0].auc, abs=1e-5)

@@ -150,7 +150,7 @@ def test_bad_model_files_stop_start_up_with_a_sentence(tiny, tmp_path: Path) -> 
     msg = _start_error([f"scripted=torchscript:{tmp_path / 'none.ts'}"], toml)
     assert "returns no logits (a (2, 0) tensor" in msg and "sigmoid" not in msg  # not called a sigmoid head (found by review)
     (tmp_path / "bad.toml").write_text("[models.scripted]\ninput_size = 48\nmean = [0.5, 0.5]\nstd = [1, 1, 1]\n")
-    assert "mean must be a list of 3 numbers" in _start_error([f"scripted=torchscript:{folder / 'cnn.ts'}"], tmp_path / "bad.toml")
+    assert "mean must be a list of 3 finite numbers" in _start_error([f"scripted=torchscript:{folder / 'cnn.ts'}"], tmp_path / "bad.toml")
     assert "IDG_MODELS names the model 'a' twice" in _start_error(["a=torchscript:/a.ts", "a=export:/a.pt2"])
     assert "the source must start with one of" in _start_error(["mine=/some/file.pt"])
     if "timm" in specs:
