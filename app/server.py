@@ -360,6 +360,15 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _host_error(host: str, name: str) -> str | None:
+    """Why ``host`` is no address to listen on (its name does not resolve), or None."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        return f"{name}={host!r} is not an address or a name this machine resolves ({err})"
+    return None
+
+
 def _processes(text: str) -> int | str:
     """``--processes``: a count of at least 1, or auto."""
     if text == "auto":
@@ -398,6 +407,10 @@ def main(argv: list[str] | None = None) -> None:
         log.error("cannot start: %s", err)
         sys.exit(3)
     _configure_logging(settings.log_format)
+    host_error = _host_error(args.host or settings.host, "--host" if args.host else "IDG_HOST")
+    if host_error:  # before the models load; it had been uvicorn's "[Errno -2] Name or service not known" after them
+        log.error("cannot start: %s", host_error)
+        sys.exit(3)
     wanted = args.processes or settings.processes
     processes, staged = (wanted, False) if wanted != "auto" else _auto(settings.device)
     if processes > 1:

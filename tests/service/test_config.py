@@ -189,3 +189,11 @@ def test_settings_that_others_make_void_are_warned(monkeypatch: pytest.MonkeyPat
         sizes = Settings().sizes_for(torch.device("cpu"), max_batch=16)
     limit = min(Settings().batch_images(torch.device("cpu")), 16)
     assert sizes == (4, limit) and f"IDG_CALL_SIZES 4,99999: sizes above this model's largest call, {limit}" in caplog.text
+
+
+def test_a_host_that_does_not_resolve_is_named_before_the_models_load() -> None:
+    from app.server import _host_error
+
+    assert _host_error("127.0.0.1", "IDG_HOST") is None and _host_error("0.0.0.0", "IDG_HOST") is None
+    error = _host_error("bad host!", "IDG_HOST")
+    assert error is not None and error.startswith("IDG_HOST='bad host!' is not an address or a name this machine resolves")
