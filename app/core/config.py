@@ -440,8 +440,7 @@ def load_settings() -> Settings:
     """The settings from the environment and ``.env``: unknown ``IDG_*`` names logged as warnings, and values that
     cannot be used a :class:`SettingsError` whose one line names each variable, its value and what it must be
     (pydantic's own error named the field, ``max_queue``, in 17 lines with a traceback)."""
-    for warning in unknown_variables():
-        log.warning("%s", warning)
+    _warn_once(unknown_variables())
     try:
         settings = Settings()
     except ValidationError as err:
@@ -451,9 +450,19 @@ def load_settings() -> Settings:
             shown = os.environ.get(name, e.get("input"))
             problems.append(f"invalid setting {name}={shown!r}: {e['msg']}")
         raise SettingsError("; ".join(problems)) from None
-    for warning in without_effect(settings):
-        log.warning("%s", warning)
+    _warn_once(without_effect(settings))
     return settings
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(warnings: list[str]) -> None:
+    """Log each warning once per process: the launcher reads the settings, then the app it imports reads them again."""
+    for warning in warnings:
+        if warning not in _WARNED:
+            _WARNED.add(warning)
+            log.warning("%s", warning)
 
 
 def without_effect(settings: Settings) -> list[str]:

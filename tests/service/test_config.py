@@ -107,8 +107,10 @@ def test_an_empty_variable_is_an_unset_one(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_an_unknown_idg_name_is_warned_with_the_nearest_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
+    from app.core import config
     from app.core.config import load_settings
 
+    monkeypatch.setattr(config, "_WARNED", set())  # each warning is logged once a process: this test's afresh
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".env").write_text("IDG_MAXQUEUE=3\nOTHER=1\n")
     monkeypatch.setenv("IDG_MODEL", "resnet50")
@@ -119,6 +121,10 @@ def test_an_unknown_idg_name_is_warned_with_the_nearest_setting(monkeypatch: pyt
     assert "unknown setting IDG_MODEL, ignored (did you mean IDG_MODELS?)" in warned
     assert "unknown setting IDG_MAXQUEUE, ignored (did you mean IDG_MAX_QUEUE?)" in warned
     assert not any("IDG_URL" in w or "OTHER" in w for w in warned)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="app.core.config"):
+        load_settings()  # read again (the launcher, then the app it imports): not warned again
+    assert not caplog.records
 
 
 def test_the_server_refuses_to_start_in_one_line_naming_the_setting(tmp_path: Path) -> None:
@@ -171,8 +177,10 @@ def test_limits_under_which_a_default_attribution_cannot_run_stop_the_start(limi
 
 
 def test_settings_that_others_make_void_are_warned(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from app.core import config
     from app.core.config import load_settings
 
+    monkeypatch.setattr(config, "_WARNED", set())
     for name, value in {"IDG_METRICS_NEED_KEY": "true", "IDG_FIXED_CALL_SIZES": "false", "IDG_CALL_SIZES": "3,7",
                         "IDG_COMPILE_SIZES": "3,5", "IDG_SIMULATED_IMAGE_MS": "50", "IDG_TORCH_THREADS": "100000"}.items():
         monkeypatch.setenv(name, value)
