@@ -11,11 +11,12 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from idg_core.cli_args import count
+from idg_core.cli_args import device as cli_device
 from idg_core.evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
 from idg_core.evaluation.report import merge_earlier, write_report
 from idg_core.evaluation.runner import (
@@ -41,20 +42,6 @@ def _machine() -> str:
         cpu = platform.processor()
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return f"{cpu} ({torch.get_num_threads()} threads{gpu}), torch {torch.__version__}"
-
-
-def _count(least: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``least`` (argparse names the option in its one-line error)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-        return value
-    parse.__name__ = "count"  # argparse's message for a ValueError names the type; ours says more
-    return parse
 
 
 def _images_error(folder: Path) -> str | None:
@@ -108,16 +95,16 @@ def main(argv: list[str] | None = None) -> int:
                         f"({', '.join(REFERENCES.get(n, n) for n in COST_GRID)}; IG-50 and IDG-50/50 are always kept)")
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
     p.add_argument("--no-road", action="store_true", help="skip ROAD (2 x 9 sparse solves and forward passes per row and image)")
-    p.add_argument("--limit", type=_count(1), default=None, help="first N images only")
+    p.add_argument("--limit", type=count(1), default=None, help="first N images only")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="only the images at positions K, K+N, K+2N, ... (0 <= K < N): several processes share one cache, "
                         "each its own images, with the seeds one run would use; run once more without --shard for the report")
     p.add_argument("--report-only", action="store_true",
                    help="write the report from the images already in the cache (a run still going on: 'N of M images'); "
                         "evaluate nothing")
-    p.add_argument("--workers", type=_count(0), default=2, help="processes for PIC's rebuilds (0 or 1: inline)")
-    p.add_argument("--batch-size", type=_count(1), default=32)
-    p.add_argument("--rise-step", type=_count(1), default=224, help="pixels per insertion/deletion step (default 224)")
+    p.add_argument("--workers", type=count(0), default=2, help="processes for PIC's rebuilds (0 or 1: inline)")
+    p.add_argument("--batch-size", type=count(1), default=32)
+    p.add_argument("--rise-step", type=count(1), default=224, help="pixels per insertion/deletion step (default 224)")
     p.add_argument("--pic-min-confidence", type=float, default=0.8)
     p.add_argument("--baseline", default="mean", choices=["mean", "black"],
                    help="mean: the model's normalisation mean (zero in its normalised space), as the service's default")
@@ -141,11 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.pair_with is not None and not args.pair_with.is_file():
         p.error(f"--pair-with {args.pair_with} is not a file (an earlier run's per_image.csv)")
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        p.error(f"--device {args.device!r} is not a device: give cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: CUDA is not available here; give --device cpu")
+        device = cli_device(args.device)
+    except ValueError as err:
+        p.error(str(err))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     keep_freed_memory()  # as the service does by default: fewer page faults on the CPU, same results
     metrics: tuple[str, ...]

@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from idg_core.cli_args import count
+from idg_core.cli_args import device as cli_device
 from idg_core.evaluation.runner import mean_ci
 from idg_core.heatmap import saliency
 from idg_core.methods import idg
@@ -247,28 +249,6 @@ def table(cal: Calibration) -> str:
     return "\n".join([head, *lines, verdict]) + "\n"
 
 
-def _at_least_one(text: str) -> int:
-    """An argparse type: a whole number >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _device(name: str) -> torch.device:
-    """``name`` as a device this machine has; a ``ValueError`` sentence otherwise."""
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a device: give cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available here; give --device cpu")
-    return device
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="idg-calibrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="an IDG_MODELS entry: a packaged name, ARCH=/path, or NAME=KIND:...")
@@ -277,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--photos", type=Path, required=True, help="a folder of your photos (JPEG, PNG, ...; the first N by name)")
     p.add_argument("-n", "--count", type=int, default=DEFAULT_PHOTOS, help=f"photos to use (default {DEFAULT_PHOTOS}; at least 2)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda, cuda:N or cpu")
-    p.add_argument("--batch-size", type=_at_least_one, default=None, help="images per model call (default 128 on CUDA, 8 on CPU)")
+    p.add_argument("--batch-size", type=count(1), default=None, help="images per model call (default 128 on CUDA, 8 on CPU)")
     p.add_argument("--curve-steps", type=int, default=DEFAULT_CURVE_STEPS, help="steps of each insertion and deletion curve")
     p.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=True,
                    help="fold batch norm in the bf16 run, as the service does by default (IDG_FOLD_BN)")
@@ -293,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         # before the model loads and the work (a minute or more): a wrong --out had failed after it, --photos before the model
         check_calibration_path(args.out)
         photo_files(args.photos, args.count)
-        device = _device(args.device)
+        device = cli_device(args.device)
         model = load_entry(args.model, args.weights, args.models_file, device)
         cal = calibrate(model, args.photos, photos=args.count, batch_size=args.batch_size, curve_steps=args.curve_steps,
                         fold_bn=args.fold_bn)
