@@ -129,10 +129,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     models_file = Path(args.models_file) if args.models_file else None
     channels_last = default_channels_last(device, args.precision)
 
-    def tuned(compile_: bool) -> Any:  # the same network each time: random weights drawn from one seed
+    def tuned(compile_: bool, precision: str = args.precision, channels_last: bool = channels_last) -> Any:
+        """The same network each time (random weights drawn from one seed), tuned as asked."""
         torch.manual_seed(0)
         loaded = load_entry(args.model, args.weights, models_file).to(device).eval()
-        return tune(loaded, precision=args.precision, channels_last=channels_last, fold_bn=True, compile=compile_,
+        return tune(loaded, precision=precision, channels_last=channels_last, fold_bn=True, compile=compile_,
                     compile_sizes=(args.batch_size,))
 
     eager = tuned(False)
@@ -171,7 +172,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(row)
     passes = _passes(eager, x, targets, args, device) if args.profile else None
     if args.fp32_reference and args.precision != "fp32" and answers:
-        exact = _fp32_answers(args, models_file, x, targets, device)
+        # the exact function's answers: the same network in IEEE fp32 (TF32 off, process-wide: the last run here), untimed
+        exact = idg(tuned(False, "fp32", False), x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps,
+                    batch_size=args.batch_size).attributions.float().flatten(1)
         for row in rows:
             if row["variant"] in answers:
                 cos = cosine_similarity(answers[row["variant"]], exact)
@@ -180,15 +183,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "weights": args.weights, "precision": args.precision, "channels_last": channels_last, "device": str(device),
             "images": len(targets), "batch_size": args.batch_size, "steps": args.steps, "probe_steps": args.probe_steps,
             "repeats": args.repeats, "cosine_reference": reference[0] if reference else None, "rows": rows}
-
-
-def _fp32_answers(args: argparse.Namespace, models_file: Path | None, x: Tensor, targets: list[int], device: torch.device) -> Tensor:
-    """The same network's IDG in IEEE fp32 (no TF32, batch norm folded, one untimed run): the exact function's answers."""
-    torch.manual_seed(0)
-    loaded = load_entry(args.model, args.weights, models_file).to(device).eval()
-    model = tune(loaded, precision="fp32", channels_last=False, fold_bn=True)  # TF32 off, process-wide: the last run here
-    got = idg(model, x, "mean", targets, steps=args.steps, probe_steps=args.probe_steps, batch_size=args.batch_size).attributions
-    return got.float().flatten(1)
 
 
 def _out_of_memory(err: BaseException | None) -> bool:
