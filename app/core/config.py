@@ -467,7 +467,7 @@ def _warn_once(warnings: list[str]) -> None:
 
 def without_effect(settings: Settings) -> list[str]:
     """One warning each for settings given that the others make void (they had been ignored without a word)."""
-    given = {name for name in Settings.model_fields if name in settings.model_fields_set}
+    given = settings.model_fields_set  # those the environment or .env set
     out = []
     if settings.metrics_need_key and not (settings.api_key or settings.api_keys or settings.api_keys_file):
         out.append("IDG_METRICS_NEED_KEY=true but no key is set (IDG_API_KEY, IDG_API_KEYS, IDG_API_KEYS_FILE): /metrics, as "
