@@ -71,7 +71,7 @@ def open_store(settings: Settings) -> Store:
         try:
             return PostgresStore(settings.jobs_db_url, settings.jobs_store_timeout_s)
         except Exception as err:  # noqa: BLE001 - psycopg's errors are imported with the optional extra
-            if isinstance(err, RuntimeError) and "pip install" in str(err):
+            if isinstance(err.__cause__, ImportError):  # the optional extra is missing: its message says what to install
                 raise ModelLoadError(str(err)) from err
             where = urlsplit(settings.jobs_db_url)
             raise ModelLoadError(f"IDG_JOBS_DB_URL: the PostgreSQL server at {where.hostname}:{where.port or 5432} could not "
