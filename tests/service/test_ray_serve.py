@@ -134,12 +134,16 @@ def test_replicas_share_the_load_and_answer_like_one_process(cluster: str) -> No
 
 
 def test_health_and_metrics_come_from_the_replicas(cluster: str) -> None:
-    seen = Counter()
-    for _ in range(20):
-        r = httpx.get(cluster + "/health/ready", timeout=10)
-        assert r.status_code == 200 and r.json()["models"] == ["tiny"]
-        seen[r.headers["x-idg-replica"]] += 1
-    assert len(seen) == 2, seen
+    """Readiness answers come from both replicas. Requests go 8 at a time: Serve's router picks by queue length, and
+    one at a time it may keep choosing the replica its stale cache says is emptier (20 in a row went to one in CI)."""
+    seen: Counter[str] = Counter()
+    deadline = time.monotonic() + 30
+    with httpx.Client(timeout=10) as client, cf.ThreadPoolExecutor(8) as pool:
+        while len(seen) < 2 and time.monotonic() < deadline:
+            for r in pool.map(lambda _: client.get(cluster + "/health/ready"), range(8)):
+                assert r.status_code == 200 and r.json()["models"] == ["tiny"], r.text
+                seen[r.headers["x-idg-replica"]] += 1
+    assert len(seen) == 2 and all(re.fullmatch(r"idg#\w+", name) for name in seen), seen
     metrics = httpx.get(cluster + "/metrics", timeout=10)
     assert metrics.status_code == 200 and "idg_" in metrics.text and metrics.headers["x-idg-replica"] in seen
 
