@@ -153,6 +153,9 @@ class EvalConfig:
     metrics: tuple[str, ...] = ALL_METRICS
     fold_bn: bool = False  # the service's CPU settings (IDG_FOLD_BN, IDG_CHANNELS_LAST): the same function up to rounding
     channels_last: bool = False
+    # how a map becomes one value per pixel before ranking: sum over channels of |a| (the metrics' definition, since
+    # 2026-11-27). Caches made before ranked by |sum of a| and have no such field: a new key, so none is read back.
+    saliency: str = "sum_abs"
 
     def key(self) -> str:
         fields = asdict(self)

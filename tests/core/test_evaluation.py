@@ -51,6 +51,28 @@ def test_evaluation_writes_the_report_and_resumes(tmp_path: Path) -> None:
     assert (tmp_path / "report" / "curves.png").stat().st_size > 0 and (tmp_path / "report" / "idg_curves.png").is_file()
 
 
+def test_a_cache_scored_before_saliency_summed_magnitudes_is_not_read_back(tmp_path: Path) -> None:
+    """Until 2026-11-27 pixels were ranked by |sum of a| and the cache key had no saliency field: a run today must not
+    take those scores for the defined ranking's. Its record, planted under the old key, is not read; this run's is."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    model = tiny_classifier()
+    cfg = EvalConfig(model="tiny", methods={"IDG": ("idg", {"steps": 4, "probe_steps": 4})}, rise_step=128,
+                     pic_min_confidence=0.0, batch_size=16, metrics=("insertion", "deletion"))
+    images = _images(tmp_path)[:1]
+    old = {k: v for k, v in asdict(cfg).items() if k not in ("saliency", "fold_bn", "channels_last", "precision")}
+    old["baseline"] = "model_mean"  # the key as EvalConfig.key made it for fp32 without the CPU settings
+    old_key = hashlib.sha1(json.dumps(old, sort_keys=True).encode()).hexdigest()[:10]
+    assert old_key != cfg.key()
+    stale = tmp_path / "out" / "cache" / old_key
+    stale.mkdir(parents=True)
+    (stale / f"{images[0].stem}.json").write_text(json.dumps({"image": images[0].name, "methods": {"IDG": {"insertion": -1.0}}}))
+    records = evaluate_folder(model, images, tmp_path / "out", cfg, workers=0, progress=False)
+    assert records[0]["methods"]["IDG"]["insertion"] >= 0 and model.net.calls
+
+
 def test_mean_ci_of_known_values() -> None:
     mean, half, n = mean_ci([1.0, 2.0, 3.0, None])  # type: ignore[list-item]
     assert (mean, n) == (2.0, 3) and abs(half - 1.96 * 1.0 / 3**0.5) < 1e-12
