@@ -8,12 +8,12 @@ IDG 8 probe / 16 main steps, 24 forward + 16 gradient passes instead of 100 + 50
 passes on EfficientNet-Lite0, Lite1 and Lite2 (the tables: docs/results/faithfulness.md). Only IDG was
 tuned for ``fast``: the other methods keep their paper settings under it. Explicit ``steps``/``probe_steps`` override a preset.
 
-``quality`` adds post-steps: for IDG it is ``fast``'s steps with IDGI inside and SmoothGrad over 16 noisy
-copies (σ 0.15) around it, 16 × (8 + 16) = 384 forward and 256 gradient passes, within the cap of ten times
-AGI's 40. Chosen from a 16-row table on the 65 sample photos by the report's rule
-(:func:`idg_core.evaluation.report.preset_choice`): among rows within the cap and ahead of AGI in the mean on
-insertion, deletion, SIC and AIC, the most firsts, then the best mean rank, then the fewest passes (the table
-and how the pick fares: docs/results/faithfulness.md). The other methods run their paper settings under it.
+``quality`` adds post-steps: for IDG it is ``fast``'s steps with RankMix (the map and its IDGI map rank-averaged)
+inside and SmoothGrad over 16 noisy copies (σ 0.15) around it, 16 × (8 + 16) = 384 forward and 256 gradient passes,
+within the cap of ten times AGI's 40. Chosen on the 65 sample photos by the report's rule
+(:func:`idg_core.evaluation.report.first_or_tied`): within the cap, first or tied within the 95% interval on
+insertion, deletion, SIC, AIC and DiffID against AGI, IDG-50/50 and Spectral IG (the tables:
+docs/results/faithfulness.md). The other methods run their paper settings under it.
 A request's own ``postprocess`` / ``smooth_*`` override the preset's.
 """
 

@@ -480,6 +480,10 @@ def without_effect(settings: Settings) -> list[str]:
         out.append("IDG_SIMULATED_IMAGE_MS is ignored: IDG_SIMULATED_CALL_MS is not set")
     if "simulated_timeline" in given and settings.simulated_call_ms is None:
         out.append("IDG_SIMULATED_TIMELINE is ignored: IDG_SIMULATED_CALL_MS is not set")
+    calibrating = [n for n, f in (("IDG_CALIBRATION_FILE", "calibration_file"), ("IDG_CALIBRATE_IMAGES", "calibrate_images")) if f in given]
+    if calibrating and settings.precision != "auto":
+        out.append(f"{' and '.join(calibrating)} ignored: IDG_PRECISION={settings.precision} is explicit (a calibration "
+                   "decides bf16 only for auto)")
     cores = os.cpu_count() or 1
     if settings.torch_threads is not None and settings.torch_threads > cores:
         out.append(f"IDG_TORCH_THREADS={settings.torch_threads} is more than this machine's {cores} cores: torch's threads then "

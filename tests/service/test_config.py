@@ -182,13 +182,15 @@ def test_settings_that_others_make_void_are_warned(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(config, "_WARNED", set())
     for name, value in {"IDG_METRICS_NEED_KEY": "true", "IDG_FIXED_CALL_SIZES": "false", "IDG_CALL_SIZES": "3,7",
-                        "IDG_COMPILE_SIZES": "3,5", "IDG_SIMULATED_IMAGE_MS": "50", "IDG_TORCH_THREADS": "100000"}.items():
+                        "IDG_COMPILE_SIZES": "3,5", "IDG_SIMULATED_IMAGE_MS": "50", "IDG_TORCH_THREADS": "100000",
+                        "IDG_PRECISION": "fp32", "IDG_CALIBRATION_FILE": "/nowhere/calibration.json"}.items():
         monkeypatch.setenv(name, value)
     with caplog.at_level(logging.WARNING, logger="app.core.config"):
         load_settings()
     warned = " | ".join(r.getMessage() for r in caplog.records)
     for words in ("IDG_METRICS_NEED_KEY=true but no key is set", "IDG_CALL_SIZES is ignored: IDG_FIXED_CALL_SIZES=false",
-                  "IDG_COMPILE_SIZES is ignored", "IDG_SIMULATED_IMAGE_MS is ignored", "IDG_TORCH_THREADS=100000 is more than"):
+                  "IDG_COMPILE_SIZES is ignored", "IDG_SIMULATED_IMAGE_MS is ignored", "IDG_TORCH_THREADS=100000 is more than",
+                  "IDG_CALIBRATION_FILE ignored: IDG_PRECISION=fp32 is explicit"):
         assert words in warned
     caplog.clear()
     monkeypatch.setenv("IDG_FIXED_CALL_SIZES", "true")
