@@ -11,6 +11,7 @@ from idg_client.client import (
     ARCHIVE_SUFFIXES,
     IMAGE_SUFFIXES,
     AsyncClient,
+    AsyncJobResults,
     Attribution,
     ClassScore,
     Client,
@@ -24,5 +25,6 @@ from idg_client.client import (
     parse_prediction,
 )
 
-__all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "AsyncClient", "Attribution", "ClassScore", "Client", "ImageInput", "JobResults",
-           "OutputCurve", "Prediction", "ServiceError", "image_files", "parse_attribution", "parse_prediction"]
+__all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "AsyncClient", "AsyncJobResults", "Attribution", "ClassScore", "Client",
+           "ImageInput", "JobResults", "OutputCurve", "Prediction", "ServiceError", "image_files", "parse_attribution",
+           "parse_prediction"]

@@ -17,9 +17,9 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,7 +209,31 @@ def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
     return min(max(wait, 0.1), cap)
 
 
-class JobResults(Iterator[dict[str, Any]]):
+_ENDED: dict[str, Any] = {}
+"""What :meth:`_ResultLines._take` returns for a followed stream's end line (compared by identity)."""
+
+
+class _ResultLines:
+    """The lines of ``GET /jobs/{id}/results``, read one by one: ``end`` and ``after`` as :class:`JobResults` says."""
+
+    def __init__(self) -> None:
+        self.end: str | None = None
+        self.after: int | None = None
+
+    def _take(self, line: str) -> dict[str, Any] | None:
+        """One line of the stream: its answer (``after`` moves to its ``seq``), None for a blank line, or
+        ``_ENDED`` for a followed stream's last line, which is not an answer (``end`` and ``after`` are set)."""
+        if not line.strip():
+            return None
+        row: dict[str, Any] = json.loads(line)
+        if "end" in row and "seq" not in row:
+            self.end, self.after = row["end"], row.get("after")
+            return _ENDED
+        self.after = row.get("seq", self.after)
+        return row
+
+
+class JobResults(_ResultLines, Iterator[dict[str, Any]]):
     """The answers of ``GET /jobs/{id}/results``, one dict per image, read as they stream (the request
     is sent at the first ``next``). Once the answers are read, a followed stream's ``end`` says why it
     ended: ``"finished"`` (every answer read), ``"deleted"`` (the job was deleted or expired meanwhile),
@@ -218,8 +242,7 @@ class JobResults(Iterator[dict[str, Any]]):
     ``seq`` of the last answer sent."""
 
     def __init__(self, open_stream: Callable[[], AbstractContextManager[httpx.Response]]) -> None:
-        self.end: str | None = None
-        self.after: int | None = None
+        super().__init__()
         self._answers = self._read(open_stream)
 
     def __next__(self) -> dict[str, Any]:
@@ -233,19 +256,71 @@ class JobResults(Iterator[dict[str, Any]]):
             lines = r.iter_lines()
             while True:
                 try:
-                    line = next(lines)
+                    row = self._take(next(lines))
                 except StopIteration:
                     return
                 except httpx.TransportError:  # the stream was cut (a restart): ``end`` stays None; resume after ``after``
                     return
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if "end" in row and "seq" not in row:  # a followed stream's last line, not an answer
-                    self.end, self.after = row["end"], row.get("after")
+                if row is _ENDED:
                     return
-                self.after = row.get("seq", self.after)
-                yield row
+                if row is not None:
+                    yield row
+
+
+class AsyncJobResults(_ResultLines, AsyncIterator[dict[str, Any]]):
+    """:class:`JobResults` for :class:`AsyncClient`: ``async for answer in ...``, then ``end`` and ``after``."""
+
+    def __init__(self, open_stream: Callable[[], AbstractAsyncContextManager[httpx.Response]]) -> None:
+        super().__init__()
+        self._answers = self._read(open_stream)
+
+    def __anext__(self) -> Awaitable[dict[str, Any]]:
+        return self._answers.__anext__()
+
+    async def _read(self, open_stream: Callable[[], AbstractAsyncContextManager[httpx.Response]]) -> AsyncIterator[dict[str, Any]]:
+        async with open_stream() as r:
+            if r.status_code != 200:
+                await r.aread()
+                _check(r)
+            lines = r.aiter_lines()
+            while True:
+                try:
+                    row = self._take(await lines.__anext__())
+                except StopAsyncIteration:
+                    return
+                except httpx.TransportError:  # the stream was cut (a restart): ``end`` stays None; resume after ``after``
+                    return
+                if row is _ENDED:
+                    return
+                if row is not None:
+                    yield row
+
+
+class _JobWait:
+    """The rule of ``wait_job``, for both clients: each poll's status (or the transport error that stood in for
+    it) in, the last status out once the job is done; ``TimeoutError`` past ``timeout``, and the error itself when
+    the service has not answered for ``unreachable_s``."""
+
+    def __init__(self, job_id: str, timeout: float | None, unreachable_s: float,
+                 on_progress: Callable[[dict[str, Any]], None] | None) -> None:
+        self.job_id, self.timeout, self.unreachable_s, self.on_progress = job_id, timeout, unreachable_s, on_progress
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.answered = time.monotonic()  # the last time the service answered: past unreachable_s without one, give up
+
+    def polled(self, status: dict[str, Any] | None, err: httpx.TransportError | None = None) -> dict[str, Any] | None:
+        if err is not None:
+            if time.monotonic() - self.answered > self.unreachable_s:  # never came back (or never was there): say so
+                raise err
+            # the server restarts: the job is kept, ask again
+        elif status is not None:
+            self.answered = time.monotonic()
+            if self.on_progress is not None:
+                self.on_progress(status)
+            if status["state"] == "done":
+                return status
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError(f"job {self.job_id} not done within {self.timeout} s")
+        return None
 
 
 class Client:
@@ -326,23 +401,14 @@ class Client:
         service cannot answer (a restart) is retried until ``timeout``, or until it has not answered for
         ``unreachable_s`` (then the last ``httpx.TransportError``: a server that is not there had been waited for
         forever)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        answered = time.monotonic()  # the last time the service answered: past unreachable_s without one, give up
+        wait = _JobWait(job_id, timeout, unreachable_s, on_progress)
         while True:
             try:
-                status = self.job(job_id)
-                answered = time.monotonic()
-            except httpx.TransportError:
-                if time.monotonic() - answered > unreachable_s:  # never came back (or never was there): say so
-                    raise
-                status = None  # the server restarts: the job is kept, ask again
-            if status is not None:
-                if on_progress is not None:
-                    on_progress(status)
-                if status["state"] == "done":
-                    return status
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} not done within {timeout} s")
+                done = wait.polled(self.job(job_id))
+            except httpx.TransportError as err:
+                done = wait.polled(None, err)
+            if done is not None:
+                return done
             time.sleep(poll_s)
 
     def job_results(self, job_id: str, *, offset: int = 0, summary: bool = False, follow: bool = False) -> JobResults:
@@ -381,7 +447,8 @@ class Client:
 
 
 class AsyncClient:
-    """The same calls, ``await``-able; ``attribute_many`` bounds concurrency with a semaphore."""
+    """The same calls, ``await``-able, jobs included (``job_results`` is an async iterator: ``async for``);
+    ``attribute_many`` bounds concurrency with a semaphore."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: str | None = None, timeout: float = 300.0,
                  retries: int = 5, max_wait: float = 30.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
@@ -415,6 +482,64 @@ class AsyncClient:
 
     async def attribute(self, image: ImageInput, *, method: str = "idg", **params: Any) -> Attribution:
         return parse_attribution(await self._post("/attribute", image, {"method": method, **params}))
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            r = await self._http.request(method, path, **kwargs)
+            wait = _retry_after(r, attempt, self.max_wait)
+            if wait is None or attempt == self.retries:
+                return r
+            log.info("service busy; retrying %s %s in %.1f s", method, path, wait)
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def submit_job(self, images: Sequence[ImageInput] | str | Path, *, method: str = "idg", explain_if: str | None = None,
+                         callback_url: str | None = None, **params: Any) -> dict[str, Any]:
+        """:meth:`Client.submit_job` (the files are read before the request is sent)."""
+        fields = _fields({"method": method, "explain_if": explain_if, "callback_url": callback_url, **params})
+        r = await self._send("POST", "/jobs", files=_job_files(images), data=fields)
+        return _holding(_check(r, ok=202), "id", "total", "url")
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        """GET /jobs/{id}: state, done / failed / pending of total, eta_s."""
+        return _holding(_check(await self._send("GET", f"/jobs/{job_id}")), "id", "state", "done", "failed", "total")
+
+    async def jobs(self, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+        """GET /jobs: a page of jobs, newest first (``jobs``, ``total``, ``next``)."""
+        return _holding(_check(await self._send("GET", "/jobs", params={"offset": offset, "limit": limit})), "jobs", "total")
+
+    async def delete_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job and delete it with its answers."""
+        return _check(await self._send("DELETE", f"/jobs/{job_id}"))
+
+    async def wait_job(self, job_id: str, *, poll_s: float = 1.0, timeout: float | None = None, unreachable_s: float = 120.0,
+                       on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """:meth:`Client.wait_job`, sleeping without blocking the event loop."""
+        wait = _JobWait(job_id, timeout, unreachable_s, on_progress)
+        while True:
+            try:
+                done = wait.polled(await self.job(job_id))
+            except httpx.TransportError as err:
+                done = wait.polled(None, err)
+            if done is not None:
+                return done
+            await asyncio.sleep(poll_s)
+
+    def job_results(self, job_id: str, *, offset: int = 0, summary: bool = False, follow: bool = False) -> AsyncJobResults:
+        """:meth:`Client.job_results`: ``async for answer in client.job_results(id, follow=True)``."""
+        params: dict[str, str | int] = {"offset": offset, "summary": str(summary).lower(), "follow": str(follow).lower()}
+        return AsyncJobResults(lambda: self._stream_retried(f"/jobs/{job_id}/results", params, None if follow else self._http.timeout))
+
+    @asynccontextmanager
+    async def _stream_retried(self, path: str, params: dict[str, str | int], timeout: Any) -> AsyncIterator[httpx.Response]:
+        for attempt in range(self.retries + 1):
+            async with self._http.stream("GET", path, params=params, timeout=timeout) as r:
+                wait = _retry_after(r, attempt, self.max_wait) if attempt < self.retries else None
+                if wait is None:
+                    yield r
+                    return
+                await r.aread()
+            await asyncio.sleep(wait)
 
     async def attribute_many(self, images: Iterable[ImageInput], *, concurrency: int = 4, method: str = "idg",
                              **params: Any) -> list[Attribution | ServiceError]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from idg_client import Client, ServiceError
+from idg_client import AsyncClient, Client, ServiceError
 from idg_client.cli import main as cli
 from tests.service.conftest import AppFactory, image_bytes, live_server
 
@@ -86,3 +89,35 @@ def test_a_followed_stream_says_the_job_was_deleted_not_finished(slow_url: str) 
         rest = list(stream)  # the answers stored before the deletion was seen, then the end
         assert stream.end == "deleted" and len(rest) < 19
         assert stream.after == (rest[-1]["seq"] if rest else 1)
+
+
+async def test_the_async_client_submits_waits_follows_and_deletes_as_the_sync_one(url: str) -> None:
+    """``AsyncClient`` has the job calls too: a followed stream read with ``async for`` ends with ``finished``, the
+    wait reports progress, the list, a resumed read and the deletion answer as the sync client's do."""
+    progress: list[int] = []
+    async with AsyncClient(url) as c:
+        job = await c.submit_job([image_bytes((i * 30, 9, 9)) for i in range(5)], method="ig", steps=4, return_overlay=False)
+        stream = c.job_results(job["id"], follow=True)
+        followed = [answer async for answer in stream]  # opened before the job is done, ends when it is
+        assert sorted(a["index"] for a in followed) == list(range(5)) and (stream.end, stream.after) == ("finished", 5)
+        done = await c.wait_job(job["id"], poll_s=0.05, on_progress=lambda s: progress.append(s["done"]))
+        assert done["state"] == "done" and done["done"] == 5 and progress[-1] == 5
+        assert [a["seq"] async for a in c.job_results(job["id"], offset=3, summary=True)] == [4, 5]
+        assert (await c.jobs())["jobs"][0]["id"] == job["id"]
+        assert (await c.delete_job(job["id"]))["deleted"] is True
+        with pytest.raises(ServiceError) as err:
+            await c.job(job["id"])
+        assert err.value.status == 404 and err.value.code == "unknown_job"
+        with pytest.raises(ServiceError) as err:
+            [a async for a in c.job_results(job["id"])]
+        assert err.value.status == 404
+
+
+async def test_the_async_wait_gives_up_on_a_service_that_is_not_there() -> None:
+    """Nothing listens: the wait ends with the transport error after ``unreachable_s``, not never."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        async with AsyncClient(f"http://127.0.0.1:{port}", retries=0) as c:
+            with pytest.raises(httpx.TransportError):
+                await asyncio.wait_for(c.wait_job("0" * 32, poll_s=0.05, unreachable_s=0.3), timeout=10)
