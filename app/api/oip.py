@@ -232,10 +232,9 @@ def json_numbers(items: list[Any], dtype: np.dtype[Any], name: str, datatype: st
         if wide.size and (int(wide.min()) < info.min or int(wide.max()) > info.max):
             raise bad(f"input {name!r}: data holds an integer out of {datatype}'s range ({info.min} to {info.max})")
         return wide.astype(dtype)
-    out = wide.astype(dtype)
-    if not np.isfinite(out).all():
+    if wide.size and not (np.isfinite(wide).all() and float(np.abs(wide).max()) <= float(np.finfo(dtype).max)):
         raise bad(f"input {name!r}: data holds a value that is not a finite {datatype}")
-    return out
+    return wide.astype(dtype)  # in range: the cast rounds, it cannot overflow
 
 
 def decode_tensor(spec: RequestInput, raw: bytes | None) -> Tensor:
