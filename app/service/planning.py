@@ -120,6 +120,8 @@ class AttributePlan:
     """The most the method with its post-steps can cost."""
     mean: tuple[float, ...]
     """The model's normalisation mean: the ``mean`` baseline."""
+    alone: bool = False
+    """Its model calls hold no other request's rows (a method that is not batch-invariant: Guided IG)."""
 
     def plan(self, x: Tensor, params: AttributeCommon, probs: Tensor | None = None) -> PlanOf[Explanation]:
         """The plan on ``x (C, H, W)``; with ``probs`` known (from /predict) it skips the prediction pass."""
@@ -153,7 +155,7 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
     used |= {"baseline": params.baseline, "preset": answered_preset(params), **options.post}
     if options.metrics:
         used |= {"faithfulness": ",".join(options.metrics), "faithfulness_steps": options.steps}
-    return AttributePlan(kwargs, used, options, bound, tuple(model.preprocessing.mean))
+    return AttributePlan(kwargs, used, options, bound, tuple(model.preprocessing.mean), not METHODS[params.method].batch_invariant)
 
 
 def plan_explain_if(params: PredictExplainParams) -> tuple[Condition | None, AttributeCommon | None]:

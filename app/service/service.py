@@ -198,7 +198,7 @@ class Service:
         planned, context = request.planned, request.context
         plan = planned.plan(x, request.params, probs)
         priority = context.priority_of(ATTRIBUTE_PRIORITY)
-        outcome = await self.run(Submission(request.name, plan, "attribute", priority, planned.cost(x, probs)), context)
+        outcome = await self.run(Submission(request.name, plan, "attribute", priority, planned.cost(x, probs), planned.alone), context)
         found = outcome.value
         label = method_label(request.params)
         for metric, value in found.scores.items():

@@ -53,6 +53,9 @@ class Job(PlanState):
     on_event: Callable[[dict[str, Any]], None] | None = None
     cost: float = 1.0
     """Work units the whole job may need (a forward image is 1: :mod:`idg_core.budget`)."""
+    alone: bool = False
+    """Its rows share no model call with another job's, and its calls are sized by its own rows: its answer is then
+    the one it gets alone (a method that is not batch-invariant: :mod:`app.worker.scheduler`)."""
     id: int = field(default_factory=lambda: next(_ids))
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None

@@ -17,6 +17,10 @@ The rules, in order:
   left out of a call for needing the other kind decides the kind of the next one.
 - **Size**: at most ``call_images`` rows, the model's own ``max_batch`` and the largest warmed size;
   with fixed call sizes, the size that pads least for the rows available (:meth:`CallShapes.fill`).
+- **Alone**: a job marked ``alone`` (a method whose answer follows the last bits of its gradients, Guided IG)
+  shares no call. It waits while jobs before it fill calls, and when it is the first job of the call's kind the
+  call holds its rows only, sized by them. A call's size changes its gradients' last bits, so its map is then
+  the one it gets with nothing else running.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Schedulable(Protocol):
     passed_over: int
     pending: list[Query] | None
     taken: int
+    alone: bool
 
     @property
     def rows(self) -> int: ...
@@ -96,12 +101,14 @@ class Scheduler:
         model = self.next_model(ordered)
         mine = [j for j in ordered if j.model == model]
         grad = self.next_kind(mine)
-        budget = self.call_size(model, sum(j.ready_rows(grad) for j in mine))
+        of_kind = [j for j in mine if j.next_grad == grad]
+        joining = of_kind[:1] if of_kind and of_kind[0].alone else [j for j in of_kind if not j.alone]
+        budget = self.call_size(model, sum(j.ready_rows(grad) for j in joining))
         selection: Selection[J] = Selection(model, grad)
         for job in mine:
             if job.next_grad != grad:
                 job.passed_over += 1  # the next call is of its kind (at its priority)
-            elif budget > 0:
+            elif budget > 0 and job in joining:
                 job.passed_over = 0
                 rows = job.take(budget, grad)
                 budget -= sum(b - a for _, a, b in rows)

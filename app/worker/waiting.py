@@ -71,14 +71,16 @@ class Failed(Refused):
 @dataclass(frozen=True)
 class Submission(Generic[T]):
     """One plan to queue: what runs (``plan`` on ``model``, a ``kind`` of work), how urgent (``priority``: 0
-    predictions, 1 attributions, 2 background work) and what it may cost (``cost``: its work units at most,
-    :mod:`idg_core.budget`)."""
+    predictions, 1 attributions, 2 background work), what it may cost (``cost``: its work units at most,
+    :mod:`idg_core.budget`) and whether its rows share no model call (``alone``: a method whose answer is not
+    batch-invariant, :attr:`idg_core.methods.Method.batch_invariant`)."""
 
     model: str
     plan: PlanOf[T]
     kind: str
     priority: int = 1
     cost: float = PREDICT_UNITS
+    alone: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,8 @@ async def submit_and_wait(worker: Worker, metrics: Metrics, work: Submission[T],
     loop = asyncio.get_running_loop()
     timeout, plan, until_disconnected = waiter.timeout, work.plan, waiter.until_disconnected
     deadline = time.monotonic() + timeout if waiter.deadline is None else waiter.deadline
-    job = Job(work.model, plan, work.kind, deadline, loop, loop.create_future(), work.priority, waiter.on_event, work.cost)
+    job = Job(work.model, plan, work.kind, deadline, loop, loop.create_future(), work.priority, waiter.on_event, work.cost,
+              alone=work.alone)
     try:
         worker.submit(job)
     except QueueFull as err:

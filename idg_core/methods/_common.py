@@ -40,7 +40,9 @@ class Method:
     (every keyword), before it runs; ``presets`` maps each preset name to the values it sets (the
     method's parameters, and possibly post-steps: :data:`POST_STEPS`); a preset a
     method does not list runs its defaults. ``straight_path``: its gradients lie on one straight path
-    ``x' + α (x - x')`` (IDGI applies)."""
+    ``x' + α (x - x')`` (IDGI applies). ``batch_invariant``: False where the answer follows the last bits of the
+    gradients (Guided IG ranks them), which change with the size of the model call: the service then runs the
+    method's model calls alone, sized by its own rows, so a request's map does not depend on what else runs."""
 
     function: Callable[..., AttributionResult]
     plan: Callable[..., Plan]
@@ -49,6 +51,7 @@ class Method:
     summary: str
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     straight_path: bool = False
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         for preset, values in self.presets.items():

@@ -127,4 +127,5 @@ guided_ig = method_function("guided_ig", guided_ig_plan, PARAMS, """Guided IG: a
 with the smallest |gradient|.""")
 
 METHOD = Method(guided_ig, guided_ig_plan, PARAMS, guided_ig_bound, "Guided Integrated Gradients",
-                presets={"fast": {"steps": 50}, "paper": {"steps": 50}, "quality": {"steps": 50}})
+                presets={"fast": {"steps": 50}, "paper": {"steps": 50}, "quality": {"steps": 50}},
+                batch_invariant=False)  # which features move follows the gradients' last bits

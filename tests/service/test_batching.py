@@ -177,3 +177,31 @@ async def test_the_rivals_batch_with_other_requests_and_match_alone(tiny_app: Ap
         assert len(_net(app).calls) < sum(n for _, n in alone)  # rounds shared across the four requests
         for (a, _), b in zip(alone, together, strict=True):
             assert np.allclose(_attr(a), _attr(b), atol=1e-4, rtol=1e-3)
+
+
+async def test_guided_ig_beside_other_requests_gives_its_map_alone_bit_for_bit(tiny_app: AppFactory) -> None:
+    """Guided IG ranks its gradients, whose last bits follow the model call's size: sharing calls with other requests
+    had moved its map by about its largest value. Its calls are now its own (the scheduler's ``alone``): beside two
+    other Guided IG requests and an IDG request, every map is the one it gets alone, bit for bit, and the IDG request
+    still shares calls."""
+    app = tiny_app(batch_wait_ms=100.0, max_batch_images=64, max_round_images=128)
+    images = [image_bytes((50 * i, 120, 200 - 40 * i)) for i in range(4)]
+    asks = [{"method": "guided_ig", "steps": "12"}] * 3 + [{"method": "idg", "steps": "8", "probe_steps": "6"}]
+    async with serve(app) as client:
+        net = _net(app)
+        alone, calls_alone = [], []
+        for img, ask in zip(images, asks, strict=True):
+            net.calls.clear()
+            alone.append(await _attribute(client, img, **ask))
+            calls_alone.append(list(net.calls))
+        assert [r.status_code for r in alone] == [200] * 4
+        assert all(max(c) == 1 for c in calls_alone[:3])  # one image: every Guided IG call holds one row
+        net.calls.clear()
+        together = await asyncio.gather(*[_attribute(client, img, **ask) for img, ask in zip(images, asks, strict=True)])
+        assert [r.status_code for r in together] == [200] * 4
+        for a, b in zip(alone[:3], together[:3], strict=True):
+            assert np.array_equal(_attr(a), _attr(b))
+            assert a.json()["curve"] == b.json()["curve"]
+        assert np.allclose(_attr(alone[3]), _attr(together[3]), atol=1e-4, rtol=1e-3)
+        gig_calls = sum(len(c) for c in calls_alone[:3]) - 3  # their prediction passes may still be shared
+        assert net.calls.count(1) >= gig_calls, net.calls  # every Guided IG step was a call of its own

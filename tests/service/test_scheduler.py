@@ -25,6 +25,7 @@ class FakeJob(PlanState):
     cancel_reason: str | None = None
     in_flight: int = 0
     passed_over: int = 0
+    alone: bool = False
 
     def __post_init__(self) -> None:
         self.pending = [Query.at(torch.zeros(n, 1, 1, 1), 0, grad=grad, output="logit") for n, grad in self.steps]
@@ -102,3 +103,25 @@ def test_cancelled_jobs_and_jobs_without_rows_give_nothing() -> None:
     empty = FakeJob("m", [(0, False)])
     assert Scheduler(["m"], call_images=8).select([cancelled, empty], calls_in_flight=False) is None
     assert Scheduler.next_kind([]) is False
+
+
+def test_a_job_marked_alone_shares_no_call_and_its_calls_are_sized_by_its_own_rows() -> None:
+    """Guided IG's map follows its gradients' last bits, which follow the call's size: its rows never join another
+    job's call, nor another's its; it waits while an older job fills calls, then has calls of its own rows only."""
+    older = FakeJob("m", [(3, True)], enqueued=1.0)
+    alone = FakeJob("m", [(2, True)], enqueued=2.0, alone=True)
+    newer = FakeJob("m", [(4, True)], enqueued=3.0)
+    scheduler = Scheduler(["m"], call_images=16)
+    assert _rows(scheduler.select([older, alone, newer], calls_in_flight=False)) == [(older, 3), (newer, 4)]
+    assert alone.rows == 2 and alone.passed_over == 0  # left out, not for its kind
+    assert _rows(scheduler.select([older, alone, newer], calls_in_flight=False)) == [(alone, 2)]  # first now: alone
+    later = FakeJob("m", [(5, True)], enqueued=0.5, alone=True)  # two marked alone do not share either
+    other = FakeJob("m", [(1, True)], enqueued=0.7, alone=True)
+    assert _rows(scheduler.select([other, later], calls_in_flight=False)) == [(later, 5)]
+    assert _rows(scheduler.select([other, later], calls_in_flight=False)) == [(other, 1)]
+    shapes = {"m": CallShapes(sizes=(1, 4, 16))}
+    sized = Scheduler(["m"], call_images=16, shapes=shapes)
+    big = FakeJob("m", [(20, True)], enqueued=1.0, alone=True)
+    company = FakeJob("m", [(20, True)], enqueued=2.0)
+    assert [_rows(sized.select([big, company], calls_in_flight=False)) for _ in range(2)] == [[(big, 16)], [(big, 4)]]
+    assert _rows(sized.select([big, company], calls_in_flight=False)) == [(company, 16)]
