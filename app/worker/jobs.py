@@ -56,6 +56,8 @@ class Job(PlanState):
     alone: bool = False
     """Its rows share no model call with another job's, and its calls are sized by its own rows: its answer is then
     the one it gets alone (a method that is not batch-invariant: :mod:`app.worker.scheduler`)."""
+    served: int = 0
+    """The scheduler's number of the last call that took its rows (jobs marked alone take turns by it)."""
     id: int = field(default_factory=lambda: next(_ids))
     enqueued: float = field(default_factory=time.monotonic)
     started: float | None = None

@@ -18,9 +18,11 @@ The rules, in order:
 - **Size**: at most ``call_images`` rows, the model's own ``max_batch`` and the largest warmed size;
   with fixed call sizes, the size that pads least for the rows available (:meth:`CallShapes.fill`).
 - **Alone**: a job marked ``alone`` (a method whose answer follows the last bits of its gradients, Guided IG)
-  shares no call. It waits while jobs before it fill calls, and when it is the first job of the call's kind the
-  call holds its rows only, sized by them. A call's size changes its gradients' last bits, so its map is then
-  the one it gets with nothing else running.
+  shares no call: a call holds its rows only, sized by them (a call's size changes its gradients' last bits, so
+  its map is the one it gets with nothing else running). Such calls and shared calls of one model take turns while
+  both have work at the most urgent priority (the first call goes to the older), and the jobs marked alone take
+  turns among themselves (the one served longest ago first): one Guided IG request does not hold every newer
+  request of its kind for its whole run.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Schedulable(Protocol):
     pending: list[Query] | None
     taken: int
     alone: bool
+    served: int
 
     @property
     def rows(self) -> int: ...
@@ -87,6 +90,10 @@ class Scheduler:
         """A model's own limit on images per call (``model.max_batch``), where it has one."""
         self.shapes = {name: (shapes or {}).get(name) or CallShapes() for name in self.models}
         self.last_model: str | None = None
+        self.calls = 0
+        """Calls selected so far; a job's ``served`` is the number of the last that took its rows."""
+        self.alone_last: dict[str, bool] = {}
+        """Per model, whether its last call was a job's alone: such calls and shared ones take turns."""
 
     def select(self, active: Sequence[J], calls_in_flight: bool) -> Selection[J] | None:
         """The next call from the ``active`` jobs (rows are taken from them), or None: nothing to run now
@@ -101,19 +108,35 @@ class Scheduler:
         model = self.next_model(ordered)
         mine = [j for j in ordered if j.model == model]
         grad = self.next_kind(mine)
-        of_kind = [j for j in mine if j.next_grad == grad]
-        joining = of_kind[:1] if of_kind and of_kind[0].alone else [j for j in of_kind if not j.alone]
+        joining = self.joining(model, [j for j in mine if j.next_grad == grad])
+        self.calls += 1
         budget = self.call_size(model, sum(j.ready_rows(grad) for j in joining))
         selection: Selection[J] = Selection(model, grad)
         for job in mine:
             if job.next_grad != grad:
                 job.passed_over += 1  # the next call is of its kind (at its priority)
             elif budget > 0 and job in joining:
-                job.passed_over = 0
+                job.passed_over, job.served = 0, self.calls
                 rows = job.take(budget, grad)
                 budget -= sum(b - a for _, a, b in rows)
                 selection.work.append((job, rows))
         return selection
+
+    def joining(self, model: str, of_kind: Sequence[J]) -> list[J]:
+        """The jobs whose rows the next call of ``model`` may take, from those whose next rows are of its kind (in
+        order): one job marked alone, or every job not so marked; the two take turns at the most urgent priority."""
+        if not of_kind:
+            return []
+        top = of_kind[0].priority
+        alone = [j for j in of_kind if j.alone and j.priority == top]
+        shared = [j for j in of_kind if not j.alone]
+        last = self.alone_last.get(model)
+        contested = any(j.priority == top for j in shared)
+        if alone and (not contested or last is False or (last is None and of_kind[0].alone)):
+            self.alone_last[model] = True
+            return [min(alone, key=lambda j: (j.served, j.enqueued))]
+        self.alone_last[model] = False
+        return shared
 
     def call_size(self, model: str, available: int) -> int:
         """Rows the next call of ``model`` takes when ``available`` are ready."""

@@ -157,6 +157,10 @@ class EvalConfig:
     # 2026-11-27). Caches made before ranked by |sum of a| and have no such field: a new key, so none is read back.
     saliency: str = "sum_abs"
 
+    def __post_init__(self) -> None:
+        if self.saliency != "sum_abs":  # the one ranking the metrics define (idg_core.heatmap.saliency)
+            raise ValueError(f"saliency must be 'sum_abs' (the metrics' definition), got {self.saliency!r}")
+
     def key(self) -> str:
         fields = asdict(self)
         if fields["baseline"] == "mean":  # the same baseline, named model_mean before the service and the library shared it

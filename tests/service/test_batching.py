@@ -182,8 +182,7 @@ async def test_the_rivals_batch_with_other_requests_and_match_alone(tiny_app: Ap
 async def test_guided_ig_beside_other_requests_gives_its_map_alone_bit_for_bit(tiny_app: AppFactory) -> None:
     """Guided IG ranks its gradients, whose last bits follow the model call's size: sharing calls with other requests
     had moved its map by about its largest value. Its calls are now its own (the scheduler's ``alone``): beside two
-    other Guided IG requests and an IDG request, every map is the one it gets alone, bit for bit, and the IDG request
-    still shares calls."""
+    other Guided IG requests and an IDG request, every map is the one it gets alone, bit for bit."""
     app = tiny_app(batch_wait_ms=100.0, max_batch_images=64, max_round_images=128)
     images = [image_bytes((50 * i, 120, 200 - 40 * i)) for i in range(4)]
     asks = [{"method": "guided_ig", "steps": "12"}] * 3 + [{"method": "idg", "steps": "8", "probe_steps": "6"}]

@@ -26,6 +26,7 @@ class FakeJob(PlanState):
     in_flight: int = 0
     passed_over: int = 0
     alone: bool = False
+    served: int = 0
 
     def __post_init__(self) -> None:
         self.pending = [Query.at(torch.zeros(n, 1, 1, 1), 0, grad=grad, output="logit") for n, grad in self.steps]
@@ -107,21 +108,28 @@ def test_cancelled_jobs_and_jobs_without_rows_give_nothing() -> None:
 
 def test_a_job_marked_alone_shares_no_call_and_its_calls_are_sized_by_its_own_rows() -> None:
     """Guided IG's map follows its gradients' last bits, which follow the call's size: its rows never join another
-    job's call, nor another's its; it waits while an older job fills calls, then has calls of its own rows only."""
+    job's call, nor another's its; the first call goes to the older, then it has calls of its own rows only."""
     older = FakeJob("m", [(3, True)], enqueued=1.0)
     alone = FakeJob("m", [(2, True)], enqueued=2.0, alone=True)
     newer = FakeJob("m", [(4, True)], enqueued=3.0)
     scheduler = Scheduler(["m"], call_images=16)
     assert _rows(scheduler.select([older, alone, newer], calls_in_flight=False)) == [(older, 3), (newer, 4)]
     assert alone.rows == 2 and alone.passed_over == 0  # left out, not for its kind
-    assert _rows(scheduler.select([older, alone, newer], calls_in_flight=False)) == [(alone, 2)]  # first now: alone
-    later = FakeJob("m", [(5, True)], enqueued=0.5, alone=True)  # two marked alone do not share either
-    other = FakeJob("m", [(1, True)], enqueued=0.7, alone=True)
-    assert _rows(scheduler.select([other, later], calls_in_flight=False)) == [(later, 5)]
-    assert _rows(scheduler.select([other, later], calls_in_flight=False)) == [(other, 1)]
+    assert _rows(scheduler.select([older, alone, newer], calls_in_flight=False)) == [(alone, 2)]
+
+
+def test_calls_alone_and_shared_calls_take_turns_and_jobs_alone_take_turns_among_themselves() -> None:
+    """One Guided IG request must not hold every newer request of its kind for its whole run (nor the oldest of two
+    Guided IG requests the other): with more rows than a call, the turns alternate."""
     shapes = {"m": CallShapes(sizes=(1, 4, 16))}
     sized = Scheduler(["m"], call_images=16, shapes=shapes)
     big = FakeJob("m", [(20, True)], enqueued=1.0, alone=True)
     company = FakeJob("m", [(20, True)], enqueued=2.0)
-    assert [_rows(sized.select([big, company], calls_in_flight=False)) for _ in range(2)] == [[(big, 16)], [(big, 4)]]
-    assert _rows(sized.select([big, company], calls_in_flight=False)) == [(company, 16)]
+    calls = [_rows(sized.select([big, company], calls_in_flight=False)) for _ in range(4)]
+    assert calls == [[(big, 16)], [(company, 16)], [(big, 4)], [(company, 4)]]  # each call sized by its own rows
+    a, b = FakeJob("m", [(40, True)], enqueued=1.0, alone=True), FakeJob("m", [(40, True)], enqueued=2.0, alone=True)
+    scheduler = Scheduler(["m"], call_images=16)
+    assert [_rows(scheduler.select([a, b], calls_in_flight=False)) for _ in range(4)] == [[(a, 16)], [(b, 16)], [(a, 16)], [(b, 16)]]
+    predict = FakeJob("m", [(2, True)], priority=0, enqueued=9.0)  # a more urgent job is not made to wait its turn
+    assert _rows(scheduler.select([a, b, predict], calls_in_flight=False)) == [(predict, 2)]
+    assert _rows(scheduler.select([a, b, predict], calls_in_flight=False)) == [(a, 8)]

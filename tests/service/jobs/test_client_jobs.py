@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,5 +120,7 @@ async def test_the_async_wait_gives_up_on_a_service_that_is_not_there() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: connections are refused
         async with AsyncClient(f"http://127.0.0.1:{port}", retries=0) as c:
+            began = time.monotonic()
             with pytest.raises(httpx.TransportError):
                 await asyncio.wait_for(c.wait_job("0" * 32, poll_s=0.05, unreachable_s=0.3), timeout=10)
+            assert time.monotonic() - began >= 0.3  # it asked again until then
