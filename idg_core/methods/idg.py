@@ -22,7 +22,9 @@ PAPER = {"probe_steps": 50, "steps": 50}
 QUALITY = {**FAST, "postprocess": "rankmix", "smooth_samples": 16, "smooth_std": 0.15}
 """The ``quality`` preset: IDG fast + RankMix (the map and its IDGI map rank-averaged) + SmoothGrad over 16 noisy copies,
 384 forward / 256 gradient passes (within AGI's 40 x 10 = 400), chosen by issue #47's rule on the 65 sample photos
-(``results/evaluation-65/``: first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG and SIG)."""
+(``results/evaluation-65/``: first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG and SIG).
+Measured again with the metrics' defined saliency ranking (``results/evaluation-2026-11-27/``): it still qualifies,
+leading on SIC and AIC and tied with IDG-50/50 on insertion and deletion."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
