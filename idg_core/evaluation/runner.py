@@ -153,16 +153,12 @@ class EvalConfig:
     metrics: tuple[str, ...] = ALL_METRICS
     fold_bn: bool = False  # the service's CPU settings (IDG_FOLD_BN, IDG_CHANNELS_LAST): the same function up to rounding
     channels_last: bool = False
-    # how a map becomes one value per pixel before ranking: sum over channels of |a| (the metrics' definition, since
-    # 2026-11-27). Caches made before ranked by |sum of a| and have no such field: a new key, so none is read back.
-    saliency: str = "sum_abs"
-
-    def __post_init__(self) -> None:
-        if self.saliency != "sum_abs":  # the one ranking the metrics define (idg_core.heatmap.saliency)
-            raise ValueError(f"saliency must be 'sum_abs' (the metrics' definition), got {self.saliency!r}")
 
     def key(self) -> str:
         fields = asdict(self)
+        # how a map becomes one value per pixel before ranking: the metrics' sum over channels of |a|
+        # (idg_core.heatmap.saliency) since 2026-11-27. Caches made before ranked by |sum of a|: in the key, none is read back.
+        fields["saliency"] = "sum_abs"
         if fields["baseline"] == "mean":  # the same baseline, named model_mean before the service and the library shared it
             fields["baseline"] = "model_mean"
         # caches made before these fields existed were fp32 with every metric: keep their key
