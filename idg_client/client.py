@@ -209,10 +209,6 @@ def _retry_after(r: httpx.Response, attempt: int, cap: float) -> float | None:
     return min(max(wait, 0.1), cap)
 
 
-_ENDED: dict[str, Any] = {}
-"""What :meth:`_ResultLines._take` returns for a followed stream's end line (compared by identity)."""
-
-
 class _ResultLines:
     """The lines of ``GET /jobs/{id}/results``, read one by one: ``end`` and ``after`` as :class:`JobResults` says."""
 
@@ -221,14 +217,14 @@ class _ResultLines:
         self.after: int | None = None
 
     def _take(self, line: str) -> dict[str, Any] | None:
-        """One line of the stream: its answer (``after`` moves to its ``seq``), None for a blank line, or
-        ``_ENDED`` for a followed stream's last line, which is not an answer (``end`` and ``after`` are set)."""
+        """One line of the stream: its answer (``after`` moves to its ``seq``), or None for a blank line and for a
+        followed stream's last line, which is not an answer (it sets ``end``, which no answer does, and ``after``)."""
         if not line.strip():
             return None
         row: dict[str, Any] = json.loads(line)
         if "end" in row and "seq" not in row:
             self.end, self.after = row["end"], row.get("after")
-            return _ENDED
+            return None
         self.after = row.get("seq", self.after)
         return row
 
@@ -261,7 +257,7 @@ class JobResults(_ResultLines, Iterator[dict[str, Any]]):
                     return
                 except httpx.TransportError:  # the stream was cut (a restart): ``end`` stays None; resume after ``after``
                     return
-                if row is _ENDED:
+                if self.end is not None:
                     return
                 if row is not None:
                     yield row
@@ -290,7 +286,7 @@ class AsyncJobResults(_ResultLines, AsyncIterator[dict[str, Any]]):
                     return
                 except httpx.TransportError:  # the stream was cut (a restart): ``end`` stays None; resume after ``after``
                     return
-                if row is _ENDED:
+                if self.end is not None:
                     return
                 if row is not None:
                     yield row
