@@ -108,14 +108,17 @@ class Scheduler:
         model = self.next_model(ordered)
         mine = [j for j in ordered if j.model == model]
         grad = self.next_kind(mine)
-        joining = self.joining(model, [j for j in mine if j.next_grad == grad])
+        if any(j.alone for j in mine):
+            joining: set[J] | None = set(self.joining(model, [j for j in mine if j.next_grad == grad]))
+        else:  # the common case, at the cost it had before jobs could be alone: a shared call
+            joining, self.alone_last[model] = None, False
         self.calls += 1
-        budget = self.call_size(model, sum(j.ready_rows(grad) for j in joining))
+        budget = self.call_size(model, sum(j.ready_rows(grad) for j in (mine if joining is None else joining)))
         selection: Selection[J] = Selection(model, grad)
         for job in mine:
             if job.next_grad != grad:
                 job.passed_over += 1  # the next call is of its kind (at its priority)
-            elif budget > 0 and job in joining:
+            elif budget > 0 and (joining is None or job in joining):
                 job.passed_over, job.served = 0, self.calls
                 rows = job.take(budget, grad)
                 budget -= sum(b - a for _, a, b in rows)
