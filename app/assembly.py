@@ -163,7 +163,7 @@ def build_worker(settings: Settings, models: dict[str, ImageClassifier], device:
     """The worker, not started: batch and round sizes for ``device``, its queues' bounds, the pipeline of calls."""
     return Worker(
         models, device, metrics, max_batch_images=settings.batch_images(device), max_round_images=settings.round_images(device),
-        batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.max_predict_queue,
+        batch_wait_ms=settings.batch_wait_ms, max_queue=settings.max_queue, max_predict_queue=settings.predict_queue,
         watchdog_grace_s=settings.watchdog_grace_s, shapes=shapes, pipeline_depth=settings.pipeline_depth,
         launch_ahead=settings.launch_ahead,
     )

@@ -138,8 +138,16 @@ class LimitsSettings(Section):
         "costs steps + 1 forward passes, 2 x 29 = 58 for both at 28")
     max_queue: int = Field(64, ge=1, description="Requests admitted at once (queued or running); beyond, 503 + Retry-After")
     max_predict_queue: int = Field(
-        16, ge=1, description="/predict requests admitted at once, apart from max_queue (a burst of attributions cannot lock "
-        "/predict out); beyond, 503 + Retry-After")
+        16, ge=1, description="Predictions (/predict, and /v2 infer without an explanation: one per image) admitted at once, "
+        "apart from max_queue (a burst of attributions cannot lock /predict out); beyond, 503 + Retry-After. Never below "
+        "IDG_MAX_BATCH_FILES: a smaller value is raised to it, so one batch of the largest size the doors accept (the /v2 "
+        "model config's max_batch_size) is admitted whole on an idle server")
+
+    @property
+    def predict_queue(self) -> int:
+        """Predictions admitted at once: ``max_predict_queue``, raised to ``max_batch_files`` where below it (each image
+        of a request holds one slot, so a smaller bound refused every predict-only batch above it, idle server or not)."""
+        return max(self.max_predict_queue, self.max_batch_files)
 
 
 class ModelsSettings(Section):
@@ -484,6 +492,12 @@ def without_effect(settings: Settings) -> list[str]:
     if calibrating and settings.precision != "auto":
         out.append(f"{' and '.join(calibrating)} ignored: IDG_PRECISION={settings.precision} is explicit (a calibration "
                    "decides bf16 only for auto)")
+    if "max_predict_queue" in given and settings.max_predict_queue < settings.max_batch_files:
+        out.append(f"IDG_MAX_PREDICT_QUEUE={settings.max_predict_queue} is raised to IDG_MAX_BATCH_FILES={settings.max_batch_files}: "
+                   "each image holds one slot, and a batch the doors accept must fit an idle queue")
+    if settings.max_queue < settings.max_batch_files:
+        out.append(f"IDG_MAX_QUEUE={settings.max_queue} is below IDG_MAX_BATCH_FILES={settings.max_batch_files}: an explained batch "
+                   f"of more than {settings.max_queue} images is always refused (503); raise IDG_MAX_QUEUE or lower IDG_MAX_BATCH_FILES")
     cores = os.cpu_count() or 1
     if settings.torch_threads is not None and settings.torch_threads > cores:
         out.append(f"IDG_TORCH_THREADS={settings.torch_threads} is more than this machine's {cores} cores: torch's threads then "
