@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import importlib
 import json
 import logging
@@ -369,6 +370,24 @@ def _host_error(host: str, name: str) -> str | None:
     return None
 
 
+def _port_error(host: str, port: int, name: str) -> str | None:
+    """Why ``port`` cannot be listened on at ``host`` (another program holds it), or None. A bind and close now, before
+    the models load: uvicorn's own bind after them had said only "[Errno 98] Address already in use"."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                return None  # uvicorn's own bind says what else is wrong
+            return (f"port {port} on {host} is in use (another server?): choose another with {name}, e.g. "
+                    f"`make run PORT={port + 1 if port < 65535 else 8080}` or `idg-serve --port {port + 1 if port < 65535 else 8080}`")
+    return None
+
+
 def _processes(text: str) -> int | str:
     """``--processes``: a count of at least 1, or auto."""
     if text == "auto":
@@ -410,6 +429,11 @@ def main(argv: list[str] | None = None) -> None:
     host_error = _host_error(args.host or settings.host, "--host" if args.host else "IDG_HOST")
     if host_error:  # before the models load; it had been uvicorn's "[Errno -2] Name or service not known" after them
         log.error("cannot start: %s", host_error)
+        sys.exit(3)
+    port = settings.port if args.port is None else args.port
+    port_error = _port_error(args.host or settings.host, port, "--port" if args.port is not None else "IDG_PORT")
+    if port_error:  # before the models load
+        log.error("cannot start: %s", port_error)
         sys.exit(3)
     wanted = args.processes or settings.processes
     processes, staged = (wanted, False) if wanted != "auto" else _auto(settings.device)

@@ -207,3 +207,20 @@ def test_a_host_that_does_not_resolve_is_named_before_the_models_load() -> None:
     assert _host_error("127.0.0.1", "IDG_HOST") is None and _host_error("0.0.0.0", "IDG_HOST") is None
     error = _host_error("bad host!", "IDG_HOST")
     assert error is not None and error.startswith("IDG_HOST='bad host!' is not an address or a name this machine resolves")
+
+
+def test_a_busy_port_is_named_with_what_to_do_before_the_models_load(tmp_path: Path) -> None:
+    """A real server process on a port another program listens on: it stops at once, in one line that names the port
+    and `make run PORT=` (it had loaded the models, then ended in uvicorn's "Address already in use")."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = {**os.environ, "IDG_DATA_DIR": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-m", "app.server", "--port", str(port)], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 3, done.stderr[-2000:]
+    line = f"cannot start: port {port} on 127.0.0.1 is in use (another server?): choose another with --port, e.g. `make run PORT={port + 1}`"
+    assert line in done.stderr and "loading" not in done.stderr.lower(), done.stderr[-2000:]
