@@ -5,7 +5,12 @@ The signature is the common webhook scheme (Stripe's, GitHub's): ``X-IDG-Timesta
 time of the attempt, ``X-IDG-Signature`` is ``sha256=`` and the hex HMAC-SHA256 of
 ``timestamp + "." + body`` (the raw bytes sent) keyed with ``IDG_CALLBACK_SECRET``. A receiver
 recomputes it over the body it got, compares in constant time, and refuses a timestamp older than a
-few minutes (a replay). Credentials in a callback URL are never logged nor shown (:func:`redacted`).
+few minutes (a replay). Credentials in a callback URL (``user:password@``, and the values of its query, where webhook
+tokens go: ``?token=...``) are sent as the URL asks but never logged nor shown (:func:`redacted`), httpx's own request
+line included (:class:`RedactedUrls`).
+
+A redirect (3xx) is not followed, as common webhook senders do (a redirect could send the signed body and the credentials
+to a host the URL did not name): it is a failed try, tried again like a 5xx.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ TRIES = 5
 FIRST_WAIT_S = 1.0
 """Waits between tries: 1, 2, 4, 8 s."""
 RETRIED = {408, 425, 429}
-"""Statuses tried again beside 5xx: the receiver was busy or slow, not refusing."""
+"""Statuses tried again beside 3xx and 5xx: the receiver was busy or slow, not refusing."""
+HIDDEN = "***"
 SIGNATURE, TIMESTAMP = "X-IDG-Signature", "X-IDG-Timestamp"
 
 
@@ -52,14 +58,39 @@ def url_problem(url: str) -> str | None:
 
 
 def redacted(url: str) -> str:
-    """``url`` with any user name and password replaced by ``***`` (for logs and status bodies)."""
+    """``url`` with its secrets replaced by ``***`` (for logs and status bodies): the user name and password, each
+    query parameter's value (``?token=***&v=***``; a part without ``=``, all of it) and the fragment; the scheme, host,
+    port, path and the query's names are kept."""
     try:
         parts = urlsplit(url)
-        if parts.username is None and parts.password is None:
-            return url
-        return parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl()
+        if parts.username is not None or parts.password is not None:
+            parts = parts._replace(netloc=f"{HIDDEN}@" + parts.netloc.rsplit("@", 1)[1])
+        if parts.query:
+            parts = parts._replace(query="&".join(_hidden_value(p) for p in parts.query.split("&")))
+        if parts.fragment:
+            parts = parts._replace(fragment=HIDDEN)
+        return parts.geturl()
     except ValueError:
         return "<invalid URL>"
+
+
+def _hidden_value(part: str) -> str:
+    name, eq, _ = part.partition("=")
+    return f"{name}={HIDDEN}" if eq else (part and HIDDEN)
+
+
+class RedactedUrls(logging.Filter):
+    """On httpx's logger: its ``HTTP Request: POST <url> ...`` line shows the URL :func:`redacted` (the callback's
+    query, with its token, is in the URL httpx sends)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
+            record.args = tuple(redacted(str(a)) if isinstance(a, httpx.URL) else a for a in record.args)
+        return True
+
+
+if not any(isinstance(f, RedactedUrls) for f in logging.getLogger("httpx").filters):
+    logging.getLogger("httpx").addFilter(RedactedUrls())
 
 
 def without_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
@@ -78,9 +109,20 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
     return f"sha256={digest}"
 
 
+def _delivered(status: int) -> str | None:
+    """The outcome's word for an answer that ends the tries (``delivered`` for a 2xx, ``refused`` for a 4xx but
+    :data:`RETRIED`), or None for one tried again (a 3xx: a redirect is not followed; a 5xx; :data:`RETRIED`)."""
+    if 200 <= status < 300:
+        return "delivered"
+    if 400 <= status < 500 and status not in RETRIED:
+        return "refused"
+    return None
+
+
 async def deliver(client: httpx.AsyncClient, url: str, body: bytes, secret: str | None, what: str) -> str:
-    """POST ``body`` (JSON) to ``url`` until it is answered below 500 (but 408, 425, 429), up to
-    :data:`TRIES` times; the outcome, e.g. ``delivered: HTTP 204 after 1 attempt(s)``."""
+    """POST ``body`` (JSON) to ``url`` until it is answered 2xx, or 4xx but 408, 425, 429 (a redirect is not followed:
+    a 3xx is tried again as a 5xx is), up to :data:`TRIES` times; the outcome, e.g. ``delivered: HTTP 204 after 1
+    attempt(s)``."""
     shown, wait, outcome = redacted(url), FIRST_WAIT_S, ""
     bare, auth = without_credentials(url)
     for attempt in range(1, TRIES + 1):
@@ -89,15 +131,15 @@ async def deliver(client: httpx.AsyncClient, url: str, body: bytes, secret: str 
             stamp = str(int(time.time()))
             headers |= {TIMESTAMP: stamp, SIGNATURE: signature(secret, stamp, body)}
         try:
-            r = await client.post(bare, content=body, headers=headers, auth=auth or httpx.USE_CLIENT_DEFAULT)
-            if r.status_code < 500 and r.status_code not in RETRIED:
-                kind = "delivered" if r.status_code < 400 else "refused"
+            r = await client.post(bare, content=body, headers=headers, auth=auth or httpx.USE_CLIENT_DEFAULT, follow_redirects=False)
+            kind = _delivered(r.status_code)
+            if kind is not None:
                 outcome = f"{kind}: HTTP {r.status_code} after {attempt} attempt(s)"
                 log.info("%s: callback %s %s", what, shown, outcome)
                 return outcome
-            outcome = f"HTTP {r.status_code}"
+            outcome = f"HTTP {r.status_code}" + (" (a redirect: not followed)" if 300 <= r.status_code < 400 else "")
         except Exception as err:  # noqa: BLE001 - any failure of one attempt (network, TLS, a URL httpx refuses) is tried again
-            outcome = f"{type(err).__name__}: {str(err)[:200]}".replace(url, shown)
+            outcome = f"{type(err).__name__}: {str(err).replace(url, shown).replace(bare, shown)[:200]}"
         log.warning("%s: callback %s attempt %d of %d: %s", what, shown, attempt, TRIES, outcome)
         if attempt < TRIES:
             await asyncio.sleep(wait)

@@ -1,15 +1,17 @@
 """Job callbacks against a real HTTP receiver: each delivery signed (HMAC-SHA256 of the timestamp and
 the raw body, under IDG_CALLBACK_SECRET) and verified by the receiver as a webhook consumer would;
-tried again after a 5xx, its outcome kept on the job and counted; the links built on IDG_PUBLIC_URL,
-never on the request's Host; credentials in the URL never logged nor shown; bad URLs refused with a
-422 at submission."""
+tried again after a 5xx or a 3xx (a redirect is not followed), its outcome kept on the job and counted; the links
+built on IDG_PUBLIC_URL, never on the request's Host; credentials in the URL (user:password@, the query's token)
+sent to the receiver but never logged nor shown; bad URLs refused with a 422 at submission."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -39,18 +41,29 @@ def verified(secret: str, headers: Any, body: bytes, now: float) -> bool:
 class Receiver(BaseHTTPRequestHandler):
     deliveries: list[tuple[int, dict[str, Any], str | None]] = []
     """(status answered, body, Authorization header) per request."""
+    requests: list[str] = []
+    """The method and path (with its query) of every request, redirects followed included."""
     fail_first = 0
+    fail_status = 503
     always = 0
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        Receiver.requests.append(f"POST {self.path}")
         raw = self.rfile.read(int(self.headers["content-length"]))
         if Receiver.always or len(Receiver.deliveries) < Receiver.fail_first:
-            status = Receiver.always or 503
+            status = Receiver.always or Receiver.fail_status
         else:
             status = 204 if verified(SECRET, self.headers, raw, time.time()) else 401
         Receiver.deliveries.append((status, json.loads(raw), self.headers.get("Authorization")))
         self.send_response(status)
+        if 300 <= status < 400:  # a redirect a follower would take: answered 204 there
+            self.send_header("Location", "/moved")
         self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:  # noqa: N802 - where a followed 301/302 goes
+        Receiver.requests.append(f"GET {self.path}")
+        self.send_response(204)
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
@@ -59,7 +72,7 @@ class Receiver(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def receiver() -> Iterator[int]:
-    Receiver.deliveries, Receiver.fail_first, Receiver.always = [], 0, 0
+    Receiver.deliveries, Receiver.requests, Receiver.fail_first, Receiver.fail_status, Receiver.always = [], [], 0, 503, 0
     server = HTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -141,3 +154,106 @@ async def test_bad_callback_urls_are_a_422_at_submission(tiny_app: AppFactory) -
             assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter", (url[:40], r.text[:300])
             assert "callback_url" in r.json()["error"]["message"]
         assert (await client.get("/jobs")).json()["total"] == 0
+
+
+USER, PASSWORD, TOKEN = "hook-user-7f3a", "hook-pass-91c2", "tok-5e8d0b6a"
+SECRETS = (USER, PASSWORD, TOKEN)
+
+
+async def test_the_credentials_and_token_of_a_callback_url_reach_the_receiver_and_nothing_else(
+    tiny_app: AppFactory, receiver: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the ?token= had been logged twice (httpx's request line, the outcome line) and answered in clear by GET /jobs/{id}
+    caplog.set_level(logging.DEBUG)
+    exporter = _spans()
+    hook = f"http://{USER}:{PASSWORD}@127.0.0.1:{receiver}/hook?token={TOKEN}&v=2"
+    shown = f"http://***@127.0.0.1:{receiver}/hook?token=***&v=***"
+    answers: list[str] = []
+    try:
+        async with serve(tiny_app(callback_secret=SECRET)) as client:
+            r = await client.post("/jobs", files=images(1), data=FAST | {"callback_url": hook})
+            assert r.status_code == 202, r.text
+            answers.append(r.text)
+            job = r.json()
+            assert job["callback_url"] == shown
+            await wait_done(client, job["id"])
+            status = await _outcome(client, job["id"])
+            for path in (f"/jobs/{job['id']}", "/jobs", "/metrics"):
+                answers.append((await client.get(path)).text)
+            for bad in (hook.replace("http://", "ftp://"), hook.replace("127.0.0.1", "[::1")):  # refused: the 422 says which URL
+                r = await client.post("/jobs", files=images(1), data=FAST | {"callback_url": bad})
+                assert r.status_code == 422, r.text
+                answers.append(r.text)
+    finally:
+        if exporter is not None:
+            from app.core import tracing
+
+            tracing.disable()
+    assert status["callback_outcome"] == "delivered: HTTP 204 after 1 attempt(s)" and status["callback_url"] == shown
+    # the receiver got all of it: the path with its token, the credentials as Basic authentication
+    assert Receiver.requests == [f"POST /hook?token={TOKEN}&v=2"]
+    auth = Receiver.deliveries[0][2] or ""
+    assert base64.b64decode(auth.removeprefix("Basic ")).decode() == f"{USER}:{PASSWORD}"
+    assert Receiver.deliveries[0][1]["callback_url"] == shown  # the body it was sent is a status body like the others
+    logged = "\n".join(f"{r.name} {r.getMessage()}" for r in caplog.records)
+    assert "httpx HTTP Request: POST " in logged and shown in logged  # the lines that had shown it are there, redacted
+    if exporter is not None:
+        spans = exporter.get_finished_spans()
+        assert spans
+        answers.append(repr([(s.name, dict(s.attributes or {})) for s in spans]))
+    for secret in SECRETS:
+        assert secret not in logged, secret
+        for answer in answers:
+            assert secret not in answer, (secret, answer[:300])
+
+
+def _spans() -> Any:
+    """An in-memory span exporter with tracing on, or None where OpenTelemetry's SDK is not installed."""
+    try:
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    except ImportError:
+        return None
+    from app.core import tracing
+
+    exporter = InMemorySpanExporter()
+    tracing.enable(exporter)
+    return exporter
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("https://u:p@h.example:8443/a/b?token=t0k&x=1#frag", "https://***@h.example:8443/a/b?token=***&x=***#***"),
+    ("https://h.example/hook?sig=abc%3D%3D&empty=&&bare", "https://h.example/hook?sig=***&empty=***&&***"),
+    ("http://tokenonly@h.example/", "http://***@h.example/"),
+    ("http://h.example/plain", "http://h.example/plain"),
+    ("http://[::1", "<invalid URL>"),
+])
+def test_redacted_hides_userinfo_query_values_and_the_fragment(url: str, shown: str) -> None:
+    assert callbacks.redacted(url) == shown
+
+
+async def test_a_callback_answered_with_a_redirect_is_not_delivered_and_the_redirect_not_followed(
+    tiny_app: AppFactory, receiver: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(callbacks, "FIRST_WAIT_S", 0.01)
+    Receiver.always = 302
+    async with serve(tiny_app(callback_secret=SECRET)) as client:
+        job = await submit(client, images(1), callback_url=f"http://127.0.0.1:{receiver}/hook")
+        status = await _outcome(client, job["id"])
+        metrics = (await client.get("/metrics")).text
+    assert status["callback_outcome"] == f"failed: HTTP 302 (a redirect: not followed) after {callbacks.TRIES} attempts"
+    assert Receiver.requests == ["POST /hook"] * callbacks.TRIES  # tried again, never at /moved
+    assert 'idg_durable_job_callbacks_total{outcome="failed"} 1.0' in metrics
+    assert 'idg_durable_job_callbacks_total{outcome="delivered"}' not in metrics
+
+
+@pytest.mark.parametrize("redirect", [301, 307, 308])
+async def test_a_redirect_is_a_failed_try_tried_again(
+    tiny_app: AppFactory, receiver: int, monkeypatch: pytest.MonkeyPatch, redirect: int,
+) -> None:
+    monkeypatch.setattr(callbacks, "FIRST_WAIT_S", 0.01)
+    Receiver.fail_first, Receiver.fail_status = 1, redirect
+    async with serve(tiny_app(callback_secret=SECRET)) as client:
+        job = await submit(client, images(1), callback_url=f"http://127.0.0.1:{receiver}/hook")
+        status = await _outcome(client, job["id"])
+    assert status["callback_outcome"] == "delivered: HTTP 204 after 2 attempt(s)"
+    assert Receiver.requests == ["POST /hook", "POST /hook"]
