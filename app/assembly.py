@@ -60,7 +60,7 @@ async def running(app: FastAPI, settings: Settings, metrics: Metrics, drain: Dra
             app.state.service = service = Service(settings, loaded, worker, metrics, device)
             if settings.warmup:
                 await service.warm_up_requests()
-            app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready)
+            app.state.jobs = await start_jobs(service, lambda: app.state.draining or not app.state.ready, app.state.doors)
             if settings.gc_freeze:
                 await asyncio.to_thread(gc.collect)
                 gc.freeze()  # start-up's objects live on: the cyclic collector's full passes no longer walk them under traffic

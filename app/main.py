@@ -20,13 +20,13 @@ from app.api.routes import attribute, info, jobs, predict, v2
 from app.assembly import running
 from app.core import tracing
 from app.core.config import Settings, SettingsError, load_settings
+from app.core.door import Doors, HttpAdmission, HttpDoor
 from app.core.drain import Drain, DrainMiddleware
 from app.core.errors import install_error_handlers
-from app.core.keys import KeyShareMiddleware, load_keys, share_limit
-from app.core.prometheus import Metrics, MetricsMiddleware
+from app.core.keys import load_keys, share_limit
+from app.core.prometheus import Metrics
 from app.core.replica import ReplicaHeaderMiddleware
-from app.core.request_id import RequestIdMiddleware, configure_logging
-from app.core.tracing import TracingMiddleware
+from app.core.request_id import configure_logging
 from idg_core.models import ImageClassifier
 
 STATIC = Path(__file__).with_name("static")
@@ -64,36 +64,37 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         metrics.replicas_expected.set(settings.replicas_expected)
     metrics.request_timeout.set(settings.request_timeout_s)
     app.state.metrics = metrics
+    app.state.doors = doors = Doors(metrics, share_limit(settings, app.state.keys))  # what every door passes through
     app.state.ready = False
     app.state.draining = False
     app.state.drain = drain
     install_error_handlers(app)
-    add_middleware(app, settings, metrics, drain)
-    add_routes(app, settings, metrics)
+    add_middleware(app, settings, doors, drain)
+    add_routes(app, settings, doors)
     return app
 
 
-def add_middleware(app: FastAPI, settings: Settings, metrics: Metrics, drain: Drain) -> None:
+def add_middleware(app: FastAPI, settings: Settings, doors: Doors, drain: Drain) -> None:
     """The middleware, innermost first: each one added wraps those before it."""
     app.add_middleware(UnhandledErrorMiddleware)  # innermost: its JSON 500 gets the headers of the middleware around it
-    if (share := share_limit(settings, app.state.keys)) is not None:  # several keys: none may take the whole queue
-        app.add_middleware(KeyShareMiddleware, keys=app.state.keys, limit=share)
+    if doors.share is not None:  # several keys: none may take the whole queue (its calls over every door together)
+        app.add_middleware(HttpAdmission, keys=app.state.keys)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
     app.add_middleware(DrainMiddleware, drain=drain)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the drain's 503s too
-    app.add_middleware(TracingMiddleware)  # with IDG_TRACING: a server span per request (inside the request ID's scope)
-    app.add_middleware(ReplicaHeaderMiddleware)  # X-IDG-Replica: which process (Ray Serve replica) answered
-    app.add_middleware(RequestIdMiddleware)  # outermost: X-Request-ID on every answer, the ID in every log line meanwhile
+    # the door every HTTP request passes through (app.core.door): X-Request-ID on every answer and the ID in every log
+    # line meanwhile, the count (the drain's 503s too), the access log line, the server span (IDG_TRACING)
+    app.add_middleware(HttpDoor, doors=doors)
+    app.add_middleware(ReplicaHeaderMiddleware)  # outermost: X-IDG-Replica, which process (Ray Serve replica) answered
 
 
-def add_routes(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+def add_routes(app: FastAPI, settings: Settings, doors: Doors) -> None:
     """The API's routers, the web page and its assets, the docs and the OpenAPI schema."""
     routers = [module.router for module in (predict, attribute, jobs, info, v2)]  # v2: the Open Inference Protocol
     for router in routers:
         app.include_router(router)
     # every route's counters at 0, so rate() sees its first failure (the routers', included without a prefix)
-    metrics.init_routes(r.path for router in routers for r in router.routes if isinstance(r, APIRoute))
+    doors.init_routes("http", [r.path for router in routers for r in router.routes if isinstance(r, APIRoute)])
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
     install_openapi(app, settings)  # the schema says what this server accepts

@@ -8,8 +8,9 @@ the protocol's: tensors come in ``raw_input_contents`` (what tritonclient sends)
 ``raw_output_contents``; the deadline is the call's gRPC deadline or ``IDG_REQUEST_TIMEOUT_S``, whichever is sooner,
 counted from arrival; the API key comes as metadata (``x-api-key``, or ``authorization: Bearer KEY``) on every call but
 ``ServerLive`` and ``ServerReady``; the service's errors are status codes (:func:`status_code`); the trailing metadata
-``x-idg-replica`` names the server process that answered. The server runs on the
-app's event loop (``grpc.aio``), opened by the lifespan once ready and closed first on the way out.
+``x-idg-replica`` names the server process that answered, and ``retry-after`` (seconds) comes with a refusal that
+HTTP answers with ``Retry-After`` (busy or a key's full share: RESOURCE_EXHAUSTED; shutting down: UNAVAILABLE). The
+server runs on the app's event loop (``grpc.aio``), opened by the lifespan once ready and closed first on the way out.
 
 The generated messages are tritonclient's (``tritonclient.grpc.service_pb2``: KServe's ``inference`` package, Triton's
 extensions included), so nothing here is generated: the grpc extra (``pip install 'idg-service[grpc]'``) provides
@@ -52,10 +53,13 @@ from app.api.oip import (
 )
 from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, batch_limits, run_inference
 from app.core.config import Settings
+from app.core.door import Doors, grpc_status_name
 from app.core.drain import Drain
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.image_threads import in_image_thread
+from app.core.keys import match
 from app.core.replica import replica_id
+from app.core.request_id import current_request_id
 from app.service import Service
 from idg_core.models import ImageClassifier
 
@@ -65,17 +69,22 @@ SERVICE = "inference.GRPCInferenceService"
 CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT32": "int_contents", "INT64": "int64_contents",
             "UINT8": "uint_contents"}
 """The ``InferTensorContents`` field of each numeric type (``BYTES``: ``bytes_contents``)."""
-CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED,
-         404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-         500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+REQUEST_ID = "x-request-id"
+"""The metadata of a call's request ID: given (else the protocol's request ``id``, else made), and returned in the
+answer's initial and trailing metadata."""
+WORK_RPCS = frozenset({"ModelInfer"})
+"""The RPCs that take the worker's queue slots (one of the API key's share of them each)."""
+QUIET_RPCS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+"""The probes: counted, not logged one by one (as HTTP's)."""
+RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
+        "RepositoryIndex", "ModelInfer")
 
 
 def status_code(err: ApiError) -> grpc.StatusCode:
-    """The gRPC status of the service's error: a busy queue is RESOURCE_EXHAUSTED (retry later), not ready or shutting
-    down UNAVAILABLE (retry elsewhere), any other 4xx INVALID_ARGUMENT."""
-    if err.status == 503 and err.code == "busy":
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    return CODES.get(err.status, grpc.StatusCode.INVALID_ARGUMENT if 400 <= err.status < 500 else grpc.StatusCode.INTERNAL)
+    """The gRPC status of the service's error (:func:`app.core.door.grpc_status_name`): a busy queue or a key's full share
+    is RESOURCE_EXHAUSTED (retry later), not ready or shutting down UNAVAILABLE (retry elsewhere), any other 4xx
+    INVALID_ARGUMENT."""
+    return grpc.StatusCode[grpc_status_name(err)]
 
 
 def _scalar(p: pb.InferParameter, where: str) -> Scalar:
@@ -163,6 +172,7 @@ class InferenceService:
     def __init__(self, app: FastAPI) -> None:
         self.state = app.state
         self.version = app.version
+        self.doors: Doors = app.state.doors
 
     def handlers(self) -> grpc.GenericRpcHandler:
         methods: dict[str, tuple[Handler, Any, bool]] = {
@@ -182,38 +192,54 @@ class InferenceService:
             for name, (fn, kind, key) in methods.items()})
 
     def _guarded(self, name: str, fn: Handler, needs_key: bool) -> Handler:
-        """``fn`` behind the API key (``needs_key``), with the service's errors as status codes and any other failure a
-        logged INTERNAL (never UNKNOWN)."""
+        """``fn`` through the door (:meth:`app.core.door.Doors.handle`: the request ID, its share of the queue for the API
+        key of a ``ModelInfer``, the count, the access log line, the span), behind the API key (``needs_key``), with the
+        service's errors as status codes and any other failure a logged INTERNAL (never UNKNOWN)."""
+        quiet = name in QUIET_RPCS
 
         async def call(request: Any, context: aio.ServicerContext) -> Any:
-            replica = (("x-idg-replica", replica_id()),)  # which server process answered, as X-IDG-Replica says over HTTP
-            context.set_trailing_metadata(replica)
-            drain: Drain = self.state.drain  # counted as in flight: a shutdown's drain waits for the call within its grace
-            task = asyncio.current_task()
-            drain.active += 1
-            drain._tasks.add(task)  # type: ignore[arg-type]  # noqa: SLF001 - cancelled when the grace is over
-            try:
-                if isinstance(request, Malformed):
-                    raise bad(f"the request is not a {name}Request message: {request.reason}")
-                if needs_key:
-                    metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-                    refusal = api_key_refusal(self.state.keys, api_key_in(metadata))
-                    if refusal is not None:
-                        raise refusal
-                return await fn(request, context)
-            except ApiError as err:
-                failure = err
-            except asyncio.CancelledError:
-                if not drain.aborted or task is None:
-                    raise
-                task.uncancel()
-                failure = ApiError(503, SHUTTING_DOWN, code="shutting_down")
-            except Exception as err:  # noqa: BLE001 - a bug: logged with its traceback, answered INTERNAL
-                failure = internal_error(err, f"gRPC {name}")
-            finally:
-                drain.active -= 1
-                drain._tasks.discard(task)  # noqa: SLF001
-            return await context.abort(status_code(failure), failure.message, replica)  # raises: the call ends with the status
+            metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+            given = metadata.get(REQUEST_ID) or getattr(request, "id", None) or None  # the metadata's, else the protocol's id
+            with self.doors.handle("grpc", name, request_id=given, carrier=metadata, name=f"{SERVICE}/{name}", line=f"gRPC {name}",
+                                   quiet=quiet, attributes={"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": name}) as door:
+                door.fields["rpc"] = name
+                # which server process answered (as X-IDG-Replica says over HTTP) and the request's ID, whatever the status
+                trailing = (("x-idg-replica", replica_id()), (REQUEST_ID, door.request_id))
+                context.set_trailing_metadata(trailing)
+                await context.send_initial_metadata(((REQUEST_ID, door.request_id),))
+                drain: Drain = self.state.drain  # counted as in flight: a shutdown's drain waits for the call within its grace
+                task = asyncio.current_task()
+                drain.active += 1
+                drain._tasks.add(task)  # type: ignore[arg-type]  # noqa: SLF001 - cancelled when the grace is over
+                try:
+                    if isinstance(request, Malformed):
+                        raise bad(f"the request is not a {name}Request message: {request.reason}")
+                    if needs_key:
+                        given_key = api_key_in(metadata)
+                        refusal = api_key_refusal(self.state.keys, given_key)
+                        if refusal is not None:
+                            raise refusal
+                        if name in WORK_RPCS:  # the key's share of the queue, its HTTP calls' and jobs' with it
+                            door.admit(None if given_key is None else match(self.state.keys, given_key))
+                    answer = await fn(request, context)
+                    door.status = "OK"
+                    return answer
+                except ApiError as err:
+                    failure = err
+                except asyncio.CancelledError:
+                    if not drain.aborted or task is None:
+                        raise
+                    task.uncancel()
+                    failure = ApiError(503, SHUTTING_DOWN, code="shutting_down")
+                except Exception as err:  # noqa: BLE001 - a bug: logged with its traceback, answered INTERNAL
+                    failure = internal_error(err, f"gRPC {name}")
+                finally:
+                    drain.active -= 1
+                    drain._tasks.discard(task)  # noqa: SLF001
+                code = status_code(failure)
+                door.status = code.name
+                wait = failure.headers.get("Retry-After")  # a refusal's wait, as HTTP's Retry-After says it
+                return await context.abort(code, failure.message, trailing if wait is None else (*trailing, ("retry-after", wait)))
 
         return call
 
@@ -287,7 +313,8 @@ class InferenceService:
         inferred = await run_inference(service, key, model, req, tensors, service.context(received, timeout=max(timeout, 1e-3)))
 
         def answer() -> pb.ModelInferResponse:
-            response = pb.ModelInferResponse(model_name=key, model_version=MODEL_VERSION, id=req.id or "")
+            # the request's id, or none given, its request ID (as the HTTP door's answer says)
+            response = pb.ModelInferResponse(model_name=key, model_version=MODEL_VERSION, id=req.id or current_request_id() or "")
             for out, _ in inferred.outputs():
                 tensor = response.outputs.add(name=out.name, datatype=out.datatype, shape=out.dims)
                 for k, v in out.parameters.items():
@@ -306,6 +333,7 @@ async def start_grpc(app: FastAPI, settings: Settings) -> aio.Server:
     server = aio.server(options=[("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", settings.max_upload_bytes),
                                  ("grpc.max_send_message_length", -1)])
     server.add_generic_rpc_handlers((InferenceService(app).handlers(),))
+    app.state.doors.init_routes("grpc", list(RPCS))
     address = f"[{settings.host}]:{settings.grpc_port}" if ":" in settings.host else f"{settings.host}:{settings.grpc_port}"
     try:
         server.add_insecure_port(address)

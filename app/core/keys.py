@@ -4,15 +4,11 @@ it may see. A key's name is what logs, job records and metrics carry; the key it
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 from app.core.config import Settings
-from app.core.errors import error_body
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -64,50 +60,9 @@ def match(keys: list[Key], given: str) -> Key | None:
     return found
 
 
-WORK = ("/predict", "/attribute", "/v2/models/", "/jobs")
-"""Paths whose POSTs take the worker's queue slots (a share of them per key)."""
-
-
-class KeyShareMiddleware:
-    """With several keys, one key holds at most its share of ``IDG_MAX_QUEUE`` in requests at once
-    (``IDG_KEY_SHARE``): past it, that key's next request is a 503 with ``Retry-After`` (the queue is
-    full, for that key: the status every work route documents for a full queue) while the others' still
-    find room, so one tenant's flood cannot starve another's interactive requests. Counts the POSTs to
-    the work routes, from their start to the end of their answer (a stream's too)."""
-
-    def __init__(self, app: ASGIApp, keys: list[Key], limit: int) -> None:
-        self.app, self.keys, self.limit = app, keys, limit
-        self.in_flight: dict[str, int] = {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(WORK):
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        given = headers.get("x-api-key")
-        if given is None and headers.get("authorization", "").lower().startswith("bearer "):
-            given = headers["authorization"][7:].strip()
-        key = None if given is None else match(self.keys, given)
-        if key is None:  # no key or a wrong one: the route's own guard answers 401
-            await self.app(scope, receive, send)
-            return
-        if self.in_flight.get(key.name, 0) >= self.limit:
-            message = (f"the API key {key.name!r} has {self.limit} requests in flight, its share of the queue (IDG_KEY_SHARE of "
-                       "IDG_MAX_QUEUE): retry when one has been answered")
-            body = json.dumps(error_body(503, message, "key_share")).encode()
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"retry-after", b"1")]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        self.in_flight[key.name] = self.in_flight.get(key.name, 0) + 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight[key.name] -= 1
-
-
 def share_limit(settings: Settings, keys: list[Key]) -> int | None:
-    """Requests one key may have in flight, None where one key or none is configured (nobody to starve)."""
+    """Requests one key may have in flight, over every door together (:meth:`app.core.door.Call.admit`), None where one
+    key or none is configured (nobody to starve)."""
     if len(keys) < 2:
         return None
     return max(1, int(settings.max_queue * settings.key_share))

@@ -16,7 +16,6 @@ import hashlib
 import os
 import platform
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -35,12 +34,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from starlette.requests import ClientDisconnect
-from starlette.routing import Mount
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.device_time import SharedDeviceTime, read_all
-from app.core.request_id import COUNTED_STATUS
 
 if TYPE_CHECKING:  # the module itself stays light: a server process of several imports it first (not_ready_yet)
     import torch
@@ -150,8 +145,8 @@ class Metrics:
             ["operation"], registry=r)
         self.jobs_submitted = Counter("idg_durable_jobs_submitted", "Durable jobs submitted, by the name of the API key that "
                                       "submitted them (empty without keys)", ["tenant"], registry=r)
-        self.job_callbacks = Counter("idg_durable_job_callbacks", "Job callbacks by outcome: delivered (answered 2xx), "
-                                     "refused (4xx), failed (a 3xx, 5xx, 408, 425, 429 or no answer at every try)", ["outcome"], registry=r)
+        self.job_callbacks = Counter("idg_durable_job_callbacks", "Job callbacks by outcome: delivered (answered 2xx/3xx), "
+                                     "refused (4xx), failed (no answer below 500 after every try)", ["outcome"], registry=r)
         self.job_store_up = Gauge("idg_durable_job_store_up", "1 while the job store answers, 0 from a failed operation (unreachable, "
                                   "or locked past IDG_JOBS_STORE_TIMEOUT_S) until one succeeds again", registry=r,
                                   multiprocess_mode="livemin")
@@ -429,75 +424,3 @@ def exposition(registry: CollectorRegistry) -> bytes:
         every.register(ServerProcessesCollector(Path(folder)))
         return generate_latest(every)
     return generate_latest(registry)
-
-
-CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection before the answer"
-
-
-class MetricsMiddleware:
-    """Pure ASGI middleware (it does not wrap the body, so disconnect detection keeps working).
-
-    The status counted is the one the app sent; :data:`CLIENT_CLOSED` (499) when the client went
-    away before the answer ended (whatever the app then sent went nowhere; a stream whose 200 headers
-    went out counts too, with its latency up to when it ended), and 500 when the app failed without
-    answering. So 5xx counts only the server's own failures."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-        self._plain: dict[int, str] = {}
-
-    def _plain_route(self, scope: Scope) -> str | None:
-        """The path of a Starlette route or mount that answered (``/openapi.json``, ``/static/{path}``): FastAPI's own
-        routes name themselves in ``scope["route"]``, these only by their endpoint, and had been counted as
-        ``unmatched``."""
-        endpoint = scope.get("endpoint")
-        if endpoint is None:
-            return None
-        if id(endpoint) not in self._plain:
-            for r in getattr(scope.get("app"), "routes", []):
-                if getattr(r, "endpoint", None) is endpoint:
-                    self._plain[id(endpoint)] = str(r.path)
-                elif isinstance(r, Mount) and r.app is endpoint:
-                    self._plain[id(endpoint)] = f"{r.path}/{{path}}"
-        return self._plain.get(id(endpoint))
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status: int | None = None
-        client_gone = finished = False
-
-        async def _receive() -> Message:
-            nonlocal client_gone
-            message = await receive()
-            if message["type"] == "http.disconnect" and not finished:
-                client_gone = True
-            return message
-
-        async def _send(message: Message) -> None:
-            nonlocal status, client_gone, finished
-            if message["type"] == "http.response.start" and status is None:
-                status = CLIENT_CLOSED if client_gone else message["status"]
-            try:
-                await send(message)
-            except OSError:  # uvicorn's ClientDisconnected: the body had nowhere to go
-                client_gone = True
-                raise
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                finished = True
-
-        try:
-            await self.app(scope, _receive, _send)
-        except ClientDisconnect:
-            client_gone = True
-            raise
-        finally:
-            name = getattr(scope.get("route"), "path", None) or self._plain_route(scope) or "unmatched"
-            answered = status is not None and (finished or not client_gone)
-            code = status if answered and status is not None else CLIENT_CLOSED if client_gone else 500
-            scope.setdefault("state", {})[COUNTED_STATUS] = code  # the request log's line says the same (RequestIdMiddleware)
-            self.metrics.requests.labels(name, str(code)).inc()
-            self.metrics.latency.labels(name).observe(time.perf_counter() - started)

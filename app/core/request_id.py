@@ -1,17 +1,15 @@
-"""Request IDs: ``X-Request-ID`` taken from the request (when it is 1-128 safe characters) or made (32 hex digits),
-echoed on every answer, in the log lines written while the request runs (:class:`RequestIdFilter`), and the Open
-Inference Protocol answer's ``id`` when the request gave none (:func:`app.api.oip.write_infer_response`)."""
+"""Request IDs: taken from the request (``X-Request-ID``, gRPC metadata ``x-request-id``, when it is 1-128 safe
+characters) or made (32 hex digits) by the door it came through (:mod:`app.core.door`), echoed on every answer, in the
+log lines written while the request runs (:class:`RequestIdFilter`), and the Open Inference Protocol answer's ``id``
+when the request gave none (:func:`app.api.oip.write_infer_response`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
-import time
 import uuid
-from contextvars import ContextVar
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from contextvars import ContextVar, Token
 
 HEADER = b"x-request-id"
 MAX_LENGTH = 128
@@ -24,9 +22,6 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s"
 QUIET = re.compile(r"/metrics|(/v2)?/health/.+|/v2/models/[^/]+(/versions/[^/]+)?/ready|/static/.*")
 """Paths whose answers are not logged one by one: probes, scrapes, the page's assets."""
 
-log = logging.getLogger("app.requests")
-COUNTED_STATUS = "counted_status"
-"""The key in a request's ``scope["state"]`` of the status :class:`app.core.prometheus.MetricsMiddleware` counted for it."""
 _current: ContextVar[str | None] = ContextVar("idg_request_id", default=None)
 
 
@@ -35,55 +30,18 @@ def current_request_id() -> str | None:
     return _current.get()
 
 
-def set_request_id(rid: str | None) -> None:
-    """Name the request this task's code runs for from now on (a durable job's image, in its runner task: the job's
-    submitting request), so its log lines and the worker's name it too. Only in a task of its own (its context is a copy)."""
-    _current.set(rid)
+def bind_request_id(rid: str | None) -> Token[str | None]:
+    """Name the request this code runs for until :func:`unbind_request_id` (:meth:`app.core.door.Doors.handle`)."""
+    return _current.set(rid)
+
+
+def unbind_request_id(token: Token[str | None]) -> None:
+    _current.reset(token)
 
 
 def request_id_from(given: str | None) -> str:
     """``given`` when it is a safe ID (:data:`SAFE`), else a new one."""
     return given if given is not None and SAFE.fullmatch(given) else uuid.uuid4().hex
-
-
-class RequestIdMiddleware:
-    """Pure ASGI (no body buffering): the request's ID in a context variable and ``scope["state"]["request_id"]`` while
-    it runs, and in the ``X-Request-ID`` header of its answer, whatever answers it (a route, an error handler, the drain).
-    One log line per answered request (``app.requests``: method, path, status, milliseconds), but the probes' and
-    scrapes' (:data:`QUIET`)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        given = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER), None)
-        rid = request_id_from(given)
-        scope.setdefault("state", {})["request_id"] = rid
-        token = _current.set(rid)
-        started, status = time.perf_counter(), 0
-
-        async def _send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != HEADER]
-                message["headers"] = [*headers, (HEADER, rid.encode())]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, _send)
-        finally:
-            # the status the metrics counted where they did: 499 for a client gone before its answer ended, whatever the
-            # app then sent (the line had said 503 where the metric said 499)
-            status = scope["state"].get(COUNTED_STATUS, status)
-            if status and not QUIET.fullmatch(scope["path"]):
-                ms = round((time.perf_counter() - started) * 1000, 1)
-                log.info("%s %s %d in %.1f ms", scope["method"], scope["path"], status, ms,
-                         extra={"fields": {"method": scope["method"], "path": scope["path"], "status": status, "ms": ms}})
-            _current.reset(token)
 
 
 class RequestIdFilter(logging.Filter):

@@ -1,10 +1,11 @@
 """OpenTelemetry traces, off by default: ``IDG_TRACING=true`` turns them on (the ``tracing`` extra: opentelemetry-sdk and
-its OTLP/HTTP exporter). Each HTTP request is a server span (its route, status and request ID; a caller's W3C
-``traceparent`` continues its trace), and under it each worker job the request ran: ``idg.queue_wait`` (admitted until
-the worker took it), ``idg.worker`` (taken until answered) and, under that, one ``idg.model_call`` per model call that
-held its rows; beside them ``idg.decode`` and ``idg.render`` (an upload decoded, an answer rendered, in the image
-threads). Spans go over OTLP/HTTP where the SDK's own variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``, default
-http://localhost:4318, ``OTEL_EXPORTER_OTLP_HEADERS``...), in batches off the request path.
+its OTLP/HTTP exporter). Each call through a door (an HTTP request, a gRPC call, a job's image: :mod:`app.core.door`) is
+a server span (its door, route, status and request ID; a caller's W3C ``traceparent`` continues its trace), and under
+it each worker job the request ran: ``idg.queue_wait`` (admitted until the worker took it), ``idg.worker`` (taken until
+answered) and, under that, one ``idg.model_call`` per model call that held its rows; beside them ``idg.decode`` and
+``idg.render`` (an upload decoded, an answer rendered, in the image threads). Spans go over OTLP/HTTP where the SDK's
+own variables say (``OTEL_EXPORTER_OTLP_ENDPOINT``, default http://localhost:4318, ``OTEL_EXPORTER_OTLP_HEADERS``...),
+in batches off the request path.
 
 The worker's spans are written when its job ends, from the times it kept (``time.monotonic``), so tracing adds no work
 to a model call; with tracing off nothing here runs but a check of :func:`enabled`."""
@@ -13,12 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from app.core.request_id import current_request_id
 
 _tracer: Any = None  # an opentelemetry Tracer while enabled
 _provider: Any = None
@@ -112,40 +109,42 @@ def record_job(parent: Any, kind: str, model: str, enqueued: float, started: flo
     work.end(_ns(finished))
 
 
-class TracingMiddleware:
-    """Pure ASGI: one server span per HTTP request while tracing is on (a pass-through otherwise)."""
+@contextlib.contextmanager
+def server_span(name: str, carrier: Mapping[str, str] | None, attributes: Mapping[str, Any]) -> Iterator[Any]:
+    """The server span of one call through a door (:meth:`app.core.door.Doors.handle`), current while it runs, its parent
+    the caller's ``traceparent`` in ``carrier`` (HTTP headers, gRPC metadata, a job's submitting request's): the span, or
+    None with tracing off. Its status is :func:`end_server_span`'s, never an exception's."""
+    if _tracer is None:
+        yield None
+        return
+    from opentelemetry.propagate import extract
+    from opentelemetry.trace import SpanKind
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    with _tracer.start_as_current_span(name, context=extract(dict(carrier or {})), kind=SpanKind.SERVER, attributes=dict(attributes),
+                                       record_exception=False, set_status_on_exception=False) as span:
+        yield span
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _tracer is None:
-            await self.app(scope, receive, send)
-            return
-        from opentelemetry.propagate import extract
-        from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        status = 0
+def end_server_span(span: Any, name: str, attributes: Mapping[str, Any], error: bool) -> None:
+    """Name ``span`` (a :func:`server_span`, or None) as the call ended up (``POST /jobs/{id}``), add ``attributes``, and
+    mark it an error where the server failed."""
+    if span is None:
+        return
+    from opentelemetry.trace import Status, StatusCode
 
-        async def _send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
+    span.update_name(name)
+    span.set_attributes(dict(attributes))
+    if error:
+        span.set_status(Status(StatusCode.ERROR))
 
-        method = scope["method"]
-        with _tracer.start_as_current_span(f"{method} {scope['path']}", context=extract(carrier), kind=SpanKind.SERVER,
-                                           attributes={"http.request.method": method, "url.path": scope["path"]}) as span:
-            if (rid := current_request_id()) is not None:
-                span.set_attribute("idg.request_id", rid)
-            try:
-                await self.app(scope, receive, _send)
-            finally:
-                route = getattr(scope.get("route"), "path", None)
-                if route:
-                    span.update_name(f"{method} {route}")
-                    span.set_attribute("http.route", route)
-                span.set_attribute("http.response.status_code", status or 500)
-                if not status or status >= 500:
-                    span.set_status(Status(StatusCode.ERROR))
+
+def carrier() -> dict[str, str]:
+    """The current trace context as W3C headers (``traceparent``), to continue it elsewhere (a job's images); empty with
+    tracing off."""
+    if _tracer is None:
+        return {}
+    from opentelemetry.propagate import inject
+
+    out: dict[str, str] = {}
+    inject(out)
+    return out

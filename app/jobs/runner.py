@@ -35,10 +35,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from app.core.config import Settings
+from app.core.door import Call, Doors
 from app.core.errors import ApiError
 from app.core.model_loading import ModelLoadError
 from app.core.replica import replica_id
-from app.core.request_id import set_request_id
 from app.jobs.callbacks import deliver, redacted
 from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreBusy, StoreUnavailable
 from app.schemas import AttributeParams, AttributeResponse
@@ -84,10 +84,10 @@ def open_store(settings: Settings) -> Store:
         raise ModelLoadError(f"IDG_DATA_DIR={settings.data_dir}: the job store cannot be made there ({err.strerror or err})") from err
 
 
-async def start_jobs(service: Service, paused: Callable[[], bool]) -> JobRunner:
-    """Open the store (SQLite or PostgreSQL, per the settings) and start its runner."""
+async def start_jobs(service: Service, paused: Callable[[], bool], doors: Doors) -> JobRunner:
+    """Open the store (SQLite or PostgreSQL, per the settings) and start its runner, whose images go through ``doors``."""
     store = await asyncio.to_thread(open_store, service.settings)
-    runner = JobRunner(store, service, service.settings, paused)
+    runner = JobRunner(store, service, service.settings, doors, paused)
     await runner.start()
     return runner
 
@@ -130,19 +130,21 @@ def summary_of(response: AttributeResponse | None, prediction: list[Any] | None,
 class _Retry(Exception):
     """Give the image back and try it again later: the worker was busy or stopping, or late."""
 
-    def __init__(self, pause_s: float, refund: bool, reason: str) -> None:
+    def __init__(self, pause_s: float, refund: bool, reason: str, status: int = 503) -> None:
         super().__init__(reason)
-        self.pause_s, self.refund, self.reason = pause_s, refund, reason
+        self.pause_s, self.refund, self.reason, self.status = pause_s, refund, reason, status
 
 
 class JobRunner:
     """Answers the store's images with ``service``; ``paused()`` true (draining, not ready) stops claiming."""
 
-    def __init__(self, store: Store, service: Service, settings: Settings, paused: Callable[[], bool] = lambda: False,
-                 owner: str | None = None) -> None:
+    def __init__(self, store: Store, service: Service, settings: Settings, doors: Doors,
+                 paused: Callable[[], bool] = lambda: False, owner: str | None = None) -> None:
         self.store = store
         self.service = service
         self.settings = settings
+        self.doors = doors
+        """The layer every door passes through: each image is one call through the ``job`` door."""
         self.paused = paused
         self.owner = owner or new_owner()
         self._tasks: dict[asyncio.Task[None], Claimed] = {}
@@ -314,10 +316,20 @@ class JobRunner:
 
     # -- one image -------------------------------------------------------------------------
     async def _run(self, claim: Claimed) -> None:
-        set_request_id(claim.request_id)  # this task's log lines, and the worker's for its image, name the job's request
+        """One image through the ``job`` door (:mod:`app.core.door`): its log lines, and the worker's for it, name the job's
+        request ID; it is counted (``idg_requests_total{door="job", route="image"}``: its answer's status, or the 503 or 504
+        it is retried for), logged and traced."""
+        with self.doors.handle("job", "image", request_id=claim.request_id, name="job image",
+                               line=f"job {claim.job_id} image {claim.index}") as door:
+            door.fields.update(job=claim.job_id, image=claim.index)
+            door.attributes.update({"idg.job": claim.job_id, "idg.image": claim.index})
+            await self._run_image(claim, door)
+
+    async def _run_image(self, claim: Claimed, door: Call) -> None:
         try:
             answer = await self._answer(claim)
         except _Retry as retry:
+            door.status = str(retry.status)
             if not claim_exhausted(claim, retry):
                 self.metrics.job_images.labels("retried").inc()
                 await self._store("release", self.store.release, self.owner, claim.job_id, claim.index, retry.refund)
@@ -325,6 +337,7 @@ class JobRunner:
                     self._resume_at = max(self._resume_at, time.monotonic() + min(retry.pause_s, MAX_PAUSE_S))
                 return
             answer = _error_answer(504, "deadline", f"{retry.reason}, {claim.attempts} times")
+        door.status = str(answer.status)
         finished = await self._store("finish", self.store.finish, self.owner, claim.job_id, claim.index, answer, replica_id())
         if finished is None:
             self.metrics.job_images.labels("lost").inc()
@@ -350,7 +363,7 @@ class JobRunner:
             if err.status == 503:  # busy, stopping, stalled: not this image's fault
                 raise _Retry(_retry_after(err), True, err.message) from err
             if err.status == 504:
-                raise _Retry(0.0, False, err.message) from err
+                raise _Retry(0.0, False, err.message, 504) from err
             return _error_answer(err.status, err.code, err.message)
         except Exception as err:  # noqa: BLE001 - this image fails alone
             log.error("job %s image %d failed unexpectedly", claim.job_id, claim.index, exc_info=err)

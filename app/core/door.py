@@ -1,0 +1,316 @@
+"""The doors: the one layer around the service call that every way in passes through. The doors are REST and the Open
+Inference Protocol over HTTP (:class:`HttpDoor`, ASGI middleware), the protocol over gRPC (:mod:`app.api.oip_grpc`'s
+servicer) and the durable jobs' runner (:mod:`app.jobs.runner`, one call per job image). Each adapts its protocol to
+:meth:`Doors.handle`, a context manager around one request, RPC or job image that does, the same way for all of them:
+
+- the request ID: the one given (``X-Request-ID``, gRPC metadata ``x-request-id``, the protocol's request ``id``, a job's
+  submitting request's) when it is safe (:data:`app.core.request_id.SAFE`), else a new one; bound into the logging
+  context while the call runs, so every log line and result line names it (:class:`app.core.request_id.RequestIdFilter`);
+  the adapter returns it (``X-Request-ID``, metadata ``x-request-id``);
+- admission: :meth:`Call.admit` takes one of the API key's share of the queue (``IDG_KEY_SHARE`` of ``IDG_MAX_QUEUE``,
+  with several keys), whatever the door, so one tenant's flood over gRPC holds its share of the HTTP calls' queue too;
+- the count: ``idg_requests_total{door, route, status}`` and ``idg_request_seconds{door, route}``, ``status`` being the
+  HTTP status (``"200"``, ``"503"``) or the gRPC status code's name (``"OK"``, ``"NOT_FOUND"``); the HTTP door's also
+  under their first names, ``idg_http_requests_total{route, status}`` and ``idg_http_request_seconds{route}``;
+- one access log line (logger ``app.requests``): ``POST /predict 200 in 3.2 ms``, ``gRPC ModelInfer OK in 3.2 ms``,
+  ``job 0f3... image 2 200 in 3.2 ms``; none for the probes and scrapes (``quiet``);
+- one server span (``IDG_TRACING``, :mod:`app.core.tracing`): a caller's W3C ``traceparent`` (header or metadata)
+  continues its trace, and the call's stages (decoding, the queue wait, the worker and its model calls, rendering)
+  are its children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Histogram
+from starlette.requests import ClientDisconnect
+from starlette.routing import Mount
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core import tracing
+from app.core.errors import ApiError, error_body
+from app.core.keys import Key, match
+from app.core.prometheus import ALERT_STATUSES, LATENCY_BUCKETS, Metrics
+from app.core.request_id import HEADER, QUIET, bind_request_id, request_id_from, unbind_request_id
+
+if TYPE_CHECKING:
+    from contextvars import Token
+
+log = logging.getLogger("app.requests")
+
+DOORS = ("http", "grpc", "job")
+SUCCESS = {"http": "200", "grpc": "OK", "job": "200"}
+"""A call's status when its adapter set none and nothing failed."""
+FAILED = {"http": "500", "grpc": "INTERNAL", "job": "500"}
+"""A call's status when it failed with no status set (a bug: the server's own failure)."""
+CLIENT_GONE = {"http": "499", "grpc": "CANCELLED", "job": "499"}
+"""A call's status when it was cancelled before its answer (the client went away, or the server stopped it)."""
+GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+              408: "DEADLINE_EXCEEDED", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+"""The gRPC status code (its name, ``grpc.StatusCode[name]``) of each of the service's HTTP statuses."""
+GRPC_SERVER_FAILURES = frozenset({"INTERNAL", "UNKNOWN", "DATA_LOSS", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
+"""The gRPC codes of the server's side (HTTP's 5xx): a span with one is an error."""
+GRPC_ALERT_STATUSES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "INTERNAL", "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED")
+"""The gRPC statuses each RPC's counter starts at 0 with (so ``rate()`` sees the first of them)."""
+CALL = "idg_door_call"
+"""The key in an HTTP request's ``scope["state"]`` of its :class:`Call`."""
+
+
+def grpc_status_name(err: ApiError) -> str:
+    """The gRPC status code's name of the service's error: a busy queue (or a key's share) is RESOURCE_EXHAUSTED (retry
+    later), not ready or shutting down UNAVAILABLE (retry elsewhere), any other 4xx INVALID_ARGUMENT."""
+    if err.status == 503 and err.code in ("busy", "key_share"):
+        return "RESOURCE_EXHAUSTED"
+    return GRPC_CODES.get(err.status, "INVALID_ARGUMENT" if 400 <= err.status < 500 else "INTERNAL")
+
+
+def status_of(door: str, err: ApiError) -> str:
+    """The status label of a call that ended with ``err``, as ``door`` answers it."""
+    return grpc_status_name(err) if door == "grpc" else str(err.status)
+
+
+def server_failure(door: str, status: str) -> bool:
+    """Whether ``status`` is the server's side (5xx, or its gRPC codes): the call's span is an error."""
+    return status in GRPC_SERVER_FAILURES if door == "grpc" else not status.isdigit() or int(status) >= 500
+
+
+@dataclass(eq=False)
+class Call:
+    """One request, RPC or job image going through its door (:meth:`Doors.handle`). The adapter sets :attr:`status`
+    (and may rename :attr:`route` and :attr:`name` once it knows them, add span :attr:`attributes`)."""
+
+    doors: Doors
+    door: str
+    route: str
+    request_id: str
+    name: str
+    """The span's name."""
+    line: str
+    """The access log line's start (``POST /predict``)."""
+    status: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+    """Added to the span when the call ends."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Added to the access log line's fields (JSON logs)."""
+    key: str | None = None
+    """The name of the API key admitted on its share (:meth:`admit`), until the call ends."""
+
+    def admit(self, key: Key | None) -> None:
+        """Take one of ``key``'s share of the queue for this call, or raise a 503 (``key_share``, ``Retry-After: 1``)
+        while the key holds its whole share (every door's calls together). Nothing where no share is set (one key or
+        none) or the call sends no configured key (its door's guard answers 401)."""
+        doors = self.doors
+        if doors.share is None or key is None or self.key is not None:
+            return
+        if doors.in_flight.get(key.name, 0) >= doors.share:
+            raise ApiError(503, f"the API key {key.name!r} has {doors.share} requests in flight, its share of the queue "
+                           "(IDG_KEY_SHARE of IDG_MAX_QUEUE): retry when one has been answered",
+                           headers={"Retry-After": "1"}, code="key_share")
+        doors.in_flight[key.name] = doors.in_flight.get(key.name, 0) + 1
+        self.key = key.name
+
+    def _release(self) -> None:
+        if self.key is not None:
+            self.doors.in_flight[self.key] -= 1
+            self.key = None
+
+
+class Doors:
+    """The layer every door passes through (one per app, ``app.state.doors``): the keys' shares of the queue in flight,
+    and the request metrics of every door."""
+
+    def __init__(self, metrics: Metrics, share: int | None = None) -> None:
+        self.metrics = metrics
+        self.share = share
+        """Calls one API key may have in flight over every door (None: no share, one key or none is configured)."""
+        self.in_flight: dict[str, int] = {}
+        """Calls in flight per key name, admitted on its share (on the event loop only)."""
+        r = metrics.registry
+        self.requests = Counter("idg_requests", "Requests by door (http, grpc, job), route (an HTTP route, a gRPC method, "
+                                "'image' for a job's image) and status (the HTTP status, or the gRPC status code's name)",
+                                ["door", "route", "status"], registry=r)
+        self.latency = Histogram("idg_request_seconds", "Request latency by door and route", ["door", "route"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+
+    def init_routes(self, door: str, routes: list[str]) -> None:
+        """Create each route's counters at 0 for the statuses the alerts count (so ``rate()`` sees the first failure)."""
+        statuses = GRPC_ALERT_STATUSES if door == "grpc" else ALERT_STATUSES
+        for route in routes:
+            for status in statuses:
+                self.requests.labels(door, route, status)
+            if door == "http":
+                self.metrics.init_routes([route])
+
+    @contextmanager
+    def handle(self, door: str, route: str, *, request_id: str | None = None, carrier: Mapping[str, str] | None = None,
+               name: str | None = None, line: str | None = None, quiet: bool = False,
+               attributes: Mapping[str, Any] | None = None) -> Iterator[Call]:
+        """Around one call through ``door`` to ``route``: its request ID (``request_id`` if safe, else a new one) in the
+        log lines meanwhile, a server span (its parent from ``carrier``'s ``traceparent``), and when it ends its slot of the
+        key's share freed, its count and latency, and its access log line (none when ``quiet``). The status counted is the
+        one the adapter set; unset, an :class:`ApiError`'s, the door's :data:`CLIENT_GONE` for a cancelled call, its
+        :data:`FAILED` for any other exception, else its :data:`SUCCESS`."""
+        if door not in DOORS:
+            raise ValueError(f"unknown door {door!r}, expected one of {DOORS}")
+        rid = request_id_from(request_id)
+        call = Call(self, door, route, rid, name=name or f"{door} {route}", line=line or f"{door} {route}")
+        token: Token[str | None] = bind_request_id(rid)
+        started = time.perf_counter()
+        try:
+            with tracing.server_span(call.name, carrier, {"idg.door": door, "idg.request_id": rid, **(attributes or {})}) as span:
+                try:
+                    yield call
+                except asyncio.CancelledError:
+                    call.status = call.status or CLIENT_GONE[door]
+                    raise
+                except ApiError as err:
+                    call.status = call.status or status_of(door, err)
+                    raise
+                except BaseException:
+                    call.status = call.status or FAILED[door]
+                    raise
+                finally:
+                    call.status = call.status or SUCCESS[door]
+                    call._release()  # noqa: SLF001 - the call's own slot
+                    tracing.end_server_span(span, call.name, call.attributes, server_failure(door, call.status))
+        finally:
+            seconds = time.perf_counter() - started
+            status = call.status or FAILED[door]
+            self.requests.labels(door, call.route, status).inc()
+            self.latency.labels(door, call.route).observe(seconds)
+            if door == "http":  # the HTTP door's series under their first names (dashboards, and the alerts before doors)
+                self.metrics.requests.labels(call.route, status).inc()
+                self.metrics.latency.labels(call.route).observe(seconds)
+            if not quiet:
+                ms = round(seconds * 1000, 1)
+                log.info("%s %s in %.1f ms", call.line, status, ms, extra={"fields": {
+                    "door": door, "route": call.route, **call.fields, "status": int(status) if status.isdigit() else status,
+                    "ms": ms}})
+            unbind_request_id(token)
+
+
+class HttpDoor:
+    """HTTP's adapter (pure ASGI: no body buffering, so disconnect detection keeps working): each request through
+    :meth:`Doors.handle` (door ``http``, its route), its ID in ``scope["state"]["request_id"]`` and the ``X-Request-ID``
+    of its answer, whatever answers it (a route, an error handler, the drain).
+
+    The status counted is the one the app sent; 499 when the client went away before the answer ended (whatever the app
+    then sent went nowhere; a stream whose 200 headers went out counts too, with its latency up to when it ended), and
+    500 when the app failed without answering. So 5xx counts only the server's own failures."""
+
+    def __init__(self, app: ASGIApp, doors: Doors) -> None:
+        self.app = app
+        self.doors = doors
+        self._plain: dict[int, str] = {}
+
+    def _plain_route(self, scope: Scope) -> str | None:
+        """The path of a Starlette route or mount that answered (``/openapi.json``, ``/static/{path}``): FastAPI's own
+        routes name themselves in ``scope["route"]``, these only by their endpoint."""
+        endpoint = scope.get("endpoint")
+        if endpoint is None:
+            return None
+        if id(endpoint) not in self._plain:
+            for r in getattr(scope.get("app"), "routes", []):
+                if getattr(r, "endpoint", None) is endpoint:
+                    self._plain[id(endpoint)] = str(r.path)
+                elif isinstance(r, Mount) and r.app is endpoint:
+                    self._plain[id(endpoint)] = f"{r.path}/{{path}}"
+        return self._plain.get(id(endpoint))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER), None)
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        method, path = scope["method"], scope["path"]
+        with self.doors.handle("http", "unmatched", request_id=given, carrier=carrier, name=f"{method} {path}",
+                               line=f"{method} {path}", quiet=QUIET.fullmatch(path) is not None,
+                               attributes={"http.request.method": method, "url.path": path}) as call:
+            call.fields.update(method=method, path=path)
+            state = scope.setdefault("state", {})
+            state["request_id"], state[CALL] = call.request_id, call
+            rid = call.request_id.encode()
+            status: int | None = None
+            sent: int | None = None
+            client_gone = finished = False
+
+            async def _receive() -> Message:
+                nonlocal client_gone
+                message = await receive()
+                if message["type"] == "http.disconnect" and not finished:
+                    client_gone = True
+                return message
+
+            async def _send(message: Message) -> None:
+                nonlocal status, sent, client_gone, finished
+                if message["type"] == "http.response.start":
+                    sent = message["status"]
+                    if status is None:
+                        status = 499 if client_gone else message["status"]
+                    headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != HEADER]
+                    message["headers"] = [*headers, (HEADER, rid)]
+                try:
+                    await send(message)
+                except OSError:  # uvicorn's ClientDisconnected: the body had nowhere to go
+                    client_gone = True
+                    raise
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    finished = True
+
+            try:
+                await self.app(scope, _receive, _send)
+            except ClientDisconnect:
+                client_gone = True
+                raise
+            finally:
+                fastapi_route = getattr(scope.get("route"), "path", None)
+                call.route = fastapi_route or self._plain_route(scope) or "unmatched"
+                answered = status is not None and (finished or not client_gone)
+                call.status = str(status if answered and status is not None else 499 if client_gone else 500)
+                if fastapi_route:
+                    call.name = f"{method} {fastapi_route}"
+                    call.attributes["http.route"] = fastapi_route
+                call.attributes["http.response.status_code"] = sent or 500
+
+
+WORK = ("/predict", "/attribute", "/v2/models/", "/jobs")
+"""Paths whose POSTs take the worker's queue slots (a share of them per key)."""
+
+
+class HttpAdmission:
+    """HTTP's adapter of the door's admission (:meth:`Call.admit`), inside the CORS middleware so its 503 carries CORS
+    headers: a POST to a work route that sends a configured key takes a slot of that key's share, from its start to the
+    end of its answer (a stream's too); past its share, a 503 with ``Retry-After`` (the queue is full, for that key: the
+    status every work route documents for a full queue) while the other keys' calls still find room."""
+
+    def __init__(self, app: ASGIApp, keys: list[Key]) -> None:
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call: Call | None = scope.get("state", {}).get(CALL)
+        if call is None or scope["method"] != "POST" or not scope["path"].startswith(WORK):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        given = headers.get("x-api-key")
+        if given is None and headers.get("authorization", "").lower().startswith("bearer "):
+            given = headers["authorization"][7:].strip()
+        try:
+            call.admit(None if given is None else match(self.keys, given))  # no key or a wrong one: the route answers 401
+        except ApiError as err:
+            body = json.dumps(error_body(err.status, err.message, err.code)).encode()
+            extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+            await send({"type": "http.response.start", "status": err.status, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

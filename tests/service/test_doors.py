@@ -1,0 +1,144 @@
+"""Every door passes through one layer (app.core.door): the Open Inference Protocol over gRPC, driven here by Triton's own
+clients (``tritonclient.grpc``, sync and asyncio) against the real app's gRPC server, is counted by door, RPC and status
+code in /metrics as HTTP is, its log lines name the request ID its metadata gave (which comes back in its metadata and as
+the answer's ``id``), and an API key's share of the queue holds over gRPC and HTTP together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.core.request_id import RequestIdFilter
+from tests.service.conftest import AppFactory, image_bytes, serve
+from tests.service.test_oip_grpc import free_port
+
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="grpcio or tritonclient is not installed (pip install -e '.[dev]')")
+from tritonclient.grpc import aio as grpcclient_aio  # noqa: E402
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+from tritonclient.grpc import service_pb2_grpc  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+ALICE, BOB = "alice-secret-1", "bob-secret-2"
+EXPLAIN = {"method": "ig", "steps": 4}
+
+
+def images(*files: bytes) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("image", [len(files)], "BYTES")
+    tensor.set_data_from_numpy(np.array(files, dtype=np.object_))
+    return tensor
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Each sample of ``name`` in an exposition, by its labels."""
+    return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == name}
+
+
+def infer_request(model: str, data: bytes, request_id: str = "") -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    request.inputs.add(name="image", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(len(data).to_bytes(4, "little") + data)
+    return request
+
+
+async def test_grpc_calls_are_counted_by_door_rpc_and_status_code(tiny_app: AppFactory) -> None:
+    port = free_port()
+    async with serve(tiny_app(warmup=False, grpc_port=port)) as client:
+        before = (await client.get("/metrics")).text
+        with grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}") as c:
+            await asyncio.to_thread(c.infer, "tiny", [images(image_bytes())])
+            with pytest.raises(InferenceServerException) as caught:
+                await asyncio.to_thread(c.infer, "nope", [images(image_bytes())])
+        assert caught.value.status() == "StatusCode.NOT_FOUND"
+        assert (await client.post("/predict", files={"file": ("a.png", image_bytes())})).status_code == 200
+        after = (await client.get("/metrics")).text
+    counted = samples(after, "idg_requests_total")
+    grpc_ok = (("door", "grpc"), ("route", "ModelInfer"), ("status", "OK"))
+    grpc_not_found = (("door", "grpc"), ("route", "ModelInfer"), ("status", "NOT_FOUND"))
+    assert samples(before, "idg_requests_total")[grpc_ok] == 0  # created at 0 when the port opened: rate() sees the first
+    assert counted[grpc_ok] == 1 and counted[grpc_not_found] == 1
+    assert counted[(("door", "http"), ("route", "/predict"), ("status", "200"))] == 1  # HTTP in the same counter
+    seconds = samples(after, "idg_request_seconds_count")
+    assert seconds[(("door", "grpc"), ("route", "ModelInfer"))] == 2
+    # the HTTP door's series under their first names, as the dashboards read them, and no gRPC call among them
+    assert samples(after, "idg_http_requests_total")[(("route", "/predict"), ("status", "200"))] == 1
+    assert not [labels for labels in samples(after, "idg_http_requests_total") if ("route", "ModelInfer") in labels]
+
+
+async def test_a_grpc_calls_log_lines_and_answer_carry_the_request_id_of_its_metadata(
+        tiny_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    caplog.handler.addFilter(RequestIdFilter())
+    with caplog.at_level(logging.INFO, logger="app"):
+        async with serve(tiny_app(warmup=False, grpc_port=port, log_predictions=True)):
+            caplog.clear()
+            with grpcclient.InferenceServerClient(url=f"127.0.0.1:{port}") as c:
+                result = await asyncio.to_thread(c.infer, "tiny", [images(image_bytes())], headers={"x-request-id": "grpc-7"})
+                with pytest.raises(InferenceServerException):
+                    await asyncio.to_thread(c.infer, "nope", [images(image_bytes())], headers={"x-request-id": "grpc-8"})
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:  # the metadata that comes back
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                given = stub.ModelInfer(infer_request("tiny", image_bytes()), metadata=(("x-request-id", "grpc-9"),))
+                answered = await given
+                initial, trailing = dict(await given.initial_metadata()), dict(await given.trailing_metadata())
+                refused = stub.ModelInfer(infer_request("nope", image_bytes(), request_id="oip-id-1"))
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await refused
+                made = stub.ModelInfer(infer_request("tiny", image_bytes()))
+                made_answer = await made
+                made_initial = dict(await made.initial_metadata())
+    assert result.get_response().id == "grpc-7"  # the protocol's id: the request's own, else its request ID
+    assert answered.id == "grpc-9" and initial["x-request-id"] == "grpc-9" and trailing["x-request-id"] == "grpc-9"
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert dict(caught.value.trailing_metadata())["x-request-id"] == "oip-id-1"  # no metadata: the protocol's request id
+    assert re.fullmatch("[0-9a-f]{32}", made_initial["x-request-id"]) and made_answer.id == made_initial["x-request-id"]
+    lines = [(r.name, r.getMessage(), getattr(r, "request_id", None)) for r in caplog.records]
+    mine = [line for line in lines if line[2] == "grpc-7"]
+    assert [n for n, _, _ in mine] == ["app.results", "app.requests"], lines  # the prediction's result line, then the access line
+    assert mine[-1][1].startswith("gRPC ModelInfer OK in "), mine
+    (refusal,) = [line for line in lines if line[2] == "grpc-8"]
+    assert refusal[0] == "app.requests" and refusal[1].startswith("gRPC ModelInfer NOT_FOUND in "), lines
+
+
+async def test_a_tenant_flooding_over_grpc_is_held_to_its_share_while_anothers_http_call_is_answered(
+        tiny_app: AppFactory) -> None:
+    port = free_port()
+    # IDG_KEY_SHARE 0.5 of IDG_MAX_QUEUE 4: 2 requests in flight per key, over every door together
+    app = tiny_app(delay_s=0.05, warmup=False, grpc_port=port, api_keys=f"alice:{ALICE},bob:{BOB}", max_queue=4)
+    async with serve(app) as client, grpcclient_aio.InferenceServerClient(url=f"127.0.0.1:{port}") as alice:
+
+        async def flood_one() -> str:
+            try:
+                await alice.infer("tiny", [images(image_bytes())], headers={"x-api-key": ALICE}, parameters=EXPLAIN)
+            except InferenceServerException as err:
+                return f"{err.status()} {err.message()}"
+            return "OK"
+
+        async def bob_explains() -> tuple[int, str, float]:
+            started = time.perf_counter()
+            r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, headers={"X-API-Key": BOB},
+                                  data={k: str(v) for k, v in EXPLAIN.items()} | {"return_overlay": "false"})
+            return r.status_code, r.json().get("error", {}).get("code", ""), time.perf_counter() - started
+
+        usual = (await bob_explains())[2]
+        flood = [asyncio.create_task(flood_one()) for _ in range(12)]  # three times the whole queue
+        while app.state.doors.in_flight.get("alice", 0) < 2:  # alice holds her share
+            await asyncio.sleep(0.005)
+        status, code, seconds = await bob_explains()
+        flooded = await asyncio.gather(*flood)
+        metrics = (await client.get("/metrics", headers={"X-API-Key": BOB})).text
+    assert status == 200, code  # without the share over gRPC, alice's flood filled the queue and bob got 503 busy
+    assert seconds < 3 * usual + 1.0, (seconds, usual)
+    refusals = [f for f in flooded if f != "OK"]
+    assert 2 <= flooded.count("OK") < 12 and refusals, flooded
+    assert all(f.startswith("StatusCode.RESOURCE_EXHAUSTED") and "its share of the queue" in f for f in refusals), refusals
+    counted = samples(metrics, "idg_requests_total")
+    assert counted[(("door", "grpc"), ("route", "ModelInfer"), ("status", "RESOURCE_EXHAUSTED"))] == len(refusals)
+    assert app.state.doors.in_flight == {"alice": 0, "bob": 0}  # every slot given back
