@@ -27,15 +27,19 @@ test-all:
 
 demo:
 	scripts/setup.sh
-	$(PY) -m idg_core.demo ../shared/data/imagenet-samples/n01580077_jay.JPEG --out out/demo
+	$(PY) -m idg_core.demo samples/coffee.jpg --out out/demo
 
 bench:
 	scripts/setup.sh dev,bench
 	$(PY) -m benchmarks.run
 
+# the 65 ImageNet photos are not in the checkout (samples/README.md): IMAGES= or IDG_IMAGENET_SAMPLES names them
+IMAGES ?= $(or $(IDG_IMAGENET_SAMPLES),../shared/data/imagenet-samples)
+
 eval:
+	@[ -d "$(IMAGES)" ] || { echo "make eval: no photos at $(IMAGES): name a folder of WNID_class.JPEG photos with make eval IMAGES=/path (or IDG_IMAGENET_SAMPLES)" >&2; exit 2; }
 	scripts/setup.sh bench
-	$(PY) -m idg_core.evaluation --images ../shared/data/imagenet-samples --out results/evaluation $(EVAL_ARGS)
+	$(PY) -m idg_core.evaluation --images "$(IMAGES)" --out results/evaluation $(EVAL_ARGS)
 
 # the documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8001 while you edit it; `make test` builds it --strict
 docs:

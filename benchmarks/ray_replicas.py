@@ -25,9 +25,11 @@ from typing import Any
 
 import httpx
 
+from benchmarks.samples import bench_photos
+
 log = logging.getLogger("benchmarks.ray_replicas")
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT.parent / "shared" / "data" / "imagenet-samples"
+SAMPLES = bench_photos()
 
 
 def _free_port() -> int:
@@ -89,7 +91,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks")
     args = p.parse_args()
-    photos = [f.read_bytes() for f in sorted(SAMPLES.glob("*.JPEG"))[:8]]
+    photos = [f.read_bytes() for f in sorted(p for p in SAMPLES.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[:8]]
     load = os.getloadavg()
     rows = []
     for replicas in (1, 2):

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from benchmarks.samples import bench_photos
 from idg_core import idg, ig, resolve_baseline
 from idg_core.models import ImageClassifier, decode_image, image_files, imagenet_label
 from idg_core.models.compiled import compiled_part
@@ -31,7 +32,8 @@ from idg_core.models.fuse import fusion_available
 from idg_core.presets import preset_params
 
 log = logging.getLogger(__name__)
-SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-samples"
+SAMPLES = bench_photos()
+"""The photos the benchmarks read unless told: see :func:`benchmarks.samples.bench_photos`."""
 
 
 def sample_batch(model: ImageClassifier, folder: Path, n: int) -> tuple[Tensor, list[int], list[Path]]:

@@ -4,7 +4,7 @@ right after a line ``<!-- smoke -->`` (invisible on GitHub and on the site).
 ``python scripts/doc_examples.py --port P --root R`` prints a bash script that runs each block against the server on
 127.0.0.1:P from the current directory (which holds the sample files the examples name: photo.jpg, a.jpg,
 b.jpg, jay.jpg, photos/, photos.tar.gz, incoming/), with the examples' ``localhost:8000`` pointed at that port and their
-repository paths (``.venv/bin/``, ``../shared/``) at R, and ``IDG_URL`` set for idg-client. curl fails on an
+repository paths (``.venv/bin/``, ``samples/``) at R, and ``IDG_URL`` set for idg-client. curl fails on an
 HTTP error status and any command's failure fails its block; the script stops at the first failed block, naming
 its file and line. ``--list`` prints where the blocks are."""
 
@@ -53,7 +53,7 @@ def examples(root: Path = ROOT) -> list[Example]:
 def localise(code: str, port: int, root: Path) -> str:
     """The example as it runs here: the server's port, this checkout's paths."""
     code = re.sub(r"\b(localhost|127\.0\.0\.1):8000\b", f"127.0.0.1:{port}", code)
-    code = code.replace("../shared/", f"{root}/../shared/")
+    code = re.sub(r"(?<![\w/.])samples/", f"{root}/samples/", code)  # the checkout's photos
     return re.sub(r"(?<![\w/])\.venv/bin/", f"{root}/.venv/bin/", code)
 
 

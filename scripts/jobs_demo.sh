@@ -13,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 N=${N:-1000}
-SAMPLES=${SAMPLES:-../shared/data/imagenet-samples}
+SAMPLES=${SAMPLES:-${IDG_IMAGENET_SAMPLES:-../shared/data/imagenet-samples}}
+[ -d "$SAMPLES" ] || SAMPLES=samples  # no ImageNet folder: the checkout's own photos (samples/README.md)
 PORT=${PORT:-8765}
 WORK=${WORK:-$(mktemp -d -t idg-jobs-demo-XXXX)}
 JOB_ARGS=${JOB_ARGS:---preset fast}

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-IMG="${SMOKE_IMAGE:-../shared/data/imagenet-samples/n01580077_jay.JPEG}"
+IMG="${SMOKE_IMAGE:-samples/coffee.jpg}"  # the checkout's own photo: EfficientNet-Lite0 says espresso (samples/README.md)
+NAME="${SMOKE_IMAGE_CLASS:-espresso}"
 PORT=$($PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 URL="http://127.0.0.1:$PORT"
 LOG=$(mktemp)
@@ -30,9 +31,9 @@ check() { # name, python condition on the JSON in d
 }
 curl -sf "$URL/health/live" | check live "d['status'] == 'alive'"
 curl -sf "$URL/models" | check models "d['models'][0]['name'] == 'efficientnet_lite0'"
-curl -sf -F "file=@$IMG" "$URL/predict" | check predict "d['top_k'][0]['name'] == 'jay'"
+curl -sf -F "file=@$IMG" "$URL/predict" | check predict "d['top_k'][0]['name'] == '$NAME'"
 curl -sf -F "file=@$IMG" -F method=idg -F steps=10 -F probe_steps=10 "$URL/attribute" \
-    | check attribute "d['target']['name'] == 'jay' and d['heatmap_png'].startswith('iVBOR') and len(d['curve']['alphas']) == 10"
+    | check attribute "d['target']['name'] == '$NAME' and d['heatmap_png'].startswith('iVBOR') and len(d['curve']['alphas']) == 10"
 curl -sf -F "file=@$IMG" -F method=ig -F steps=8 -F target=207 "$URL/attribute" | check attribute-target "d['target']['index'] == 207"
 # The README's other examples, with fewer steps than it shows (same routes and fields, less CPU):
 curl -sf -F "file=@$IMG" -F method=guided_ig -F steps=5 -F return_attribution=true "$URL/attribute" | check return-attribution \
@@ -48,7 +49,11 @@ curl -sf -F "file=@$IMG" -F method=idg -F steps=4 -F probe_steps=4 -F return_att
 curl -sf -F "file=@$IMG" "$URL/attribute" | check readme-cost \
     "(lambda m: [d['cost']['forward_passes'], d['cost']['backward_passes']] == [int(m.group(1)), int(m.group(2)) ])(__import__('re').search( \
      r'IDG 8 probe / 16 main steps \((\d+) forward \+ (\d+) gradient passes', open('docs/methods/index.md').read()))"
-BIG="${SMOKE_BIG_IMAGE:-../shared/data/imagenet-samples/n02091032_Italian_greyhound.JPEG}"  # 576 KB: inlined in argv it would fail
+BIG="${SMOKE_BIG_IMAGE:-}"  # over 500 KB: inlined in argv it would fail
+if [ -z "$BIG" ]; then  # made from the cat photo, three times its size (no large file in the checkout)
+    BIG="$DATA/smoke-big.jpg"
+    $PY -c "import sys; from PIL import Image; im = Image.open('samples/cat.jpg'); im.resize((im.width * 3, im.height * 3), Image.Resampling.BICUBIC).save(sys.argv[1], quality=97)" "$BIG"
+fi
 BODY=$(mktemp)
 printf '{"image": "%s", "top_k": 3}' "$(base64 -w0 "$BIG")" > "$BODY"
 TOP=$(curl -sf -F "file=@$BIG" "$URL/predict" | $PY -c "import json, sys; print(json.load(sys.stdin)['top_k'][0]['index'])")
@@ -75,7 +80,7 @@ curl -sf "$URL/metrics" | grep -c 'idg_http_requests_total{route="/attribute",st
 ok "metrics"
 HEAT=$(mktemp --suffix=.png)
 $PY -m idg_client --url "$URL" attribute "$IMG" --method idg --steps 10 --probe-steps 10 --out "$HEAT" > "$LOG.cli" \
-    && grep -q "jay" "$LOG.cli" && [ "$(wc -l < "$LOG.cli")" -eq 12 ] && [ -s "$HEAT" ] || { cat "$LOG.cli"; echo "smoke: cli failed"; exit 1; }
+    && grep -q "$NAME" "$LOG.cli" && [ "$(wc -l < "$LOG.cli")" -eq 12 ] && [ -s "$HEAT" ] || { cat "$LOG.cli"; echo "smoke: cli failed"; exit 1; }
 rm -f "$HEAT" "$LOG.cli"
 ok "cli"
 curl -sf -F "file=@$IMG" -F method=idg -F steps=8 -F probe_steps=8 -F faithfulness=insertion,deletion "$URL/attribute" \
@@ -84,7 +89,7 @@ curl -sf -F "file=@$IMG" -F method=ig -F steps=8 -F postprocess=idgi "$URL/attri
 curl -sf -F "file=@$IMG" -F method=ig -F steps=4 -F smooth_samples=2 "$URL/attribute" | check smoothgrad "d['cost']['backward_passes'] == 8"
 curl -sf -F "file=@$IMG" -F "explain_if=confidence > 0.99" "$URL/predict" | check explain-if-not "d['explained'] is False and d['explanation'] is None"
 curl -sf -F "file=@$IMG" -F "explain_if=confidence < 0.99 or margin < 0.1" -F preset=fast "$URL/predict" \
-    | check explain-if "d['explained'] is True and d['explanation']['target']['name'] == 'jay'"
+    | check explain-if "d['explained'] is True and d['explanation']['target']['name'] == '$NAME'"
 code=$(curl -s -o /dev/null -w '%{http_code}' -F "file=@$IMG" -F "explain_if=confidence <" "$URL/predict")
 [ "$code" = 422 ] || { echo "smoke: a bad explain_if gave $code, not 422"; exit 1; }
 curl -sf "$URL/metrics" | grep -c 'idg_faithfulness_bucket' >/dev/null || { echo "smoke: faithfulness metrics"; exit 1; }

@@ -14,8 +14,8 @@ from PIL import Image
 
 from benchmarks import host_cost
 from benchmarks.run import render
+from benchmarks.samples import imagenet_photos, imagenet_samples, missing_imagenet_samples
 from benchmarks.service_load import host_cpu_s
-from benchmarks.speed import SAMPLES
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -51,9 +51,9 @@ def test_the_report_shows_host_cpu_per_attribution() -> None:
 def test_the_host_cost_benchmark_runs_the_services_own_stages(tmp_path: Path) -> None:
     """One photo, one repeat: the script still drives the service's decode, render and answer (an
     API change there breaks this, not a GPU run months later), and its report adds up."""
-    photo = sorted(SAMPLES.glob("*.JPEG"))[:1]
+    photo = imagenet_photos(1)
     if not photo:
-        pytest.skip(f"no sample photos in {SAMPLES}")
+        pytest.skip(missing_imagenet_samples())
     threads = torch.get_num_threads()
     assert host_cost.main(["--photos", "1", "--repeats", "1", "--threads", "2", "--out", str(tmp_path), "--label", "t"]) == 0
     assert torch.get_num_threads() == threads  # the rest of the test session keeps its threads
@@ -71,9 +71,9 @@ def test_speed_settings_benchmark_without_a_batch_sweep_writes_its_table(tmp_pat
     are paired like insertion and deletion, on the images fp32 predicts confidently (the jay: 0.98)."""
     from benchmarks import gpu_variants
 
-    jay = SAMPLES / "n01580077_jay.JPEG"
+    jay = imagenet_samples() / "n01580077_jay.JPEG"
     if not jay.is_file():
-        pytest.skip(f"no sample photos in {SAMPLES}")
+        pytest.skip(missing_imagenet_samples())
     images = tmp_path / "images"
     images.mkdir()
     (images / jay.name).symlink_to(jay)
@@ -99,9 +99,9 @@ def test_speed_settings_benchmark_measures_a_users_own_model(tmp_path: Path) -> 
     from benchmarks import gpu_variants
     from tests.models import tiny_model_maker
 
-    photos = sorted(SAMPLES.glob("*.JPEG"))[:2]
+    photos = imagenet_photos(2)
     if len(photos) < 2:
-        pytest.skip(f"no sample photos in {SAMPLES}")
+        pytest.skip(missing_imagenet_samples())
     entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
     common = ["--device", "cpu", "--model", entry, "--models-file", str(tmp_path / "models.toml"), "--images", "2",
               "--batch-size", "50", "--batch-sizes", "--repeats", "1", "--rise-step", "1152", "--out", str(tmp_path)]
@@ -121,11 +121,11 @@ def test_sample_batch_takes_a_users_photos_and_labels_what_it_can(tmp_path: Path
     from idg_core.models import imagenet_wnids, load_entry
     from tests.models import tiny_classifier, tiny_model_maker
 
-    photos = sorted(SAMPLES.glob("*.JPEG"))[:2]
+    photos = imagenet_photos(2)
     if len(photos) < 2:
-        pytest.skip(f"no sample photos in {SAMPLES}")
+        pytest.skip(missing_imagenet_samples())
     imagenet = tiny_classifier()  # 1000 classes
-    _, labels, files = sample_batch(imagenet, SAMPLES, 2)
+    _, labels, files = sample_batch(imagenet, imagenet_samples(), 2)
     assert files == photos and labels == [imagenet_wnids().index(p.name.split("_")[0]) for p in photos]
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -138,7 +138,7 @@ def test_sample_batch_takes_a_users_photos_and_labels_what_it_can(tmp_path: Path
         assert labels == imagenet(x).argmax(1).tolist()
     entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
     ten = load_entry(entry, models_file=tmp_path / "models.toml")
-    x, labels, _ = sample_batch(ten, SAMPLES, 2)  # WNID names, but not this model's classes
+    x, labels, _ = sample_batch(ten, imagenet_samples(), 2)  # WNID names, but not this model's classes
     with torch.no_grad():
         assert labels == ten(x).argmax(1).tolist() and max(labels) < 10
     (tmp_path / "empty").mkdir()
@@ -161,9 +161,9 @@ def test_the_benchmark_measures_a_users_own_model_and_serves_it_under_load(tmp_p
     from benchmarks import run
     from tests.models import tiny_model_maker
 
-    photos = sorted(SAMPLES.glob("*.JPEG"))[:2]
+    photos = imagenet_photos(2)
     if len(photos) < 2:
-        pytest.skip(f"no sample photos in {SAMPLES}")
+        pytest.skip(missing_imagenet_samples())
     images = tmp_path / "images"
     images.mkdir()
     for p in photos:
@@ -351,8 +351,6 @@ def test_a_way_that_fails_after_the_reference_ran_is_an_error_row_not_a_lost_tab
 def test_saliency_definitions_pairs_both_rankings_of_the_same_maps(tmp_path: Path) -> None:
     from benchmarks import saliency_definitions
 
-    if not SAMPLES.is_dir():
-        pytest.skip("the sample photos (../shared/data/imagenet-samples) are not here")
     assert saliency_definitions.main(["--count", "2", "--rise-steps", "4", "--out", str(tmp_path)]) == 0
     scores = json.loads((tmp_path / "saliency-definitions.json").read_text())["scores"]
     for by in scores.values():

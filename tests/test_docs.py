@@ -20,7 +20,8 @@ from idg_core.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-NOT_SETTINGS = {"IDG_URL", "IDG_SCREENSHOT"}  # read by idg-client and by the page test, not by the server
+# read by idg-client, the page test, the benchmarks and tests (benchmarks/samples.py), not by the server
+NOT_SETTINGS = {"IDG_URL", "IDG_SCREENSHOT", "IDG_IMAGENET_SAMPLES"}
 
 
 def _script(name: str) -> ModuleType:
@@ -141,8 +142,23 @@ def test_the_readme_is_short_and_its_first_screen_says_how_to_start() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 150
     first = "\n".join(lines[:40])
-    for needed in ("make run", "make test", "PORT=", "IDG_URL", "--url", ".venv/bin/", "curl "):
+    for needed in ("make run", "make test", "PORT=", "IDG_URL", "--url", ".venv/bin/", "curl ", "in use", "photo.jpg", "samples/",
+                   "torch==2.13.0", "[timm]", "[hf]", "[grpc]", "[ray]"):
         assert needed in first, needed
+    scripts = re.findall(r"^([\w-]+) = ", (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0], re.M)
+    assert len(scripts) >= 5 and all(f"`{name}`" in first for name in scripts), scripts  # every installed command
+
+
+def test_every_example_runs_from_the_checkout_with_no_path_outside_it(doc_examples: ModuleType) -> None:
+    """A fresh clone has nothing beside it: no page names ../shared, and every photo an example names is in samples/
+    (the README's curl had uploaded ../shared/...: curl -s exited 26 with no output in a fresh clone)."""
+    pages = doc_examples.pages(ROOT)
+    assert not [str(p) for p in pages if "../shared" in p.read_text()]
+    named = {m for e in doc_examples.examples(ROOT) for m in re.findall(r"(?<![\w/.])samples/[\w.*-]+", e.code)}
+    assert "samples/coffee.jpg" in named
+    assert all(list(ROOT.glob(n)) for n in named), sorted(n for n in named if not list(ROOT.glob(n)))
+    licences = (ROOT / "samples" / "README.md").read_text()
+    assert all(f"`{p.name}`" in licences for p in (ROOT / "samples").glob("*.jpg"))  # each photo's source and licence
 
 
 def test_the_smoke_test_finds_the_marked_examples(doc_examples: ModuleType) -> None:
@@ -161,5 +177,6 @@ def test_a_mark_without_a_block_is_an_error_and_paths_are_made_local(doc_example
     (tmp_path / "docs" / "a.md").write_text("```bash\nnot marked\n```\n")
     (only,) = doc_examples.examples(tmp_path)
     assert (only.path, only.line, only.language) == ("README.md", 5, "bash")
-    local = doc_examples.localise("curl -F file=@../shared/x.jpg localhost:8000/a; .venv/bin/idg-client", 4321, Path("/r"))
-    assert local == "curl -F file=@/r/../shared/x.jpg 127.0.0.1:4321/a; /r/.venv/bin/idg-client"
+    code = "curl -F file=@samples/x.jpg localhost:8000/a; .venv/bin/idg-client app/static/samples/y"
+    local = doc_examples.localise(code, 4321, Path("/r"))
+    assert local == "curl -F file=@/r/samples/x.jpg 127.0.0.1:4321/a; /r/.venv/bin/idg-client app/static/samples/y"

@@ -1,7 +1,8 @@
 // The IDG page: no build step, no external assets. Streams /attribute/stream and draws the curve.
 "use strict";
 const $ = (id) => document.getElementById(id);
-const SAMPLES = ["n01580077_jay.jpg", "n01440764_tench.jpg", "n02391049_zebra.jpg", "n02279972_monarch.jpg"];
+// the checkout's own freely licensed photos (samples/README.md says where each comes from), as thumbnails
+const SAMPLES = ["coffee.jpg", "cat.jpg", "rocket.jpg", "astronaut.jpg"];
 let chosen = null; // {blob, name}
 
 function showError(message) {
@@ -97,7 +98,7 @@ function setupInput() {
   $("file").addEventListener("change", (e) => { if (e.target.files.length) choose(e.target.files[0], e.target.files[0].name); });
   for (const name of SAMPLES) {
     const img = new Image();
-    img.src = `/static/samples/${name}`; img.alt = name; img.title = name.replace(/^n\d+_/, "").replace(".jpg", "");
+    img.src = `/static/samples/${name}`; img.alt = name; img.title = name.replace(".jpg", "");
     img.addEventListener("click", async () => {
       document.querySelectorAll("#samples img").forEach((i) => i.classList.remove("chosen"));
       img.classList.add("chosen");

@@ -10,11 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
+from benchmarks.samples import imagenet_samples, missing_imagenet_samples
 from idg_core import idg
 from idg_core.models import decode_image, imagenet_class_names, imagenet_wnids, load_model, preprocess, torchvision_classifier
 from idg_core.models.preprocess import INTERPOLATIONS, ImageShapeError, ImageTooLargeError, resize_crop, to_rgb
 
-SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "imagenet-samples"
+SAMPLES = imagenet_samples()
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_class_names_match_the_shared_table() -> None:
     assert len(names) == 1000 and names[0] == "tench" and wnids[207] == "n02099601"
 
 
-@pytest.mark.skipif(not SAMPLES.is_dir(), reason="shared samples not beside the checkout")
+@pytest.mark.skipif(not SAMPLES.is_dir(), reason=missing_imagenet_samples())
 def test_lite0_classifies_real_photos(lite0: torch.nn.Module) -> None:
     wnids = imagenet_wnids()
     files = sorted(SAMPLES.glob("*.JPEG"))[:12]
@@ -46,7 +47,7 @@ def test_lite0_classifies_real_photos(lite0: torch.nn.Module) -> None:
     assert right >= 9
 
 
-@pytest.mark.skipif(not SAMPLES.is_dir(), reason="shared samples not beside the checkout")
+@pytest.mark.skipif(not SAMPLES.is_dir(), reason=missing_imagenet_samples())
 def test_idg_on_a_real_photo_is_finite_and_focused(lite0: torch.nn.Module) -> None:
     f = next(SAMPLES.glob("n01440764_*"))
     x = lite0.prepare(decode_image(f.read_bytes())).unsqueeze(0)
@@ -168,7 +169,7 @@ def test_resize_crop_memory_does_not_grow_with_elongation(size: tuple[int, int])
     assert _peak_growth_mib(lambda: resize_crop(img, 256, 224, "bicubic")) < 100
 
 
-@pytest.mark.skipif(not SAMPLES.is_dir(), reason="shared samples not beside the checkout")
+@pytest.mark.skipif(not SAMPLES.is_dir(), reason=missing_imagenet_samples())
 def test_large_jpegs_decoded_at_reduced_scale_give_the_same_input(lite0: torch.nn.Module) -> None:
     p = lite0.preprocessing
     pairs = []

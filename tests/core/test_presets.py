@@ -3,15 +3,12 @@ IDG's faithfulness on real photos."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from benchmarks.samples import imagenet_photos, missing_imagenet_samples
 from idg_core.evaluation.runner import EvalConfig, evaluate_image
 from idg_core.methods import METHODS
 from idg_core.presets import DEFAULT_PRESET, PRESETS, preset_params
-
-SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "imagenet-samples"
 
 
 def test_presets_name_steps_for_every_method_and_paper_is_the_papers() -> None:
@@ -40,9 +37,9 @@ def test_fast_idg_is_no_less_faithful_than_ig50_on_sample_photos() -> None:
     ``fast`` preset against IG-50 (the paper's IG), summed over the images."""
     from idg_core.models import load_model, tune
 
-    photos = sorted(SAMPLES.glob("*.JPEG"))[:6]
+    photos = imagenet_photos(6)
     if not photos:
-        pytest.skip(f"no sample photos at {SAMPLES}")
+        pytest.skip(missing_imagenet_samples())
     model = tune(load_model("efficientnet_lite0").eval(), precision="fp32")
     cfg = EvalConfig(methods={"fast": ("idg", preset_params("idg", "fast")), "IG": ("ig", {"steps": 50, "rule": "uniform"})},
                      metrics=("insertion", "deletion"), rise_step=896, batch_size=8)

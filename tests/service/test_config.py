@@ -222,5 +222,6 @@ def test_a_busy_port_is_named_with_what_to_do_before_the_models_load(tmp_path: P
         done = subprocess.run([sys.executable, "-m", "app.server", "--port", str(port)], capture_output=True, text=True,
                               timeout=120, env=env, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 3, done.stderr[-2000:]
-    line = f"cannot start: port {port} on 127.0.0.1 is in use (another server?): choose another with --port, e.g. `make run PORT={port + 1}`"
+    line = (f"cannot start: port {port} on 127.0.0.1 is in use (another server?): "
+            f"choose another with --port, e.g. `make run PORT={port + 1}`")
     assert line in done.stderr and "loading" not in done.stderr.lower(), done.stderr[-2000:]

@@ -20,13 +20,13 @@ from PIL import Image
 from app.core.config import Settings
 from app.core.model_loading import ModelLoadError
 from app.main import create_app
+from benchmarks.samples import ESPRESSO
 from idg_core import METHODS
 from tests.models import tiny_model_maker
 from tests.service.conftest import image_bytes, serve, tiny_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
-JAY = ROOT.parent / "shared" / "data" / "imagenet-samples" / "n01580077_jay.JPEG"
-PHOTO = JAY.read_bytes() if JAY.is_file() else image_bytes(size=(300, 200), fmt="JPEG")
+PHOTO = ESPRESSO.read_bytes()  # the checkout's own photo (samples/)
 EXTRAS = {"timm": "timm", "hf_vit": "transformers", "hf_convnext": "transformers", "torchscript": None, "export": None}
 METHOD_ARGS = {name: {p: str(int(m.params[p].low or 1) + 2) for p in m.params.steps} for name, m in METHODS.items()}
 """Each method's own step counts, small (read from the registry: a new method is covered without an edit)."""
@@ -57,12 +57,12 @@ async def test_every_source_predicts_and_explains_with_every_method(tiny) -> Non
         assert set(listed) == {s.split("=")[0] for s in specs.values()}
         for name, info in listed.items():
             size = info["input_size"]
-            r = await client.post("/predict", files={"file": ("jay.jpg", PHOTO)}, data={"model": name, "top_k": "3"})
+            r = await client.post("/predict", files={"file": ("coffee.jpg", PHOTO)}, data={"model": name, "top_k": "3"})
             assert r.status_code == 200, r.text
             assert [c["name"] for c in r.json()["top_k"]][0] in app.state.service.models[name].class_names
             for method in METHODS:
                 data = {"model": name, "method": method, "return_attribution": "true", **METHOD_ARGS[method]}
-                r = await client.post("/attribute", files={"file": ("jay.jpg", PHOTO)}, data=data)
+                r = await client.post("/attribute", files={"file": ("coffee.jpg", PHOTO)}, data=data)
                 assert r.status_code == 200, f"{name} {method}: {r.text}"
                 body = r.json()
                 assert _png(body["heatmap_png"]).size == (size, size) and _png(body["overlay_png"]).size == (size, size)
@@ -89,10 +89,10 @@ async def test_hf_vit_names_targets_and_ig_completeness(tiny) -> None:
         info = (await client.get("/models")).json()["models"][0]
         assert (info["classes"], info["input_size"], info["resize_mode"]) == (10, 64, "squash")
         assert info["class_names"] == ["airplane", "automobile", "bird", "cat", "deer"]
-        r = await client.post("/attribute", files={"file": ("j.jpg", PHOTO)}, data={"method": "ig", "steps": "4", "target": "10"})
+        r = await client.post("/attribute", files={"file": ("c.jpg", PHOTO)}, data={"method": "ig", "steps": "4", "target": "10"})
         assert r.status_code == 422 and "target must be < 10" in r.json()["error"]["message"]
         data = {"method": "ig", "steps": "48", "target": "9", "baseline": "black", "return_attribution": "true", "return_input": "true"}
-        r = await client.post("/attribute", files={"file": ("j.jpg", PHOTO)}, data=data)
+        r = await client.post("/attribute", files={"file": ("c.jpg", PHOTO)}, data=data)
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["target"] == {**body["target"], "index": 9, "name": "truck"}

@@ -13,12 +13,12 @@ import pytest
 
 from app.core.config import Settings
 from app.main import create_app
+from benchmarks.samples import ESPRESSO
 from tests.service.conftest import image_bytes, live_server, tiny_classifier
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-JAY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "imagenet-samples" / "n01580077_jay.JPEG"
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or not JAY.is_file(), reason="needs Debian's chromium and the shared samples")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/setup.sh dev installs it)")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 
@@ -49,7 +49,7 @@ def page(browser: object, url: str) -> Iterator[object]:
 def test_upload_compare_and_read_the_page(page: object, tmp_path: Path) -> None:
     page.wait_for_function("document.querySelectorAll('#method option').length >= 5")
     assert page.locator("#method").input_value() == "idg"
-    page.set_input_files("#file", str(JAY))
+    page.set_input_files("#file", str(ESPRESSO))
     page.fill("#steps", "10")
     page.select_option("#compare", "ig")
     page.click("#run")
@@ -57,7 +57,7 @@ def test_upload_compare_and_read_the_page(page: object, tmp_path: Path) -> None:
         # exact: progress reads 'prediction done; next: …'
         page.wait_for_selector(f".panel[data-method={method}] .status:text-is('done')", timeout=120_000)
     idg = page.locator(".panel[data-method=idg]")
-    assert "jay" in idg.locator(".prediction li").first.inner_text()
+    assert "espresso" in idg.locator(".prediction li").first.inner_text()
     assert idg.locator(".heat-img").get_attribute("src").startswith("data:image/png;base64,")
     assert idg.locator(".input-img").evaluate("img => img.naturalWidth") == 224
     assert idg.locator(".chart circle.sample").count() == 10  # IDG's samples, marked on the curve
@@ -96,13 +96,13 @@ def test_both_methods_failures_are_shown_and_the_steps_box_sets_each_methods_ste
 
 
 def test_a_bundled_sample_can_be_chosen(page: object) -> None:
-    page.click("#samples img[alt='n02391049_zebra.jpg']")
+    page.click("#samples img[alt='rocket.jpg']")
     # the sample is fetched asynchronously: wait for the preview to hold a decoded image
     page.wait_for_function("(() => { const p = document.querySelector('#preview'); "
                            "return !p.hidden && p.complete && p.naturalWidth > 0; })()", timeout=30_000)
     assert page.locator("#preview").is_visible()
     assert not page.locator("#run").is_disabled()
-    assert "chosen" in (page.locator("#samples img[alt='n02391049_zebra.jpg']").get_attribute("class") or "")
+    assert "chosen" in (page.locator("#samples img[alt='rocket.jpg']").get_attribute("class") or "")
 
 
 KEY = "s3cret-key"
