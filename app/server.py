@@ -317,6 +317,8 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
     config = uvicorn.Config(
         app, host=host or settings.host, port=settings.port if port is None else port, http=timed_protocol(limits),
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
+        # idle kept-alive connections outlast the clients' pools (uvicorn's 5 s raced httpx's 5 s: a request lost)
+        timeout_keep_alive=settings.keep_alive_timeout_s,
         # the access line is app.requests' (app.core.request_id: request ID, status, milliseconds; probes and scrapes left
         # out); uvicorn's own wrote a second line for every request and one for every probe, on the event loop
         access_log=False,

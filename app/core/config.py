@@ -78,6 +78,12 @@ class ServerSettings(Section):
         "worker). auto: one per host core the process has (its CPU affinity and cgroup quota, shared among IDG_PROCESSES): "
         "more CPU-bound threads than cores decode no faster and take the cores from the threads that feed the device "
         "(app.core.image_threads)")
+    keep_alive_timeout_s: int = Field(
+        95, ge=1, le=3600, description="Seconds an idle kept-alive connection stays open for the client's next request (uvicorn's "
+        "timeout_keep_alive, whose default is 5). Longer than the idle time of the common clients' pools, so a client never "
+        "sends a request on a connection the server is closing at that moment (the request is lost): httpx 5 s, aiohttp 15 s, "
+        "a cloud load balancer's 60 s, Go's net/http 90 s (requests/urllib3 keep theirs without limit: they check the "
+        "connection before reusing it). Ray Serve's proxy has its own (deploy/ray/serve.yaml: keep_alive_timeout_s)")
     shutdown_grace_s: float = Field(
         30.0, ge=0, description="On SIGTERM (python -m app.server): readiness 503 and new work refused at once; in-flight work may "
         "finish for this long, the rest is answered 503; the process exits within this + 5 s")
