@@ -59,8 +59,12 @@ class RequestOutput(BaseModel):
 
 
 class InferRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
     id: str | None = Field(None, description="Returned in the answer")
+    model_name: str | None = Field(None, description="The path's model, if given (KServe's InferenceRESTClient sends it): "
+                                   "another name is a 400")
+    model_version: str | None = Field(None, description="The path's version, if given: '1' or empty (the one version); "
+                                      "another is a 400")
     parameters: dict[str, Scalar] = Field(default_factory=dict, description="The /attribute fields that select the explanation "
                                           "(method, preset, target, steps, faithfulness, ...); explain: true to explain with defaults")
     inputs: list[RequestInput] = Field(..., min_length=1, description="Exactly one: `image` or `input`")

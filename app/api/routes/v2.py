@@ -249,6 +249,7 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     body = await read_body(request, service.settings.max_upload_bytes)
     read = partial(read_infer_request, body, request.headers.get(HEADER_LENGTH), batch_limits(service, model))
     req, tensors = await in_image_thread(read) if len(body) >= LARGE_REQUEST_BYTES else read()
+    check_body_names(req, name, key)
     inferred = await run_inference(service, key, model, req, tensors,
                                    service.context(received, until_disconnected=until_disconnected(request)))
     answer = partial(_answer, inferred, received)
@@ -302,6 +303,17 @@ async def run_inference(service: Service, key: str, model: ImageClassifier, req:
     except ExceptionGroup as failed:
         raise _first_failure(failed) from None
     return Inferred(key, model, [t.result() for t in tasks], call if isinstance(call, ExplainRequest) else None, wanted, req)
+
+
+def check_body_names(req: InferRequest, name: str, key: str) -> None:
+    """The model and version a body names, where it names them (KServe's ``InferRequest.to_rest`` writes ``model_name``;
+    other clients write ``model_version``, often empty), agree with the path: a 400 saying which disagrees otherwise."""
+    if req.model_name is not None and req.model_name not in (name, key):
+        raise bad(f"the body's model_name {req.model_name!r} disagrees with the path's model {name!r}: name the same model in "
+                  "both, or leave model_name out of the body")
+    if req.model_version not in (None, "", MODEL_VERSION):
+        raise bad(f"the body's model_version {req.model_version!r} is not a version of {name!r}: it has one, "
+                  f"{MODEL_VERSION!r} (or leave model_version out of the body)")
 
 
 def _check_content_type(given: str | None) -> None:
