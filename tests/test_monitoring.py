@@ -95,7 +95,8 @@ def test_rules_and_dashboard_use_only_metrics_the_service_exports() -> None:
     assert raw_rules and raw_dash and used_dash
     assert raw_rules | raw_dash <= exported_series(), (raw_rules | raw_dash) - exported_series()
     assert (used_rules - recorded) == set() and (used_dash - recorded) == set(), (used_rules | used_dash) - recorded
-    wanted = {"idg_http_requests_total", "idg_device_idle_seconds_total", "idg_device_busy_seconds_total", "idg_faithfulness_sum"}
+    wanted = {"idg_requests_total", "idg_request_seconds_bucket", "idg_http_requests_total", "idg_device_idle_seconds_total",
+              "idg_device_busy_seconds_total", "idg_faithfulness_sum"}
     assert wanted <= raw_rules
     assert all(p.get("datasource", {"uid": "prometheus"})["uid"] == "prometheus" for p in dashboard["panels"])
 

@@ -30,7 +30,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter, Histogram
 from starlette.requests import ClientDisconnect
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.core import tracing
 from app.core.errors import ApiError, error_body
 from app.core.keys import Key, match
-from app.core.prometheus import ALERT_STATUSES, LATENCY_BUCKETS, Metrics
+from app.core.prometheus import ALERT_STATUSES, Metrics
 from app.core.request_id import HEADER, QUIET, bind_request_id, request_id_from, unbind_request_id
 
 if TYPE_CHECKING:
@@ -133,12 +132,8 @@ class Doors:
         """Calls one API key may have in flight over every door (None: no share, one key or none is configured)."""
         self.in_flight: dict[str, int] = {}
         """Calls in flight per key name, admitted on its share (on the event loop only)."""
-        r = metrics.registry
-        self.requests = Counter("idg_requests", "Requests by door (http, grpc, job), route (an HTTP route, a gRPC method, "
-                                "'image' for a job's image) and status (the HTTP status, or the gRPC status code's name)",
-                                ["door", "route", "status"], registry=r)
-        self.latency = Histogram("idg_request_seconds", "Request latency by door and route", ["door", "route"],
-                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = metrics.door_requests
+        self.latency = metrics.door_latency
 
     def init_routes(self, door: str, routes: list[str]) -> None:
         """Create each route's counters at 0 for the statuses the alerts count (so ``rate()`` sees the first failure)."""

@@ -110,6 +110,12 @@ class Metrics:
             multiprocess_mode="livemax")
         self.requests = Counter("idg_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
         self.latency = Histogram("idg_http_request_seconds", "HTTP latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        # every door's requests (app.core.door): the HTTP ones above are also counted here, with gRPC's and the job images'
+        self.door_requests = Counter(
+            "idg_requests", "Requests by door (http, grpc, job), route (an HTTP route, a gRPC method, 'image' for a job's "
+            "image) and status (the HTTP status, or the gRPC status code's name)", ["door", "route", "status"], registry=r)
+        self.door_latency = Histogram("idg_request_seconds", "Request latency by door and route", ["door", "route"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("idg_queue_depth", "Requests admitted and not finished (queued or running)", registry=r,
                                  multiprocess_mode="livesum")
         self.batch_images = Histogram("idg_batch_images", "Images per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
