@@ -72,7 +72,7 @@ class Explained:
     compute_ms: float
 
 
-WARM_UP_PHOTO = Path(__file__).parents[1] / "static" / "samples" / "n01580077_jay.jpg"
+WARM_UP_PHOTO = Path(__file__).parents[1] / "static" / "samples" / "coffee.jpg"  # the page's thumbnail of samples/coffee.jpg
 WARM_UP_TIMEOUT_S = 600.0
 
 
