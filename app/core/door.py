@@ -160,7 +160,8 @@ class Doors:
         token: Token[str | None] = bind_request_id(rid)
         started = time.perf_counter()
         try:
-            with tracing.server_span(call.name, carrier, {"idg.door": door, "idg.request_id": rid, **(attributes or {})}) as span:
+            with tracing.server_span(call.name, carrier, {"idg.door": door, "idg.request_id": rid, **(attributes or {})},
+                                     consumer=door == "job") as span:
                 try:
                     yield call
                 except asyncio.CancelledError:
@@ -175,7 +176,8 @@ class Doors:
                 finally:
                     call.status = call.status or SUCCESS[door]
                     call._release()  # noqa: SLF001 - the call's own slot
-                    tracing.end_server_span(span, call.name, call.attributes, server_failure(door, call.status))
+                    tracing.end_server_span(span, call.name, {**call.attributes, "idg.status": call.status},
+                                            server_failure(door, call.status))
         finally:
             seconds = time.perf_counter() - started
             status = call.status or FAILED[door]

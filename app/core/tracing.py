@@ -110,17 +110,19 @@ def record_job(parent: Any, kind: str, model: str, enqueued: float, started: flo
 
 
 @contextlib.contextmanager
-def server_span(name: str, carrier: Mapping[str, str] | None, attributes: Mapping[str, Any]) -> Iterator[Any]:
+def server_span(name: str, carrier: Mapping[str, str] | None, attributes: Mapping[str, Any], consumer: bool = False) -> Iterator[Any]:
     """The server span of one call through a door (:meth:`app.core.door.Doors.handle`), current while it runs, its parent
     the caller's ``traceparent`` in ``carrier`` (HTTP headers, gRPC metadata, a job's submitting request's): the span, or
-    None with tracing off. Its status is :func:`end_server_span`'s, never an exception's."""
+    None with tracing off. ``consumer``: a job's image, taken up after its request was answered (a consumer span). Its
+    status is :func:`end_server_span`'s, never an exception's."""
     if _tracer is None:
         yield None
         return
     from opentelemetry.propagate import extract
     from opentelemetry.trace import SpanKind
 
-    with _tracer.start_as_current_span(name, context=extract(dict(carrier or {})), kind=SpanKind.SERVER, attributes=dict(attributes),
+    kind = SpanKind.CONSUMER if consumer else SpanKind.SERVER
+    with _tracer.start_as_current_span(name, context=extract(dict(carrier or {})), kind=kind, attributes=dict(attributes),
                                        record_exception=False, set_status_on_exception=False) as span:
         yield span
 

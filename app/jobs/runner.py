@@ -318,8 +318,9 @@ class JobRunner:
     async def _run(self, claim: Claimed) -> None:
         """One image through the ``job`` door (:mod:`app.core.door`): its log lines, and the worker's for it, name the job's
         request ID; it is counted (``idg_requests_total{door="job", route="image"}``: its answer's status, or the 503 or 504
-        it is retried for), logged and traced."""
-        with self.doors.handle("job", "image", request_id=claim.request_id, name="job image",
+        it is retried for), logged and traced: its span a child of the submitting request's (``POST /jobs``, whose trace
+        context the job keeps with its parameters while tracing is on)."""
+        with self.doors.handle("job", "image", request_id=claim.request_id, carrier=claim.params.get("trace"), name="job image",
                                line=f"job {claim.job_id} image {claim.index}") as door:
             door.fields.update(job=claim.job_id, image=claim.index)
             door.attributes.update({"idg.job": claim.job_id, "idg.image": claim.index})

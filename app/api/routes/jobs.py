@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from app.api.deps import get_service, require_api_key
 from app.api.requests import closing_delimiter, first_error, spool_body, unclosed_form
+from app.core import tracing
 from app.core.config import Settings
 from app.core.errors import ApiError
 from app.core.keys import Key
@@ -223,6 +224,8 @@ async def _submitted(request: Request, service: Service, runner: JobRunner, imag
         raise _store_refusal()
     tenant = key.name if (key := _key(request)) is not None else None
     stored = {"attribute": params.model_dump(mode="json", exclude_unset=True), "explain_if": explain_if}
+    if trace := tracing.carrier():  # IDG_TRACING: each image's span continues this request's trace (app.jobs.runner)
+        stored["trace"] = trace
     try:
         info = await _stored(runner.store, runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images,
                              settings.jobs_max_bytes, tenant, current_request_id())
