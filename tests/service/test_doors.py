@@ -1,7 +1,8 @@
 """Every door passes through one layer (app.core.door): the Open Inference Protocol over gRPC, driven here by Triton's own
 clients (``tritonclient.grpc``, sync and asyncio) against the real app's gRPC server, is counted by door, RPC and status
 code in /metrics as HTTP is, its log lines name the request ID its metadata gave (which comes back in its metadata and as
-the answer's ``id``), and an API key's share of the queue holds over gRPC and HTTP together."""
+the answer's ``id``), and an API key's share of the queue holds over gRPC and HTTP together. Each image of a durable job
+is a call through the job door, counted and logged with the request ID of the POST that submitted it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import logging
 import re
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,6 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.request_id import RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
+from tests.service.jobs.helpers import FAST, wait_done
+from tests.service.jobs.helpers import images as job_images
 from tests.service.test_oip_grpc import free_port
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="grpcio or tritonclient is not installed (pip install -e '.[dev]')")
@@ -142,3 +146,22 @@ async def test_a_tenant_flooding_over_grpc_is_held_to_its_share_while_anothers_h
     counted = samples(metrics, "idg_requests_total")
     assert counted[(("door", "grpc"), ("route", "ModelInfer"), ("status", "RESOURCE_EXHAUSTED"))] == len(refusals)
     assert app.state.doors.in_flight == {"alice": 0, "bob": 0}  # every slot given back
+
+
+async def test_each_job_image_is_a_call_through_the_job_door(tiny_app: AppFactory, caplog: pytest.LogCaptureFixture,
+                                                              tmp_path: Path) -> None:
+    caplog.handler.addFilter(RequestIdFilter())
+    with caplog.at_level(logging.INFO, logger="app"):
+        async with serve(tiny_app(warmup=False, data_dir=tmp_path)) as client:
+            r = await client.post("/jobs", files=job_images(2), data=FAST, headers={"X-Request-ID": "nightly-7"})
+            assert r.status_code == 202, r.text
+            job = r.json()["id"]
+            await wait_done(client, job)
+            metrics = (await client.get("/metrics")).text
+    counted = samples(metrics, "idg_requests_total")
+    assert counted[(("door", "job"), ("route", "image"), ("status", "200"))] == 2
+    assert counted[(("door", "http"), ("route", "/jobs"), ("status", "202"))] == 1
+    assert samples(metrics, "idg_request_seconds_count")[(("door", "job"), ("route", "image"))] == 2
+    access = sorted(r.getMessage() for r in caplog.records if r.name == "app.requests" and getattr(r, "request_id", None) == "nightly-7")
+    assert len(access) == 3 and access[0].startswith("POST /jobs 202 in "), access  # the submission, then each image
+    assert [a.split(" in ")[0] for a in access[1:]] == [f"job {job} image 0 200", f"job {job} image 1 200"], access
