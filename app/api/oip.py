@@ -17,7 +17,9 @@ import base64
 import binascii
 import json
 import math
+import secrets
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -369,12 +371,35 @@ class Output:
             return list(self.array.ravel().tolist())
         return [s.decode("utf-8") for s in self.items]
 
+    def json_pieces(self) -> Iterator[bytes]:
+        """:meth:`json_data` as JSON text (``[...]``, the same bytes as ``json.dumps``), :data:`JSON_SLICE` values a piece."""
+        count = self.array.size if self.array is not None else len(self.items)
+        if count == 0:
+            yield b"[]"
+            return
+        flat = self.array.ravel() if self.array is not None else None
+        for start in range(0, count, JSON_SLICE):
+            end = start + JSON_SLICE
+            values = flat[start:end].tolist() if flat is not None else [s.decode("utf-8") for s in self.items[start:end]]
+            text = json.dumps(values, separators=(",", ":"))[1:-1]
+            yield (("[" if start == 0 else ",") + text + ("]" if end >= count else "")).encode()
 
-def write_infer_response(model: str, request_id: str | None, outputs: list[tuple[Output, bool]], parameters: dict[str, Scalar],
-                         ) -> tuple[bytes, int | None]:
-    """The answer's body, and the JSON header's length when some output is in binary (``(output, binary)`` pairs)."""
+
+JSON_SLICE = 4096
+"""Values of an output written at once in a JSON answer (a few milliseconds of formatting floats): a large answer is
+written piece by piece (:func:`infer_response_parts`) and the event loop serves other requests between the pieces.
+json.dumps of a whole answer, 105 MB for 32 explained images, had held the loop 2-6 s, in a thread too: the C encoder
+keeps the GIL throughout."""
+
+
+def infer_response_parts(model: str, request_id: str | None, outputs: list[tuple[Output, bool]],
+                         parameters: dict[str, Scalar]) -> tuple[Iterator[bytes], list[bytes]]:
+    """The answer's JSON (its outputs' ``data`` written :data:`JSON_SLICE` values a piece, lazily) and the binary outputs'
+    bytes that follow it (``(output, binary)`` pairs)."""
     chunks: list[bytes] = []
     described = []
+    in_json: list[Output] = []
+    mark = f"\x00{secrets.token_hex(8)}\x00"  # where each JSON output's data goes: a string no answer holds otherwise
     for out, in_binary in outputs:
         entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.dims}
         params = dict(out.parameters)
@@ -383,7 +408,8 @@ def write_infer_response(model: str, request_id: str | None, outputs: list[tuple
             params["binary_data_size"] = len(data)
             chunks.append(data)
         else:
-            entry["data"] = out.json_data()
+            entry["data"] = mark
+            in_json.append(out)
         if params:
             entry["parameters"] = params
         described.append(entry)
@@ -393,7 +419,25 @@ def write_infer_response(model: str, request_id: str | None, outputs: list[tuple
         answer["id"] = request_id
     if parameters:
         answer["parameters"] = parameters
-    header = json.dumps(answer, separators=(",", ":")).encode()  # NaN (a shorter curve's padding) as NaN, as tritonclient reads it
+    head = json.dumps(answer, separators=(",", ":"))  # NaN (a shorter curve's padding) as NaN, as tritonclient reads it
+    return _spliced(head, json.dumps(mark), in_json), chunks
+
+
+def _spliced(head: str, mark: str, outputs: list[Output]) -> Iterator[bytes]:
+    """``head`` with each ``mark`` (in order) replaced by the next output's data, piece by piece."""
+    rest = head
+    for out in outputs:
+        before, rest = rest.split(mark, 1)
+        yield before.encode()
+        yield from out.json_pieces()
+    yield rest.encode()
+
+
+def write_infer_response(model: str, request_id: str | None, outputs: list[tuple[Output, bool]], parameters: dict[str, Scalar],
+                         ) -> tuple[bytes, int | None]:
+    """The answer's body at once, and the JSON header's length when some output is in binary (``(output, binary)`` pairs)."""
+    pieces, chunks = infer_response_parts(model, request_id, outputs, parameters)
+    header = b"".join(pieces)
     return (header + b"".join(chunks), len(header)) if chunks else (header, None)
 
 

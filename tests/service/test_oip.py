@@ -314,18 +314,40 @@ def _on_the_loop(monkeypatch: pytest.MonkeyPatch, name: str) -> list[bool]:
     return calls
 
 
-async def test_a_large_answer_is_encoded_off_the_event_loop(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 105 MB of JSON for 32 explained images had held the event loop 5 s (/health/live waited): a large answer is built in
-    # a thread; a small one (a classification) on the loop, where a thread hop would cost more than the encoding
-    encoded_on = _on_the_loop(monkeypatch, "write_infer_response")
+async def test_a_large_answer_is_written_in_pieces_with_its_length(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 105 MB of JSON for 32 explained images had held the event loop 2-6 s (/health/live waited), in a thread too (the C
+    # encoder keeps the GIL): a large answer is written JSON_SLICE numbers at a time, the loop free between the pieces
+    # (tests/service/reliability/test_large_answers.py measures /health/live meanwhile); a small one (a classification) at once
+    at_once = _on_the_loop(monkeypatch, "write_infer_response")
     monkeypatch.setattr(v2, "INLINE_ELEMENTS", 5000)  # the tiny model's attribution: 3 x 32 x 32 per image
+    monkeypatch.setattr(oip, "JSON_SLICE", 1000)
+    pieces: list[int] = []
+    joined = v2._joined
+
+    async def counted(made: Any) -> list[bytes]:
+        def each() -> Any:
+            for piece in made:
+                pieces.append(len(piece))
+                yield piece
+        return await joined(each())
+
+    monkeypatch.setattr(v2, "_joined", counted)
+    two = [image_input(image_bytes(), image_bytes((9, 9, 9)))]
     async with serve(tiny_app()) as client:
-        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))]})
-        assert r.status_code == 200 and encoded_on == [True], r.text
-        r = await client.post(INFER, json={"inputs": [image_input(image_bytes(), image_bytes((9, 9, 9)))],
-                                           "parameters": {"explain": True, "steps": 4, "probe_steps": 4}})
-        assert r.status_code == 200 and encoded_on == [True, False], r.text
+        r = await client.post(INFER, json={"inputs": two})
+        assert r.status_code == 200 and at_once == [True] and pieces == [], r.text
+        explain = {"explain": True, "steps": 4, "probe_steps": 4}
+        r = await client.post(INFER, json={"inputs": two, "parameters": explain})
+        assert r.status_code == 200 and at_once == [True], r.text
+        assert len(pieces) >= 2 * 3 * 32 * 32 // 1000 + 1 and max(pieces) < 1000 * 25  # 1000 numbers a piece at most
+        assert int(r.headers["content-length"]) == len(r.content) and r.headers["content-type"] == "application/json"
         assert outputs(r.json())["attribution"].shape == (2, 3, 32, 32)
+        r = await client.post(INFER, json={"inputs": two, "parameters": explain,
+                                           "outputs": [{"name": "attribution", "parameters": {"binary_data": True}}, {"name": "target"}]})
+        assert r.status_code == 200 and at_once == [True], r.text
+        assert int(r.headers["content-length"]) == len(r.content) and r.headers["content-type"] == "application/octet-stream"
+        binary = split_binary(r.content, int(r.headers["inference-header-content-length"]))
+        assert np.asarray(binary["attribution"]).shape == (2, 3, 32, 32)
 
 
 async def test_a_large_request_is_read_off_the_event_loop(tiny_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:

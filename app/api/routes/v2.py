@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any
@@ -45,7 +45,7 @@ from typing import Annotated, Any
 import numpy as np
 import torch
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
@@ -71,6 +71,7 @@ from app.api.oip import (
     ServerReady,
     Tensor,
     bad,
+    infer_response_parts,
     inline_schema,
     is_true,
     read_infer_request,
@@ -96,7 +97,7 @@ EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "inser
 IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "headers")
 CONTENT_TYPES = ("application/json", "application/octet-stream")
 INLINE_ELEMENTS = 200_000
-"""Answers of more numbers than this are encoded in a thread, off the event loop."""
+"""Answers of more numbers than this are written a piece at a time, the event loop serving other requests between pieces."""
 RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
                "return_input")
 """/attribute fields that shape its PNGs and JSON, not the explanation: not request parameters here."""
@@ -252,12 +253,50 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     check_body_names(req, name, key)
     inferred = await run_inference(service, key, model, req, tensors,
                                    service.context(received, until_disconnected=until_disconnected(request)))
-    answer = partial(_answer, inferred, received)
-    # a large answer (attributions in JSON: 105 MB for 32 images) is built off the event loop, which serves the rest meanwhile
-    payload, header_length = await asyncio.to_thread(answer) if inferred.large else answer()
+    if inferred.large:  # attributions in JSON, 105 MB for 32 images: written a piece at a time, the loop serving the rest between
+        return await _large_answer(inferred, received)
+    payload, header_length = _answer(inferred, received)
     if header_length is None:
         return Response(payload, media_type="application/json")
     return Response(payload, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)})
+
+
+SENT_BLOCK = 1 << 20
+"""Bytes of a large answer handed to the server at once (its JSON pieces joined up to this size)."""
+
+
+async def _large_answer(inferred: Inferred, received: float) -> StreamingResponse:
+    """A large answer, written on the event loop a piece at a time (:data:`app.api.oip.JSON_SLICE` values), other requests
+    served between the pieces, then sent in blocks with its Content-Length."""
+    pieces, chunks = infer_response_parts(inferred.key, inferred.req.id, inferred.outputs(),
+                                          {"total_ms": round((time.perf_counter() - received) * 1000, 3)})
+    header = await _joined(pieces)
+    headers = {"Content-Length": str(sum(map(len, header)) + sum(map(len, chunks)))}
+    if chunks:
+        headers["Inference-Header-Content-Length"] = str(sum(map(len, header)))
+
+    async def body() -> AsyncIterator[bytes]:
+        for block in [*header, *chunks]:
+            yield block
+
+    return StreamingResponse(body(), media_type="application/octet-stream" if chunks else "application/json", headers=headers)
+
+
+async def _joined(pieces: Iterator[bytes]) -> list[bytes]:
+    """``pieces`` made one at a time with the event loop free between them, joined in blocks of :data:`SENT_BLOCK`."""
+    blocks: list[bytes] = []
+    block: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        block.append(piece)
+        size += len(piece)
+        if size >= SENT_BLOCK:
+            blocks.append(b"".join(block))
+            block, size = [], 0
+        await asyncio.sleep(0)
+    if block:
+        blocks.append(b"".join(block))
+    return blocks
 
 
 @dataclass(frozen=True)
@@ -278,7 +317,7 @@ class Inferred:
 
     @property
     def large(self) -> bool:
-        """Whether encoding the answer is better done off the event loop."""
+        """Whether the answer is written a piece at a time (:func:`_large_answer`) rather than at once."""
         return _elements(self.results) > INLINE_ELEMENTS
 
 

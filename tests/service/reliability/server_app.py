@@ -3,7 +3,8 @@
 
 ``IDG_TEST_DELAY_S`` slows each model call (see ``TinyNet``), so requests can be caught in flight;
 ``IDG_TEST_MODEL=steer`` serves ``Steerable`` (named "steer", the default model), whose answers the input image steers,
-beside the tiny model.
+beside the tiny model; ``IDG_TEST_MODEL=large`` serves it as "large" at an input of ``IDG_TEST_CROP`` pixels square (its
+attributions as large as that: 3 x 1024 x 1024 numbers at 1024), beside the tiny model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -36,7 +37,12 @@ def make_app() -> FastAPI:
     """The app ``app.server --app`` loads in the child process. With ``IDG_TEST_HOLD_START`` (a path), its start-up
     (the lifespan, where a real model loads) waits while that file exists: a process that takes its time to come up;
     with ``IDG_TEST_HOLD_PROCESS`` too, only the server process of that index (``idg-server-N``) waits."""
-    if os.environ.get("IDG_TEST_MODEL") == "steer":
+    if os.environ.get("IDG_TEST_MODEL") == "large":
+        crop = int(os.environ.get("IDG_TEST_CROP", "1024"))
+        large = steerable_classifier("large")
+        large.preprocessing = replace(large.preprocessing, resize_size=crop, crop_size=crop)
+        app = create_app(Settings(models=["large", "tiny"]), models={"large": large, "tiny": tiny_classifier()})
+    elif os.environ.get("IDG_TEST_MODEL") == "steer":
         app = create_app(Settings(models=["steer", "tiny"]), models={"steer": steerable_classifier(), "tiny": tiny_classifier()})
     else:
         app = create_app(Settings(models=["tiny"]), models={"tiny": tiny_classifier(float(os.environ.get("IDG_TEST_DELAY_S", "0")))})
