@@ -59,7 +59,10 @@ def live_server(app: FastAPI) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # idle connections kept as app.server.build keeps them (uvicorn's default 5 s races httpx's pool: a request lost)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            timeout_keep_alive=app.state.settings.keep_alive_timeout_s)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(600):
