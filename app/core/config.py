@@ -330,6 +330,12 @@ class JobsSettings(Section):
                                      "memory holds at most about twice this many times IDG_JOBS_MAX_UPLOAD_BYTES")
     jobs_max_bytes: int = Field(5_000_000_000, ge=1, description="Most bytes the job store holds (images not yet answered, "
                                 "answers), checked when a job is submitted; beyond, 507")
+    jobs_max_bytes_per_key: int = Field(
+        1_000_000_000, ge=1, description="Most bytes the jobs of one API key hold in the job store (their images not yet "
+        "answered, their answers: what IDG_JOBS_MAX_BYTES counts), checked when a job is submitted; beyond, 413 "
+        "quota_exceeded. Every key has it, admin keys too; without keys it does not apply. The default, a fifth of "
+        "IDG_JOBS_MAX_BYTES's, leaves room for four others however much one key sends; with one key, set it to "
+        "IDG_JOBS_MAX_BYTES")
     jobs_retention_s: float = Field(7 * 86400.0, gt=0, description="Finished jobs are deleted this long after they finished")
     jobs_in_flight: int = Field(2, ge=1, description="Images of jobs in the worker at once (per process), at a lower priority "
                                 "than any request; each holds one IDG_MAX_QUEUE slot")

@@ -31,6 +31,7 @@ from app.jobs.store import (
     Claimed,
     Finished,
     JobInfo,
+    QuotaExceeded,
     Reachability,
     ResultRow,
     StoreBusy,
@@ -191,11 +192,19 @@ class SqlStore:
 
     # -- the store -------------------------------------------------------------------------
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int, tenant: str | None = None, request_id: str | None = None) -> JobInfo:
+                   max_bytes: int, tenant: str | None = None, request_id: str | None = None,
+                   max_tenant_bytes: int | None = None) -> JobInfo:
         size = sum(len(data) for _, data in images)
         now = time.time()
         with self._tx() as cur:
-            self.lock_jobs(cur)
+            self.lock_jobs(cur)  # both bounds are checked and the job stored under one lock: no two submissions pass together
+            if tenant is not None and max_tenant_bytes is not None:
+                cur.execute("SELECT COALESCE(SUM(bytes), 0) FROM jobs WHERE tenant = ?", (tenant,))
+                held = int(cur.fetchone()[0])
+                if held + size > max_tenant_bytes:
+                    raise QuotaExceeded(f"the jobs of key {tenant!r} hold {held} bytes in the job store; this job's {size} more "
+                                        f"would pass IDG_JOBS_MAX_BYTES_PER_KEY ({max_tenant_bytes}): fetch and delete its "
+                                        "finished jobs, or wait for their retention to end")
             cur.execute("SELECT COALESCE(SUM(bytes), 0) FROM jobs")
             stored = int(cur.fetchone()[0])
             if stored + size > max_bytes:

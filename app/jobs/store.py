@@ -33,6 +33,10 @@ class StoreFull(Exception):
     """Storing this job would pass ``IDG_JOBS_MAX_BYTES`` (the route answers 507)."""
 
 
+class QuotaExceeded(Exception):
+    """Storing this job would pass its key's ``IDG_JOBS_MAX_BYTES_PER_KEY`` (the route answers 413)."""
+
+
 class StoreUnavailable(Exception):
     """The store could not be reached, or stayed locked past ``IDG_JOBS_STORE_TIMEOUT_S``: a passing failure
     (the routes answer 503 with ``Retry-After``; the runner waits and tries again). Nothing of the failed
@@ -173,10 +177,12 @@ class Store(Protocol):
     """How long one operation may wait for the store, in all (``IDG_JOBS_STORE_TIMEOUT_S``)."""
 
     def create_job(self, job_id: str, params: dict[str, Any], callback_url: str | None, images: list[tuple[str, bytes]],
-                   max_bytes: int, tenant: str | None = None, request_id: str | None = None) -> JobInfo:
-        """Store a job and its images in one transaction; :class:`StoreFull` if every job's bytes
-        would then pass ``max_bytes``. ``tenant``: the name of the key that submitted it; ``request_id``: the
-        submitting request's ``X-Request-ID``."""
+                   max_bytes: int, tenant: str | None = None, request_id: str | None = None,
+                   max_tenant_bytes: int | None = None) -> JobInfo:
+        """Store a job and its images in one transaction, or nothing of it: :class:`QuotaExceeded` if the bytes of
+        ``tenant``'s jobs would then pass ``max_tenant_bytes`` (not checked for a job of no tenant), else
+        :class:`StoreFull` if every job's bytes would then pass ``max_bytes``. ``tenant``: the name of the key that
+        submitted it; ``request_id``: the submitting request's ``X-Request-ID``."""
         ...
 
     def get_job(self, job_id: str) -> JobInfo | None: ...

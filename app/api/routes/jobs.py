@@ -32,7 +32,18 @@ from app.core.request_id import current_request_id
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.callbacks import redacted, url_problem
 from app.jobs.runner import JobRunner, job_status
-from app.jobs.store import JOB_DONE, MAX_INT, OPERATION_DEADLINE, JobInfo, ResultRow, Store, StoreBusy, StoreFull, StoreUnavailable
+from app.jobs.store import (
+    JOB_DONE,
+    MAX_INT,
+    OPERATION_DEADLINE,
+    JobInfo,
+    QuotaExceeded,
+    ResultRow,
+    Store,
+    StoreBusy,
+    StoreFull,
+    StoreUnavailable,
+)
 from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
 from app.service import Service
 from app.service.explain_if import ConditionError, parse_condition
@@ -106,8 +117,11 @@ NO_JOB: Responses = {404: {"model": ErrorResponse, "description": "No such job (
 KEYED: Responses = {**{c: ERROR_RESPONSES[c] for c in (401, 422)},
                    503: {"model": ErrorResponse, "description": "Starting, or the job store is unreachable for now (code "
                          "store_unavailable): retry after Retry-After seconds"}}
-SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 404, 408, 413, 415, 422)}, 503: KEYED[503],
-                 507: {"model": ErrorResponse, "description": "The job store is full (IDG_JOBS_MAX_BYTES)"}}
+SUBMIT_ERRORS: Responses = {**{c: ERROR_RESPONSES[c] for c in (400, 401, 404, 408, 415, 422)}, 503: KEYED[503],
+                 413: {"model": ErrorResponse, "description": "Too large: the body, an image (too_large), the job's images "
+                       "(too_many_images), or the bytes the key's jobs would hold in the store (quota_exceeded: "
+                       "IDG_JOBS_MAX_BYTES_PER_KEY)"},
+                 507: {"model": ErrorResponse, "description": "The job store is full (storage_full: IDG_JOBS_MAX_BYTES)"}}
 
 
 async def get_runner(request: Request) -> JobRunner:
@@ -228,7 +242,9 @@ async def _submitted(request: Request, service: Service, runner: JobRunner, imag
         stored["trace"] = trace
     try:
         info = await _stored(runner.store, runner.store.create_job, uuid.uuid4().hex, stored, callback_url, images,
-                             settings.jobs_max_bytes, tenant, current_request_id())
+                             settings.jobs_max_bytes, tenant, current_request_id(), settings.jobs_max_bytes_per_key)
+    except QuotaExceeded as err:
+        raise ApiError(413, str(err), code="quota_exceeded") from err
     except StoreFull as err:
         raise ApiError(507, str(err), code="storage_full") from err
     runner.wake()
