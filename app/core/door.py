@@ -227,7 +227,7 @@ class HttpDoor:
             await self.app(scope, receive, send)
             return
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER), None)
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]} if tracing.enabled() else None
         method, path = scope["method"], scope["path"]
         with self.doors.handle("http", "unmatched", request_id=given, carrier=carrier, name=f"{method} {path}",
                                line=f"{method} {path}", quiet=QUIET.fullmatch(path) is not None,
