@@ -127,12 +127,13 @@ class IDGReplica:
 
     async def check_health(self) -> None:
         """Ray's health check = the app's ``/health/ready``: not ready, draining or a stuck worker fails it,
-        and Serve replaces a replica that stays unhealthy. An unreachable job store does not: it is no
-        replica's fault, replacing them all would not bring it back, and each heals once it answers."""
+        and Serve replaces a replica that stays unhealthy. An unreachable job store does not (nor does it fail
+        ``/health/ready``): it is no replica's fault, replacing them all would not bring it back, and each heals once
+        it answers."""
         if self._metrics_address:
             self._targets.register.remote(self._replica, self._metrics_address)  # refreshed while the replica lives
         answer = await ready(Request({"type": "http", "app": self.app, "headers": []}))  # type: ignore[attr-defined]
-        if answer.status_code != 200 and b'"store_unreachable"' not in bytes(answer.body):
+        if answer.status_code != 200:
             raise RuntimeError(f"not ready: {bytes(answer.body).decode(errors='replace')}")
 
     def __del__(self) -> None:

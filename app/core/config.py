@@ -321,7 +321,8 @@ class JobsSettings(Section):
     jobs_store_timeout_s: float = Field(
         5.0, gt=0, le=300, description="How long one job store operation waits for the store (SQLite: another process's write "
         "lock; PostgreSQL: a working connection) before the store counts as unreachable: the request answers 503 with "
-        "Retry-After, the job runner waits and tries again, /health/ready says store_unreachable")
+        "Retry-After, the job runner waits and tries again, idg_durable_job_store_up is 0 (readiness is not touched: "
+        "/predict and /attribute still answer)")
     jobs_max_images: int = Field(10_000, ge=1, description="Most images in one job (POST /jobs); beyond, 413")
     jobs_max_upload_bytes: int = Field(300_000_000, ge=1, description="Largest POST /jobs body, and most bytes one job's "
                                        "images may take once its archives are unpacked (all its uploads together); beyond, 413")

@@ -49,7 +49,9 @@ REJECTION_REASONS = ("queue_full", "stalled", "stuck", "deadline", "shutting_dow
 JOB_OUTCOMES = ("answered", "failed", "retried", "lost")
 STORE_OPERATIONS = ("claim", "upkeep")
 CONDITIONS = ("held", "not_held", "none")
-HEALTH_PARTS = ("loaded", "worker", "store")
+HEALTH_PARTS = ("loaded", "worker")
+"""The parts of readiness (``idg_ready``, ``/health/ready``): whether the process can answer interactive work. The job
+store is none of them: its own gauge, ``idg_durable_job_store_up``, and alert say when it is down."""
 
 DRIFT_CLASS_BINS = 20
 SHARE_BUCKETS = tuple(i / 20 for i in range(1, 21))
@@ -264,8 +266,8 @@ class Metrics:
         self.set_health(loaded=ready)
 
     def set_health(self, **parts: bool) -> None:
-        """Parts of this process's readiness (:data:`HEALTH_PARTS`): ``loaded`` (models loaded and warm, not draining),
-        ``worker`` (not stuck past a deadline) and ``store`` (the job store answers). ``idg_ready`` and this process's
+        """Parts of this process's readiness (:data:`HEALTH_PARTS`): ``loaded`` (models loaded and warm, not draining) and
+        ``worker`` (not stuck past a deadline), as ``/health/ready`` answers them. ``idg_ready`` and this process's
         count in ``idg_ready_processes`` are 1 only while every part is true (written only when that changes)."""
         unknown = set(parts) - set(HEALTH_PARTS)
         if unknown:

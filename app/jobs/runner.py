@@ -229,19 +229,16 @@ class JobRunner:
     async def _claim_loop(self) -> None:
         while not self._stopping:
             try:
-                if await self._claim_some():
-                    self.metrics.set_health(store=True)
+                await self._claim_some()
                 self._claim_wait = POLL_S
             except StoreBusy as err:  # this process's own operations held the store: it answers, so no error and no wait
                 log.debug("claiming job images waited for this process's other store operations (%s)", err)
             except StoreUnavailable as err:  # said once by the store's Reachability; waits longer while it lasts
                 self.metrics.job_store_errors.labels("claim").inc()
-                self.metrics.set_health(store=False)  # idg_ready 0 until a claim succeeds again
                 self._claim_wait = min(2 * self._claim_wait, MAX_STORE_WAIT_S)
                 log.debug("claiming job images failed (%s); trying again in %g s", err, self._claim_wait)
             except Exception:  # noqa: BLE001 - the loop goes on whatever a claim meets
                 self.metrics.job_store_errors.labels("claim").inc()
-                self.metrics.set_health(store=False)  # idg_ready 0 until a claim succeeds again
                 log.exception("claiming job images failed; trying again in %g s", POLL_S)
             self._wake.clear()
             wait = self._claim_wait

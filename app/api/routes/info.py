@@ -45,13 +45,16 @@ async def live() -> dict[str, str]:
     return {"status": "alive"}
 
 
-@router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet, shutting down, the worker is stuck, "
-                                                            "or the job store is unreachable"}})
+@router.get("/health/ready", responses={503: {"description": "models not loaded and warm yet, shutting down, or the worker is "
+                                                            "stuck"}})
 async def ready(request: Request) -> JSONResponse:
-    """200 once every model is loaded and warmed up, 503 before, while shutting down, while the
-    worker is stuck on a request past its deadline, and while the job store is unreachable (with the
-    reason). With ``IDG_API_KEY`` set, a caller without the key gets the status alone: the model names
-    and the reason are for those who hold it."""
+    """200 while the process can answer interactive work (/predict, /attribute, /v2): once every model is loaded and warmed
+    up, and not while shutting down or while the worker is stuck on a request past its deadline (503 then, as ``idg_ready``
+    is 0 then). The job store is no part of it: while it cannot be reached the /jobs routes answer 503
+    ``store_unavailable`` and ``idg_durable_job_store_up`` is 0 (its own alert), and this says ``job_store: unreachable``
+    beside 200, so a load balancer keeps the replica for the interactive traffic it still serves. With ``IDG_API_KEY``
+    set, a caller without the key gets the status alone: the model names, the store and the reason are for those who
+    hold it."""
     if getattr(request.app.state, "ready", False):
         service: Service = request.app.state.service
         stuck = service.worker.stuck
@@ -60,12 +63,13 @@ async def ready(request: Request) -> JSONResponse:
             retry = str(max(1, round(service.settings.watchdog_grace_s)))
             body = {"status": "stuck", "reason": stuck} if full else {"status": "stuck"}
             return JSONResponse(body, status_code=503, headers={"Retry-After": retry})
+        if not full:
+            return JSONResponse({"status": "ready"})
         store = request.app.state.jobs.store.reachability
+        answer: dict[str, object] = {"status": "ready", "models": list(service.models), "job_store": "up" if store.up else "unreachable"}
         if not store.up:
-            reason = f"the job store is unreachable since {store.down_since:.0f} (Unix time): {store.error}"
-            body = {"status": "store_unreachable", "reason": reason} if full else {"status": "store_unreachable"}
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
-        return JSONResponse({"status": "ready", "models": list(service.models)} if full else {"status": "ready"})
+            answer["job_store_reason"] = f"unreachable since {store.down_since:.0f} (Unix time): {store.error}"
+        return JSONResponse(answer)
     status = "draining" if getattr(request.app.state, "draining", False) else "starting"  # draining: shutting down
     return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": "5"})
 
