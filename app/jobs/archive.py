@@ -256,7 +256,7 @@ def _inflated(data: bytes, magic: bytes, kind: str) -> Iterator[bytes]:
         if data.startswith(magic, end):  # concatenated streams are one (as gzip -d and xz -d read them)
             pos = end
             continue
-        garbage = len(data.rstrip(b"\x00")) - end
+        garbage = len(data[end:].rstrip(b"\x00"))  # the tail only: stripping ``data`` had copied all of it
         if garbage > 0:
             raise _Corrupt(f"{garbage} bytes that are neither another {kind} stream nor zero padding follow its {kind} stream's "
                            f"end (at byte {end}): refused, they would be dropped")
