@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
     if settings.replicas_expected is not None:
         metrics.replicas_expected.set(settings.replicas_expected)
     metrics.request_timeout.set(settings.request_timeout_s)
+    metrics.init_tenants([key.name for key in app.state.keys] or [""])  # who may submit jobs: each key's count at 0
     app.state.metrics = metrics
     app.state.doors = doors = Doors(metrics, share_limit(settings, app.state.keys))  # what every door passes through
     app.state.ready = False

@@ -6,9 +6,10 @@ before it starts them: prometheus_client then keeps every value in a file per pr
 the live processes, ``livemin`` for readiness, ``livemax`` for a start-up cost), whichever process the
 scrape reached.
 
-Every labelled counter whose labels are known when the app starts (each route with the statuses the alerts count, each
-model, each rejection reason, job outcome and store operation) is created at 0 then, so ``rate()`` and ``increase()``
-see the first failure after a start (a series that appears at 1 has no earlier sample to count from)."""
+Every labelled counter is created at 0 at start-up for every label value it can take (each route with the statuses the
+alerts count, each model and its class ranges, each rejection reason, job image outcome, job store operation, callback
+outcome and tenant), so ``rate()`` and ``increase()`` see the first failure after a start (a series that appears at 1 has
+no earlier sample to count from); tests/service/test_counters_at_start.py enumerates them."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -43,11 +44,16 @@ if TYPE_CHECKING:  # the module itself stays light: a server process of several 
     from idg_core.models.compiled import FixedBatchCompiled
 
 # the labels known at start: every route with the statuses the alerts count (the answers, the server's own failures and
-# the refusals), each rejection reason (app.worker), durable-job outcome and job store operation (app.jobs.runner)
+# the refusals), each rejection reason (app.worker), durable-job outcome, job store operation (app.jobs.runner), callback
+# outcome (app.jobs.callbacks) and tenant (the API keys' names)
 ALERT_STATUSES = ("200", "500", "503", "504")
 REJECTION_REASONS = ("queue_full", "stalled", "stuck", "deadline", "shutting_down", "client_disconnected")
 JOB_OUTCOMES = ("answered", "failed", "retried", "lost")
-STORE_OPERATIONS = ("claim", "upkeep")
+StoreOperation = Literal["claim", "upkeep", "release", "finish", "get_job", "callback_sent"]
+"""The job store operations counted apart in ``idg_durable_job_store_errors_total`` (the runner's ``_store`` takes one)."""
+STORE_OPERATIONS: tuple[StoreOperation, ...] = get_args(StoreOperation)
+CALLBACK_OUTCOMES = ("delivered", "refused", "failed")
+"""The first word of a callback's outcome (:func:`app.jobs.callbacks.deliver`)."""
 CONDITIONS = ("held", "not_held", "none")
 HEALTH_PARTS = ("loaded", "worker")
 """The parts of readiness (``idg_ready``, ``/health/ready``): whether the process can answer interactive work. The job
@@ -210,12 +216,19 @@ class Metrics:
             self.job_images.labels(outcome)
         for operation in STORE_OPERATIONS:
             self.job_store_errors.labels(operation)
+        for outcome in CALLBACK_OUTCOMES:
+            self.job_callbacks.labels(outcome)
         for cause in ("no_work", "host"):
             self.process_device_idle.labels(cause)
             if not self.multiprocess:
                 self.device_idle.labels(cause)
         for phase in ("headers", "body"):
             self.read_timeouts.labels(phase)
+
+    def init_tenants(self, tenants: Iterable[str]) -> None:
+        """Create each tenant's count of submitted jobs at 0: the API keys' names, or "" (no keys)."""
+        for tenant in tenants:
+            self.jobs_submitted.labels(tenant)
 
     def init_routes(self, routes: Iterable[str]) -> None:
         """Create each route's request counters at 0 for the statuses the alerts count (:data:`ALERT_STATUSES`)."""

@@ -38,6 +38,7 @@ from app.core.config import Settings
 from app.core.door import Call, Doors
 from app.core.errors import ApiError
 from app.core.model_loading import ModelLoadError
+from app.core.prometheus import StoreOperation
 from app.core.replica import replica_id
 from app.jobs.callbacks import deliver, redacted
 from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreBusy, StoreUnavailable
@@ -288,7 +289,7 @@ class JobRunner:
                 self.metrics.job_store_errors.labels("upkeep").inc()
                 log.exception("renewing job claims failed")
 
-    async def _store(self, what: str, call: Callable[..., T], *args: Any) -> T:
+    async def _store(self, what: StoreOperation, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` in a thread, tried again while the store is unreachable (waiting longer each time,
         up to :data:`MAX_STORE_WAIT_S`) until it answers, or the runner stops (the task is cancelled)."""
         wait, tries = STORE_RETRY_S, 0
