@@ -1,6 +1,7 @@
 """Every door keeps the service's promises, because every door makes the same typed application call: work that
 cannot finish by the request deadline (counted from arrival) is answered by the deadline, refused in that door's
-own form; a bad parameter and an unknown model are refused before any work, again in the door's form.
+own form, and counted by the layer every door passes through (``idg_requests_total{door, route, status}``) in its
+protocol's terms; a bad parameter and an unknown model are refused before any work, again in the door's form.
 
 The doors: ``/attribute`` (the JSON error contract), ``/attribute/batch`` (a status per image), ``/attribute/stream``
 (an ``error`` event), ``/v2/models/{m}/infer`` (the Open Inference Protocol's ``{"error": ...}``), its ``ModelInfer``
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 from httpx import AsyncClient, Response
+from prometheus_client.parser import text_string_to_metric_families
 
 import app.core.images as images
 from app.core.config import Settings
@@ -137,6 +139,17 @@ DOORS: dict[str, tuple[Door, int]] = {
     "/v2 gRPC": (v2_grpc, 1), "a job's image": (job, MAX_ATTEMPTS),
 }
 """Each door, and how many deadlines its answer may take (a job retries a late image)."""
+COUNTED = {"/attribute": ("http", "/attribute", "504"), "/attribute/batch": ("http", "/attribute/batch", "200"),
+           "/attribute/stream": ("http", "/attribute/stream", "200"), "/v2 HTTP": ("http", "/v2/models/{name}/infer", "504"),
+           "/v2 gRPC": ("grpc", "ModelInfer", "DEADLINE_EXCEEDED"), "a job's image": ("job", "image", "504")}
+"""How the layer every door passes through (app.core.door) counts a late answer of each: its door, its route, and the
+status its protocol answered (a batch's and a stream's late images are in a 200's body)."""
+
+
+async def _counted(client: AsyncClient, door: str, route: str, status: str) -> float:
+    text = (await client.get("/metrics")).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "idg_requests_total" and s.labels == {"door": door, "route": route, "status": status})
 
 
 @pytest.fixture(autouse=True)
@@ -171,6 +184,7 @@ async def test_work_past_the_deadline_is_answered_by_it_in_the_doors_form(tiny_a
         assert refusal.status == 504 and refusal.code in ("deadline", None), refusal
         assert f"within its deadline of {TIMEOUT_S:g} s" in refusal.message, refusal
         assert took < deadlines * TIMEOUT_S + SLACK_S, took  # not the 5 s the work would take
+        assert await _counted(client, *COUNTED[name]) == deadlines  # a job's image: each try, retried as late
         assert app.state.service.worker.depth == 0  # nothing left in the worker
         await asyncio.sleep(0.3)  # the calls already on the device (two at most, 0.1 s each) end
         calls = len(app.state.service.models["tiny"].net.calls)
