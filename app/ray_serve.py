@@ -11,17 +11,18 @@ no second copy. Settings come from ``IDG_*`` variables, which the Serve config p
     serve deploy deploy/ray/serve.yaml -a http://HEAD:8265   # a running cluster
 
 Metrics: each replica serves its own Prometheus registry (the app's ``idg_*`` metrics) on a port of
-its node, and registers that address with :class:`MetricsTargets`, a small detached actor; any
-replica answers ``GET /metrics/targets`` with the list in Prometheus's HTTP service-discovery format
-(``http_sd_configs``), so one scrape target per replica, found by Prometheus itself. A replica's
-registration is refreshed by each health check and dropped when it stops (or, if killed, once it is
-older than :data:`TARGET_MAX_AGE_S`).
+its node (the first free one of ``IDG_REPLICA_METRICS_PORTS``), and registers that address with
+:class:`MetricsTargets`, a small detached actor; any replica answers ``GET /metrics/targets`` with the
+list in Prometheus's HTTP service-discovery format (``http_sd_configs``), so one scrape target per
+replica, found by Prometheus itself. A replica's registration is refreshed by each health check and
+dropped when it stops (or, if killed, once it is older than :data:`TARGET_MAX_AGE_S`).
 
 ``ray[serve]`` is an optional extra (``pip install -e '.[ray]'``); nothing else imports this module.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import time
@@ -31,7 +32,7 @@ from typing import Any
 import ray
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 from ray import serve
 from ray.serve import Application
 from starlette.requests import Request
@@ -73,6 +74,22 @@ def metrics_targets() -> Any:
         name=TARGETS_ACTOR, namespace="idg", get_if_exists=True, lifetime="detached").remote()
 
 
+def serve_metrics(registry: CollectorRegistry, host: str, ports: range) -> Any:
+    """Serve ``registry`` as Prometheus text on ``host`` at the first port of ``ports`` that is free (another replica of
+    the node, or another program, may hold the ones before); the HTTP server (its ``server_port``). None free: a
+    RuntimeError naming the setting, and the replica does not start."""
+    for port in ports:
+        try:
+            server, _ = start_http_server(port, addr=host, registry=registry)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            continue
+        return server
+    raise RuntimeError(f"no free port for this replica's metrics on {host} in IDG_REPLICA_METRICS_PORTS={ports.start}-"
+                       f"{ports.stop - 1}: widen the range (every replica of a node takes one)")
+
+
 def load_factory(path: str) -> Callable[[], FastAPI]:
     """``module:function`` -> the function (called with no arguments, it returns the app)."""
     module, _, name = path.partition(":")
@@ -88,7 +105,7 @@ def load_factory(path: str) -> Callable[[], FastAPI]:
     name="idg",
     # One worker per replica owns the device; these are the defaults, deploy/ray/serve.yaml overrides them.
     ray_actor_options={"num_cpus": 1},
-    max_ongoing_requests=88,  # > the app's own bound (max_queue 64 + max_predict_queue 16): the app answers 503 first
+    max_ongoing_requests=104,  # > the app's own bound (max_queue 64 + the prediction queue 32): the app answers 503 first
     health_check_period_s=HEALTH_CHECK_PERIOD_S,
     health_check_timeout_s=10,
     graceful_shutdown_timeout_s=30,
@@ -109,10 +126,11 @@ class IDGReplica:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Called by Serve after ``__init__``; Serve then runs the app's lifespan (models, warm-up, worker).
-        Also starts this replica's metrics server (a free port on its node) and registers it."""
+        Also starts this replica's metrics server (the first free port of IDG_REPLICA_METRICS_PORTS on its node) and
+        registers it."""
         app = load_factory(self._factory)()
         log.info("replica built its app from %s", self._factory)
-        self._metrics_server, _ = start_http_server(0, addr=self._metrics_host, registry=app.state.metrics.registry)
+        self._metrics_server = serve_metrics(app.state.metrics.registry, self._metrics_host, app.state.settings.metrics_ports)
         self._metrics_address = f"{self._metrics_host}:{self._metrics_server.server_port}"
         self._targets.register.remote(self._replica, self._metrics_address)
         log.info("replica %s: its metrics at http://%s/metrics", self._replica, self._metrics_address)

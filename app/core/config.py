@@ -400,7 +400,26 @@ class MonitoringSettings(Section):
     replicas_expected: int | None = Field(
         None, ge=1, description="How many replicas of this service should answer (Ray Serve replicas, Kubernetes pods, "
         "servers behind one load balancer): exported as idg_replicas_expected, and IDGReplicasMissing fires when fewer are "
-        "up for 5 minutes (a replica that died and left service discovery has no target for IDGDown); unset: no such alert")
+        "up for 5 minutes (a replica that died and left service discovery has no target for IDGDown); unset: no such alert. "
+        "Under Ray Serve keep it equal to the deployment's autoscaling min_replicas (deploy/ray/serve.yaml)")
+    replica_metrics_ports: str = Field(
+        "9500-9599", description="Under Ray Serve (app.ray_serve): the ports, LOW-HIGH, from which each replica serves its own "
+        "/metrics on its node, the first free one (two replicas on a node take two), so a firewall or a static scrape "
+        "config can name them; none free stops the replica's start, naming this setting")
+
+    @field_validator("replica_metrics_ports")
+    @classmethod
+    def _port_range(cls, value: str) -> str:
+        low, sep, high = value.partition("-")
+        if not (sep and low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high) <= 65535):
+            raise ValueError(f"IDG_REPLICA_METRICS_PORTS must be LOW-HIGH, two ports with LOW <= HIGH, got {value!r}")
+        return f"{int(low)}-{int(high)}"
+
+    @property
+    def metrics_ports(self) -> range:
+        """``replica_metrics_ports`` as the ports it names."""
+        low, _, high = self.replica_metrics_ports.partition("-")
+        return range(int(low), int(high) + 1)
 
 
 SECTIONS: tuple[type[Section], ...] = (
