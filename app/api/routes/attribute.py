@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
+from pydantic import TypeAdapter
 
 from app.api.deps import get_service, require_api_key
 from app.api.failures import alone, internal_error
@@ -84,7 +85,7 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
 
 
 @router.post("/attribute/batch", response_model=BatchResponse, responses=ERROR_RESPONSES, openapi_extra=BATCH_DOCS)
-async def attribute_batch(request: Request, service: Annotated[Service, Depends(get_service)]) -> BatchResponse:
+async def attribute_batch(request: Request, service: Annotated[Service, Depends(get_service)]) -> StreamingResponse:
     """Several images (multipart ``files``, repeated) with one set of /attribute form fields; one
     result per image, each with its own status, so a bad image does not fail the others. The
     images go through the same queue and share model calls."""
@@ -102,4 +103,29 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
             return BatchItem(filename=name, status=api.status, error=ErrorDetail(status=api.status, code=api.code, message=api.message))
 
     items = await asyncio.gather(*[one(name, data) for name, data in files])
-    return BatchResponse(items=list(items), succeeded=sum(i.status == 200 for i in items), failed=sum(i.status != 200 for i in items))
+    batch = BatchResponse(items=list(items), succeeded=sum(i.status == 200 for i in items), failed=sum(i.status != 200 for i in items))
+    return await _batch_answer(batch)
+
+
+_ITEM = TypeAdapter(BatchItem)
+
+
+async def _batch_answer(batch: BatchResponse) -> StreamingResponse:
+    """The batch's JSON, its items serialised one at a time (by pydantic, as FastAPI would the whole answer: the same
+    bytes) with the event loop free between them, then sent with its Content-Length. At once, 8 explained images of a
+    1024-pixel model with their arrays and PNGs, 174 MB, had held the loop 0.37 s (/health/live waited)."""
+    shell = batch.model_copy(update={"items": []}).model_dump_json()
+    before, after = shell.split('"items":[]', 1)
+    pieces = [f'{before}"items":['.encode()]
+    for i, item in enumerate(batch.items):
+        if i:
+            pieces.append(b",")
+        pieces.append(_ITEM.dump_json(item))
+        await asyncio.sleep(0)
+    pieces.append(f"]{after}".encode())
+    return StreamingResponse(_each(pieces), media_type="application/json", headers={"Content-Length": str(sum(map(len, pieces)))})
+
+
+async def _each(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
