@@ -47,7 +47,7 @@ with httpx.Client(timeout=300) as client:
     r = client.send(request, stream=True)
     size, head, tail = 0, b"", b""
     for chunk in r.iter_bytes():
-        head = head or chunk[:200]
+        head = head if len(head) >= 200 else (head + chunk)[:200]
         tail = (tail + chunk)[-200:]
         size += len(chunk)
     r.close()
