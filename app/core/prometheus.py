@@ -159,8 +159,8 @@ class Metrics:
             ["operation"], registry=r)
         self.jobs_submitted = Counter("idg_durable_jobs_submitted", "Durable jobs submitted, by the name of the API key that "
                                       "submitted them (empty without keys)", ["tenant"], registry=r)
-        self.job_callbacks = Counter("idg_durable_job_callbacks", "Job callbacks by outcome: delivered (answered 2xx/3xx), "
-                                     "refused (4xx), failed (no answer below 500 after every try)", ["outcome"], registry=r)
+        self.job_callbacks = Counter("idg_durable_job_callbacks", "Job callbacks by outcome: delivered (answered 2xx), "
+                                     "refused (4xx), failed (a 3xx, 5xx, 408, 425, 429 or no answer at every try)", ["outcome"], registry=r)
         self.job_store_up = Gauge("idg_durable_job_store_up", "1 while the job store answers, 0 from a failed operation (unreachable, "
                                   "or locked past IDG_JOBS_STORE_TIMEOUT_S) until one succeeds again", registry=r,
                                   multiprocess_mode="livemin")
