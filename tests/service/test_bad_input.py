@@ -247,7 +247,7 @@ async def test_api_key(tiny_app: AppFactory) -> None:
         r = await client.get("/health/ready")  # probes need no key, and tell a stranger nothing more than the status
         assert r.status_code == 200 and r.json() == {"status": "ready"}
         r = await client.get("/health/ready", headers={"x-api-key": "s3cret"})
-        assert r.json() == {"status": "ready", "models": ["tiny"]}
+        assert r.json() == {"status": "ready", "models": ["tiny"], "job_store": "up"}
         metrics = await client.get("/metrics")  # off by default: scrapes come over a protected network
         assert metrics.status_code == 200 and "idg_http_requests_total" in metrics.text
 
