@@ -96,6 +96,7 @@ def add_routes(app: FastAPI, settings: Settings, doors: Doors) -> None:
         app.include_router(router)
     # every route's counters at 0, so rate() sees its first failure (the routers', included without a prefix)
     doors.init_routes("http", [r.path for router in routers for r in router.routes if isinstance(r, APIRoute)])
+    doors.init_routes("job", ["image"])  # each image of a durable job (app.jobs.runner), as its answer's status
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
     install_openapi(app, settings)  # the schema says what this server accepts
