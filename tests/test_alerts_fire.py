@@ -35,6 +35,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.core.prometheus import STORE_OPERATIONS
 from tests.service.conftest import image_bytes
 from tests.service.reliability.server_app import Served, serve_process
 from tests.test_monitoring import PROMTOOL, RULES
@@ -447,7 +448,7 @@ def test_a_job_store_that_goes_down_fires_store_errors_and_leaves_the_instance_r
         assert down.increase("idg_durable_job_store_errors_total", operation="claim") >= 1
         assert down.value("idg_ready") == 1 and down.value("idg_ready_processes") == 1
         assert httpx.get(served.url + "/health/ready", timeout=10).status_code == 200
-        failing = [op for op in ("claim", "upkeep") if down.increase("idg_durable_job_store_errors_total", operation=op) > 0]
+        failing = [op for op in STORE_OPERATIONS if down.increase("idg_durable_job_store_errors_total", operation=op) > 0]
         assert_alerts(tmp_path, [down], {"IDGJobStoreErrors": [firing("IDGJobStoreErrors", "idg:8000", operation=op) for op in failing],
                                          "IDGNotReady": [], "IDGDown": []})
         assert_alerts(tmp_path, [healthy], {"IDGJobStoreErrors": [], "IDGNotReady": []})

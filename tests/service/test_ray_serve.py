@@ -189,7 +189,7 @@ def test_each_replica_is_its_own_scrape_target(cluster: str) -> None:
 
 @pytest.mark.slow  # 18 s on the 2-core VM: make test kept under its 15 minutes (2026-11-27: 15:30 of checks)
 def test_a_full_replica_answers_503_with_retry_after_and_a_late_request_504_through_ray(cluster: str) -> None:
-    """Back-pressure stays honest under Serve: Ray's max_ongoing_requests (88) is above the app's own
+    """Back-pressure stays honest under Serve: Ray's max_ongoing_requests (104) is above the app's own
     bound, so the app's JSON 503 + Retry-After and its 504 reach the client unchanged. A second
     application on the same cluster: one replica admitting one request, a 3 s deadline."""
     from app.ray_serve import IDGReplica
