@@ -27,8 +27,9 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.routing import Mount
@@ -38,10 +39,7 @@ from app.core import tracing
 from app.core.errors import ApiError, error_body
 from app.core.keys import Key, match
 from app.core.prometheus import ALERT_STATUSES, Metrics
-from app.core.request_id import HEADER, QUIET, bind_request_id, request_id_from, unbind_request_id
-
-if TYPE_CHECKING:
-    from contextvars import Token
+from app.core.request_id import HEADER, QUIET, SAFE, bind_request_id, request_id_from, unbind_request_id
 
 log = logging.getLogger("app.requests")
 
@@ -61,6 +59,7 @@ GRPC_ALERT_STATUSES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "INTERNAL", "UNAVA
 """The gRPC statuses each RPC's counter starts at 0 with (so ``rate()`` sees the first of them)."""
 CALL = "idg_door_call"
 """The key in an HTTP request's ``scope["state"]`` of its :class:`Call`."""
+_current: ContextVar[Call | None] = ContextVar("idg_door_call", default=None)
 
 
 def grpc_status_name(err: ApiError) -> str:
@@ -101,6 +100,8 @@ class Call:
     """Added to the access log line's fields (JSON logs)."""
     key: str | None = None
     """The name of the API key admitted on its share (:meth:`admit`), until the call ends."""
+    given: bool = False
+    """Whether the request ID was the caller's (else made, and a protocol's own ID read later may replace it)."""
 
     def admit(self, key: Key | None) -> None:
         """Take one of ``key``'s share of the queue for this call, or raise a 503 (``key_share``, ``Retry-After: 1``)
@@ -175,8 +176,9 @@ class Doors:
         if door not in DOORS:
             raise ValueError(f"unknown door {door!r}, expected one of {DOORS}")
         rid = request_id_from(request_id)
-        call = Call(self, door, route, rid, name=name or f"{door} {route}", line=line or f"{door} {route}")
+        call = Call(self, door, route, rid, name=name or f"{door} {route}", line=line or f"{door} {route}", given=rid == request_id)
         token: Token[str | None] = bind_request_id(rid)
+        current = _current.set(call)
         started = time.perf_counter()
         try:
             traced = tracing.server_span(call.name, carrier, {"idg.door": door, "idg.request_id": rid, **(attributes or {})},
@@ -197,8 +199,8 @@ class Doors:
                     call.status = call.status or SUCCESS[door]
                     call._release()  # noqa: SLF001 - the call's own slot
                     if span is not None:
-                        tracing.end_server_span(span, call.name, {**call.attributes, "idg.status": call.status},
-                                                server_failure(door, call.status))
+                        tracing.end_server_span(span, call.name, {**call.attributes, "idg.status": call.status,
+                                                                  "idg.request_id": call.request_id}, server_failure(door, call.status))
         finally:
             seconds = time.perf_counter() - started
             status = call.status or FAILED[door]
@@ -208,7 +210,19 @@ class Doors:
                 log.info("%s %s in %.1f ms", call.line, status, ms, extra={"fields": {
                     "door": door, "route": call.route, **call.fields, "status": int(status) if status.isdigit() else status,
                     "ms": ms}})
+            _current.reset(current)
             unbind_request_id(token)
+
+
+def adopt_request_id(given: str | None) -> None:
+    """A protocol's own request ID read once its call began (the Open Inference Protocol's ``id`` in an HTTP body) as the
+    call's, where the caller gave none (no ``X-Request-ID``) and it is safe: from now on in the call's log lines, and in
+    its answer's ``X-Request-ID``, its span and its access line."""
+    call = _current.get()
+    if call is None or call.given or not given or not SAFE.fullmatch(given):
+        return
+    call.request_id, call.given = given, True
+    bind_request_id(given)  # the door's own token restores the ID from before the call when it ends
 
 
 class HttpDoor:
@@ -252,7 +266,6 @@ class HttpDoor:
             call.fields.update(method=method, path=path)
             state = scope.setdefault("state", {})
             state["request_id"], state[CALL] = call.request_id, call
-            rid = call.request_id.encode()
             status: int | None = None
             sent: int | None = None
             client_gone = finished = False
@@ -271,7 +284,7 @@ class HttpDoor:
                     if status is None:
                         status = 499 if client_gone else message["status"]
                     headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != HEADER]
-                    message["headers"] = [*headers, (HEADER, rid)]
+                    message["headers"] = [*headers, (HEADER, call.request_id.encode())]
                 try:
                     await send(message)
                 except OSError:  # uvicorn's ClientDisconnected: the body had nowhere to go

@@ -7,6 +7,7 @@ is a call through the job door, counted and logged with the request ID of the PO
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 import time
@@ -168,3 +169,23 @@ async def test_each_job_image_is_a_call_through_the_job_door(tiny_app: AppFactor
     access = sorted(r.getMessage() for r in caplog.records if r.name == "app.requests" and getattr(r, "request_id", None) == "nightly-7")
     assert len(access) == 3 and access[0].startswith("POST /jobs 202 in "), access  # the submission, then each image
     assert [a.split(" in ")[0] for a in access[1:]] == [f"job {job} image 0 200", f"job {job} image 1 200"], access
+
+
+async def test_an_oip_requests_own_id_names_it_over_http_where_no_x_request_id_does(
+        tiny_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.handler.addFilter(RequestIdFilter())
+    body = {"id": "oip-41", "inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                        "data": [base64.b64encode(image_bytes()).decode()]}]}
+    with caplog.at_level(logging.INFO, logger="app"):
+        async with serve(tiny_app(warmup=False, log_predictions=True)) as client:
+            caplog.clear()
+            own = await client.post("/v2/models/tiny/infer", json=body)
+            both = await client.post("/v2/models/tiny/infer", json=body | {"id": "oip-42"}, headers={"X-Request-ID": "h-42"})
+            unsafe = await client.post("/v2/models/tiny/infer", json=body | {"id": "has space"})
+    assert own.status_code == 200 and own.headers["x-request-id"] == "oip-41" and own.json()["id"] == "oip-41"
+    assert both.headers["x-request-id"] == "h-42" and both.json()["id"] == "oip-42"  # the header names the request
+    assert re.fullmatch("[0-9a-f]{32}", unsafe.headers["x-request-id"]) and unsafe.json()["id"] == "has space"
+    named = [(r.name, r.getMessage()) for r in caplog.records if getattr(r, "request_id", None) == "oip-41"]
+    assert [n for n, _ in named] == ["app.results", "app.requests"], named  # its result line, then its access line
+    assert named[-1][1].startswith("POST /v2/models/tiny/infer 200 in "), named
+    assert not [r for r in caplog.records if getattr(r, "request_id", None) == "oip-42"]

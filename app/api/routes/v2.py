@@ -78,6 +78,7 @@ from app.api.oip import (
     write_infer_response,
 )
 from app.api.requests import check_json_types, first_error, read_body, until_disconnected
+from app.core.door import adopt_request_id
 from app.core.errors import ApiError, allow_header, documented_methods
 from app.core.image_threads import in_image_thread
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
@@ -250,6 +251,7 @@ async def infer(name: str, request: Request, service: Annotated[Service, Depends
     body = await read_body(request, service.settings.max_upload_bytes)
     read = partial(read_infer_request, body, request.headers.get(HEADER_LENGTH), batch_limits(service, model))
     req, tensors = await in_image_thread(read) if len(body) >= LARGE_REQUEST_BYTES else read()
+    adopt_request_id(req.id)  # no X-Request-ID: the protocol's id names the request (its log lines, its X-Request-ID)
     check_body_names(req, name, key)
     inferred = await run_inference(service, key, model, req, tensors,
                                    service.context(received, until_disconnected=until_disconnected(request)))
