@@ -1,7 +1,8 @@
-"""Request IDs: taken from the request (``X-Request-ID``, gRPC metadata ``x-request-id``, when it is 1-128 safe
-characters) or made (32 hex digits) by the door it came through (:mod:`app.core.door`), echoed on every answer, in the
-log lines written while the request runs (:class:`RequestIdFilter`), and the Open Inference Protocol answer's ``id``
-when the request gave none (:func:`app.api.oip.write_infer_response`)."""
+"""Request IDs: taken from the request (``X-Request-ID``, gRPC metadata ``x-request-id``, else the Open Inference
+Protocol request's ``id``, when it is 1-128 safe characters) or made (32 hex digits) by the door it came through
+(:mod:`app.core.door`), echoed on every answer, in the log lines written while the request runs
+(:class:`RequestIdFilter`), and the Open Inference Protocol answer's ``id`` when the request gave none
+(:func:`app.api.oip.write_infer_response`)."""
 
 from __future__ import annotations
 
