@@ -319,8 +319,8 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
         # idle kept-alive connections outlast the clients' pools (uvicorn's 5 s raced httpx's 5 s: a request lost)
         timeout_keep_alive=settings.keep_alive_timeout_s,
-        # the access line is app.requests' (app.core.request_id: request ID, status, milliseconds; probes and scrapes left
-        # out); uvicorn's own wrote a second line for every request and one for every probe, on the event loop
+        # the access line is app.requests' (app.core.door: request ID, status, milliseconds; probes and scrapes left out);
+        # uvicorn's own wrote a second line for every request and one for every probe, on the event loop
         access_log=False,
         # JSON logs: uvicorn's own lines go to the root logger's JSON handler too, rather than its text ones
         log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
