@@ -3,12 +3,14 @@ Inference Protocol over HTTP (:class:`HttpDoor`, ASGI middleware), the protocol 
 servicer) and the durable jobs' runner (:mod:`app.jobs.runner`, one call per job image). Each adapts its protocol to
 :meth:`Doors.handle`, a context manager around one request, RPC or job image that does, the same way for all of them:
 
-- the request ID: the one given (``X-Request-ID``, gRPC metadata ``x-request-id``, the protocol's request ``id``, a job's
-  submitting request's) when it is safe (:data:`app.core.request_id.SAFE`), else a new one; bound into the logging
-  context while the call runs, so every log line and result line names it (:class:`app.core.request_id.RequestIdFilter`);
-  the adapter returns it (``X-Request-ID``, metadata ``x-request-id``);
+- the request ID: the one given (``X-Request-ID``, gRPC metadata ``x-request-id``, else the protocol's request ``id``:
+  :func:`adopt_request_id`; a job's submitting request's) when it is safe (:data:`app.core.request_id.SAFE`), else a new
+  one; bound into the logging context while the call runs, so every log line and result line names it
+  (:class:`app.core.request_id.RequestIdFilter`); the adapter returns it (``X-Request-ID``, metadata ``x-request-id``);
 - admission: :meth:`Call.admit` takes one of the API key's share of the queue (``IDG_KEY_SHARE`` of ``IDG_MAX_QUEUE``,
-  with several keys), whatever the door, so one tenant's flood over gRPC holds its share of the HTTP calls' queue too;
+  with several keys) for the work of HTTP and gRPC calls together, so one tenant's flood over gRPC is held to its share
+  while another's HTTP calls find room (a job's images take none: ``IDG_JOBS_IN_FLIGHT`` bounds them, and the
+  ``POST /jobs`` that submitted them took its slot);
 - the count: ``idg_requests_total{door, route, status}`` and ``idg_request_seconds{door, route}``, ``status`` being the
   HTTP status (``"200"``, ``"503"``) or the gRPC status code's name (``"OK"``, ``"NOT_FOUND"``); the HTTP door's also
   under their first names, ``idg_http_requests_total{route, status}`` and ``idg_http_request_seconds{route}``;
@@ -16,7 +18,7 @@ servicer) and the durable jobs' runner (:mod:`app.jobs.runner`, one call per job
   ``job 0f3... image 2 200 in 3.2 ms``; none for the probes and scrapes (``quiet``);
 - one server span (``IDG_TRACING``, :mod:`app.core.tracing`): a caller's W3C ``traceparent`` (header or metadata)
   continues its trace, and the call's stages (decoding, the queue wait, the worker and its model calls, rendering)
-  are its children.
+  are its children; a job image's span (a consumer's) is a child of its ``POST /jobs``.
 """
 
 from __future__ import annotations
