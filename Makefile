@@ -7,7 +7,7 @@ HOST ?= $(or $(IDG_HOST),127.0.0.1)
 PORT ?= $(or $(IDG_PORT),8000)
 SERVE_ARGS ?=
 
-.PHONY: run test test-all demo lint bench eval docs
+.PHONY: run test test-all demo lint bench eval docs cluster-check
 
 run:
 	@scripts/setup.sh
@@ -45,3 +45,9 @@ eval:
 docs:
 	scripts/setup.sh dev
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve -a 127.0.0.1:8001
+
+# a real two-node Ray cluster on this machine (root: each node in a network namespace of its own), a durable job through
+# a node's death, Prometheus and IDGReplicasMissing; ~2-3 min on 2 cores, at most 15 (docs/ray.md#cluster-check)
+cluster-check:
+	scripts/setup.sh dev
+	scripts/cluster_check.sh
