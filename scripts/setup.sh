@@ -68,3 +68,17 @@ if [[ ",$extras," == *",dev,"* ]]; then
         fi
     done
 fi
+# KServe's own Python clients for tests/service/test_oip_kserve.py, in a folder of their own (.venv/peers/kserve, put
+# on PYTHONPATH by that test's client process only): kserve 0.21 pins protobuf and psutil below this project's, so
+# it cannot live in .venv itself. About 430 MB, a minute, once (its stamp); where it cannot be had, that test skips.
+KSERVE=kserve==0.21.0
+if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/kserve/.installed-$KSERVE" ]; then
+    say "installing KServe's client ($KSERVE) apart, into .venv/peers/kserve, for the test of peers' clients"
+    rm -rf .venv/peers/kserve
+    if .venv/bin/python -m pip install --progress-bar off -q --target .venv/peers/kserve "$KSERVE" >/dev/null 2>&1; then
+        touch ".venv/peers/kserve/.installed-$KSERVE"
+    else
+        rm -rf .venv/peers/kserve
+        say "could not install $KSERVE; tests/service/test_oip_kserve.py's client test will skip"
+    fi
+fi

@@ -6,26 +6,28 @@ version disagrees with the path (400, saying so) instead of answering for the pa
 The bodies below are written as kserve 0.21's ``python/kserve/kserve/protocol/infer_type.py`` (``InferRequest.to_rest``)
 and ``inference_client.py`` (``InferenceRESTClient.infer``) write them: JSON ``{"id", "model_name", "inputs"[,
 "outputs"][, "parameters"]}`` posted without a Content-Type, or, where an input holds raw bytes, that JSON followed by
-the bytes, with ``Inference-Header-Content-Length`` and ``content-type: application/octet-stream``. Where the ``kserve``
-package is installed (it is not a dev dependency: it pins protobuf and psutil below this project's), the last test
-drives the real client against a real server process."""
+the bytes, with ``Inference-Header-Content-Length`` and ``content-type: application/octet-stream``. The last test drives
+KServe's real clients (REST and gRPC) against a real server process, from ``.venv/peers/kserve`` (``scripts/setup.sh
+dev`` installs the ``kserve`` package there, apart: it pins protobuf and psutil below this project's)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import os
+import socket
 import struct
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import httpx
-import numpy as np
 import pytest
 from httpx import AsyncClient
 
 from tests.service.conftest import AppFactory, image_bytes, serve
-from tests.service.reliability.server_app import Served, serve_process
+from tests.service.reliability.server_app import ROOT, Served, serve_process
 from tests.service.test_oip import b64
 
 FILES = [image_bytes((30, 140, 220)), image_bytes((220, 60, 30), size=(60, 44))]
@@ -92,35 +94,33 @@ async def test_a_body_that_names_another_model_or_version_is_refused_saying_so(
         assert app.state.service.models["tiny"].net.calls == []  # refused before any work
 
 
-@pytest.fixture(scope="module")
-def kserve() -> Any:
-    return pytest.importorskip("kserve", reason="kserve is not installed (it pins protobuf and psutil below this project's)")
+KSERVE_SITE = Path(os.environ.get("IDG_KSERVE_SITE") or ROOT / ".venv" / "peers" / "kserve")
+"""Where ``kserve`` is installed apart (``scripts/setup.sh dev``: it pins protobuf and psutil below this project's)."""
 
 
 @pytest.fixture(scope="module")
-def served(kserve: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serve_process(tmp_path_factory.mktemp("kserve") / "server.log") as s:
-        yield s
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, int]]:
+    if not (KSERVE_SITE / "kserve").is_dir():
+        pytest.skip(f"KServe's client is not at {KSERVE_SITE}: scripts/setup.sh dev installs it there")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        grpc_port = s.getsockname()[1]
+    with serve_process(tmp_path_factory.mktemp("kserve") / "server.log", IDG_GRPC_PORT=grpc_port) as s:
+        yield s, grpc_port
 
 
-def test_kserves_own_rest_client_gets_its_answer(kserve: Any, served: Served) -> None:
-    async def run() -> tuple[Any, Any]:
-        client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", timeout=60))
-        as_json = kserve.InferInput(name="image", shape=[len(FILES)], datatype="BYTES", data=[b64(f) for f in FILES])
-        in_binary = kserve.InferInput(name="image", shape=[len(FILES)], datatype="BYTES")
-        in_binary.set_data_from_numpy(np.array(FILES, dtype=np.object_), binary_data=True)
-        answers = []
-        for tensor in (as_json, in_binary):
-            request = kserve.InferRequest(model_name="tiny", infer_inputs=[tensor])
-            answers.append(await client.infer(served.url, request, model_name="tiny"))
-        with pytest.raises(httpx.HTTPStatusError) as refused:  # the path and the body disagree
-            await client.infer(served.url, kserve.InferRequest(model_name="other", infer_inputs=[as_json]), model_name="tiny")
-        assert "400" in str(refused.value) and "disagrees with the path's model 'tiny'" in str(refused.value)
-        return answers[0], answers[1]
-
-    as_json, in_binary = asyncio.run(run())
-    for answer in (as_json, in_binary):
-        assert answer.model_name == "tiny"
-        outputs = {o.name: o for o in answer.outputs}
-        assert outputs["probabilities"].as_numpy().shape == (len(FILES), 1000)
-        assert outputs["predicted_class"].as_numpy().tolist() == outputs["probabilities"].as_numpy().argmax(1).tolist()
+def test_kserves_own_rest_and_grpc_clients_get_their_answers(served: tuple[Served, int]) -> None:
+    """The ``kserve`` package's ``InferenceRESTClient`` (JSON and binary bodies) and ``InferenceGRPCClient``, unmodified,
+    in a process of their own, against a real server; a body naming another model is refused with a 400 saying so."""
+    server, grpc_port = served
+    env = {**os.environ, "PYTHONPATH": str(KSERVE_SITE)}
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "peers" / "kserve_client.py"), server.url,
+                           f"127.0.0.1:{grpc_port}", "tiny"], input=json.dumps([b64(f) for f in FILES]), capture_output=True,
+                          text=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    for way in ("rest_json", "rest_binary", "grpc"):
+        answer = found[way]
+        assert answer["model_name"] == "tiny" and answer["shape"] == [len(FILES), 1000], (way, answer)
+        assert answer["predicted"] == answer["argmax"], (way, answer)
+    assert found["rest_other_model"].startswith("400") and "disagrees with the path's model 'tiny'" in found["rest_other_model"]
