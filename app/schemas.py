@@ -130,6 +130,11 @@ METHOD_FIELDS = tuple(k for k in AttributeParams.model_fields if k not in Attrib
 """The request fields that are method parameters: a request may give only those of its method."""
 
 
+EXPLAIN_IF_PATTERN = r"\S"
+"""What JSON Schema says of an ``explain_if`` condition: not blank (a blank one is a 422, the condition is empty; in a form
+an empty field is not given). Its grammar is the parser's (:mod:`app.service.explain_if`), in the field's description."""
+
+
 class ImageJSON(BaseModel):
     image: str = Field(..., description="The image file, base64 (a data: URL prefix is accepted)")
 
@@ -139,7 +144,8 @@ class PredictExplainParams(PredictParams):
 
     explain_if: str | None = Field(None, description="Explain the prediction only when this holds, e.g. 'confidence < 0.6 or "
                                    "class in 3,17,207': confidence, margin (top-1 minus top-2), entropy (nats) compared with "
-                                   "< <= > >= == !=, 'class in' a list, joined with and / or and parentheses")
+                                   "< <= > >= == !=, 'class in' a list, joined with and / or and parentheses",
+                                   json_schema_extra={"pattern": EXPLAIN_IF_PATTERN})
     method: MethodName = Field("idg", description="Method of the explanation when explain_if holds")
     preset: Preset = Field(DEFAULT_PRESET, description="Cost preset of the explanation when explain_if holds")
     faithfulness: str | None = Field(None, description="Score the explanation: insertion, deletion or both (see /attribute)")

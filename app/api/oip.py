@@ -21,10 +21,10 @@ import secrets
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 
 from app.core.errors import ApiError
 from app.core.request_id import current_request_id
@@ -42,15 +42,46 @@ def bad(message: str, status: int = 400, code: str = "invalid_request") -> ApiEr
     return ApiError(status, message, code=code)
 
 
+INPUT_KINDS: dict[str, tuple[str, ...]] = {"image": ("BYTES",), "input": ("FP32", "UINT8")}
+"""The inputs the service reads, each with the datatypes it takes (the routes refuse the others with a 400)."""
+INPUT_SHAPES: dict[str, dict[str, Any]] = {
+    "image": {"minItems": 1, "maxItems": 1, "items": {"minimum": 1}},  # [N]: N encoded files
+    "input": {"minItems": 4, "maxItems": 4, "prefixItems": [{"minimum": 1}]},  # N pixel images, NCHW or NHWC: the model's size
+}
+"""Each input's shape, as far as the schema can say it: at least one image in the batch dimension."""
+
+
+def _whole(value: Any) -> Any:
+    """A JSON number without a fraction (``2.0``) as the integer it is: JSON Schema's ``integer`` takes it, as the
+    /attribute fields do (issue 59: a shape of ``[1.0]`` was refused); ``1.5``, ``"1"`` and ``true`` stay refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Dimension = Annotated[StrictInt, BeforeValidator(_whole)]
+
+
+def _an_array(schema: dict[str, Any]) -> None:
+    """``data`` as the documented JSON body has it: a JSON array, no default (null is refused)."""
+    schema["type"] = "array"
+    schema.pop("default", None)
+
+
 class RequestInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # what the documented JSON body states beyond the fields' types (issue 59, schemathesis: the schema had taken inputs the
+    # server refuses): each input's name with its datatypes, and its elements in `data` (in a JSON body: the binary
+    # extension's inputs carry binary_data_size instead, in a body that is not JSON alone; see the route's requestBody)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["name", "shape", "datatype", "data"], "anyOf": [
+        {"properties": {"name": {"const": name}, "datatype": {"enum": list(kinds)}, "shape": INPUT_SHAPES[name]}}
+        for name, kinds in INPUT_KINDS.items()]})
     name: str = Field(..., description="The input's name: `image` (BYTES, encoded image files) or `input` (FP32 / UINT8 pixels)")
-    shape: list[StrictInt] = Field(..., max_length=MAX_DIMS, description="The tensor's shape (JSON integers, at most 8 of them); "
-                                   "the first dimension is the batch")
+    shape: list[Dimension] = Field(..., max_length=MAX_DIMS, description="The tensor's shape (JSON integers, at most 8 of them, "
+                                   "none negative); the first dimension is the batch",
+                                   json_schema_extra={"items": {"type": "integer", "minimum": 0}})
     datatype: str = Field(..., description="BYTES, FP32 or UINT8")
     parameters: dict[str, Scalar] = Field(default_factory=dict, description="binary_data_size (binary extension); "
                                           "layout: NCHW or NHWC for `input` (default: from the shape)")
-    data: Any = Field(None, description="Row-major elements, nested or flat; absent when sent in binary")
+    data: Any = Field(None, description="Row-major elements, nested or flat (a JSON array); absent when sent in binary",
+                      json_schema_extra=_an_array)
 
 
 class RequestOutput(BaseModel):
@@ -69,7 +100,8 @@ class InferRequest(BaseModel):
                                       "another is a 400")
     parameters: dict[str, Scalar] = Field(default_factory=dict, description="The /attribute fields that select the explanation "
                                           "(method, preset, target, steps, faithfulness, ...); explain: true to explain with defaults")
-    inputs: list[RequestInput] = Field(..., min_length=1, description="Exactly one: `image` or `input`")
+    inputs: list[RequestInput] = Field(..., min_length=1, description="Exactly one: `image` or `input`",
+                                       json_schema_extra={"maxItems": 1})
     outputs: list[RequestOutput] | None = Field(None, description="Outputs to return; default: the classification outputs, "
                                                 "and the explanation outputs when an explanation runs")
 

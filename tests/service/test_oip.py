@@ -242,7 +242,8 @@ REFUSALS: list[tuple[str, Any, int, str]] = [
     ("65 dimensions", _pixel_input([1] * 65, [0.5]), 400, "shape: List should have at most 8 items"),
     ("shape of strings", _pixel_input(["1"], [0.5]), 400, "shape.0: Input should be a valid integer"),
     ("shape of booleans", _pixel_input([True], [0.5]), 400, "shape.0: Input should be a valid integer"),
-    ("shape of floats", _pixel_input([1.0], [0.5]), 400, "shape.0: Input should be a valid integer"),
+    # 1.0 is JSON Schema's integer 1, taken (tests/service/test_schema_agrees.py); a fraction is no dimension
+    ("shape of fractions", _pixel_input([1.5], [0.5]), 400, "shape.0: Input should be a valid integer"),
     ("classification elsewhere", {"inputs": [image_input(b"x")], "outputs": [{"name": "target", "parameters": {"classification": 2}}]},
      400, "classification parameter"),
 ]

@@ -30,7 +30,7 @@ from app.core.errors import ApiError
 from app.core.keys import Key
 from app.core.request_id import current_request_id
 from app.jobs.archive import Bounds, is_archive, read_archive
-from app.jobs.callbacks import redacted, url_problem
+from app.jobs.callbacks import MAX_HOST, redacted, url_problem
 from app.jobs.runner import JobRunner, job_status
 from app.jobs.store import (
     JOB_DONE,
@@ -44,7 +44,7 @@ from app.jobs.store import (
     StoreFull,
     StoreUnavailable,
 )
-from app.schemas import ERROR_RESPONSES, AttributeParams, ErrorResponse
+from app.schemas import ERROR_RESPONSES, EXPLAIN_IF_PATTERN, AttributeParams, ErrorResponse
 from app.service import Service
 from app.service.explain_if import ConditionError, parse_condition
 
@@ -58,13 +58,25 @@ FOLLOW_POLL_S = 0.5
 JOB_FIELDS = ("explain_if", "callback_url")
 """Form fields of POST /jobs beside /attribute's."""
 _PARAMS = dict(AttributeParams.model_json_schema()["properties"])
-CALLBACK_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
-"""What JSON Schema can say of a callback URL: http(s), a host part, no spaces (the rest is checked by the route)."""
+URL_CHAR = r"[^\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+"""A character a callback URL may hold: not a control character nor one Python's ``str.isspace`` takes (what
+:func:`app.jobs.callbacks.url_problem` refuses; JSON Schema's ``\\s`` differs from it, ``\\ufeff`` and ``\\x1c`` for two)."""
+_REG_NAME = r"-A-Za-z0-9_~!$&'()*+,;=%"  # RFC 3986's reg-name characters but the dot (an IDN goes as its xn-- form)
+_PORT = r"0*([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])?"  # 0 to 65535, or none
+CALLBACK_PATTERN = (rf"^[Hh][Tt][Tt][Pp][Ss]?://([{_REG_NAME}:.]*@)?"  # user:password@, in RFC 3986's characters
+                    rf"(?=[{_REG_NAME}.]{{1,{MAX_HOST}}}([:/?#]|$))[{_REG_NAME}]{{0,63}}(\.[{_REG_NAME}]{{0,63}})*"
+                    rf"(:{_PORT})?([/?#]{URL_CHAR}*)?$")
+"""The callback URLs the route takes, as JSON Schema says it (issue 59: the schema had taken control characters, a
+port past 65535 and hosts longer than DNS allows, which the route refuses): http(s), an ASCII host of 1 to
+``MAX_HOST`` characters in labels of at most 63, an optional port within 65535 and credentials, then any characters
+but spaces and control characters. Stricter than the route in one respect, by decision: a host in Unicode or an IPv6
+literal (``[::1]``), which the route takes, is outside it."""
 SUBMIT_DOCS = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {"type": "object", "properties": {
     "files": {"type": "array", "items": {"type": "string", "format": "binary"},
               "description": "The images (repeat the field); a tar (.tar, .tar.gz, .tar.bz2, .tar.xz) or zip file is unpacked"},
     "archive": {"type": "string", "format": "binary", "description": "One tar or zip archive of images, instead of files"},
-    "explain_if": {"type": "string", "description": "Explain an image only when this holds of its prediction (see /predict); "
+    "explain_if": {"type": "string", "pattern": EXPLAIN_IF_PATTERN,
+                   "description": "Explain an image only when this holds of its prediction (see /predict); "
                    "else its answer is the prediction alone"},
     "callback_url": {"type": "string", "maxLength": 2048, "pattern": CALLBACK_PATTERN,
                      "description": "http(s) URL to POST the job's status to (JSON) when it ends, signed with "
