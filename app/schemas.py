@@ -309,6 +309,8 @@ class ErrorDetail(BaseModel):
     code: str = Field(
         ..., description="Stable machine-readable reason, e.g. bad_image, unsupported_image, invalid_parameter, too_large, busy, deadline")
     message: str = Field(..., description="What was wrong, in one sentence")
+    request_id: str | None = Field(
+        None, description="The request's ID (its X-Request-ID): quote it to find the request's log lines, a failure's traceback among them")
 
 
 class ErrorResponse(BaseModel):

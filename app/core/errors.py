@@ -12,6 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from app.core.request_id import current_request_id
+
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "the server is shutting down: retry the request (another instance may take it)"
@@ -30,7 +32,20 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, code: str) -> dict[str, object]:
-    return {"error": {"status": status, "code": code, "message": message}}
+    """The service's error form: the status, a stable code, one sentence, and the request's ID (the one its
+    ``X-Request-ID`` header carries, to quote to whoever reads the logs) where a door gave the request one. Never a
+    traceback or a server path: those go to the log (:func:`app.api.failures.internal_error`)."""
+    detail: dict[str, object] = {"status": status, "code": code, "message": message}
+    rid = current_request_id()
+    if rid is not None:
+        detail["request_id"] = rid
+    return {"error": detail}
+
+
+def oip_error(message: str) -> dict[str, object]:
+    """The Open Inference Protocol's error form, ``{"error": "..."}``, with the request's ID beside it where it has one."""
+    rid = current_request_id()
+    return {"error": message} if rid is None else {"error": message, "request_id": rid}
 
 
 HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})

@@ -36,7 +36,7 @@ import httpx
 
 from app.core.config import Settings
 from app.core.door import Call, Doors
-from app.core.errors import ApiError
+from app.core.errors import ApiError, error_body
 from app.core.model_loading import ModelLoadError
 from app.core.prometheus import StoreOperation
 from app.core.replica import replica_id
@@ -416,7 +416,7 @@ def claim_exhausted(claim: Claimed, retry: _Retry) -> bool:
 
 
 def _error_answer(status: int, code: str, message: str) -> Answer:
-    return Answer(status, {"error": {"status": status, "code": code, "message": message}})
+    return Answer(status, error_body(status, message, code))  # with the job image's request ID
 
 
 def job_status(job: JobInfo, base_url: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ async def test_a_wrong_method_is_a_json_405_naming_the_methods_the_path_takes(ti
     async with serve(tiny_app(data_dir=tmp_path)) as client:
         r = await client.get("/attribute")
         assert r.status_code == 405 and r.headers["allow"] == "POST"
-        assert r.json()["error"] == {"status": 405, "code": "method_not_allowed",
+        assert r.json()["error"] == {"status": 405, "code": "method_not_allowed", "request_id": r.headers["x-request-id"],
                                      "message": "GET is not allowed on /attribute; it takes POST"}
         r = await client.delete("/jobs")
         assert r.status_code == 405 and r.json()["error"]["message"].endswith("it takes GET, POST")

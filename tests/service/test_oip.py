@@ -61,7 +61,8 @@ async def test_health_metadata_and_readiness(tiny_app: AppFactory) -> None:
         assert shapes["probabilities"] == ("FP32", [-1, 1000]) and shapes["attribution"] == ("FP32", [-1, 3, 32, 32])
         assert (await client.get("/v2/models/tiny/ready")).json() == {"name": "tiny", "ready": True}
         r = await client.get("/v2/models/other/ready")
-        assert r.status_code == 404 and r.json() == {"error": "unknown model 'other'; loaded: tiny"}
+        assert r.status_code == 404
+        assert r.json() == {"error": "unknown model 'other'; loaded: tiny", "request_id": r.headers["x-request-id"]}
 
 
 async def test_not_ready_answers_503_in_the_protocols_form(tiny_app: AppFactory) -> None:
@@ -73,7 +74,7 @@ async def test_not_ready_answers_503_in_the_protocols_form(tiny_app: AppFactory)
         assert r.status_code == 503 and r.json() == {"ready": False}
         r = await client.post(INFER, json={"inputs": [image_input(image_bytes())]})
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
-        assert r.json() == {"error": "the service is starting: models are not loaded yet"}
+        assert r.json() == {"error": "the service is starting: models are not loaded yet", "request_id": r.headers["x-request-id"]}
         assert (await client.get("/v2/health/live")).status_code == 200
 
 
@@ -254,7 +255,7 @@ async def test_refusals_come_in_the_protocols_error_form(tiny_app: AppFactory, b
     async with serve(tiny_app(max_batch_files=4, max_steps=12)) as client:
         r = await client.post(INFER, content=body) if isinstance(body, bytes) else await client.post(INFER, json=body)
     assert r.status_code == status, r.text
-    assert list(r.json()) == ["error"] and message in r.json()["error"], r.json()
+    assert list(r.json()) == ["error", "request_id"] and message in r.json()["error"], r.json()
 
 
 BINARY_REFUSALS = [
@@ -282,7 +283,7 @@ async def test_a_header_length_that_is_not_ascii_digits_is_a_400(tiny_app: AppFa
     # "²".isdigit() is true and int("²") raises: it had been a 500 in the service's error form
     async with serve(tiny_app()) as client:
         r = await client.post(INFER, content=b'{"inputs": []}', headers={"Inference-Header-Content-Length": length})
-    assert r.status_code == 400 and list(r.json()) == ["error"], r.text
+    assert r.status_code == 400 and list(r.json()) == ["error", "request_id"], r.text
     assert "Inference-Header-Content-Length" in r.json()["error"]
 
 
@@ -291,7 +292,7 @@ async def test_the_content_type_is_json_binary_or_none(tiny_app: AppFactory) -> 
     async with serve(tiny_app()) as client:
         for refused in ("text/plain", "multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "image/png"):
             r = await client.post(INFER, content=body, headers={"Content-Type": refused})
-            assert r.status_code == 415 and list(r.json()) == ["error"], (refused, r.text)
+            assert r.status_code == 415 and list(r.json()) == ["error", "request_id"], (refused, r.text)
             assert refused.split(";")[0] in r.json()["error"] and "application/json" in r.json()["error"]
         for taken in ("application/json", "application/json; charset=utf-8", "Application/JSON", "application/octet-stream", None):
             r = await client.post(INFER, content=body, headers={} if taken is None else {"Content-Type": taken})
@@ -387,23 +388,23 @@ async def test_a_request_too_large_is_refused_from_its_shapes_before_its_data_is
 async def test_unknown_model_version_and_route_and_compression(tiny_app: AppFactory) -> None:
     async with serve(tiny_app()) as client:
         r = await client.post("/v2/models/big/infer", json={"inputs": [image_input(b"x")]})
-        assert r.status_code == 404 and r.json() == {"error": "unknown model 'big'; loaded: tiny"}
+        assert r.status_code == 404 and r.json() == {"error": "unknown model 'big'; loaded: tiny", "request_id": r.headers["x-request-id"]}
         for path in ("/v2/models/tiny/versions/3", "/v2/models/tiny/versions/3/ready", "/v2/models/tiny/versions/01/config"):
             r = await client.get(path)
             assert r.status_code == 404 and "has one version, '1'" in r.json()["error"], path
         r = await client.post("/v2/models/tiny/versions/3/infer", json={"inputs": [image_input(image_bytes())]})
-        assert r.status_code == 404 and list(r.json()) == ["error"]
+        assert r.status_code == 404 and list(r.json()) == ["error", "request_id"]
         r = await client.get("/v2/models/tiny/versions/1/nothing")
         assert r.status_code == 404 and "not a route" in r.json()["error"]
         r = await client.get("/v2/repository/index")
-        assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error"]
+        assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error", "request_id"]
         r = await client.post("/v2/repository/models/tiny/load")
-        assert r.status_code == 404 and list(r.json()) == ["error"]
+        assert r.status_code == 404 and list(r.json()) == ["error", "request_id"]
         for method in ("PATCH", "OPTIONS", "TRACE"):  # every method in the protocol's form, not the REST contract's
             r = await client.request(method, INFER)
-            assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error"], (method, r.text)
+            assert r.status_code == 405 and r.headers["allow"] == "POST" and list(r.json()) == ["error", "request_id"], (method, r.text)
             r = await client.request(method, "/v2/nothing")
-            assert r.status_code == 404 and list(r.json()) == ["error"], (method, r.text)
+            assert r.status_code == 404 and list(r.json()) == ["error", "request_id"], (method, r.text)
         r = await client.post(INFER, content=b"\x1f\x8b", headers={"Content-Encoding": "gzip"})
         assert r.status_code == 415 and "Content-Encoding" in r.json()["error"]
 
@@ -435,8 +436,9 @@ async def test_the_api_key_guards_everything_but_the_health_probes(tiny_app: App
             r = await client.get(path)
             assert r.status_code == 401 and "API key" in r.json()["error"], path
         r = await client.post(INFER, json=body)
-        assert r.status_code == 401 and list(r.json()) == ["error"]
-        assert (await client.post(INFER, json=body, headers={"x-api-key": "wrong"})).json() == {"error": "the API key is wrong"}
+        assert r.status_code == 401 and list(r.json()) == ["error", "request_id"]
+        r = await client.post(INFER, json=body, headers={"x-api-key": "wrong"})
+        assert r.json() == {"error": "the API key is wrong", "request_id": r.headers["x-request-id"]}
         assert (await client.post(INFER, json=body, headers={"authorization": "Bearer s3cret"})).status_code == 200
         assert (await client.get("/v2/health/ready")).status_code == 200
         assert (await client.get("/v2/health/live")).status_code == 200
@@ -446,7 +448,8 @@ async def test_past_the_deadline_504_and_the_work_is_dropped(tiny_app: AppFactor
     app = tiny_app(delay_s=0.05, request_timeout_s=0.5)
     async with serve(app) as client:
         r = await client.post(INFER, json={"inputs": [image_input(image_bytes())], "parameters": {"method": "guided_ig", "steps": 60}})
-        assert r.status_code == 504 and r.json() == {"error": "the request did not finish within its deadline of 0.5 s"}
+        assert r.status_code == 504
+        assert r.json() == {"error": "the request did not finish within its deadline of 0.5 s", "request_id": r.headers["x-request-id"]}
         metrics = (await client.get("/metrics")).text
     assert 'idg_http_requests_total{route="/v2/models/{name}/infer",status="504"} 1.0' in metrics
 

@@ -79,7 +79,7 @@ from app.api.oip import (
 )
 from app.api.requests import check_json_types, first_error, read_body, until_disconnected
 from app.core.door import adopt_request_id
-from app.core.errors import ApiError, allow_header, documented_methods
+from app.core.errors import ApiError, allow_header, documented_methods, oip_error
 from app.core.image_threads import in_image_thread
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
 from app.service import ExplainRequest, Image, PredictRequest, RequestContext, Service
@@ -115,7 +115,7 @@ class ProtocolRoute(APIRoute):
             try:
                 return await handler(request)
             except ApiError as err:
-                return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+                return JSONResponse(oip_error(err.message), status_code=err.status, headers=err.headers)
 
         return answer
 

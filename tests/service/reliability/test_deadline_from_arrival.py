@@ -101,7 +101,7 @@ async def test_a_single_attribution_counts_its_decode(slow_decodes: SlowLargeDec
         codes = sorted([r1.status_code, r2.status_code])
         assert 504 in codes, (r1.text, r2.text)
         late = r1 if r1.status_code == 504 else r2
-        assert late.json()["error"] == {"status": 504, "code": "deadline",
+        assert late.json()["error"] == {"status": 504, "code": "deadline", "request_id": late.headers["x-request-id"],
                                         "message": f"the request did not finish within its deadline of {2 * DECODE_S:g} s"}
         assert took < 2 * DECODE_S + SLACK_S, took
 

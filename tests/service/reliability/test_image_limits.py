@@ -208,7 +208,7 @@ async def test_an_unexpected_error_fails_only_its_own_image(caplog: pytest.LogCa
     async with serve(app) as client:  # a re-raised exception would surface here, in the client
         for route, fields in (("/predict", {}), ("/attribute", {"steps": "4", "probe_steps": "4"})):
             r = await client.post(route, files={"file": ("a.png", doomed)}, data=fields)
-            assert r.status_code == 500 and r.json() == {"error": internal}, r.text
+            assert r.status_code == 500 and r.json() == {"error": {**internal, "request_id": r.headers["x-request-id"]}}, r.text
         r = await client.post("/attribute/stream", files={"file": ("a.png", doomed)})
         assert r.status_code == 200 and r.text.strip().split("\n\n")[-1] == f"event: error\ndata: {json.dumps(internal)}"
         files = [("files", ("doomed.png", doomed)), ("files", ("good.png", good))]
