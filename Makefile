@@ -7,7 +7,7 @@ HOST ?= $(or $(IDG_HOST),127.0.0.1)
 PORT ?= $(or $(IDG_PORT),8000)
 SERVE_ARGS ?=
 
-.PHONY: run test test-all demo lint bench eval docs cluster-check
+.PHONY: run test test-all demo lint bench eval docs cluster-check autoscale-check
 
 run:
 	@scripts/setup.sh
@@ -51,3 +51,9 @@ docs:
 cluster-check:
 	scripts/setup.sh dev
 	scripts/cluster_check.sh
+
+# the same cluster measuring Serve's autoscaling: 1 -> 2 replicas under a load step and back, seconds and latencies
+# (~2.5 min; docs/ray.md#autoscaling-measured)
+autoscale-check:
+	scripts/setup.sh dev
+	scripts/cluster_check.sh --autoscale

@@ -19,6 +19,12 @@ Ray worker node), and runs this module inside ``svc``. Each Ray node declares on
 4. while the node is gone, waits for Prometheus to fire ``IDGReplicasMissing``, evaluated from a copy of
    ``deploy/monitoring/rules/idg.rules.yml`` whose ``for`` of that alert is shortened (5m -> ``--alert-for``);
 5. stops everything it started. Its last log line is the summary, also written to ``--summary``.
+
+With ``--autoscale`` (``make autoscale-check``, issue #64 item 2) it measures Serve's autoscaling instead: the same
+cluster and config with ``min_replicas: 1``, ``max_replicas: 2`` and a ``downscale_delay_s`` of 30 s (shipped: 300), one
+client for a while, then a step to ``--clients`` clients sent round-robin to the proxies of the nodes that have one (as
+a load balancer with health checks would: Serve's proxy prefers its own node's replicas), then none. It records how
+many seconds Serve took to run the second replica and to stop it again, and the latency and rate in each window.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -181,14 +188,18 @@ def ray_start(root: Path, ns: str, ip: str, head_ip: str | None) -> None:
     log.info("ray node up in %s at %s (%s)", ns, ip, "head" if head_ip is None else "worker")
 
 
-def serve_config(root: Path, db_url: str, delay_s: float) -> Path:
-    """A copy of deploy/ray/serve.yaml: the proxies on every address of their node, the shared job store, the tiny model.
-    Counts (replicas, CPUs per replica, IDG_REPLICAS_EXPECTED) and every other setting stay as shipped."""
+def serve_config(root: Path, db_url: str, delay_s: float, autoscaling: dict[str, Any] | None = None) -> Path:
+    """A copy of deploy/ray/serve.yaml: the proxies on every address of their node, the shared job store, the tiny model;
+    ``autoscaling`` overrides keys of ``autoscaling_config`` (its ``min_replicas`` is then IDG_REPLICAS_EXPECTED too, as
+    docs/ray.md asks). Every other setting stays as shipped."""
     config = yaml.safe_load((ROOT / "deploy" / "ray" / "serve.yaml").read_text())
     config["http_options"]["host"] = "0.0.0.0"
     app = config["applications"][0]
     app["args"]["factory"] = TINY_FACTORY
     app["runtime_env"]["env_vars"].update(IDG_JOBS_DB_URL=db_url, IDG_TEST_DELAY_S=str(delay_s), IDG_WARMUP="false")
+    if autoscaling:
+        app["deployments"][0]["autoscaling_config"].update(autoscaling)
+        app["runtime_env"]["env_vars"]["IDG_REPLICAS_EXPECTED"] = str(app["deployments"][0]["autoscaling_config"]["min_replicas"])
     path = root / "serve.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -206,16 +217,25 @@ def rules_copy(root: Path, alert_for: str) -> Path:
     return path
 
 
-def start_prometheus(root: Path, discovery_url: str, rules: Path, listen: str) -> subprocess.Popen[bytes]:
+@contextmanager
+def prometheus_running(root: Path, discovery_url: str, rules: Path, listen: str) -> Iterator[None]:
     """Prometheus scraping every replica found by the service's own discovery (GET /metrics/targets), every 2 s."""
     config = {"global": {"scrape_interval": "2s", "evaluation_interval": "2s"}, "rule_files": [str(rules)],
               "scrape_configs": [{"job_name": "idg", "http_sd_configs": [{"url": discovery_url, "refresh_interval": "2s"}]}]}
     path = rules.parent / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     subprocess.run(["promtool", "check", "config", str(path)], check=True, capture_output=True, timeout=60)
-    out = (rules.parent / "prometheus.log").open("w")
-    return subprocess.Popen(["prometheus", f"--config.file={path}", f"--storage.tsdb.path={rules.parent / 'data'}",
-                             f"--web.listen-address={listen}"], stdout=out, stderr=subprocess.STDOUT)
+    with (rules.parent / "prometheus.log").open("w") as out:
+        prometheus = subprocess.Popen(["prometheus", f"--config.file={path}", f"--storage.tsdb.path={rules.parent / 'data'}",
+                                       f"--web.listen-address={listen}"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        prometheus.terminate()
+        try:
+            prometheus.wait(30)
+        except subprocess.TimeoutExpired:
+            prometheus.kill()
 
 
 def png(i: int) -> bytes:
@@ -273,33 +293,46 @@ def firing(client: httpx.Client, prom: str, name: str) -> bool:
     return any(a["labels"].get("alertname") == name and a["state"] == "firing" for a in alerts)
 
 
-def run(args: argparse.Namespace, net: Net, root: Path, figures: Figures) -> None:
+@contextmanager
+def cluster(args: argparse.Namespace, net: Net, root: Path, autoscaling: dict[str, Any] | None = None) -> Iterator[Postgres]:
+    """PostgreSQL, the head node, the worker node and the app deployed with ``serve deploy``; on leaving, every process of
+    both nodes killed and PostgreSQL stopped."""
     started = time.monotonic()
     postgres = Postgres(root, net.svc_ip)
-    prometheus: subprocess.Popen[bytes] | None = None
-    head, worker = f"http://{net.head_ip}:8000", f"http://{net.worker_ip}:8000"
-    prom = f"http://{net.svc_ip}:9090"
     try:
         postgres.start()
         log.info("PostgreSQL job store at %s", postgres.url)
         ray_start(root, net.head_ns, net.head_ip, None)
         ray_start(root, net.worker_ns, net.worker_ip, net.head_ip)
-        config = serve_config(root, postgres.url, args.delay_s)
+        config = serve_config(root, postgres.url, args.delay_s, autoscaling)
         serve = str(Path(sys.executable).parent / "serve")
         subprocess.run([serve, "deploy", str(config), "-a", f"http://{net.head_ip}:8265"], check=True, capture_output=True,
                        env=ray_env(), cwd=root, timeout=180)
-        log.info("serve deploy %s (deploy/ray/serve.yaml: proxies on 0.0.0.0, PostgreSQL, tiny model) after %.0f s", config.name,
-                 time.monotonic() - started)
-        with httpx.Client(timeout=60) as client:
-            placed: dict[str, str] = wait_for(
-                "a replica on each node, listed by both proxies",
-                lambda: all(client.get(f"{p}/health/ready").status_code == 200 for p in (head, worker))
-                and (r := replicas_on_nodes(client, head)) == replicas_on_nodes(client, worker)
-                and set(r.values()) == {net.head_ip, net.worker_ip} and r, 240, 2)
-            figures.nodes, figures.replicas = len(set(placed.values())), len(placed)
-            log.info("replicas on the nodes: %s (%.0f s)", placed, time.monotonic() - started)
+        log.info("serve deploy %s (deploy/ray/serve.yaml: proxies on 0.0.0.0, PostgreSQL, tiny model%s) after %.0f s", config.name,
+                 f", autoscaling {autoscaling}" if autoscaling else "", time.monotonic() - started)
+        yield postgres
+    finally:
+        for ns in (net.worker_ns, net.head_ns):
+            kill_netns(ns)
+        postgres.stop()
 
-            prometheus = start_prometheus(root, f"{head}/metrics/targets", rules_copy(root, args.alert_for), f"{net.svc_ip}:9090")
+
+def node_death(args: argparse.Namespace, net: Net, root: Path, figures: Figures) -> None:
+    """Steps 2-4 of the module's docstring: replicas on both nodes, Prometheus, interactive load, a job through a node's
+    death, the alert."""
+    started = time.monotonic()
+    head, worker = f"http://{net.head_ip}:8000", f"http://{net.worker_ip}:8000"
+    prom = f"http://{net.svc_ip}:9090"
+    with cluster(args, net, root) as postgres, httpx.Client(timeout=60) as client:
+        placed: dict[str, str] = wait_for(
+            "a replica on each node, listed by both proxies",
+            lambda: all(client.get(f"{p}/health/ready").status_code == 200 for p in (head, worker))
+            and (r := replicas_on_nodes(client, head)) == replicas_on_nodes(client, worker)
+            and set(r.values()) == {net.head_ip, net.worker_ip} and r, 240, 2)
+        figures.nodes, figures.replicas = len(set(placed.values())), len(placed)
+        log.info("replicas on the nodes: %s (%.0f s)", placed, time.monotonic() - started)
+
+        with prometheus_running(root, f"{head}/metrics/targets", rules_copy(root, args.alert_for), f"{net.svc_ip}:9090"):
             up = wait_for("Prometheus scraping every replica through /metrics/targets",
                           lambda: {s["metric"]["replica"] for s in prom_query(client, prom, 'up{job="idg"} == 1')} == set(placed)
                           and prom_query(client, prom, 'count(count by (replica) (idg_replicas_expected{job="idg"}))'), 60)
@@ -317,6 +350,8 @@ def run(args: argparse.Namespace, net: Net, root: Path, figures: Figures) -> Non
                 return int(client.get(f"{head}/jobs/{job['id']}").raise_for_status().json()["done"])
 
             wait_for(f"{args.kill_after} images of the job answered", lambda: answered() >= args.kill_after, 300, 0.2)
+            if firing(client, prom, "IDGReplicasMissing"):
+                raise CheckFailed("IDGReplicasMissing fires while both replicas are up")
             killed = kill_netns(net.worker_ns)
             killed_at = time.monotonic()
             figures.answered_before_kill = answered()
@@ -349,16 +384,136 @@ def run(args: argparse.Namespace, net: Net, root: Path, figures: Figures) -> Non
                                   f"after the kill {after.status_code}")
             if len([r for r in figures.by_replica if r in placed]) < 2:
                 raise CheckFailed(f"the job's images were not answered by both replicas: {figures.by_replica}")
-    finally:
-        if prometheus is not None:
-            prometheus.terminate()
-            try:
-                prometheus.wait(30)
-            except subprocess.TimeoutExpired:
-                prometheus.kill()
-        for ns in (net.worker_ns, net.head_ns):
-            kill_netns(ns)
-        postgres.stop()
+
+
+@dataclass
+class Scaling:
+    """Item 2 of issue #64: a load step on the autoscaled deployment; seconds and latencies (ms)."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    clients: int = 0
+    up_s: float = -1.0
+    down_s: float = -1.0
+    replicas_max: int = 0
+    placed: dict[str, str] = field(default_factory=dict)
+    windows: dict[str, tuple[int, float, float, float]] = field(default_factory=dict)  # n, p50, p95, answers/s
+    answered_by: dict[str, list[int]] = field(default_factory=dict)  # answers of each replica, most first
+    proxy_s: float = -1.0
+    errors: int = 0
+
+    def line(self, elapsed_s: float) -> str:
+        lat = "; ".join(f"{name}: p50 {p50:.0f} ms p95 {p95:.0f} ms {rate:.1f}/s (by replica {self.answered_by.get(name)})"
+                        for name, (n, p50, p95, rate) in self.windows.items())
+        return (f"autoscale-check: 1 -> {self.replicas_max} replicas {self.up_s:.0f} s after a step to {self.clients} clients "
+                f"(its node's proxy in the balancer {self.proxy_s:.0f} s later), back to 1 {self.down_s:.0f} s after the load "
+                f"stopped; {lat}; {self.errors} errors; {elapsed_s:.0f} s in all "
+                f"(autoscaling {self.settings})")
+
+
+def serve_replicas(client: httpx.Client, dashboard: str) -> list[tuple[str, str, str]]:
+    """(replica id, state, node IP) of the idg deployment's replicas, from Serve's REST API on the head's dashboard."""
+    details = client.get(f"{dashboard}/api/serve/applications/").raise_for_status().json()
+    replicas = details["applications"]["idg"]["deployments"]["idg"]["replicas"]
+    return [(r["replica_id"], r["state"], r.get("node_ip") or "") for r in replicas]
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def autoscale(args: argparse.Namespace, net: Net, root: Path, scaling: Scaling) -> None:
+    """Autoscaling between 1 and 2 replicas (one CPU a node, so the second lands on the worker node): ``--baseline-s`` of
+    one client, then ``--clients`` clients until Serve runs 2 replicas and ``--hold-s`` more, then none; how long Serve
+    took to scale up and back down, and the latency in each window."""
+    import threading
+
+    started = time.monotonic()
+    scaling.settings = {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 2, "downscale_delay_s": args.downscale_delay_s}
+    head, worker, dashboard = f"http://{net.head_ip}:8000", f"http://{net.worker_ip}:8000", f"http://{net.head_ip}:8265"
+    with cluster(args, net, root, scaling.settings), httpx.Client(timeout=120) as client:
+        config = yaml.safe_load((root / "serve.yaml").read_text())["applications"][0]["deployments"][0]["autoscaling_config"]
+        scaling.settings = config
+        # the worker node has no proxy yet: Serve's EveryNode runs one on each node holding a replica (and the head)
+        wait_for("one replica running, the head's proxy ready",
+                 lambda: [x for x in serve_replicas(client, dashboard) if x[1] == "RUNNING"]
+                 and client.get(f"{head}/health/ready").status_code == 200, 240, 2)
+        log.info("one replica running (%.0f s); autoscaling_config %s", time.monotonic() - started, config)
+        answers: list[tuple[float, float, int, str]] = []  # start, end (monotonic), status, replica
+        step, stop = threading.Event(), threading.Event()
+        pool = [head]  # the load balancer's proxies: a node's joins once its proxy answers its health check
+
+        def load(k: int) -> None:
+            """Client ``k``: the first from the baseline on, the others from the step; one request after another, taking
+            the proxies of ``pool`` in turn as a round-robin load balancer would, until the stop."""
+            if k > 0:
+                step.wait()
+            with httpx.Client(timeout=120) as own:
+                i = 0
+                while not stop.is_set():
+                    t0 = time.monotonic()
+                    try:
+                        answer = own.post(f"{pool[(k + i) % len(pool)]}/attribute", data=PARAMS,
+                                          files={"file": (f"{k}-{i}.png", png(k * 1000 + i), "image/png")})
+                        status, replica = answer.status_code, answer.headers.get("x-idg-replica", "")
+                    except httpx.HTTPError:
+                        status, replica = 0, ""
+                    answers.append((t0, time.monotonic(), status, replica))
+                    i += 1
+
+        def running() -> list[tuple[str, str, str]]:
+            return [x for x in serve_replicas(client, dashboard) if x[1] == "RUNNING"]
+
+        threads = [threading.Thread(target=load, args=(k,), daemon=True) for k in range(args.clients)]
+        phase: dict[str, float] = {"baseline": time.monotonic()}
+        for t in threads:
+            t.start()
+        time.sleep(args.baseline_s)
+        phase["step"] = time.monotonic()
+        step.set()
+        scaling.clients = args.clients
+        log.info("load step: 1 -> %d clients", args.clients)
+        up: list[tuple[str, str, str]] = wait_for("Serve scaling up to 2 replicas", lambda: len(r := running()) >= 2 and r,
+                                                  180, 0.5)
+        phase["scaled"] = time.monotonic()
+        scaling.up_s = phase["scaled"] - phase["step"]
+        scaling.replicas_max = len(up)
+        scaling.placed = {rid: ip for rid, _, ip in up}
+        log.info("scaled up to %d replicas %.0f s after the step: %s", len(up), scaling.up_s, scaling.placed)
+        # Serve's proxy prefers the replicas of its own node (RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING, on by default):
+        # the new replica gets traffic once the load balancer sends some to its node's proxy
+        wait_for("the worker node's proxy answering its health check", lambda: client.get(f"{worker}/-/healthz").status_code == 200,
+                 60, 0.5)
+        pool.append(worker)
+        phase["balanced"] = time.monotonic()
+        scaling.proxy_s = phase["balanced"] - phase["scaled"]
+        log.info("the worker node's proxy joins the load balancer %.0f s after the second replica ran", scaling.proxy_s)
+        time.sleep(args.hold_s)
+        phase["stopped"] = time.monotonic()
+        stop.set()
+        step.set()
+        for t in threads:
+            t.join(130)
+        log.info("load stopped; waiting for Serve to scale down (downscale_delay_s %s)", config["downscale_delay_s"])
+        wait_for("Serve scaling back down to 1 replica",
+                 lambda: len(running()) == 1,
+                 float(config["downscale_delay_s"]) + 180, 0.5)
+        scaling.down_s = time.monotonic() - phase["stopped"]
+        log.info("back to 1 replica %.0f s after the load stopped", scaling.down_s)
+        bounds = {"1 client": (phase["baseline"], phase["step"]),
+                  f"{args.clients} clients, 1 replica": (phase["step"], phase["scaled"]),
+                  "2 replicas, 1 proxy": (phase["scaled"], phase["balanced"]),
+                  "2 replicas, 2 proxies": (phase["balanced"], phase["stopped"])}
+        for name, (t0, t1) in bounds.items():
+            inside = [(end - start) * 1000 for start, end, status, _ in answers if t0 <= start < t1 and status == 200]
+            scaling.windows[name] = (len(inside), quantile(inside, 0.5), quantile(inside, 0.95), len(inside) / max(t1 - t0, 1e-9))
+            scaling.answered_by[name] = sorted(Counter(r for start, _, status, r in answers if t0 <= start < t1 and status == 200)
+                                               .values(), reverse=True)
+            log.info("%s: %d answers, p50 %.0f ms, p95 %.0f ms, %.1f/s, by replica %s", name, *scaling.windows[name],
+                     scaling.answered_by[name])
+        scaling.errors = sum(1 for _, _, status, _ in answers if status != 200)
+        if scaling.errors or set(scaling.placed.values()) != {net.head_ip, net.worker_ip}:
+            raise CheckFailed(f"{scaling.errors} errors; the replicas were on {scaling.placed}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,11 +528,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-after", type=int, help="kill the worker node once this many job images are answered "
                         "(default: a third of them)")
     parser.add_argument("--interactive", type=int, default=24, help="/attribute requests through the two proxies")
-    parser.add_argument("--delay-s", type=float, default=0.1, help="IDG_TEST_DELAY_S: seconds each tiny model call takes")
+    parser.add_argument("--delay-s", type=float, help="IDG_TEST_DELAY_S: seconds each tiny model call takes (default 0.1; "
+                        "0.3 with --autoscale, so that the replica, not the 2 cores' proxies and clients, limits the rate)")
     parser.add_argument("--alert-for", default="10s", help="IDGReplicasMissing's `for` in the rules' copy (shipped: 5m)")
     parser.add_argument("--summary", type=Path, help="also write the summary line here")
+    parser.add_argument("--autoscale", action="store_true", help="instead: measure autoscaling (1 to 2 replicas) under a load step")
+    parser.add_argument("--clients", type=int, default=8, help="--autoscale: clients in the load step")
+    parser.add_argument("--baseline-s", type=float, default=15, help="--autoscale: seconds of one client before the step")
+    parser.add_argument("--hold-s", type=float, default=20, help="--autoscale: seconds of load after the second replica runs")
+    parser.add_argument("--downscale-delay-s", type=float, default=30,
+                        help="--autoscale: autoscaling_config.downscale_delay_s (shipped: 300, so a check would wait 5 min)")
     args = parser.parse_args(argv)
     args.kill_after = args.images // 3 if args.kill_after is None else args.kill_after
+    args.delay_s = (0.3 if args.autoscale else 0.1) if args.delay_s is None else args.delay_s
     logging.basicConfig(level=logging.INFO, format="cluster-check %(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -390,11 +553,14 @@ def main(argv: list[str] | None = None) -> int:
             log.error("cluster-check: %s is not installed", tool)
             return 2
     net = Net(args.head_ns, args.worker_ns, args.head_ip, args.worker_ip, args.svc_ip)
-    figures = Figures()
+    figures: Figures | Scaling = Scaling() if args.autoscale else Figures()
     started = time.monotonic()
     code = 0
     try:
-        run(args, net, args.root, figures)
+        if isinstance(figures, Scaling):
+            autoscale(args, net, args.root, figures)
+        else:
+            node_death(args, net, args.root, figures)
     except (CheckFailed, subprocess.CalledProcessError, subprocess.TimeoutExpired, httpx.HTTPError) as exc:
         detail = exc.stderr.decode(errors="replace")[-2000:] if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else ""
         log.error("cluster-check FAILED: %s %s", exc, detail)
