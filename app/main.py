@@ -22,6 +22,7 @@ from app.core import tracing
 from app.core.config import Settings, SettingsError, load_settings
 from app.core.door import Doors, HttpAdmission, HttpDoor
 from app.core.drain import Drain, DrainMiddleware
+from app.core.drift_reference import DriftReferenceError, load_reference
 from app.core.errors import install_error_handlers
 from app.core.keys import load_keys, share_limit
 from app.core.prometheus import Metrics
@@ -62,6 +63,11 @@ def create_app(settings: Settings | None = None, models: dict[str, ImageClassifi
         raise SettingsError(str(err)) from None
     if settings.replicas_expected is not None:
         metrics.replicas_expected.set(settings.replicas_expected)
+    if settings.drift_reference is not None:  # what the drift alerts compare with
+        try:
+            metrics.set_drift_reference(load_reference(settings.drift_reference))
+        except DriftReferenceError as err:
+            raise SettingsError(str(err)) from None
     metrics.request_timeout.set(settings.request_timeout_s)
     metrics.init_tenants([key.name for key in app.state.keys] or [""])  # who may submit jobs: each key's count at 0
     app.state.metrics = metrics

@@ -7,8 +7,9 @@ process killed, the whole server killed, a slow device, a fast device behind a b
 scrapes the real ``/metrics`` twice a few seconds apart. Those two scrapes become a ``promtool test rules`` file: each
 counter goes on at the rate measured between them and each gauge stays at its value for 30 minutes (what Prometheus
 would have scraped had the state lasted), with the ``job`` and ``instance`` labels Prometheus adds and ``up`` 1 (0 for
-a server that did not answer). The drift alerts compare the last hour with the last day: their series are phases, a
-day at a healthy window's rates, then the fault window's (:data:`Phases`). promtool then evaluates the shipped rules
+a server that did not answer). The drift alerts compare the last 15 minutes with the reference the server exports
+(recorded by ``idg-drift-reference`` from red patches): their series are phases, a healthy window's rates and the fault
+window's one after the other (:data:`Phases`). promtool then evaluates the shipped rules
 that the tested alerts read on them; the rules' annotations are stripped, as the unit tests (idg.rules.test.yml) check
 their text.
 """
@@ -16,6 +17,7 @@ their text.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -35,6 +37,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.core import drift_reference
 from app.core.prometheus import STORE_OPERATIONS
 from tests.service.conftest import image_bytes
 from tests.service.reliability.server_app import Served, serve_process
@@ -104,8 +107,8 @@ def _selector(name: str, labels: dict[str, str]) -> str:
 
 
 Phases = list[tuple[Window, int]]
-"""One instance in each window's state for so many minutes, one after the other (the drift alerts compare the last hour
-with the last day: a day of the healthy window's rates, then the fault's)."""
+"""One instance in each window's state for so many minutes, one after the other (the drift alerts: the healthy window's
+rates, the fault's, the healthy window's again)."""
 
 
 def input_series(w: Window | Phases, step: int = 1) -> list[dict[str, str]]:
@@ -454,12 +457,10 @@ def test_a_job_store_that_goes_down_fires_store_errors_and_leaves_the_instance_r
         assert_alerts(tmp_path, [healthy], {"IDGJobStoreErrors": [], "IDGNotReady": []})
 
 
-# ---- drift: what the model predicts and how its explanations look, the last hour against the last day -------------
+# ---- drift: what the model predicts and how its explanations look, against the reference the operator recorded -----
 
-DAY, SHIFTED = 23 * 60, 100  # minutes: a day of healthy traffic, then the shifted inputs for longer than the alerts' hour + for
-DRIFT_STEP = 10  # minutes between samples and evaluations: a day at 1-minute steps takes promtool 15 s, at 10 minutes 1 s
-DRIFT_EVAL = f"{DAY + SHIFTED - DRIFT_STEP}m"
 DRIFT_ALERTS = ("IDGPredictionsShifted", "IDGConfidenceFalling", "IDGExplanationsShifted", "IDGFaithfulnessFalling")
+ATTRIBUTE_FIELDS = {"steps": "8", "probe_steps": "4", "faithfulness_steps": "8"}  # the clients' explanations (_steered_traffic)
 
 
 def _png(img: Image.Image) -> bytes:
@@ -486,7 +487,7 @@ def noisy_grey() -> bytes:
 @pytest.fixture(scope="module")
 def steered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One server of the steerable model (and the tiny one) on a fast simulated device (1 ms a call, no batch wait): the
-    drift windows, and a device that waits for its host (the host's share of each call, the model's real outputs)."""
+    drift reference's recording, and a device that waits for its host (the host's share of each call, the model's real outputs)."""
     folder = tmp_path_factory.mktemp("steered")
     with serve_process(folder / "server.log", IDG_TEST_MODEL="steer", IDG_SIMULATED_CALL_MS=1, IDG_BATCH_WAIT_MS=0,
                        IDG_DATA_DIR=folder / "data") as served:
@@ -502,8 +503,7 @@ def _steered_traffic(served: Served, image: bytes, rounds: int = 4) -> None:
             file = {"file": ("a.png", image, "image/png")}
             codes.append(httpx.post(served.url + "/predict", files=file, timeout=60).status_code)
             codes.append(httpx.post(served.url + "/attribute", files=file, timeout=60, data={
-                "steps": "8", "probe_steps": "4", "return_overlay": "false", "faithfulness": "insertion,deletion",
-                "faithfulness_steps": "8"}).status_code)
+                **ATTRIBUTE_FIELDS, "return_overlay": "false", "faithfulness": "insertion,deletion"}).status_code)
 
     clients = [threading.Thread(target=client) for _ in range(2)]
     for c in clients:
@@ -513,23 +513,88 @@ def _steered_traffic(served: Served, image: bytes, rounds: int = 4) -> None:
     assert codes == [200] * 4 * rounds, codes
 
 
-def test_shifted_inputs_fire_the_drift_alerts(tmp_path: Path, steered: Served) -> None:
-    """A day of red patches, then the camera breaks (noisy grey for 100 minutes): the predicted classes, the confidence,
-    the explanations' concentration and their faithfulness all move, and each drift alert fires for the model; a day
-    and more of red patches alone keeps them silent. Both windows are the one server, before and after the shift."""
-    healthy = window(steered, "idg:8000", during=lambda: _steered_traffic(steered, red_patch()))
-    shifted = window(steered, "idg:8000", during=lambda: _steered_traffic(steered, noisy_grey()))
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, steered: Served) -> Path:
+    """The drift reference of the steerable model as an operator records it: ``idg-drift-reference`` (its ``main``, over
+    loopback) sends a folder of red patches, the photos called normal, to the steerable server with no other traffic,
+    with the explanation fields the clients use."""
+    folder = tmp_path_factory.mktemp("reference")
+    photos = folder / "photos"
+    photos.mkdir()
+    for i in range(4):
+        (photos / f"red-{i}.png").write_bytes(red_patch())
+    out = folder / "reference.json"
+    fields = [f"--field={k}={v}" for k, v in ATTRIBUTE_FIELDS.items()]
+    assert drift_reference.main(["--url", steered.url, "--images", str(photos), "--out", str(out), "--model", "steer", *fields]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def referenced(tmp_path_factory: pytest.TempPathFactory, reference: Path) -> Iterator[Served]:
+    """A server of the steerable model started with that reference (IDG_DRIFT_REFERENCE), as :func:`steered` otherwise."""
+    folder = tmp_path_factory.mktemp("referenced")
+    with serve_process(folder / "server.log", IDG_TEST_MODEL="steer", IDG_SIMULATED_CALL_MS=1, IDG_BATCH_WAIT_MS=0,
+                       IDG_DATA_DIR=folder / "data", IDG_DRIFT_REFERENCE=reference) as served:
+        yield served
+
+
+def test_the_recorded_reference_is_what_the_server_saw_and_a_server_exports_it(reference: Path, referenced: Served,
+                                                                                 steered: Served) -> None:
+    """The reference holds what the red patches moved the steerable server's metrics by (class "0" only, the top-1
+    probability 0.94, maps on the patch, their faithfulness by method and metric), and a server given it exports it; a
+    recording that other traffic reaches is refused, not written."""
+    ref = json.loads(reference.read_text())["models"]["steer"]
+    log.info("the reference: %s", ref)
+    assert ref["predictions"] == 4 and ref["explanations"] == 4
+    assert ref["classes"]["0"] == 1 and sum(ref["classes"].values()) == 1 and len(ref["classes"]) > 1, ref["classes"]
+    assert 0.9 < ref["confidence"] < 0.97 and ref["concentration"] > 0.5, ref
+    assert set(ref["faithfulness"]["idg"]) == {"insertion", "deletion"}, ref["faithfulness"]
+    exported = scrape(referenced.url)
+    assert exported is not None
+    assert exported[("idg_drift_reference", frozenset({"model": "steer", "quantity": "confidence"}.items()))][1] == ref["confidence"]
+    assert exported[("idg_drift_reference_class_share", frozenset({"model": "steer", "classes": "0"}.items()))][1] == 1
+    insertion = ("idg_drift_reference_faithfulness", frozenset({"model": "steer", "method": "idg", "metric": "insertion"}.items()))
+    assert exported[insertion][1] == ref["faithfulness"]["idg"]["insertion"]
+    # two red patches sent while the command sent one: the counts say so, and no reference comes of it
+    before = drift_reference.parse_metrics(httpx.get(steered.url + "/metrics", timeout=5).text)
+    for _ in range(2):
+        assert httpx.post(steered.url + "/predict", files={"file": ("a.png", red_patch(), "image/png")}, timeout=60).status_code == 200
+    after = drift_reference.parse_metrics(httpx.get(steered.url + "/metrics", timeout=5).text)
+    with pytest.raises(drift_reference.DriftReferenceError, match="other traffic reached it"):
+        drift_reference.reference_from_scrapes(before, after, ["steer"], 1, 0)
+
+
+def test_traffic_unlike_the_reference_fires_the_drift_alerts_from_the_first_hour_and_traffic_like_it_does_not(
+        tmp_path: Path, referenced: Served) -> None:
+    """A server started with the reference of red patches: noisy grey frames (a camera gone noisy) from its start fire
+    every drift alert for the model within 25 minutes (an hour against a day compared nothing yet); red patches keep them
+    silent, from the start and after 40 minutes of grey frames as soon as the last 15 minutes are red again: a return to
+    normal fires nothing. Both windows are the one server, before and after its inputs changed."""
+    healthy = window(referenced, "idg:8000", during=lambda: _steered_traffic(referenced, red_patch()))
+    shifted = window(referenced, "idg:8000", during=lambda: _steered_traffic(referenced, noisy_grey()))
     for w, cls in ((healthy, "0"), (shifted, "1")):
         assert w.increase("idg_predicted_classes_total", model="steer", classes=cls) == 8
-    mean = {n: shifted.increase(f"{n}_sum", **labels) / shifted.increase(f"{n}_count", **labels)
-            for n, labels in (("idg_prediction_confidence", {"model": "steer"}), ("idg_attribution_concentration", {"model": "steer"}))}
+        assert w.value("idg_drift_reference", model="steer", quantity="confidence") > 0.9
+    mean = {labels.get("metric", n): shifted.increase(f"{n}_sum", **labels) / shifted.increase(f"{n}_count", **labels)
+            for n, labels in (("idg_prediction_confidence", {"model": "steer"}), ("idg_attribution_concentration", {"model": "steer"}),
+                              ("idg_faithfulness", {"model": "steer", "method": "idg", "metric": "insertion"}),
+                              ("idg_faithfulness", {"model": "steer", "method": "idg", "metric": "deletion"}))}
     log.info("windows %.1f s and %.1f s; shifted: %s", healthy.seconds, shifted.seconds, mean)
     assert mean["idg_prediction_confidence"] < 0.3 and mean["idg_attribution_concentration"] < 0.1, mean
+    # the grey frames' insertion AUC is far under the reference's, their deletion AUC under it too (better): only insertion fires
+    assert mean["insertion"] < 0.5 * healthy.value("idg_drift_reference_faithfulness", model="steer", method="idg", metric="insertion")
+    assert mean["deletion"] < healthy.value("idg_drift_reference_faithfulness", model="steer", method="idg", metric="deletion")
     fired = {a: [{"exp_labels": {"severity": severity(a), "model": "steer"} | ({"method": "idg", "metric": "insertion"}
                                                                           if a == "IDGFaithfulnessFalling" else {})}]
              for a in DRIFT_ALERTS}
-    assert_alerts(tmp_path, [[(healthy, DAY), (shifted, SHIFTED)]], fired, DRIFT_EVAL, DRIFT_STEP)
-    assert_alerts(tmp_path, [[(healthy, DAY + SHIFTED)]], dict.fromkeys(DRIFT_ALERTS, []), DRIFT_EVAL, DRIFT_STEP)
+    silent: dict[str, list[dict[str, Any]]] = dict.fromkeys(DRIFT_ALERTS, [])
+    assert_alerts(tmp_path, [[(shifted, 40)]], fired, "25m")
+    assert_alerts(tmp_path, [[(healthy, 40)]], silent, "25m")
+    # red for 20 minutes, grey for 40, red for 60: firing in the grey, silent 20 and 59 minutes after it
+    after_shift = [[(healthy, 20), (shifted, 40), (healthy, 60)]]
+    assert_alerts(tmp_path, after_shift, fired, "55m")
+    for at in ("80m", "119m"):
+        assert_alerts(tmp_path, after_shift, silent, at)
 
 
 def test_a_fast_device_behind_a_busy_host_fires_device_waits_for_host(tmp_path: Path, steered: Served) -> None:

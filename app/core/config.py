@@ -402,6 +402,11 @@ class MonitoringSettings(Section):
         "servers behind one load balancer): exported as idg_replicas_expected, and IDGReplicasMissing fires when fewer are "
         "up for 5 minutes (a replica that died and left service discovery has no target for IDGDown); unset: no such alert. "
         "Under Ray Serve keep it equal to the deployment's autoscaling min_replicas (deploy/ray/serve.yaml)")
+    drift_reference: Path | None = Field(
+        None, description="A JSON file written by idg-drift-reference (what the models predict and how their explanations "
+        "look on photos you call normal): exported as idg_drift_reference*, and the drift alerts (IDGPredictionsShifted, "
+        "IDGConfidenceFalling, IDGExplanationsShifted, IDGFaithfulnessFalling) compare the last 15 minutes with it; unset: "
+        "no drift alert fires. A file that cannot be read stops start-up")
     replica_metrics_ports: str = Field(
         "9500-9599", description="Under Ray Serve (app.ray_serve): the ports, LOW-HIGH, from which each replica serves its own "
         "/metrics on its node, the first free one (two replicas on a node take two), so a firewall or a static scrape "

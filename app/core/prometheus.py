@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -188,7 +188,7 @@ class Metrics:
         self.compile_late_graphs = Gauge(
             "idg_compile_late_graphs", "Graphs compiled after warm-up, under traffic (should stay 0: calls are padded to the "
             "compiled batch sizes)", ["model"], registry=r, multiprocess_mode="livesum")
-        # drift: what the model predicts and how its explanations look, by model, compared hour against day by the rules
+        # drift: what the model predicts and how its explanations look, by model, compared with the reference by the rules
         self.predicted_classes = Counter(
             "idg_predicted_classes", f"Predictions by model and top-1 class: the class index for a model of at most "
             f"{DRIFT_CLASS_BINS} classes, else the range of indices (1/{DRIFT_CLASS_BINS} of them) it falls in: a fixed set "
@@ -199,6 +199,17 @@ class Metrics:
             "idg_attribution_concentration", "Share of each explanation's attribution mass (|attribution| summed over "
             "channels) in its top 5% of pixels, by model: 0.05 for a map spread evenly, 1 for one on a few pixels",
             ["model"], buckets=SHARE_BUCKETS, registry=r)
+        # the drift reference (IDG_DRIFT_REFERENCE, app.core.drift_reference): what the drift alerts compare traffic with
+        self.drift_reference_classes = Gauge(
+            "idg_drift_reference_class_share", "Share of the reference's predictions (IDG_DRIFT_REFERENCE) in each class range "
+            "of idg_predicted_classes_total, by model", ["model", "classes"], registry=r, multiprocess_mode="livemax")
+        self.drift_reference = Gauge(
+            "idg_drift_reference", "The reference's mean (IDG_DRIFT_REFERENCE) by model and quantity: confidence (the top-1 "
+            "probability, idg_prediction_confidence) or concentration (idg_attribution_concentration)", ["model", "quantity"],
+            registry=r, multiprocess_mode="livemax")
+        self.drift_reference_faithfulness = Gauge(
+            "idg_drift_reference_faithfulness", "The reference's mean faithfulness (IDG_DRIFT_REFERENCE) by model, method and "
+            "metric (idg_faithfulness)", ["model", "method", "metric"], registry=r, multiprocess_mode="livemax")
         self._num_classes: dict[str, int] = {}
         self._compiled: dict[str, FixedBatchCompiled] = {}
         self._health = dict.fromkeys(HEALTH_PARTS, True) | {"loaded": False}
@@ -270,6 +281,18 @@ class Metrics:
             self.concentration.labels(model).observe(share)
         return {"event": "explanation", "concentration": None if share is None else round(share, 4), "target": target,
                 **{f"faithfulness_{k}": round(v, 4) for k, v in scores.items()}}
+
+    def set_drift_reference(self, reference: Mapping[str, Any]) -> None:
+        """Export a drift reference (:func:`app.core.drift_reference.load_reference`'s) for the drift alerts."""
+        for model, ref in reference["models"].items():
+            for classes, share in ref["classes"].items():
+                self.drift_reference_classes.labels(model, classes).set(share)
+            self.drift_reference.labels(model, "confidence").set(ref["confidence"])
+            if ref.get("concentration") is not None:
+                self.drift_reference.labels(model, "concentration").set(ref["concentration"])
+            for method, scores in ref.get("faithfulness", {}).items():
+                for metric, value in scores.items():
+                    self.drift_reference_faithfulness.labels(model, method, metric).set(value)
 
     def set_model_info(self, name: str, source: str, precision: str, digest: str) -> None:
         self.model_info.labels(name, source, precision, digest).set(1)
