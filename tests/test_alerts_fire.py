@@ -24,6 +24,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -40,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.core import drift_reference
 from app.core.prometheus import STORE_OPERATIONS
 from tests.service.conftest import image_bytes
-from tests.service.reliability.server_app import Served, serve_process
+from tests.service.reliability.server_app import APP, ROOT, Served, serve_process
 from tests.test_monitoring import PROMTOOL, RULES
 
 log = logging.getLogger(__name__)
@@ -562,6 +563,19 @@ def test_the_recorded_reference_is_what_the_server_saw_and_a_server_exports_it(r
     after = drift_reference.parse_metrics(httpx.get(steered.url + "/metrics", timeout=5).text)
     with pytest.raises(drift_reference.DriftReferenceError, match="other traffic reached it"):
         drift_reference.reference_from_scrapes(before, after, ["steer"], 1, 0)
+
+
+def test_a_drift_reference_that_cannot_be_used_stops_the_start_naming_the_setting(tmp_path: Path) -> None:
+    """A reference file without the confidence of its model: the server does not start (exit 3, the start's one line
+    names IDG_DRIFT_REFERENCE), rather than start with drift alerts that can never fire."""
+    bad = tmp_path / "reference.json"
+    bad.write_text(json.dumps({"format": drift_reference.FORMAT, "models": {"steer": {"classes": {"0": 1.0}}}}))
+    env = {**os.environ, "IDG_WARMUP": "false", "IDG_HOST": "127.0.0.1", "IDG_PROCESSES": "1", "IDG_TEST_MODEL": "steer",
+           "IDG_DRIFT_REFERENCE": str(bad)}
+    done = subprocess.run([sys.executable, "-m", "app.server", "--app", APP, "--port", "0"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "cannot start: IDG_DRIFT_REFERENCE" in done.stderr + done.stdout and "'steer'" in done.stderr + done.stdout, done.stderr
 
 
 def test_traffic_unlike_the_reference_fires_the_drift_alerts_from_the_first_hour_and_traffic_like_it_does_not(
