@@ -565,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         detail = exc.stderr.decode(errors="replace")[-2000:] if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else ""
         log.error("cluster-check FAILED: %s %s", exc, detail)
         code = 1
+    except (Exception, SystemExit) as exc:  # noqa: BLE001  # a bug or the 15-minute bound: still the figures so far
+        log.exception("cluster-check FAILED: %s", exc)
+        code = 1
     line = figures.line(time.monotonic() - started) + ("" if code == 0 else " (FAILED)")
     if args.summary:
         args.summary.write_text(line + "\n")
