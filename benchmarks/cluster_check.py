@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -426,8 +427,6 @@ def autoscale(args: argparse.Namespace, net: Net, root: Path, scaling: Scaling) 
     """Autoscaling between 1 and 2 replicas (one CPU a node, so the second lands on the worker node): ``--baseline-s`` of
     one client, then ``--clients`` clients until Serve runs 2 replicas and ``--hold-s`` more, then none; how long Serve
     took to scale up and back down, and the latency in each window."""
-    import threading
-
     started = time.monotonic()
     scaling.settings = {"min_replicas": 1, "initial_replicas": 1, "max_replicas": 2, "downscale_delay_s": args.downscale_delay_s}
     head, worker, dashboard = f"http://{net.head_ip}:8000", f"http://{net.worker_ip}:8000", f"http://{net.head_ip}:8265"
