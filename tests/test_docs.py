@@ -180,3 +180,16 @@ def test_a_mark_without_a_block_is_an_error_and_paths_are_made_local(doc_example
     code = "curl -F file=@samples/x.jpg localhost:8000/a; .venv/bin/idg-client app/static/samples/y"
     local = doc_examples.localise(code, 4321, Path("/r"))
     assert local == "curl -F file=@/r/samples/x.jpg 127.0.0.1:4321/a; /r/.venv/bin/idg-client app/static/samples/y"
+
+
+def test_the_scrape_job_the_rules_select_is_the_one_shipped_and_documented() -> None:
+    """The target alerts select ``up{job="idg"}``: the shipped Prometheus names its job so, and the monitoring page says
+    what to change where a deployment names it otherwise (a job by another name got no alert, silently)."""
+    rules = (ROOT / "deploy" / "monitoring" / "rules" / "idg.rules.yml").read_text()
+    jobs = set(re.findall(r'job="([^"]+)"', rules))
+    shipped = yaml.safe_load((ROOT / "deploy" / "monitoring" / "prometheus.yml").read_text())
+    assert jobs == {c["job_name"] for c in shipped["scrape_configs"]} == {"idg"}, jobs
+    selecting = [a["alert"] for g in yaml.safe_load(rules)["groups"] for a in g["rules"] if 'job="idg"' in a.get("expr", "")]
+    page = (ROOT / "docs" / "monitoring.md").read_text()
+    said = next(p for p in page.split("\n\n") if "job's name is `idg`" in p)
+    assert selecting and all(f"`{name}`" in said for name in selecting), (selecting, said)
