@@ -170,7 +170,7 @@ def test_a_real_prometheus_records_the_real_servers_series(tmp_path: Path) -> No
                            data={"steps": "4", "probe_steps": "4", "faithfulness": "insertion", "return_overlay": "false"})
                 try:
                     found = query(url, 'idg:http_requests:rate5m{route="/predict", status="200"}')
-                    faithful = query(url, 'idg:faithfulness:mean_1h{metric="insertion"}')
+                    faithful = query(url, 'idg:faithfulness:mean_15m{metric="insertion"}')
                 except httpx.HTTPError:
                     pass  # Prometheus is still starting
                 time.sleep(1)
@@ -235,12 +235,18 @@ def test_the_dashboard_filters_by_instance_and_model() -> None:
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is missing (Debian's prometheus package; scripts/setup.sh dev)")
 def test_every_dashboard_panel_query_returns_series_from_a_real_prometheus(tmp_path: Path) -> None:
     """A real Prometheus with the shipped rules scrapes a real server that answered predictions, explanations and a
-    durable job: every query of every panel finds a series (none names a metric or label nobody exports)."""
+    durable job, started with a drift reference (IDG_DRIFT_REFERENCE, the drift row's): every query of every panel finds
+    a series (none names a metric or label nobody exports)."""
+    import json
+
     from tests.service.conftest import image_bytes
     from tests.service.reliability.server_app import serve_process
 
     queries = panel_queries()
-    with serve_process(tmp_path / "server.log", IDG_DATA_DIR=tmp_path / "data") as served:
+    reference = tmp_path / "reference.json"
+    reference.write_text(json.dumps({"format": 1, "models": {"tiny": {
+        "classes": {"0": 0.5, "1": 0.5}, "confidence": 0.6, "concentration": 0.3, "faithfulness": {"idg": {"insertion": 0.7}}}}}))
+    with serve_process(tmp_path / "server.log", IDG_DATA_DIR=tmp_path / "data", IDG_DRIFT_REFERENCE=reference) as served:
         proc, url = start_prometheus(tmp_path, f"127.0.0.1:{served.port}")
         try:
             job = httpx.post(served.url + "/jobs", files=[("files", ("a.png", image_bytes(), "image/png"))], timeout=30)
