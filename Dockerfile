@@ -12,6 +12,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends curl && rm -rf 
 WORKDIR /srv
 COPY pyproject.toml README.md ./
 COPY idg_core ./idg_core
+COPY idg_models ./idg_models
+COPY idg_evaluation ./idg_evaluation
 COPY idg_serving ./idg_serving
 COPY app ./app
 COPY idg_client ./idg_client

@@ -15,7 +15,7 @@ run:
 
 test:
 	scripts/setup.sh dev
-	$(PY) -m ruff check idg_core idg_serving app idg_client tests benchmarks
+	$(PY) -m ruff check idg_core idg_models idg_evaluation idg_serving app idg_client tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir "$$(mktemp -d)"
@@ -27,7 +27,7 @@ test-all:
 
 demo:
 	scripts/setup.sh
-	$(PY) -m idg_core.demo samples/coffee.jpg --out out/demo
+	$(PY) -m idg_models.demo samples/coffee.jpg --out out/demo
 
 bench:
 	scripts/setup.sh dev,bench
@@ -39,7 +39,7 @@ IMAGES ?= $(or $(IDG_IMAGENET_SAMPLES),../shared/data/imagenet-samples)
 eval:
 	@[ -d "$(IMAGES)" ] || { echo "make eval: no photos at $(IMAGES): name a folder of WNID_class.JPEG photos with make eval IMAGES=/path (or IDG_IMAGENET_SAMPLES)" >&2; exit 2; }
 	scripts/setup.sh bench
-	$(PY) -m idg_core.evaluation --images "$(IMAGES)" --out results/evaluation $(EVAL_ARGS)
+	$(PY) -m idg_evaluation --images "$(IMAGES)" --out results/evaluation $(EVAL_ARGS)
 
 # the documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8001 while you edit it; `make test` builds it --strict
 docs:

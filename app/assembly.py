@@ -33,9 +33,9 @@ from app.service import Service
 from app.service.planning import plan_attribute
 from app.worker.engine import Worker
 from idg_core.call_shapes import CallShapes
-from idg_core.models import ImageClassifier, keep_freed_memory
-from idg_core.models.compiled import compiled_part
-from idg_core.models.speed import model_precision, tune_all
+from idg_models import ImageClassifier, keep_freed_memory
+from idg_models.compiled import compiled_part
+from idg_models.speed import model_precision, tune_all
 from idg_serving.simulated import SharedTimeline, SimulatedAccelerator, Timeline
 
 log = logging.getLogger("app")

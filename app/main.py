@@ -28,7 +28,7 @@ from app.core.keys import load_keys, share_limit
 from app.core.prometheus import Metrics
 from app.core.replica import ReplicaHeaderMiddleware
 from app.core.request_id import configure_logging
-from idg_core.models import ImageClassifier
+from idg_models import ImageClassifier
 
 STATIC = Path(__file__).with_name("static")
 

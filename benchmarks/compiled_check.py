@@ -25,8 +25,8 @@ import torch
 from torch.nn.functional import cosine_similarity
 
 from idg_core import idg, ig
-from idg_core.models import tune
-from idg_core.models.compiled import warm_up_compiled
+from idg_models import tune
+from idg_models.compiled import warm_up_compiled
 from tests.models import small_classifier
 
 log = logging.getLogger(__name__)

@@ -146,7 +146,7 @@ def _machine_lines(dry_run: bool) -> list[str]:
     lines.append(f"- torch {torch.__version__} (CUDA {torch.version.cuda}), cuDNN "
                  f"{torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else 'n/a'}")
     try:
-        from idg_core.models._torchvision_compat import import_torchvision
+        from idg_models._torchvision_compat import import_torchvision
 
         lines[-1] += f", torchvision {import_torchvision().__version__}"
     except (ImportError, RuntimeError):

@@ -198,14 +198,14 @@ host)  # the host's cost per attribution outside the model (decode, render, answ
     ;;
 eval)
     model=${EVAL_MODEL:-efficientnet_lite2}
-    timeout "${EVAL_TIMEOUT:-520}" python3 -m idg_core.evaluation --images "$IMAGES" --out "$OUT/evaluation-$model" --model "$model" \
+    timeout "${EVAL_TIMEOUT:-520}" python3 -m idg_evaluation --images "$IMAGES" --out "$OUT/evaluation-$model" --model "$model" \
         --device cuda --workers 15 --batch-size 256 2>&1 | grep -v "img/s\]$" | tail -30
     tar czf "$OUT/evaluation-$model.tgz" -C "$OUT" "evaluation-$model" && rm -rf "$OUT/evaluation-$model"
     ;;
 quality)  # issues #31 and #47's table (results/evaluation-quality/ and evaluation-65/README.md; idg@quality is RankMix since #47), every row, the 65 samples, IEEE fp32; its cache stays in
     # QUALITY_DIR between calls on a warm machine (repeat the step to go on), and the report and a tar of the cache come back
     dir=${QUALITY_DIR:-results/evaluation-quality-gpu}
-    timeout "${EVAL_TIMEOUT:-540}" python3 -m idg_core.evaluation --images "$IMAGES" --out "$dir" --no-ablation --workers 15 \
+    timeout "${EVAL_TIMEOUT:-540}" python3 -m idg_evaluation --images "$IMAGES" --out "$dir" --no-ablation --workers 15 \
         --batch-size 32 --fold-bn --channels-last --methods AGI IDG IDG+IDGI IDG+SmoothGrad IDG+IDGI+SmoothGrad IDG+Blur EG IDG-EG LA \
         idg@quality "idg@fast+IDGI+SmoothGrad:smooth_samples=16" "idg@fast+SmoothGrad:smooth_samples=16" "idg@fast+IDGI+SmoothGrad:smooth_samples=2" \
         "idg@fast+IDGI+SmoothGrad:smooth_samples=4" "idg@fast+IDGI+SmoothGrad:smooth_samples=8" \

@@ -1,5 +1,5 @@
 """What the hardware offers, against faithfulness: IDG-50/50 under each speed setting of
-:func:`idg_core.models.tune` (precision fp32 / tf32 / bf16, channels-last, torch.compile) and
+:func:`idg_models.tune` (precision fp32 / tf32 / bf16, channels-last, torch.compile) and
 evaluator batch sizes, timed on the same images in one run.
 
 Faithfulness is the criterion: on a trained model, each setting's insertion and deletion (RISE,
@@ -38,7 +38,6 @@ from torch import Tensor
 
 from benchmarks.speed import SAMPLES, _timed, forward_flops, machine, matmul_tflops, sample_batch
 from idg_core import idg
-from idg_core.evaluation.runner import EvalConfig
 from idg_core.heatmap import saliency
 from idg_core.metrics import (
     Skipped,
@@ -48,10 +47,11 @@ from idg_core.metrics import (
     random_pixel_mask,
     to_uint8,
 )
-from idg_core.models import ImageClassifier, keep_freed_memory, load_entry, set_tf32, tune
-from idg_core.models.calibrate import insertion_deletion, keeps_faithfulness, paired_against
-from idg_core.models.calibration import KEEP_METRICS, Paired
-from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
+from idg_evaluation.runner import EvalConfig
+from idg_models import ImageClassifier, keep_freed_memory, load_entry, set_tf32, tune
+from idg_models.calibrate import insertion_deletion, keeps_faithfulness, paired_against
+from idg_models.calibration import KEEP_METRICS, Paired
+from idg_models.compiled import default_compile_sizes, warm_up_compiled
 
 log = logging.getLogger("benchmarks.gpu_variants")
 

@@ -43,7 +43,7 @@ from app.service.render import attribute_response, render
 from benchmarks.speed import SAMPLES, machine
 from idg_core.heatmap import colorize, saliency, scale
 from idg_core.model_calls import run_plans
-from idg_core.models import ImageClassifier, load_model
+from idg_models import ImageClassifier, load_model
 
 log = logging.getLogger(__name__)
 

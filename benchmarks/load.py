@@ -137,7 +137,7 @@ def light_cnn(out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.speed import SAMPLES, machine  # torch: see the note on imports above
-    from idg_core.models import image_files
+    from idg_models import image_files
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

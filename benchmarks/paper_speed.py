@@ -2,11 +2,11 @@
 on a GPU, in one run on the same images (issue #48's "IDG-50/50 ResNet-101 bf16 <= 12 ms" target):
 
 - ``eager``: the tuned model (precision, channels-last, folded batch norm) called as it is;
-- ``graphs``: the same model with each call size replayed as a CUDA graph (:func:`idg_core.cuda_graphs.graphed_shapes`);
-- ``compiled``: ``torch.compile`` (inductor) at the call sizes (:mod:`idg_core.models.compiled`), its compile time reported;
+- ``graphs``: the same model with each call size replayed as a CUDA graph (:func:`idg_models.cuda_graphs.graphed_shapes`);
+- ``compiled``: ``torch.compile`` (inductor) at the call sizes (:mod:`idg_models.compiled`), its compile time reported;
 - ``compiled+graphs``: the compiled model's calls captured as CUDA graphs;
 - ``fused``: eager with each convolution, its bias, residual add and ReLU one cuDNN kernel
-  (:func:`idg_core.models.fuse.fuse_conv_add_relu`; PyTorch's separate operations on the CPU), ``fused+graphs`` captured.
+  (:func:`idg_models.fuse.fuse_conv_add_relu`; PyTorch's separate operations on the CPU), ``fused+graphs`` captured.
 
 Every variant's attributions are compared with eager's (cosine per image), so a faster path that answers differently
 shows; at a precision below fp32 also with the same model's in IEEE fp32 (``--fp32-reference``, one untimed run), so a
@@ -38,11 +38,11 @@ from torch.nn.functional import cosine_similarity
 
 from benchmarks.speed import SAMPLES, _timed, machine, sample_batch
 from idg_core import idg
-from idg_core.cuda_graphs import graphed_shapes
 from idg_core.model_calls import CallStats, RowSelect, run_call
-from idg_core.models import PRECISIONS, default_channels_last, load_entry, tune
-from idg_core.models.compiled import warm_up_compiled
-from idg_core.models.fuse import fuse_conv_add_relu
+from idg_models import PRECISIONS, default_channels_last, load_entry, tune
+from idg_models.compiled import warm_up_compiled
+from idg_models.cuda_graphs import graphed_shapes
+from idg_models.fuse import fuse_conv_add_relu
 
 log = logging.getLogger(__name__)
 

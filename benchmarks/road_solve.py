@@ -23,8 +23,8 @@ import torch
 from PIL import Image
 from scipy import ndimage
 
-from idg_core.metrics.road import _impute_one, removal_masks, spsolve_impute
-from idg_core.models.preprocess import resize_crop, to_tensor
+from idg_core.metrics.road import impute_one, removal_masks, spsolve_impute
+from idg_core.preprocess import resize_crop, to_tensor
 
 log = logging.getLogger("benchmarks.road_solve")
 
@@ -49,7 +49,7 @@ def run(image: Path, levels: list[float], repeats: int) -> list[dict[str, float 
                 before, after, diff = [], [], 0.0
                 for _ in range(repeats):  # interleaved: both see the same load
                     t0, ref = _seconds(partial(spsolve_impute, img, keep))
-                    t1, new = _seconds(partial(_impute_one, img, keep))
+                    t1, new = _seconds(partial(impute_one, img, keep))
                     before.append(t0)
                     after.append(t1)
                     diff = max(diff, float(np.abs(new - ref).max()))

@@ -19,10 +19,10 @@ import torch
 from benchmarks.service_load import run_load
 from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
-from idg_core.models import PRECISIONS, default_channels_last, default_precision, image_files, keep_freed_memory, load_entry, tune
-from idg_core.models.compiled import default_compile_sizes, warm_up_compiled
-from idg_core.models.sources import entry_with_weights
 from idg_core.presets import preset_params
+from idg_models import PRECISIONS, default_channels_last, default_precision, image_files, keep_freed_memory, load_entry, tune
+from idg_models.compiled import default_compile_sizes, warm_up_compiled
+from idg_models.sources import entry_with_weights
 
 log = logging.getLogger("benchmarks")
 

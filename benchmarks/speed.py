@@ -26,10 +26,10 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from benchmarks.samples import bench_photos
 from idg_core import idg, ig, resolve_baseline
-from idg_core.models import ImageClassifier, decode_image, image_files, imagenet_label
-from idg_core.models.compiled import compiled_part
-from idg_core.models.fuse import fusion_available
 from idg_core.presets import preset_params
+from idg_models import ImageClassifier, decode_image, image_files, imagenet_label
+from idg_models.compiled import compiled_part
+from idg_models.fuse import fusion_available
 
 log = logging.getLogger(__name__)
 SAMPLES = bench_photos()
@@ -62,7 +62,7 @@ def _fused_conv_flop(x_shape: list[int], w_shape: list[int], *args: Any, out_sha
 
 def forward_flops(model: torch.nn.Module, size: int, device: torch.device) -> int:
     """FLOPs of one image's forward pass (PyTorch's FLOP counter, taught the fused convolution of
-    :mod:`idg_core.models.fuse`, which it would count as 0). A compiled model is counted on its
+    :mod:`idg_models.fuse`, which it would count as 0). A compiled model is counted on its
     uncompiled network: its graphs pad one image to their smallest batch size (and counting through
     them would count the padding)."""
     mapping = {torch.ops.mkldnn._convolution_pointwise: _fused_conv_flop} if fusion_available() else {}
@@ -182,7 +182,7 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
     """Seconds per attribution of: ours at the library's default (IDG, ``fast`` preset), ours IDG-50/50
     (the paper), ours IG-50, Captum IG-50 at ``captum_batch`` images per call (its internal batch; default
     ours) on the same tuned model as ours, Captum IG-50 at PyTorch's defaults (``plain_model``, the
-    model as loaded, without :func:`~idg_core.models.tune`, under PyTorch's own TF32 switches: what a
+    model as loaded, without :func:`~idg_models.tune`, under PyTorch's own TF32 switches: what a
     Captum user gets without thinking) and the authors' one-image-at-a-time way, all on the same
     images in one run."""
     from captum.attr import IntegratedGradients

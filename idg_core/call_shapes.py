@@ -53,9 +53,9 @@ class CallShapes:
     """Rows of padding added to calls (a measure of the compute fixed sizes waste)."""
     real_rows: int = 0
     use_graphs: bool = False
-    """Capture each (size, kind) as a CUDA graph during warm-up (:mod:`idg_core.cuda_graphs`)."""
+    """Capture each (size, kind) as a CUDA graph during warm-up (:mod:`idg_models.cuda_graphs`)."""
     graphs: dict[tuple[int, bool], Any] = field(default_factory=dict)
-    """The captured :class:`~idg_core.cuda_graphs.GraphedCall` s, by (size, gradient)."""
+    """The captured :class:`~idg_models.cuda_graphs.GraphedCall` s, by (size, gradient)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:

@@ -13,8 +13,8 @@ from torch import Tensor
 
 from idg_core.budget import explanation_passes
 from idg_core.faithfulness import faithfulness_plan
-from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.postprocess import build_plan
+from idg_core.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import AttributionResult, PlanOf, Query
 
 

@@ -21,7 +21,7 @@ from idg_core.budget import pixels_per_step, score_passes
 from idg_core.heatmap import saliency
 from idg_core.metrics.curves import auc_trapezoid
 from idg_core.metrics.rise import gaussian_blur, moved_at
-from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+from idg_core.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Answer, Query
 
 FAITHFULNESS_METRICS = ("insertion", "deletion")

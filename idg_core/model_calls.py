@@ -1,6 +1,6 @@
 """The model calls: every method's points go through here (:func:`evaluate_queries`, :func:`run_plans`, and
 the service's worker through :func:`prepare_call` / :func:`run_prepared` / :func:`book_call`). Named apart from
-:mod:`idg_core.evaluation`, the benchmark tool.
+:mod:`idg_evaluation`, the benchmark tool.
 
 Points of all queries (of all images, targets and methods) are chunked together into model calls
 of at most ``batch_size`` images; forward-only rows run under ``torch.no_grad()``, gradient rows
@@ -146,7 +146,7 @@ def prepare_call(queries: Sequence[Query], chunk: list[tuple[int, int, int]], gr
 def run_prepared(model: Model, call: PreparedCall, graphs: Mapping[tuple[int, bool], Any] | None = None,
                  ) -> tuple[Tensor, Tensor | None, Tensor]:
     """:func:`run_call` on a prepared call, or the replay of its (size, kind)'s CUDA graph where ``graphs`` holds one
-    (:mod:`idg_core.cuda_graphs`: the same outputs)."""
+    (:mod:`idg_models.cuda_graphs`: the same outputs)."""
     graph = (graphs or {}).get((call.size, call.grad))
     if graph is not None:
         out: tuple[Tensor, Tensor | None, Tensor] = graph.run(call.inputs, call.rows)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from idg_core import preprocess
 from idg_core.types import BaselineLike, to_device
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,7 @@ def resolve_baseline(baseline: BaselineLike, x: Tensor, mean: Sequence[float] | 
             if x.shape[-3] != 3:
                 raise ValueError(f"baseline 'mean' needs 3-channel images, got {x.shape[-3]} channels")
             if mean is None:
-                from idg_core.models.preprocess import IMAGENET_MEAN  # here: importing the models package costs ~0.2 s
-
-                mean = IMAGENET_MEAN
+                mean = preprocess.IMAGENET_MEAN
             colour = to_device(torch.tensor(tuple(mean), dtype=x.dtype), x.device).view(3, 1, 1)
             return colour.expand_as(x).clone()
         raise ValueError(f"baseline must be 'black', 'mean' or a tensor, got {baseline!r}")

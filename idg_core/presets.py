@@ -3,7 +3,7 @@ measuring faithfulness against cost. This module reads them back from the regist
 
 ``paper`` is the paper's setting for every method (IDG N = M = 50, 50 steps elsewhere). ``fast``
 is the cheapest IDG whose insertion and deletion stay within noise of IDG-50/50 and are not worse
-than IG-50, paired per image on the 65 sample photos (``python -m idg_core.evaluation --suite cost``):
+than IG-50, paired per image on the 65 sample photos (``python -m idg_evaluation --suite cost``):
 IDG 8 probe / 16 main steps, 24 forward + 16 gradient passes instead of 100 + 50, the cheapest setting that
 passes on EfficientNet-Lite0, Lite1 and Lite2 (the tables: docs/results/faithfulness.md; with the metrics' defined
 saliency ranking, measured again on Lite0 only, it trails IDG-50/50's insertion by 0.005 ± 0.004). Only IDG was
@@ -12,7 +12,7 @@ tuned for ``fast``: the other methods keep their paper settings under it. Explic
 ``quality`` adds post-steps: for IDG it is ``fast``'s steps with RankMix (the map and its IDGI map rank-averaged)
 inside and SmoothGrad over 16 noisy copies (σ 0.15) around it, 16 × (8 + 16) = 384 forward and 256 gradient passes,
 within the cap of ten times AGI's 40. Chosen on the 65 sample photos by the report's rule
-(:func:`idg_core.evaluation.report.first_or_tied`): within the cap, first or tied within the 95% interval on
+(:func:`idg_evaluation.report.first_or_tied`): within the cap, first or tied within the 95% interval on
 insertion, deletion, SIC, AIC and DiffID against AGI, IDG-50/50 and Spectral IG (the tables:
 docs/results/faithfulness.md). The other methods run their paper settings under it.
 A request's own ``postprocess`` / ``smooth_*`` override the preset's.

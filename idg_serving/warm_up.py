@@ -1,5 +1,5 @@
 """Warm each fixed call size before the service says it is ready (see :mod:`idg_core.call_shapes` for why),
-and on CUDA capture each as a graph (:mod:`idg_core.cuda_graphs`)."""
+and on CUDA capture each as a graph (:mod:`idg_models.cuda_graphs`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import torch
 
 from idg_core.call_shapes import CallShapes
-from idg_core.cuda_graphs import capture_graphs
 from idg_core.model_calls import RowSelect, run_call
 from idg_core.types import Model
+from idg_models.cuda_graphs import capture_graphs
 
 
 def warm_call_shapes(model: Model, shapes: CallShapes, input_size: int, device: torch.device,
@@ -21,7 +21,7 @@ def warm_call_shapes(model: Model, shapes: CallShapes, input_size: int, device: 
     traffic; then mark the shapes warm. Returns the seconds it took."""
     started = time.perf_counter()
     for size in sizes or shapes.sizes:
-        x = torch.rand(size, 3, input_size, input_size).to(device)  # drawn on the CPU: see idg_core.cuda_graphs
+        x = torch.rand(size, 3, input_size, input_size).to(device)  # drawn on the CPU: see idg_models.cuda_graphs
         rows = RowSelect(torch.zeros(size, dtype=torch.long, device=device), None, 0)
         for grad in (False, True):
             _, grads, _ = run_call(model, x, rows, grad)

@@ -78,7 +78,7 @@ def make_export(out: Path) -> str:
 def make_timm(out: Path) -> str:
     from safetensors.torch import save_file
 
-    from idg_core.models._torchvision_compat import import_torchvision
+    from idg_models._torchvision_compat import import_torchvision
 
     import_torchvision()
     import timm

@@ -17,7 +17,7 @@ from types import ModuleType
 import torch
 from torch import Tensor, nn
 
-from idg_core.models import ImageClassifier, Preprocessing, imagenet_class_names
+from idg_models import ImageClassifier, Preprocessing, imagenet_class_names
 
 
 @contextmanager

@@ -118,7 +118,7 @@ def test_sample_batch_takes_a_users_photos_and_labels_what_it_can(tmp_path: Path
     """ImageNet WNIDs label a 1000-class model's samples; a user's PNGs and JPEGs with other names, or a model with
     other classes, are labelled with the model's own predictions (always in range), in file-name order."""
     from benchmarks.speed import sample_batch
-    from idg_core.models import imagenet_wnids, load_entry
+    from idg_models import imagenet_wnids, load_entry
     from tests.models import tiny_classifier, tiny_model_maker
 
     photos = imagenet_photos(2)
@@ -193,7 +193,7 @@ def test_a_compiled_models_flops_are_one_images_not_its_padded_batchs() -> None:
     """A compiled network pads one image to its smallest batch size; counting through it gave 4x here (8x for the
     service's sizes on CUDA) and so overstated the compiled run's TFLOP/s and share of peak."""
     from benchmarks.speed import forward_flops
-    from idg_core.models.compiled import FixedBatchCompiled
+    from idg_models.compiled import FixedBatchCompiled
     from tests.models import small_classifier
 
     cpu = torch.device("cpu")

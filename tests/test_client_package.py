@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_client_imports_nothing_from_the_server_or_torch() -> None:
     code = ("import sys, idg_client, idg_client.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'app', 'idg_core', 'idg_serving', 'torch', 'fastapi', 'uvicorn', 'pydantic'}))")
+            "{'app', 'idg_core', 'idg_models', 'idg_evaluation', 'idg_serving', 'torch', 'fastapi', 'uvicorn', 'pydantic'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

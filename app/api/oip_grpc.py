@@ -61,7 +61,7 @@ from app.core.keys import match
 from app.core.replica import replica_id
 from app.core.request_id import current_request_id
 from app.service import Service
-from idg_core.models import ImageClassifier
+from idg_models import ImageClassifier
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from idg_core.call_shapes import power_of_two_sizes
 from idg_core.model_calls import default_batch_size
-from idg_core.models.speed import Precision
+from idg_models.speed import Precision
 
 
 def _split(value: object) -> object:
@@ -177,7 +177,7 @@ class ModelsSettings(Section):
         "path stops start-up with an error, so a models file cannot make the service read and show any file")
     precision: Precision | Literal["auto"] = Field(
         "auto", description="Arithmetic of the models: auto (on CUDA, TF32, or bf16 autocast for a model whose bf16 faithfulness "
-        "was checked or calibrated; IEEE fp32 on CPU: idg_core.models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) "
+        "was checked or calibrated; IEEE fp32 on CPU: idg_models.default_precision), fp32 (IEEE), tf32 (CUDA matrix units) "
         "or bf16 autocast")
     calibration_file: Path | None = Field(
         None, description="A JSON file written by idg-calibrate: each model it names (same source and weights) whose precision "
@@ -188,9 +188,9 @@ class ModelsSettings(Section):
         "model stored there is not calibrated again and new decisions are added to the file")
     channels_last: bool | Literal["auto"] = Field(
         "auto", description="Run convolutions in channels-last memory format: auto (on the CPU, and on CUDA with bf16: "
-        "idg_core.models.default_channels_last), true or false")
+        "idg_models.default_channels_last), true or false")
     fold_bn: bool = Field(True, description="Fold eval-mode batch norm into the convolution before it at start-up (the same "
-                          "function up to float rounding, without batch norm's passes; idg_core.models.fold_batchnorm)")
+                          "function up to float rounding, without batch norm's passes; idg_models.fold_batchnorm)")
     compile: bool = Field(
         False, description="torch.compile the models during warm-up, before ready, once per batch size of compile_sizes (calls "
         "are padded to the nearest, so traffic never compiles); slower start. In bf16 its attributions differ from eager's (on "
@@ -254,7 +254,7 @@ class WorkerSettings(Section):
         "spreading each over every core only forks, spins and joins (measured: docs/results/speed.md)")
     keep_freed_memory: bool = Field(
         True, description="glibc malloc keeps freed tensor memory for reuse instead of returning it to the kernel after every "
-        "model call (idg_core.models.keep_freed_memory): faster on the CPU; resident memory then stays at its peak")
+        "model call (idg_models.keep_freed_memory): faster on the CPU; resident memory then stays at its peak")
     switch_interval_ms: float | None = Field(
         None, gt=0, le=100, description="Python's GIL switch interval (sys.setswitchinterval) in milliseconds; unset: Python's 5 ms. "
         "The worker thread releases the GIL at every torch op and may wait up to this long to get it back while the event loop "

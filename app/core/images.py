@@ -20,8 +20,7 @@ from app.core.config import Settings
 from app.core.deadline import past_deadline
 from app.core.errors import ApiError
 from app.core.image_threads import in_image_thread
-from idg_core.models import ImageClassifier
-from idg_core.models.preprocess import (
+from idg_core.preprocess import (
     ImageDecodeError,
     ImageShapeError,
     ImageTooLargeError,
@@ -30,6 +29,7 @@ from idg_core.models.preprocess import (
     open_image,
 )
 from idg_core.types import to_device
+from idg_models import ImageClassifier
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 LARGE_DECODE_PIXELS = 4_000_000

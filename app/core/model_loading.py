@@ -1,6 +1,6 @@
 """Load the configured models onto the device and warm them up, or fail start-up clearly.
 
-The loaders live in the library (:mod:`idg_core.models.sources`, :mod:`idg_core.models.models_file`);
+The loaders live in the library (:mod:`idg_models.sources`, :mod:`idg_models.models_file`);
 this module turns ``IDG_MODELS`` (+ ``IDG_MODELS_FILE``) into loaded models, or one sentence.
 """
 
@@ -19,11 +19,11 @@ import torch
 from app.core.config import Settings
 from idg_core import idg
 from idg_core.call_shapes import CallShapes
-from idg_core.models import ImageClassifier
-from idg_core.models.calibrate import calibrate, mismatch, read_calibrations, write_calibration
-from idg_core.models.compiled import compiled_part, warm_up_compiled
-from idg_core.models.models_file import ModelSettings, read_models_file
-from idg_core.models.sources import ModelSpec, load_source, parse_spec
+from idg_models import ImageClassifier
+from idg_models.calibrate import calibrate, mismatch, read_calibrations, write_calibration
+from idg_models.compiled import compiled_part, warm_up_compiled
+from idg_models.models_file import ModelSettings, read_models_file
+from idg_models.sources import ModelSpec, load_source, parse_spec
 from idg_serving.warm_up import warm_call_shapes
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def load_models(specs: list[str], device: torch.device, models_file: Path | None
 
 def apply_calibrations(models: dict[str, ImageClassifier], device: torch.device, settings: Settings) -> None:
     """``IDG_CALIBRATION_FILE`` / ``IDG_CALIBRATE_IMAGES``: give each model whose precision is ``auto``
-    its bf16 calibration (``model.calibration``, which :func:`~idg_core.models.speed.tune_all` follows
+    its bf16 calibration (``model.calibration``, which :func:`~idg_models.speed.tune_all` follows
     on CUDA): the stored one where the file has one for this source and these weights, else one
     measured now on the photos (added to the file, if one is named). A stored calibration for another
     model is not used (a warning); an unreadable file, or a named file that does not exist without
@@ -129,7 +129,7 @@ def apply_calibrations(models: dict[str, ImageClassifier], device: torch.device,
 
 def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool = True,
             shapes: dict[str, CallShapes] | None = None, on_device: Callable[[Callable[[], float]], float] | None = None) -> None:
-    """Compile the graphs of every compiled model (:func:`~idg_core.models.compiled.warm_up_compiled`), then
+    """Compile the graphs of every compiled model (:func:`~idg_models.compiled.warm_up_compiled`), then
     warm every model's call shapes on the thread that runs the model calls (``on_device``; cuDNN keeps its
     plans per thread): with fixed call sizes, each size forward and with a gradient, whatever ``run_idg``
     says (traffic must meet no cold size); else, if ``run_idg``, one IDG run at the worker's full batch
@@ -157,7 +157,7 @@ def warm_up(models: dict[str, ImageClassifier], batch_images: int, run_idg: bool
             continue
         started = time.perf_counter()
         n = max(2, min(batch_images, model.max_batch or batch_images, 64))
-        x = torch.rand(1, 3, size, size).to(device)  # drawn on the CPU: see idg_core.cuda_graphs
+        x = torch.rand(1, 3, size, size).to(device)  # drawn on the CPU: see idg_models.cuda_graphs
         run(partial(_idg_once, model, x, n))
         if shape is not None:
             run(partial(warm_call_shapes, model, shape, size, device, [n]))

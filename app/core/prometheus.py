@@ -41,7 +41,7 @@ from app.core.device_time import SharedDeviceTime, read_all
 if TYPE_CHECKING:  # the module itself stays light: a server process of several imports it first (not_ready_yet)
     import torch
 
-    from idg_core.models.compiled import FixedBatchCompiled
+    from idg_models.compiled import FixedBatchCompiled
 
 # the labels known at start: every route with the statuses the alerts count (the answers, the server's own failures and
 # the refusals), each rejection reason (app.worker), durable-job outcome, job store operation (app.jobs.runner), callback

@@ -14,7 +14,7 @@ from app.core.deadline import deadline_of
 from app.schemas import AttributeCommon
 from app.service.explain_if import Condition
 from app.service.planning import AttributePlan
-from idg_core.models import ImageClassifier
+from idg_models import ImageClassifier
 
 UntilDisconnected = Callable[[], Awaitable[None]]
 """Returns once the request's client has gone away (never, while it stays): see

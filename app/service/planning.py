@@ -18,11 +18,11 @@ from idg_core.budget import WorkBound, explanation_bound, postprocess_bound
 from idg_core.explain import ExplainOptions, Explanation, explain_plan
 from idg_core.faithfulness import parse_metrics
 from idg_core.methods import METHODS, POST_STEPS, InvalidParameter
-from idg_core.models import ImageClassifier
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess.compose import check_postprocess
 from idg_core.presets import preset_params, preset_post
 from idg_core.types import PlanOf
+from idg_models import ImageClassifier
 
 
 def _invalid(message: str) -> ApiError:

@@ -13,8 +13,8 @@ from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Fa
 from app.service.planning import AttributePlan, post_steps
 from idg_core.explain import Explanation
 from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, image_png
-from idg_core.models import ImageClassifier
 from idg_core.types import AttributionResult
+from idg_models import ImageClassifier
 
 
 def b64(data: bytes) -> str:

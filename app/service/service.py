@@ -44,9 +44,9 @@ from app.worker.engine import Worker
 from app.worker.jobs import SHUTDOWN_REASON
 from app.worker.waiting import Busy, Dropped, Late, Outcome, Refused, Submission, Waiter, submit_and_wait
 from idg_core.explain import Explanation, predict_plan
-from idg_core.models import ImageClassifier
-from idg_core.models.speed import model_precision
 from idg_core.types import to_device
+from idg_models import ImageClassifier
+from idg_models.speed import model_precision
 
 log = logging.getLogger(__name__)
 results_log = logging.getLogger("app.results")

@@ -57,7 +57,7 @@ class Call:
     model: Model
     prepared: PreparedCall
     graphs: dict[tuple[int, bool], Any] | None = None
-    """The model's CUDA graphs by (size, gradient) (:mod:`idg_core.cuda_graphs`): a call of a captured shape replays one."""
+    """The model's CUDA graphs by (size, gradient) (:mod:`idg_models.cuda_graphs`): a call of a captured shape replays one."""
     owner: Any = None
     """What the submitter needs to book the result (the worker: its jobs and their rows)."""
     number: int = 0

@@ -162,7 +162,7 @@ def method_function(
     shared = ("    batch_size: most images per model call, >= 1 (default: 8 on CPU, 128 on CUDA); the points of all images are pooled.\n"
               "    stats: a CallStats that counts the model calls and passes.\n"
               "    shapes: a CallShapes: calls padded to its fixed sizes, each replaying its CUDA graph where one was captured\n"
-              "        (idg_core.cuda_graphs.graphed_shapes).")
+              "        (idg_models.cuda_graphs.graphed_shapes).")
     function.__doc__ = f"{doc.strip()}\n\nArgs:\n{params.doc()}\n{shared}\n"
     return function
 

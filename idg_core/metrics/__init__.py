@@ -1,6 +1,6 @@
 """Faithfulness metrics: RISE insertion/deletion and PIC (SIC/AIC), with one curve type."""
 
-from idg_core.metrics.curves import SKIP_RULES, Curve, Skipped, auc_trapezoid
+from idg_core.metrics.curves import SKIP_RULES, Curve, Skipped, auc_trapezoid, mean_ci
 from idg_core.metrics.pic import (
     PIC_THRESHOLDS,
     blur_from_known_pixels,
@@ -26,6 +26,7 @@ __all__ = [
     "deletion",
     "gaussian_blur",
     "insertion",
+    "mean_ci",
     "original_confidence",
     "pic_curve",
     "pic_many",

@@ -40,3 +40,12 @@ def auc_trapezoid(y: np.ndarray) -> float:
     """RISE's AUC of scores at equal spacing: ``(Σ y - y_0/2 - y_last/2) / (n - 1)``."""
     y = np.asarray(y, dtype=np.float64)
     return float((y.sum() - y[0] / 2 - y[-1] / 2) / (len(y) - 1))
+
+
+def mean_ci(values: list[float]) -> tuple[float, float, int]:
+    """Mean, half-width of the normal 95% interval, and n."""
+    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if arr.size == 0:
+        return float("nan"), float("nan"), 0
+    half = 1.96 * arr.std(ddof=1) / np.sqrt(arr.size) if arr.size > 1 else float("nan")
+    return float(arr.mean()), float(half), int(arr.size)

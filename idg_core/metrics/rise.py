@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
 from idg_core.metrics.curves import Curve, auc_trapezoid
-from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD
+from idg_core.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Model
 
 

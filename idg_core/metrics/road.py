@@ -108,7 +108,7 @@ def _system(flat: np.ndarray, kept: np.ndarray, miss: np.ndarray, h: int, w: int
     return a.tocsc(), rhs
 
 
-def _impute_one(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
+def impute_one(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """``img (C, H, W)`` with the pixels where ``keep (H, W)`` is False solved for (:func:`_system`),
     the removed pixels numbered in nested-dissection order (:func:`_dissection_rank`)."""
     c, h, w = img.shape
@@ -128,7 +128,7 @@ def _impute_one(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
 
 
 def spsolve_impute(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """:func:`_impute_one`'s answer as the reference computes it: ``scipy.sparse.linalg.spsolve``
+    """:func:`impute_one`'s answer as the reference computes it: ``scipy.sparse.linalg.spsolve``
     (SuperLU, COLAMD order, partial pivoting) with the pixels in row-major order, as this module did
     before the dissection order. Kept as the check and benchmark reference."""
     c, h, w = img.shape
@@ -151,7 +151,7 @@ def linear_impute(x: Tensor, keep: Tensor, pool: Executor | None = None) -> Tens
     if not bool(keep.flatten(1).any(1).all()):
         raise ValueError("linear_impute needs at least one kept pixel per image")
     xs, ks = x.detach().cpu().double().numpy(), keep.cpu().numpy()
-    solved = pool.map(_impute_one, list(xs), list(ks)) if pool else map(_impute_one, xs, ks)
+    solved = pool.map(impute_one, list(xs), list(ks)) if pool else map(impute_one, xs, ks)
     return torch.from_numpy(np.stack(list(solved))).to(x.device, x.dtype)
 
 

@@ -1,4 +1,4 @@
-"""The bf16 calibration (idg_core.models.calibrate, idg-calibrate): the keep rule on forced numbers,
+"""The bf16 calibration (idg_models.calibrate, idg-calibrate): the keep rule on forced numbers,
 forced outcomes on models whose bf16 path is exact or misleading, the file, and the command end to end
 on a TorchScript model saved as a user would."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from idg_core.models.calibrate import (
+from idg_models.calibrate import (
     calibrate,
     keeps_faithfulness,
     main,
@@ -25,7 +25,7 @@ from idg_core.models.calibrate import (
     weights_sha256,
     write_calibration,
 )
-from idg_core.models.calibration import Calibration, Paired
+from idg_models.calibration import Calibration, Paired
 from tests.models import Bf16Trap, bf16_trap_classifier, write_photos
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The library's commands on wrong arguments: idg-evaluate (``python -m idg_core.evaluation``) and idg-calibrate
+"""The library's commands on wrong arguments: idg-evaluate (``python -m idg_evaluation``) and idg-calibrate
 say what is wrong in one line, exit 2, and check the paths they are given before the model loads or the work
 starts (it had been a traceback, or an error after the work, or a run that did nothing and said it had)."""
 
@@ -12,10 +12,10 @@ from typing import Any, NoReturn
 import pytest
 import torch
 
-import idg_core.evaluation.__main__ as evaluate
-import idg_core.models.calibrate as calibrate_cli
-from idg_core.models.calibrate import read_calibrations, weights_sha256, write_calibration
-from idg_core.models.calibration import Calibration, Paired
+import idg_evaluation.__main__ as evaluate
+import idg_models.calibrate as calibrate_cli
+from idg_models.calibrate import read_calibrations, weights_sha256, write_calibration
+from idg_models.calibration import Calibration, Paired
 from tests.models import Bf16Trap, bf16_trap_classifier, write_photos
 
 
@@ -101,7 +101,7 @@ def test_idg_evaluate_is_the_programs_name(capsys: pytest.CaptureFixture[str]) -
 @pytest.fixture
 def no_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading the model or calibrating fails the test: --out and --photos are checked first."""
-    monkeypatch.setattr("idg_core.models.sources.load_entry", _not_called)
+    monkeypatch.setattr("idg_models.sources.load_entry", _not_called)
     monkeypatch.setattr(calibrate_cli, "calibrate", _not_called)
 
 

@@ -1,4 +1,4 @@
-"""torch.compile at fixed batch sizes (idg_core.models.compiled): the same function, every graph made
+"""torch.compile at fixed batch sizes (idg_models.compiled): the same function, every graph made
 during warm-up, none under traffic of any batch size, grad mode or memory format seen at warm-up."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from torch import Tensor
 
 from idg_core import idg, ig
 from idg_core.model_calls import CallStats
-from idg_core.models import ImageClassifier, tune
-from idg_core.models.compiled import FixedBatchCompiled, compiled_part, default_compile_sizes, warm_up_compiled
+from idg_models import ImageClassifier, tune
+from idg_models.compiled import FixedBatchCompiled, compiled_part, default_compile_sizes, warm_up_compiled
 from tests.models import SmallCNN, small_classifier
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from idg_core.evaluation.cost import COST_GRID, choose_fast, cost_rows, write_cost_report
+from idg_evaluation.cost import COST_GRID, choose_fast, cost_rows, write_cost_report
 
 
 def _records(n: int = 12) -> list[dict]:
@@ -54,7 +54,7 @@ def test_the_paper_setting_is_the_fallback_and_nothing_passes_when_idg_loses_to_
 
 
 def test_a_subset_of_the_grid_keeps_both_references_and_names_unknown_rows() -> None:
-    from idg_core.evaluation.cost import cost_grid
+    from idg_evaluation.cost import cost_grid
 
     assert list(cost_grid(["IDG-8/16"])) == ["IDG-8/16", "IDG", "IG"]
     assert list(cost_grid(["IG-50", "IDG-8/8", "IDG-50/50"])) == ["IDG-8/8", "IDG", "IG"]
@@ -68,7 +68,7 @@ def test_the_cost_cache_keeps_its_key_and_the_cpu_settings_get_their_own() -> No
     purpose (2026-11-27): the Lite0 table's cache, 773ce62bdb, holds scores of the old ranking, which no run may read
     back. A run with the service's CPU settings (folded batch norm, channels-last) must not mix its rows into an
     unfolded cache."""
-    from idg_core.evaluation.runner import EvalConfig
+    from idg_evaluation.runner import EvalConfig
 
     cfg = EvalConfig(methods=dict(COST_GRID), rise_step=896, batch_size=8, metrics=("insertion", "deletion"))
     assert cfg.key() == "8780ace835" != "773ce62bdb"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from idg_core.evaluation import EvalConfig, evaluate_folder, write_report
-from idg_core.evaluation.runner import mean_ci
+from idg_core.metrics.curves import mean_ci
+from idg_evaluation import EvalConfig, evaluate_folder, write_report
 from tests.models import tiny_classifier
 
 
@@ -79,7 +79,7 @@ def test_mean_ci_of_known_values() -> None:
 
 
 def test_paired_differences_favour_the_better_method_with_the_right_sign() -> None:
-    from idg_core.evaluation.report import _paired
+    from idg_evaluation.report import _paired
 
     def rec(i: int) -> dict:
         base = {"insertion": 0.5 + 0.01 * i, "deletion": 0.2 + 0.01 * i, "sic": None, "aic": 0.3}
@@ -96,7 +96,7 @@ def test_paired_differences_favour_the_better_method_with_the_right_sign() -> No
 
 def test_a_variant_run_pairs_with_an_earlier_runs_scores_by_image(tmp_path: Path) -> None:
     """``--pair-with``: IDG and AGI scored once; a later run of a post-step is paired with them image by image."""
-    from idg_core.evaluation.report import merge_earlier
+    from idg_evaluation.report import merge_earlier
 
     model = tiny_classifier()
     images = _images(tmp_path)
@@ -120,9 +120,9 @@ def test_a_variant_run_pairs_with_an_earlier_runs_scores_by_image(tmp_path: Path
 
 
 def test_the_evaluation_command_takes_a_users_own_model(tmp_path: Path) -> None:
-    """`python -m idg_core.evaluation --model NAME=SOURCE --models-file F`: a 10-class TorchScript CNN, scored on
+    """`python -m idg_evaluation --model NAME=SOURCE --models-file F`: a 10-class TorchScript CNN, scored on
     its own predictions; the photos' WNIDs name ImageNet classes, not its, so no accuracy is claimed."""
-    from idg_core.evaluation.__main__ import main
+    from idg_evaluation.__main__ import main
     from tests.models import tiny_model_maker
 
     entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
@@ -142,7 +142,7 @@ def test_the_evaluation_command_takes_a_users_own_model(tmp_path: Path) -> None:
 
 
 def test_rows_are_named_or_composed_of_a_method_and_its_post_steps() -> None:
-    from idg_core.evaluation.runner import parse_row
+    from idg_evaluation.runner import parse_row
 
     assert parse_row("IDG+IDGI+SmoothGrad") == ("idg", {"steps": 50, "probe_steps": 50, "postprocess": "idgi",
                                                         "smooth_samples": 10, "smooth_std": 0.15})
@@ -156,7 +156,7 @@ def test_rows_are_named_or_composed_of_a_method_and_its_post_steps() -> None:
 def test_the_summary_ranks_every_row_with_road_and_diffid(tmp_path: Path) -> None:
     """`--methods IDG IDG+IDGI+SmoothGrad:... eg:samples=3 LA:...`: composed rows run beside the named ones, and
     the summary ranks every row on the four metrics, DiffID and ROAD."""
-    from idg_core.evaluation.__main__ import main
+    from idg_evaluation.__main__ import main
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -166,7 +166,7 @@ def test_the_summary_ranks_every_row_with_road_and_diffid(tmp_path: Path) -> Non
             "LA:max_iter=2,classes=2", "AGI:max_iter=2"]
     argv = ["--images", str(folder), "--out", str(out), "--model", "tiny-test", "--device", "cpu", "--methods", *rows,
             "--rise-step", "256", "--workers", "0", "--pic-min-confidence", "0"]
-    import idg_core.evaluation.__main__ as cli
+    import idg_evaluation.__main__ as cli
 
     original = cli.load_entry
     cli.load_entry = lambda *a, **k: tiny_classifier()  # type: ignore[assignment]
@@ -185,7 +185,7 @@ def test_shards_share_one_cache_and_cache_what_one_run_would(tmp_path: Path) -> 
     images, a report meanwhile reads what is cached and computes nothing, and the records (ROAD's noise
     and PIC's mask are seeded by an image's position in the whole list) equal one unsharded run's; a run
     without a shard then reads all from the cache."""
-    from idg_core.evaluation.runner import WITH_ROAD
+    from idg_evaluation.runner import WITH_ROAD
 
     model = tiny_classifier()
     cfg = EvalConfig(model="tiny", methods={"IDG": ("idg", {"steps": 4, "probe_steps": 4})}, rise_step=128,
@@ -213,7 +213,7 @@ def test_the_quality_rule_takes_the_row_first_on_most_within_budget_and_ahead_of
     """AGI costs at most 40 passes, so the budget is 400. B is first everywhere but costs 1000; C is first
     on three but behind AGI on deletion; A (within budget, ahead of AGI on all four, first on SIC and AIC)
     is chosen, and the report says how far it trails on insertion and deletion."""
-    from idg_core.evaluation.report import _table, preset_choice
+    from idg_evaluation.report import _table, preset_choice
 
     def row(ins: float, dele: float, sic: float, aic: float, passes: int) -> dict[str, float | int | None]:
         return {"insertion": ins, "deletion": dele, "sic": sic, "aic": aic, "forward_passes": passes, "backward_passes": passes}

@@ -1,4 +1,4 @@
-"""Convolution + activation fused into one oneDNN call (idg_core.models.fuse): the same function and
+"""Convolution + activation fused into one oneDNN call (idg_models.fuse): the same function and
 input gradient, only where the pre-activation has no other use, and the plain path wherever the fused
 call does not apply."""
 
@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from idg_core import idg
-from idg_core.models import fold_batchnorm, load_model, tune
-from idg_core.models.fuse import FusedConvActivation, fuse_conv_activations, fusion_available
-from idg_core.models.zoo import ImageClassifier, Preprocessing
+from idg_models import fold_batchnorm, load_model, tune
+from idg_models.fuse import FusedConvActivation, fuse_conv_activations, fusion_available
+from idg_models.zoo import ImageClassifier, Preprocessing
 from tests.models import assert_same_function
 
 pytestmark = pytest.mark.skipif(not fusion_available(), reason="needs PyTorch's oneDNN (x86 CPU builds)")

@@ -1,4 +1,4 @@
-"""Convolution + bias (+ residual) + ReLU as one cuDNN kernel (idg_core.models.fuse.fuse_conv_add_relu): which patterns
+"""Convolution + bias (+ residual) + ReLU as one cuDNN kernel (idg_models.fuse.fuse_conv_add_relu): which patterns
 are fused (only where nothing else reads the convolution's output or the sum), and the same function and input
 gradient as the unfused network. On the CPU the fused modules run PyTorch's own operations through the written-out
 backward, so these tests check the graph rewrite and the gradient formula; the GPU test checks cuDNN's kernel."""
@@ -13,9 +13,9 @@ import torch
 from torch import fx, nn
 
 from idg_core import idg
-from idg_core.models import fold_batchnorm
-from idg_core.models.fuse import FusedConvAddReLU, fuse_conv_add_relu
-from idg_core.models.zoo import ImageClassifier, Preprocessing
+from idg_models import fold_batchnorm
+from idg_models.fuse import FusedConvAddReLU, fuse_conv_add_relu
+from idg_models.zoo import ImageClassifier, Preprocessing
 from tests.models import assert_same_function
 
 
@@ -103,7 +103,7 @@ def test_the_weights_become_buffers_in_the_dtype_asked_and_get_no_gradient() -> 
 
 
 def test_torchvision_resnets_fuse_every_convolution_but_the_downsampling_ones_and_explain_the_same() -> None:
-    from idg_core.models._torchvision_compat import import_torchvision
+    from idg_models._torchvision_compat import import_torchvision
 
     torch.manual_seed(0)
     net = import_torchvision().models.resnet18().eval()

@@ -10,12 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
-from idg_core.evaluation import EvalConfig, evaluate_folder
-from idg_core.evaluation.idgi_mix import idgi_mix_plan, rank_shift, ranks
-from idg_core.evaluation.runner import parse_row
+from benchmarks.idgi_pixels import rank_shift
 from idg_core.heatmap import saliency
 from idg_core.model_calls import CallStats, run_plans
 from idg_core.postprocess import build_plan, rank_mix
+from idg_core.postprocess.rankmix import ranks
+from idg_evaluation import EvalConfig, evaluate_folder
+from idg_evaluation.idgi_mix import idgi_mix_plan
+from idg_evaluation.runner import parse_row
 from tests.models import SmallCNN, tiny_classifier
 
 IDG: dict[str, Any] = {"steps": 6, "probe_steps": 5}
@@ -62,7 +64,7 @@ def test_rows_parse_and_a_rows_own_baseline_is_used(tmp_path: Path) -> None:
 
 
 def test_the_analysis_reads_both_maps_from_one_pass() -> None:
-    from idg_core.evaluation.idgi_mix import analyse
+    from benchmarks.idgi_pixels import analyse
 
     torch.manual_seed(4)
     model, x = tiny_classifier(), torch.rand(3, 32, 32)
@@ -117,7 +119,7 @@ def test_equal_saliencies_share_their_rank_and_a_map_without_order_ranks_every_p
 
 
 def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_closest_when_none_is() -> None:
-    from idg_core.evaluation.report import first_or_tied
+    from idg_evaluation.report import first_or_tied
 
     gen = torch.Generator().manual_seed(3)
     noise = torch.randn(40, 5, generator=gen) * 0.02
@@ -140,7 +142,7 @@ def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_cl
 
 
 def test_a_rows_bound_comes_from_its_name_so_rows_read_from_a_csv_are_budgeted_too() -> None:
-    from idg_core.evaluation.report import row_bound
+    from idg_evaluation.report import row_bound
 
     bounds = {n: (b.forward, b.backward) for n in ("AGI", "idg@quality+RankMix", "SIG", "LA", "IDG+IDGI+SmoothGrad")
               if (b := row_bound(n)) is not None}

@@ -1,19 +1,29 @@
-"""The attribution library's import graph: no cycles, and nothing of the serving machinery.
+"""The import graph of the attribution library and the packages beside it: no cycles, and each layer imports only
+the layers below it: ``idg_core`` (the attribution maths) < ``idg_models`` (loading, zoo, speed, calibration) <
+``idg_evaluation`` (the harness, reports, CLI) < the serving machinery.
 
-Read from the source (AST over ``idg_core/**/*.py``), not by importing it. Imports at module level
-(``if TYPE_CHECKING:`` included: a cycle there is still two modules that need each other) and imports
-inside functions are counted apart, so that a cycle hidden behind a lazy import is reported as such;
-both must be acyclic. ``from package import name`` counts as an import of ``package.name`` where that is a
-module, else of ``package``; the implicit import of a parent package's ``__init__`` is not counted.
+Read from the source (AST over ``idg_core/**/*.py``, ``idg_models/**/*.py``, ``idg_evaluation/**/*.py``), not by
+importing it. Imports at module level (``if TYPE_CHECKING:`` included: a cycle there is still two modules that need
+each other) and imports inside functions are counted apart, so that a cycle hidden behind a lazy import is reported as
+such; both must be acyclic. ``from package import name`` counts as an import of ``package.name`` where that is a
+module, else of ``package``; importing ``a.b.c`` also imports the packages ``a`` and ``a.b`` (their ``__init__``), and
+those count too, except the importer's own enclosing packages (already being imported when it runs).
+A fresh interpreter checks the other half: importing the library loads no module of the packages above it.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVING = ("idg_serving", "app")
+LAYERS = ("idg_core", "idg_models", "idg_evaluation")
+"""Lowest first: a package imports only those before it (and third-party code)."""
+MAX_LIBRARY_LINES = 5000
 
 
 def module_names(root: Path, package: str) -> dict[str, Path]:
@@ -61,16 +71,25 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
     return seen.module_level, seen.in_functions
 
 
+def _parents(name: str) -> list[str]:
+    """The enclosing packages of a dotted name, innermost first: ``a.b.c`` -> ``a.b``, ``a``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
 def import_graph(modules: dict[str, Path]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Edges between ``modules``: at module level, and inside functions (those not also at module level)."""
 
     def resolve(names: set[str], own: str) -> set[str]:
+        own_packages = set(_parents(own)) | ({own} if modules[own].name == "__init__.py" else set())
         found = set()
         for name in names:
             # ``from a.b import c`` reads as a.b.c: the module a.b.c if it is one, else a.b (``c`` is a name in it)
             target = name if name in modules else name.rpartition(".")[0]
-            if target in modules and target != own:
-                found.add(target)
+            # importing a.b.c runs a/__init__ and a/b/__init__ first, unless the importer is inside them
+            for module in (target, *_parents(target)):
+                if module in modules and module != own and module not in own_packages:
+                    found.add(module)
         return found
 
     top: dict[str, set[str]] = {}
@@ -123,13 +142,44 @@ def _why(component: list[str], graph: dict[str, set[str]]) -> str:
 
 
 LIBRARY = module_names(ROOT, "idg_core")
-TOP, INNER = import_graph(LIBRARY)
+PACKAGES = {name: path for layer in LAYERS for name, path in module_names(ROOT, layer).items()}
+TOP, INNER = import_graph(PACKAGES)
 
 
 def test_the_graph_is_read() -> None:
     # an empty glob or a resolver that drops every edge would pass the tests below vacuously
-    assert len(LIBRARY) > 40 and "idg_core.model_calls" in TOP["idg_core.evaluation.runner"]
-    assert "idg_core.models.preprocess" in INNER["idg_core.paths"]  # a lazy import, counted apart
+    assert len(LIBRARY) > 35 and "idg_core.model_calls" in TOP["idg_evaluation.runner"]
+    # a package's __init__ counts: idg_evaluation.runner imports idg_models.* through the package idg_models
+    assert {"idg_models", "idg_core.metrics"} <= TOP["idg_evaluation.runner"]
+    assert "idg_models.sources" in INNER["idg_models.calibrate"]  # a lazy import, counted apart
+
+
+def test_the_library_is_the_attribution_maths_only() -> None:
+    lines = sum(len(path.read_text().splitlines()) for path in LIBRARY.values())
+    assert lines <= MAX_LIBRARY_LINES, f"idg_core has {lines} lines (at most {MAX_LIBRARY_LINES}): models, speed and evaluation live apart"
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    wrong = {}
+    for name, path in PACKAGES.items():
+        layer = LAYERS.index(name.split(".")[0])
+        module_level, in_functions = imports(path)
+        above = sorted(n for n in module_level | in_functions if n.split(".")[0] in LAYERS[layer + 1:])
+        if above:
+            wrong[name] = above
+    assert not wrong, f"imports of a higher layer ({' < '.join(LAYERS)}): {wrong}"
+
+
+def test_importing_the_library_loads_no_model_zoo_speed_or_evaluation_module() -> None:
+    """``idg_core`` with its explain, faithfulness, metrics and post-steps, in a fresh interpreter: no module of
+    ``idg_models`` (zoo, sources, speed, fusion, compile, calibration, CUDA graphs) or ``idg_evaluation`` is loaded."""
+    code = ("import json, sys\n"
+            "import idg_core, idg_core.explain, idg_core.faithfulness, idg_core.metrics, idg_core.postprocess, idg_core.presets\n"
+            "above = ('idg_models', 'idg_evaluation', 'idg_serving', 'app')\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in above)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], out.stdout
 
 
 def test_no_import_cycle_at_module_level() -> None:
@@ -146,12 +196,12 @@ def test_no_import_cycle_even_through_imports_inside_functions() -> None:
 
 def test_the_library_imports_nothing_of_the_serving_machinery() -> None:
     wrong = {}
-    for name, path in LIBRARY.items():
+    for name, path in PACKAGES.items():
         module_level, in_functions = imports(path)
         serving = sorted(n for n in module_level | in_functions if n.split(".")[0] in SERVING)
         if serving:
             wrong[name] = serving
-    assert not wrong, f"idg_core imports the serving package (idg_serving, app): {wrong}"
+    assert not wrong, f"{', '.join(LAYERS)} import the serving package (idg_serving, app): {wrong}"
 
 
 def test_the_serving_package_builds_on_the_library_only_one_way() -> None:
@@ -171,7 +221,24 @@ def test_the_checks_find_a_cycle_behind_a_lazy_import_and_an_upward_import(tmp_p
     (pkg / "high.py").write_text("from lib.sub.low import f\nimport idg_serving.warm_up\n")
     (pkg / "plain.py").write_text("from lib import high\n")
     top, inner = import_graph(module_names(tmp_path, "lib"))
-    assert top["lib.high"] == {"lib.sub.low"} and inner["lib.sub.low"] == {"lib.high"} and top["lib.plain"] == {"lib.high"}
+    # lib.high imports lib.sub.low and so the package lib.sub; lib itself is already being imported around lib.high
+    assert top["lib.high"] == {"lib.sub", "lib.sub.low"} and inner["lib.sub.low"] == {"lib.high"} and top["lib.plain"] == {"lib.high"}
+    assert top["lib.sub"] == {"lib.sub.low"}
     assert cycles(top) == []
-    assert cycles({m: top[m] | inner[m] for m in top}) == [["lib.high", "lib.sub.low"]]
+    assert cycles({m: top[m] | inner[m] for m in top}) == [["lib.high", "lib.sub", "lib.sub.low"]]
     assert "idg_serving.warm_up" in imports(pkg / "high.py")[0]
+
+
+def test_a_cycle_through_a_package_init_is_found(tmp_path: Path) -> None:
+    """``lib.user`` imports only ``lib.heavy.light``, but that runs ``lib/heavy/__init__``, which imports ``lib.heavy.big``,
+    which imports ``lib.user``: a cycle the modules alone do not show."""
+    pkg = tmp_path / "lib"
+    (pkg / "heavy").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy" / "__init__.py").write_text("from lib.heavy.big import g\n")
+    (pkg / "heavy" / "big.py").write_text("from lib.user import f\n")
+    (pkg / "heavy" / "light.py").write_text("")
+    (pkg / "user.py").write_text("from lib.heavy.light import h\n")
+    top, _ = import_graph(module_names(tmp_path, "lib"))
+    assert top["lib.user"] == {"lib.heavy", "lib.heavy.light"}
+    assert cycles(top) == [["lib.heavy", "lib.heavy.big", "lib.user"]]

@@ -204,7 +204,7 @@ def test_batch_size_caps_every_model_call() -> None:
 def test_fixed_call_shapes_pad_every_call_and_change_no_attribution() -> None:
     """shapes= (graphed_shapes on a CPU: fixed sizes, no graphs): 2 images x 10 points per pass in calls of 16
     (16 + 4 padded to 16), counted in the shapes; the attributions are those of unpadded calls."""
-    from idg_core.cuda_graphs import graphed_shapes
+    from idg_models.cuda_graphs import graphed_shapes
 
     model = Counting(SmallCNN())
     x = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(4))

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from idg_core.models import Preprocessing
-from idg_core.models.models_file import ModelSettings, read_models_file
-from idg_core.models.preprocess import squash_crop
-from idg_core.models.sources import ModelSpec, hf_preprocessing, merge_preprocessing, parse_spec
+from idg_core.preprocess import squash_crop
+from idg_models import Preprocessing
+from idg_models.models_file import ModelSettings, read_models_file
+from idg_models.sources import ModelSpec, hf_preprocessing, merge_preprocessing, parse_spec
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
@@ -107,7 +107,7 @@ def test_load_entry_loads_a_users_model_as_the_service_would(tmp_path: Path) -> 
     gives the file's logits, labels and input size; a bare torchvision ARCH takes --weights."""
     import torch
 
-    from idg_core.models import load_entry
+    from idg_models import load_entry
     from tests.models import tiny_model_maker
 
     entry = tiny_model_maker().MAKERS["torchscript"](tmp_path)
@@ -129,8 +129,8 @@ def test_a_model_whose_logits_are_not_finite_is_refused_before_it_serves() -> No
     import torch
     from torch import nn
 
-    from idg_core.models import ImageClassifier
-    from idg_core.models.sources import probe
+    from idg_models import ImageClassifier
+    from idg_models.sources import probe
 
     class Overflow(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

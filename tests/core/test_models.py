@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 from benchmarks.samples import imagenet_samples, missing_imagenet_samples
-from idg_core import idg
-from idg_core.models import decode_image, imagenet_class_names, imagenet_wnids, load_model, preprocess, torchvision_classifier
-from idg_core.models.preprocess import INTERPOLATIONS, ImageShapeError, ImageTooLargeError, resize_crop, to_rgb
+from idg_core import idg, preprocess
+from idg_core.preprocess import INTERPOLATIONS, ImageShapeError, ImageTooLargeError, resize_crop, to_rgb
+from idg_models import decode_image, imagenet_class_names, imagenet_wnids, load_model, torchvision_classifier
 
 SAMPLES = imagenet_samples()
 
@@ -24,7 +24,7 @@ def lite0() -> torch.nn.Module:
 
 
 def test_a_packaged_model_is_named_by_its_source_as_the_service_names_it(lite0: torch.nn.Module) -> None:
-    from idg_core.models import default_precision
+    from idg_models import default_precision
 
     assert lite0.source == "packaged:efficientnet_lite0"  # so tuned() picks the precision the service picks for it
     assert default_precision(torch.device("cuda", 0), lite0.source) == "bf16"

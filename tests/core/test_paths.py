@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from idg_core import idg
-from idg_core.models import ImageClassifier, Preprocessing
 from idg_core.paths import allocate_samples, ig_rule, place_samples, probe_alphas, resolve_baseline
+from idg_models import ImageClassifier, Preprocessing
 from tests.models import SmallCNN, TwoRises
 
 

@@ -111,8 +111,8 @@ def test_smooth_idgi_compose_and_bad_options() -> None:
 def test_the_evaluation_runs_the_variants_on_a_tiny_model(tmp_path) -> None:  # noqa: ANN001
     from PIL import Image
 
-    from idg_core.evaluation import EvalConfig, evaluate_folder
-    from idg_core.evaluation.runner import VARIANTS
+    from idg_evaluation import EvalConfig, evaluate_folder
+    from idg_evaluation.runner import VARIANTS
 
     assert set(VARIANTS) == {"IDG+IDGI", "IG+IDGI", "IDG+SmoothGrad"}
     small = {

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.samples import imagenet_photos, missing_imagenet_samples
-from idg_core.evaluation.runner import EvalConfig, evaluate_image
 from idg_core.methods import METHODS
 from idg_core.presets import DEFAULT_PRESET, PRESETS, preset_params
+from idg_evaluation.runner import EvalConfig, evaluate_image
 
 
 def test_presets_name_steps_for_every_method_and_paper_is_the_papers() -> None:
@@ -35,7 +35,7 @@ def test_unknown_preset_or_method_is_a_value_error_that_names_the_choices() -> N
 def test_fast_idg_is_no_less_faithful_than_ig50_on_sample_photos() -> None:
     """EfficientNet-Lite0 on the CPU, a few sample photos: insertion and deletion of IDG at the
     ``fast`` preset against IG-50 (the paper's IG), summed over the images."""
-    from idg_core.models import load_model, tune
+    from idg_models import load_model, tune
 
     photos = imagenet_photos(6)
     if not photos:

@@ -11,8 +11,8 @@ import pytest
 def test_names_renamed_before_the_first_release_are_gone() -> None:
     """0.1.0 released nothing under the old names, so no alias keeps them: the engine is ``idg_core.model_calls``
     and the ImageNet statistics live with the preprocessing."""
-    from idg_core.models import IMAGENET_MEAN as MODELS_MEAN
-    from idg_core.models.preprocess import IMAGENET_MEAN
+    from idg_core.preprocess import IMAGENET_MEAN
+    from idg_models import IMAGENET_MEAN as MODELS_MEAN
 
     assert MODELS_MEAN is IMAGENET_MEAN
     # by file, not by import: an editable install of another checkout would still find a module deleted here

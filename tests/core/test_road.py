@@ -119,7 +119,7 @@ def test_the_ordered_factorisation_gives_spsolves_answer(kind: str) -> None:
     """The nested-dissection LU without pivoting against the plain ``spsolve`` (COLAMD, partial
     pivoting) of the same system: several random masks and levels, MoRF and LeRF, on [0, 1] images.
     The two differ by rounding only (measured ~1e-13); the bound asserted is 1e-9."""
-    from idg_core.metrics.road import _impute_one, spsolve_impute
+    from idg_core.metrics.road import impute_one, spsolve_impute
 
     gen = np.random.default_rng(7)
     for h, w in ((31, 47), (64, 64)):
@@ -128,15 +128,15 @@ def test_the_ordered_factorisation_gives_spsolves_answer(kind: str) -> None:
             sal = gen.random((h, w)) if kind == "uniform" else _blobs(gen, h, w)
             masks = removal_masks(torch.from_numpy(sal)[None], [0.1, 0.5, 0.9, 0.99], most_first=bool(gen.integers(2)))[0]
             for keep in masks.numpy():
-                ours, ref = _impute_one(img, keep), spsolve_impute(img, keep)
+                ours, ref = impute_one(img, keep), spsolve_impute(img, keep)
                 assert np.abs(ours - ref).max() <= 1e-9
                 assert np.array_equal(ours[:, keep], img[:, keep])
 
 
 def test_the_ordered_factorisation_on_a_224_image_at_90_percent() -> None:
-    from idg_core.metrics.road import _impute_one, spsolve_impute
+    from idg_core.metrics.road import impute_one, spsolve_impute
 
     gen = np.random.default_rng(3)
     img = gen.random((3, 224, 224))
     keep = removal_masks(torch.from_numpy(_blobs(gen, 224, 224))[None], [0.9], most_first=True)[0, 0].numpy()
-    assert np.abs(_impute_one(img, keep) - spsolve_impute(img, keep)).max() <= 1e-9
+    assert np.abs(impute_one(img, keep) - spsolve_impute(img, keep)).max() <= 1e-9

@@ -3,8 +3,8 @@ not by re-reading numbers out of the sentence."""
 
 from __future__ import annotations
 
-from idg_core.evaluation.report import _skip_lines
 from idg_core.metrics import SKIP_RULES
+from idg_evaluation.report import _skip_lines
 
 
 def _record(image: str, skipped: dict[str, object]) -> dict[str, object]:

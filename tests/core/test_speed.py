@@ -1,4 +1,4 @@
-"""Speed settings (idg_core.models.tune) keep the function; CUDA runs agree with the CPU."""
+"""Speed settings (idg_models.tune) keep the function; CUDA runs agree with the CPU."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from idg_core import evaluate_queries, idg, ig
-from idg_core.models import ImageClassifier, Preprocessing, set_tf32, tune
 from idg_core.types import Query, to_device
+from idg_models import ImageClassifier, Preprocessing, set_tf32, tune
 from tests.models import SmallCNN, small_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_cuda_reduced_precision_stays_close(precision: str) -> None:
 
 
 def test_default_precision_is_bf16_on_cuda_where_measured_or_calibrated_tf32_for_the_rest_and_ieee_fp32_on_the_cpu() -> None:
-    from idg_core.models import default_precision
+    from idg_models import default_precision
 
     cuda = torch.device("cuda", 0)  # a device object only: no GPU needed
     assert default_precision(torch.device("cpu")) == "fp32"
@@ -90,8 +90,8 @@ def test_auto_precisions_with_calibrations_and_the_process_wide_tf32_switch() ->
     explicit tf32 beside fp32 is refused; on the CPU everything stays fp32 and a calibration decides nothing."""
     from dataclasses import replace
 
-    from idg_core.models.calibration import Calibration, Paired
-    from idg_core.models.speed import choose_precisions
+    from idg_models.calibration import Calibration, Paired
+    from idg_models.speed import choose_precisions
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     kept = Calibration("a", "small", "x", "bf16", Paired(0.0, 0.01, 9), Paired(0.0, 0.01, 9), 9, "/p")
@@ -150,7 +150,7 @@ class BNNet(torch.nn.Module):
 
 
 def test_folding_batch_norm_keeps_the_function_and_its_input_gradient() -> None:
-    from idg_core.models import fold_batchnorm
+    from idg_models import fold_batchnorm
 
     net = BNNet().eval()
     folded = fold_batchnorm(net)
@@ -172,7 +172,7 @@ def test_folding_batch_norm_keeps_the_function_and_its_input_gradient() -> None:
 
 
 def test_folding_leaves_untraceable_and_training_networks_alone() -> None:
-    from idg_core.models import fold_batchnorm
+    from idg_models import fold_batchnorm
 
     class Branchy(torch.nn.Module):
         def __init__(self) -> None:
@@ -191,7 +191,7 @@ def test_folding_leaves_untraceable_and_training_networks_alone() -> None:
 
 
 def test_packaged_lite0_folds_every_batch_norm_and_predicts_the_same() -> None:
-    from idg_core.models import fold_batchnorm, load_model
+    from idg_models import fold_batchnorm, load_model
 
     model = load_model("efficientnet_lite0").eval()
     x = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(5))
@@ -206,7 +206,7 @@ def test_packaged_lite0_folds_every_batch_norm_and_predicts_the_same() -> None:
 
 
 def test_channels_last_auto_is_on_for_the_cpu_and_for_bf16_on_cuda() -> None:
-    from idg_core.models import default_channels_last
+    from idg_models import default_channels_last
 
     assert default_channels_last(torch.device("cpu"), "fp32")
     assert default_channels_last(torch.device("cuda", 0), "bf16")
@@ -230,7 +230,7 @@ def test_same_padding_becomes_the_convolutions_own_with_a_zero_widened_kernel_wh
     """TensorFlow's "same" padding puts the odd pixel at the end (stride 2 on an even size: 0 before, 1
     after); as a symmetric padding of 1 with a 4x4 kernel whose first row and column are 0, every output
     reads the same inputs with the same weights. More padding before than after is left as it was."""
-    from idg_core.models import fold_batchnorm
+    from idg_models import fold_batchnorm
 
     with torch.random.fork_rng():
         torch.manual_seed(6)
@@ -254,7 +254,7 @@ def test_same_padding_becomes_the_convolutions_own_with_a_zero_widened_kernel_wh
 
 def test_a_convolution_run_twice_keeps_its_batch_norms() -> None:
     """Shared weights: folding one call's batch norm into the convolution would change its other call."""
-    from idg_core.models import fold_batchnorm
+    from idg_models import fold_batchnorm
 
     class Shared(torch.nn.Module):
         def __init__(self) -> None:
@@ -347,7 +347,7 @@ def test_an_idg_step_waits_for_the_device_once() -> None:
 _FAULTS_PER_PASS = """
 import resource, sys, threading, torch
 from torch import nn
-from idg_core.models import keep_freed_memory
+from idg_models import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else None
 torch.manual_seed(0)
 layers = [nn.Conv2d(3, 32, 3, 2, 1), nn.ReLU6()]
@@ -390,7 +390,7 @@ def test_keeping_freed_memory_stops_page_faults_in_repeated_passes() -> None:
 
 
 def test_asymmetric_padding_is_widened_into_the_kernel_only_on_the_cpu() -> None:
-    from idg_core.models.speed import _with_own_padding
+    from idg_models.speed import _with_own_padding
 
     on_cpu = _with_own_padding(SameConv(4, 4, 3, 2, (0, 1, 0, 1)))
     assert on_cpu is not None and tuple(on_cpu.kernel_size) == (4, 4)
@@ -414,7 +414,7 @@ def _conv_bn_classifier() -> ImageClassifier:
 
 
 def test_tuned_gives_the_services_cpu_settings_and_keeps_the_logits_and_attributions() -> None:
-    from idg_core.models import tuned
+    from idg_models import tuned
 
     x = images()
     plain = _conv_bn_classifier()

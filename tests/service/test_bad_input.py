@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from app.core.images import decode_upload
-from idg_core.models.preprocess import UnsupportedImageError, decode_image
+from idg_core.preprocess import UnsupportedImageError, decode_image
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 
@@ -169,7 +169,7 @@ async def test_a_float_tiff_is_refused_not_stretched_by_its_own_maximum(tiny_app
 def test_a_limit_above_pillows_warning_is_the_limit() -> None:
     """With IDG_MAX_IMAGE_PIXELS above Pillow's warning (89 megapixels), an image under the limit had been refused,
     saying it was "more than the limit" it was under."""
-    from idg_core.models.preprocess import open_image
+    from idg_core.preprocess import open_image
 
     assert open_image(_png_header(10_000, 10_000), max_pixels=150_000_000).size == (10_000, 10_000)
     with pytest.raises(Exception, match="the image has 10000x10000 pixels, more than the limit of 90000000"):

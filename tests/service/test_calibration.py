@@ -12,8 +12,8 @@ import torch
 from app.core.config import Settings
 from app.core.model_loading import ModelLoadError
 from app.main import create_app
-from idg_core.models import set_tf32
-from idg_core.models.calibrate import calibrate, read_calibrations, write_calibration
+from idg_models import set_tf32
+from idg_models.calibrate import calibrate, read_calibrations, write_calibration
 from tests.models import bf16_trap_classifier, write_photos
 from tests.service.conftest import image_bytes, serve
 

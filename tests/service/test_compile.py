@@ -15,8 +15,8 @@ import torch._dynamo
 from app.core.config import Settings
 from app.core.model_loading import ModelLoadError
 from app.main import create_app
-from idg_core.models import ImageClassifier, Preprocessing, compiled
-from idg_core.models.compiled import compiled_part
+from idg_models import ImageClassifier, Preprocessing, compiled
+from idg_models.compiled import compiled_part
 from tests.models import SmallCNN
 from tests.service.conftest import image_bytes, serve
 

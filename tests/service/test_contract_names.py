@@ -12,8 +12,8 @@ from torch import Tensor, nn
 from app.core.config import Settings
 from app.core.images import _api_error
 from app.main import create_app
-from idg_core.models import ImageClassifier, Preprocessing, imagenet_class_names
-from idg_core.models.preprocess import ImageDecodeError, UnsupportedImageError
+from idg_core.preprocess import ImageDecodeError, UnsupportedImageError
+from idg_models import ImageClassifier, Preprocessing, imagenet_class_names
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import app.core.images as images
 from app.core.config import Settings
 from app.jobs.runner import MAX_ATTEMPTS
-from idg_core.models import ImageClassifier
+from idg_models import ImageClassifier
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.test_oip import b64
 

@@ -14,7 +14,7 @@ import torch
 
 from app.core.config import Settings
 from app.main import create_app
-from idg_core.models import set_tf32
+from idg_models import set_tf32
 from tests.models import small_classifier
 from tests.service.conftest import image_bytes, serve, tiny_classifier
 
@@ -81,9 +81,9 @@ async def test_on_cuda_every_call_runs_at_a_warmed_size_on_the_call_stream_and_a
 def test_a_replayed_cuda_graph_answers_as_an_eager_call(precision: str) -> None:
     """Each captured (size, kind) gives the real rows' outputs of an eager call, whatever the padding rows
     and targets held before (static buffers reused across replays), and refuses a target out of range."""
-    from idg_core.cuda_graphs import capture_graphs
     from idg_core.model_calls import RowSelect, run_call
-    from idg_core.models import tune
+    from idg_models import tune
+    from idg_models.cuda_graphs import capture_graphs
 
     model = tune(small_classifier().cuda(), precision=precision, channels_last=False)
     graphs = capture_graphs(model, (4, 8), 16, torch.device("cuda"))
@@ -108,8 +108,8 @@ def test_the_library_replays_graphs_and_answers_as_eagerly() -> None:
     """idg(..., shapes=graphed_shapes(...)): every call replays a captured graph (3 images' points in calls of 8, the
     last of each pass padded), and the attributions are eager's."""
     from idg_core import CallStats, idg
-    from idg_core.cuda_graphs import graphed_shapes
-    from idg_core.models import tune
+    from idg_models import tune
+    from idg_models.cuda_graphs import graphed_shapes
 
     model = tune(small_classifier().cuda(), precision="fp32", channels_last=False)
     x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(2)).cuda()
@@ -133,7 +133,7 @@ def test_the_library_replays_graphs_and_answers_as_eagerly() -> None:
 
 def test_a_network_that_reads_the_device_on_the_host_runs_eagerly() -> None:
     """TinyNet's forward reads a CUDA value on the host (its poison check): capture fails, no graph is kept."""
-    from idg_core.cuda_graphs import capture_graphs
+    from idg_models.cuda_graphs import capture_graphs
 
     assert capture_graphs(tiny_classifier().cuda(), (4, 8), 32, torch.device("cuda")) == {}
     assert (torch.rand(2).cuda() * 2).shape == (2,)  # the device still works (the service draws random numbers on the CPU)

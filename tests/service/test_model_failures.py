@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from app.core.config import Settings
 from app.main import create_app
-from idg_core.models import ImageClassifier, Preprocessing
+from idg_models import ImageClassifier, Preprocessing
 from tests.models import TinyNet, imagenet_class_names
 from tests.service.conftest import image_bytes, serve
 
@@ -121,7 +121,7 @@ def test_a_malicious_hf_weights_file_ends_in_the_one_line_error_naming_the_model
 
     pytest.importorskip("transformers")
     from app.core.model_loading import ModelLoadError, load_models
-    from idg_core.models._torchvision_compat import import_torchvision
+    from idg_models._torchvision_compat import import_torchvision
 
     import_torchvision()  # transformers imports torchvision (see that module: PyPI's wheel beside CPU torch)
     from tests.models import tiny_model_maker

@@ -13,8 +13,8 @@ from app.core.prometheus import exposition
 from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, method_parameters
 from app.service import Service
 from idg_core import METHODS
-from idg_core.models.compiled import compiled_part
-from idg_core.models.speed import model_precision
+from idg_models.compiled import compiled_part
+from idg_models.speed import model_precision
 
 router = APIRouter()
 

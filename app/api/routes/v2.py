@@ -84,7 +84,7 @@ from app.core.image_threads import in_image_thread
 from app.schemas import ERROR_DESCRIPTIONS, AttributeCommon, AttributeParams, PredictParams
 from app.service import ExplainRequest, Image, PredictRequest, RequestContext, Service
 from idg_core.explain import Explanation
-from idg_core.models import ImageClassifier
+from idg_models import ImageClassifier
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from idg_core import idg
-from idg_core.models.zoo import load_model
+from idg_models.zoo import load_model
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

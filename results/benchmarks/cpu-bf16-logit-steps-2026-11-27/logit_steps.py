@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from idg_core.models.zoo import load_model
+from idg_models.zoo import load_model
 
 
 class Float32(nn.Module):

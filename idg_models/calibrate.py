@@ -15,7 +15,7 @@ numbers to a JSON file, one entry per model name, that the service reads at star
 decision is used only for the model it measured: same source, same weights (:func:`weights_sha256`).
 On the CPU the command works alike (bf16 autocast there is slower, not faster, and the service keeps
 IEEE fp32 on the CPU whatever the decision); on CUDA the decision picks bf16 or TF32 for ``auto``
-(:func:`~idg_core.models.speed.default_precision`).
+(:func:`~idg_models.speed.default_precision`).
 
     idg-calibrate --model cnn=torchscript:/models/cnn.ts --models-file /models/models.toml \\
         --photos /my/photos -n 64 --out calib.json
@@ -37,18 +37,18 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from idg_core.cli_args import count
-from idg_core.cli_args import device as cli_device
-from idg_core.evaluation.runner import mean_ci
 from idg_core.heatmap import saliency
 from idg_core.methods import idg
 from idg_core.metrics import deletion, insertion
+from idg_core.metrics.curves import mean_ci
 from idg_core.model_calls import default_batch_size
-from idg_core.models.calibration import DEFAULT_CURVE_STEPS, KEEP_METRICS, Calibration, Paired, _cell
-from idg_core.models.preprocess import decode_image, image_files
-from idg_core.models.speed import fold_batchnorm, set_tf32
-from idg_core.models.zoo import ImageClassifier
+from idg_core.preprocess import decode_image, image_files
 from idg_core.presets import preset_params
+from idg_models.calibration import DEFAULT_CURVE_STEPS, KEEP_METRICS, Calibration, Paired, _cell
+from idg_models.cli_args import count
+from idg_models.cli_args import device as cli_device
+from idg_models.speed import fold_batchnorm, set_tf32
+from idg_models.zoo import ImageClassifier
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.count < 2 or args.curve_steps < 1:
         p.error("--count must be at least 2 and --curve-steps at least 1")
-    from idg_core.models.sources import load_entry  # the loaders pull in optional extras only when used
+    from idg_models.sources import load_entry  # the loaders pull in optional extras only when used
 
     try:
         # before the model loads and the work (a minute or more): a wrong --out had failed after it, --photos before the model

@@ -25,9 +25,9 @@ from typing import Literal, get_args
 import torch
 from torch import fx, nn
 
-from idg_core.models.compiled import FixedBatchCompiled, default_compile_sizes
-from idg_core.models.fuse import ConvLeafTracer, fuse_conv_activations, set_submodule
-from idg_core.models.zoo import ImageClassifier
+from idg_models.compiled import FixedBatchCompiled, default_compile_sizes
+from idg_models.fuse import ConvLeafTracer, fuse_conv_activations, set_submodule
+from idg_models.zoo import ImageClassifier
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ BF16_MEASURED = frozenset({"packaged:efficientnet_lite0"})
 def default_precision(device: torch.device, source: str | None = None, bf16_kept: bool | None = None) -> Precision:
     """What ``auto`` means. On CUDA: bf16 autocast for a model whose bf16 faithfulness was measured
     and kept, by a calibration on the user's own photos (``bf16_kept``, the decision of
-    :mod:`idg_core.models.calibrate` / ``idg-calibrate``; it overrides the rest) or, uncalibrated
+    :mod:`idg_models.calibrate` / ``idg-calibrate``; it overrides the rest) or, uncalibrated
     (``None``), here (:data:`BF16_MEASURED`; ``source`` None: the caller vouches for its model);
     TF32 for any other model. IEEE fp32 elsewhere.
 
@@ -218,10 +218,10 @@ def tune(model: ImageClassifier, *, precision: str = "fp32", channels_last: bool
          fold_bn: bool = False, compile_sizes: Sequence[int] | None = None) -> ImageClassifier:
     """Apply speed settings to ``model`` in place (and return it). Call after moving it to its device
     and putting it in eval mode. ``fold_bn``: :func:`fold_batchnorm`, then, on the CPU in fp32 without
-    ``compile``, :func:`~idg_core.models.fuse.fuse_conv_activations` (a network without batch norm too). ``compile``: the network becomes a
-    :class:`~idg_core.models.compiled.FixedBatchCompiled` at ``compile_sizes`` (default: from the
+    ``compile``, :func:`~idg_models.fuse.fuse_conv_activations` (a network without batch norm too). ``compile``: the network becomes a
+    :class:`~idg_models.compiled.FixedBatchCompiled` at ``compile_sizes`` (default: from the
     model's ``max_batch``, else 8); compile its graphs before traffic with
-    :func:`~idg_core.models.compiled.warm_up_compiled`."""
+    :func:`~idg_models.compiled.warm_up_compiled`."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
     device = model.mean.device
@@ -273,7 +273,7 @@ def choose_precisions(models: dict[str, ImageClassifier], device: torch.device,
                       precision: Precision | Literal["auto"] = "auto") -> dict[str, tuple[Precision, str]]:
     """Each model's precision on ``device`` and where it came from: ``"models file"`` (its own
     ``precision`` key), ``"setting"`` (``precision``, the service's ``IDG_PRECISION``), ``"calibration"``
-    (``auto`` on CUDA, decided by the model's :attr:`~idg_core.models.ImageClassifier.calibration`)
+    (``auto`` on CUDA, decided by the model's :attr:`~idg_models.ImageClassifier.calibration`)
     or ``"auto"`` (:func:`default_precision`).
 
     TF32 is one switch for the whole process: where ``auto`` would give TF32 beside a model set to
@@ -315,7 +315,7 @@ def tune_all(
     """Move every model to ``device`` and :func:`tune` it with its own speed keys (``model.speed``,
     from the models file) over these defaults, at the precision :func:`choose_precisions` gives it
     (recorded as ``model.precision_source``). A compiled model's batch sizes are ``compile_sizes``,
-    else :func:`~idg_core.models.compiled.default_compile_sizes` of its largest call (its
+    else :func:`~idg_models.compiled.default_compile_sizes` of its largest call (its
     ``max_batch``, at most ``batch_images``)."""
     choice = choose_precisions(models, device, precision)
     chosen = {name: p for name, (p, _) in choice.items()}

@@ -1,7 +1,7 @@
 """Faithfulness against cost: IDG over a grid of (probe, main) steps and IG over 8…50 steps,
 scored by insertion and deletion and compared, paired per image, with IG-50 and IDG-50/50.
 
-    python -m idg_core.evaluation --suite cost --images ../shared/data/imagenet-samples --out results/cost
+    python -m idg_evaluation --suite cost --images ../shared/data/imagenet-samples --out results/cost
 
 The table this writes is what the presets in :mod:`idg_core.presets` were chosen from.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from idg_core.evaluation.report import pyplot
-from idg_core.evaluation.runner import mean_ci
+from idg_core.metrics.curves import mean_ci
+from idg_evaluation.report import pyplot
 
 # name -> (method, parameters). "IG" and "IDG" are the paper's settings (IG-50 uniform, IDG-50/50),
 # the two references every other row is paired against.

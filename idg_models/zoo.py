@@ -18,10 +18,10 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from idg_core.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, resize_crop, squash_crop, to_tensor
+from idg_core.preprocess import IMAGENET_MEAN, IMAGENET_STD, resize_crop, squash_crop, to_tensor
 
 if TYPE_CHECKING:
-    from idg_core.models.calibration import Calibration
+    from idg_models.calibration import Calibration
 
 log = logging.getLogger(__name__)
 
@@ -83,19 +83,19 @@ class ImageClassifier(nn.Module):
         self.class_names = class_names
         self.register_buffer("mean", torch.tensor(preprocessing.mean).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(preprocessing.std).view(1, 3, 1, 1))
-        # Speed settings (see idg_core.models.speed.tune): autocast dtype and memory format.
+        # Speed settings (see idg_models.speed.tune): autocast dtype and memory format.
         self.autocast_dtype: torch.dtype | None = None
         self.channels_last = False
-        # Where it came from (``idg_core.models.sources``) and the most images one model call may hold.
+        # Where it came from (``idg_models.sources``) and the most images one model call may hold.
         self.source = name
         self.max_batch: int | None = None
         self.speed: dict[str, Any] = {}
         """The models file's speed keys for this model (precision, channels_last, compile); unset: the service's."""
         self.calibration: Calibration | None = None
-        """Whether bf16 keeps this model's faithfulness, measured on photos (:mod:`idg_core.models.calibrate`):
-        ``auto`` follows it on CUDA (:func:`~idg_core.models.speed.default_precision`)."""
+        """Whether bf16 keeps this model's faithfulness, measured on photos (:mod:`idg_models.calibrate`):
+        ``auto`` follows it on CUDA (:func:`~idg_models.speed.default_precision`)."""
         self.precision_source = "auto"
-        """Where :func:`~idg_core.models.speed.tune_all` took the precision from (see ``choose_precisions``)."""
+        """Where :func:`~idg_models.speed.tune_all` took the precision from (see ``choose_precisions``)."""
 
     @property
     def num_classes(self) -> int:
@@ -171,7 +171,7 @@ def torchvision_classifier(arch: str, weights: str | Path | None, class_names: l
     ``class_names`` other than 1000, the head has that many classes."""
     if arch not in TORCHVISION_ARCHS:
         raise ValueError(f"arch must be one of {', '.join(TORCHVISION_ARCHS)}; got {arch!r}")
-    from idg_core.models._torchvision_compat import import_torchvision
+    from idg_models._torchvision_compat import import_torchvision
 
     net = import_torchvision().models.get_model(arch, weights=None, num_classes=len(class_names) if class_names else 1000)
     if weights is not None:

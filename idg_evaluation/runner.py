@@ -18,10 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from idg_core.evaluation.idgi_mix import idgi_mix_plan
 from idg_core.heatmap import saliency
 from idg_core.methods import METHODS
 from idg_core.metrics import (
@@ -38,10 +36,11 @@ from idg_core.metrics import (
 )
 from idg_core.metrics.road import road
 from idg_core.model_calls import run_plans
-from idg_core.models import ImageClassifier, decode_image, imagenet_label
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan
 from idg_core.types import Plan
+from idg_evaluation.idgi_mix import idgi_mix_plan
+from idg_models import ImageClassifier, decode_image, imagenet_label
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 BLUR_SIGMA = 1.0
 """σ (pixels) of the blur control: the blur that makes IDG's map most like IDG+SmoothGrad's (10 copies, σ 0.15),
 fitted on 2 photos at IDG 8/16 on the loaded CPU (``results/evaluation-quality/blur_fit.md``: correlation 0.40-0.44
-against 0.36-0.39 unblurred; 2 px next). Refit with more photos at 50/50 with ``python -m idg_core.evaluation.blur_fit``
+against 0.36-0.39 unblurred; 2 px next). Refit with more photos at 50/50 with ``python -m benchmarks.blur_fit``
 or name the row ``IDG+Blur:blur_sigma=S``."""
 # The rivals in the faithfulness tables, at their published defaults, and the blur control.
 RIVALS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -91,7 +90,7 @@ POST_STEPS: dict[str, dict[str, Any]] = {
     "rankmix": {"idgi_mix": 0.5},
 }
 """The post-steps a composed row name may add (lower case), with their evaluation settings. ``RankMix``: the
-method's map and its IDGI map from the same passes, rank-averaged (:mod:`idg_core.evaluation.idgi_mix`).
+method's map and its IDGI map from the same passes, rank-averaged (:mod:`idg_evaluation.idgi_mix`).
 A row's ``baseline`` key (``mean`` or ``black``) overrides the run's ``--baseline`` for that row."""
 
 ALL_METRICS = ("insertion", "deletion", "sic", "aic")
@@ -172,7 +171,7 @@ class EvalConfig:
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def _baseline(model: ImageClassifier, x: torch.Tensor, kind: str) -> torch.Tensor:
+def row_baseline(model: ImageClassifier, x: torch.Tensor, kind: str) -> torch.Tensor:
     """``mean``: zero in the model's normalised space (the authors' baseline, and the service's
     default: :func:`idg_core.paths.resolve_baseline`); or black."""
     if kind not in ("mean", "black"):
@@ -184,7 +183,7 @@ def _row_plan(model: ImageClassifier, x: torch.Tensor, base: torch.Tensor, pred:
     """One row's plan: its own ``baseline`` when it names one, ``RankMix`` through :func:`idgi_mix_plan`."""
     kw = dict(kw)
     if "baseline" in kw:
-        base = _baseline(model, x, kw.pop("baseline"))
+        base = row_baseline(model, x, kw.pop("baseline"))
     if "num_classes" in METHODS[method].params:
         kw["num_classes"] = model.num_classes
     if "idgi_mix" in kw:
@@ -202,7 +201,7 @@ def evaluate_image(
     with torch.no_grad():
         probs = torch.softmax(model(x.unsqueeze(0)), 1)[0]
     pred = int(probs.argmax())
-    base = _baseline(model, x, cfg.baseline)
+    base = row_baseline(model, x, cfg.baseline)
     names = list(cfg.methods)
     plans = [_row_plan(model, x, base, pred, m, kw) for m, kw in cfg.methods.values()]
     results = dict(zip(names, run_plans(model, plans, cfg.batch_size), strict=True))
@@ -298,12 +297,3 @@ def _progress(items: list[tuple[int, Path]], show: bool) -> Any:
     except ImportError:
         return items
     return tqdm(items, desc="images", unit="img")
-
-
-def mean_ci(values: list[float]) -> tuple[float, float, int]:
-    """Mean, half-width of the normal 95% interval, and n."""
-    arr = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    if arr.size == 0:
-        return float("nan"), float("nan"), 0
-    half = 1.96 * arr.std(ddof=1) / np.sqrt(arr.size) if arr.size > 1 else float("nan")
-    return float(arr.mean()), float(half), int(arr.size)

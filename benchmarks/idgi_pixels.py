@@ -1,38 +1,32 @@
-"""The evaluation's RankMix rows at any weight (``idgi_mix``: IDGI's weight, 0: the method's map's order, 1: IDGI's;
-the library's post-step, :mod:`idg_core.postprocess.rankmix`, is the same at its fixed weight).
+"""Which pixels IDGI moves: a straight-path row's map against its IDGI map from the same passes, photo by photo
+(:func:`benchmarks.idgi_pixels.analyse`), as a markdown table.
 
-Also :func:`rank_shift`, what the analysis of which pixels IDGI moves reads: where the pixels of one
-map's top and bottom share sit in the other map's order."""
+    python -m benchmarks.idgi_pixels --images ../shared/data/imagenet-samples --limit 8 --row IDG
+
+An experiment beside the evaluation: it parses the evaluation's row names and builds IDGI maps the way
+:mod:`idg_evaluation.idgi_mix` does; its tables are in ``results/evaluation-rankmix/``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import argparse
+import logging
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from idg_core.heatmap import saliency
 from idg_core.methods import METHODS
-from idg_core.postprocess.rankmix import rankmix_plan, ranks, with_idgi
+from idg_core.metrics import deletion
+from idg_core.model_calls import run_plans
+from idg_core.postprocess.rankmix import ranks, with_idgi
 from idg_core.postprocess.smoothgrad import noisy_copies, smooth_plan
-from idg_core.types import AttributionResult, Plan
-
-
-def idgi_mix_plan(method: str, x: Tensor, baseline: Tensor, target: int, *, idgi_mix: float, smooth_samples: int = 0,
-                  smooth_std: float = 0.15, smooth_seed: int = 0, **kwargs: Any) -> Generator[Any, Any, AttributionResult]:
-    """The plan of ``method`` (a straight-path method, ``kwargs`` its parameters) on ``x``, SmoothGrad over
-    ``smooth_samples`` copies when > 0, returning the rank average ``(1 - idgi_mix) · rank(own) + idgi_mix ·
-    rank(IDGI)`` of the two smoothed maps' saliencies, spread evenly over the channels (non-negative)."""
-    if not 0.0 <= idgi_mix <= 1.0:
-        raise ValueError(f"idgi_mix must be in [0, 1], got {idgi_mix}")
-    kwargs.pop("postprocess", None)  # IDGI is computed here, beside the method's own map
-
-    def one(xi: Tensor) -> Plan:
-        return with_idgi(METHODS[method].plan(xi, baseline, target, **kwargs))
-
-    plan = smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)]) if smooth_samples else one(x)
-    return (yield from rankmix_plan(plan, idgi_mix))
+from idg_core.types import Plan
+from idg_evaluation.runner import parse_row, row_baseline
+from idg_models import decode_image, image_files, load_entry, tune
 
 
 def rank_shift(a: Tensor, b: Tensor, share: float = 0.1) -> dict[str, float]:
@@ -61,9 +55,6 @@ def analyse(model: Any, x: Tensor, base: Tensor, pred: int, kw: dict[str, Any], 
     top and among those it keeps, how far each top's pixels are from the baseline (Σ_c |x - x'| over the image's mean:
     deletion puts the mean image, this table's baseline, in their place), and the deletion score
     left after each map's top 5, 10 and 20% are removed."""
-    from idg_core.metrics import deletion
-    from idg_core.model_calls import run_plans
-
     kw = dict(kw)
     kw.pop("postprocess", None)
     samples, std = int(kw.pop("smooth_samples", 0)), float(kw.pop("smooth_std", 0.15))
@@ -99,3 +90,37 @@ def analyse(model: Any, x: Tensor, base: Tensor, pred: int, kw: dict[str, Any], 
         for frac in (0.05, 0.1, 0.2):
             out[f"{name}_left_{int(frac * 100)}"] = float(curve.y[round(frac * n)])
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.idgi_pixels --images DIR --limit N``: :func:`analyse` per photo, a markdown table."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--images", type=Path, required=True)
+    p.add_argument("--limit", type=int, default=4)
+    p.add_argument("--row", default="IDG", help="a straight-path row (its IDGI map is computed beside it), e.g. IDG or idg@fast+SmoothGrad")
+    p.add_argument("--out", type=Path, default=None, help="write the table here too")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    model = tune(load_entry("efficientnet_lite0", None, None, torch.device("cpu")), fold_bn=True, channels_last=True)
+    method, kw = parse_row(args.row)
+    rows = []
+    for path in image_files(args.images)[: args.limit]:
+        x = model.prepare(decode_image(path.read_bytes()))
+        with torch.no_grad():
+            pred = int(model(x.unsqueeze(0)).argmax())
+        rows.append(analyse(model, x, row_baseline(model, x, "mean"), pred, {**kw, "method": method}))
+        logging.info("%s: %s", path.name, {k: round(v, 3) for k, v in rows[-1].items()})
+        lines = [f"{args.row} against its IDGI map (same passes), {len(rows)} photos, top/bottom share 10%: mean (min, max)", "",
+                 "| measure | mean | min | max |", "|---|---|---|---|"]
+        for key in rows[0]:
+            v = np.array([r[key] for r in rows])
+            lines.append(f"| {key} | {np.nanmean(v):.3f} | {np.nanmin(v):.3f} | {np.nanmax(v):.3f} |")
+        text = "\n".join(lines) + "\n"
+        if args.out:  # after every photo: a run stopped by its time limit keeps what it measured
+            args.out.write_text(text)
+    logging.getLogger(__name__).info("\n%s", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -131,7 +131,7 @@ def _rewritten(gm: fx.GraphModule) -> fx.GraphModule:
 def fuse_conv_activations(net: nn.Module) -> tuple[nn.Module, int]:
     """``net`` with each plain ``Conv2d`` whose only user is a ``ReLU6`` or ``ReLU`` module (in-place or
     not: nothing else reads the convolution's output) replaced by a :class:`FusedConvActivation`, and how
-    many. A ``torch.fx.GraphModule`` (as :func:`~idg_core.models.fold_batchnorm` makes) is changed in
+    many. A ``torch.fx.GraphModule`` (as :func:`~idg_models.fold_batchnorm` makes) is changed in
     place; another network is traced first, and comes back as it was where it cannot be traced or has no
     such pair."""
     if not fusion_available():
@@ -257,7 +257,7 @@ def _is_relu(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
 def fuse_conv_add_relu(net: nn.Module, dtype: torch.dtype | None = None) -> tuple[nn.Module, int]:
     """``net`` with each plain ``Conv2d`` whose only user is a ReLU, or an addition (``conv(x) + z``, either order)
     whose only user is a ReLU, replaced by a :class:`FusedConvAddReLU` (weights in ``dtype``), and how many. Meant for
-    CUDA after :func:`~idg_core.models.fold_batchnorm` (a ResNet's every convolution but its downsampling ones); on the
+    CUDA after :func:`~idg_models.fold_batchnorm` (a ResNet's every convolution but its downsampling ones); on the
     CPU the fused modules run PyTorch's own operations. A ``torch.fx.GraphModule`` is changed in place; another network
     is traced first, and comes back as it was where it cannot be traced or has no such pattern."""
     gm = _graph_module(net)

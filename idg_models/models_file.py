@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from idg_core.models.preprocess import INTERPOLATIONS
+from idg_core.preprocess import INTERPOLATIONS
 
 RESIZE_MODES = ("shorter", "squash")
 PRECISION_CHOICES = ("fp32", "tf32", "bf16", "auto")

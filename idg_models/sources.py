@@ -12,7 +12,7 @@
 ``NAME=export:PATH``           a ``torch.export.save`` file (``.pt2``), exported with a dynamic batch size
 =============================  ==========================================================================
 
-A models file (:mod:`idg_core.models.models_file`) overrides what a source says; scripted and exported
+A models file (:mod:`idg_models.models_file`) overrides what a source says; scripted and exported
 models say nothing about their inputs, so they need ``input_size``, ``mean`` and ``std`` there. Every
 model is probed once (a batch of 2 images forward, input gradient back) before it is served: a model
 that returns no logits, no gradient or a class count other than its labels fails here, with a
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from idg_core.models.models_file import ModelSettings, read_models_file
-from idg_core.models.zoo import (
+from idg_models.models_file import ModelSettings, read_models_file
+from idg_models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
     ImageClassifier,
@@ -195,7 +195,7 @@ def _torchvision(spec: ModelSpec, s: ModelSettings) -> Loaded:
 
 def _timm(spec: ModelSpec, s: ModelSettings) -> Loaded:
     assert spec.arch is not None and spec.path is not None
-    from idg_core.models._torchvision_compat import import_torchvision
+    from idg_models._torchvision_compat import import_torchvision
 
     import_torchvision()  # timm imports torchvision; this build needs the shim first
     timm = _require("timm", "timm", "timm")
@@ -280,7 +280,7 @@ def _hf(spec: ModelSpec, s: ModelSettings) -> Loaded:
     folder = _existing(spec.path, "folder")
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} has no config.json: save the model with save_pretrained(folder)")
-    from idg_core.models._torchvision_compat import import_torchvision
+    from idg_models._torchvision_compat import import_torchvision
 
     try:
         import_torchvision()  # transformers may import torchvision (fast image processors)

@@ -44,7 +44,7 @@ def import_torchvision() -> ModuleType:
 
     Call it once before ``import timm`` or ``import torchvision`` in your own script beside the CPU torch
     (both fail there with "operator torchvision::nms does not exist" otherwise); public as
-    ``idg_core.models.import_torchvision``."""
+    ``idg_models.import_torchvision``."""
     try:
         return importlib.import_module("torchvision")
     except RuntimeError as err:

@@ -1,7 +1,7 @@
 """A model's calibration record: whether bf16 keeps its faithfulness, and the paired numbers behind the decision.
 
-The record only; :mod:`idg_core.models.calibrate` measures it (``idg-calibrate``). It lives below the models
-(:class:`~idg_core.models.ImageClassifier` holds one) so that the classifier needs nothing of the measurement.
+The record only; :mod:`idg_models.calibrate` measures it (``idg-calibrate``). It lives below the models
+(:class:`~idg_models.ImageClassifier` holds one) so that the classifier needs nothing of the measurement.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The blur control's σ: the Gaussian blur (pixels) that brings IDG's map closest to IDG+SmoothGrad's,
 by Pearson correlation of the saliency maps, over a few photos.
 
-    python -m idg_core.evaluation.blur_fit --images ../shared/data/imagenet-samples --limit 4
+    python -m benchmarks.blur_fit --images ../shared/data/imagenet-samples --limit 4
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch
 from idg_core.heatmap import saliency
 from idg_core.methods.eg import gaussian_blur
 from idg_core.model_calls import run_plans
-from idg_core.models import ImageClassifier, decode_image, image_files, keep_freed_memory, load_entry, tune
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess import build_plan
+from idg_models import ImageClassifier, decode_image, image_files, keep_freed_memory, load_entry, tune
 
 log = logging.getLogger(__name__)
 SIGMAS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)

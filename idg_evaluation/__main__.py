@@ -1,6 +1,6 @@
 """Evaluate methods × metrics over a folder of images (resumable), then write the report.
 
-    python -m idg_core.evaluation --images ../shared/data/imagenet-samples --out results/evaluation
+    python -m idg_evaluation --images ../shared/data/imagenet-samples --out results/evaluation
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from idg_core.cli_args import count
-from idg_core.cli_args import device as cli_device
-from idg_core.evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
-from idg_core.evaluation.report import merge_earlier, write_report
-from idg_core.evaluation.runner import (
+from idg_core.preprocess import IMAGE_SUFFIXES
+from idg_evaluation.cost import COST_GRID, REFERENCES, cost_grid, write_cost_report
+from idg_evaluation.report import merge_earlier, write_report
+from idg_evaluation.runner import (
     ABLATION,
     ALL_METRICS,
     MAIN_METHODS,
@@ -30,8 +29,9 @@ from idg_core.evaluation.runner import (
     evaluate_folder,
     parse_row,
 )
-from idg_core.models import PRECISIONS, image_files, keep_freed_memory, load_entry, tune
-from idg_core.models.preprocess import IMAGE_SUFFIXES
+from idg_models import PRECISIONS, image_files, keep_freed_memory, load_entry, tune
+from idg_models.cli_args import count
+from idg_models.cli_args import device as cli_device
 
 
 def _machine() -> str:
@@ -161,19 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only and not records:
         p.error("no image is cached for these settings yet: nothing to report")
     if shard:
-        logging.getLogger("idg_core.evaluation").info("shard %s done (%d images): run again without --shard for the report",
+        logging.getLogger("idg_evaluation").info("shard %s done (%d images): run again without --shard for the report",
                                                       args.shard, len(records))
         return 0
     speed = "".join(f", {flag}" for flag, on in (("batch norm folded", args.fold_bn), ("channels-last", args.channels_last)) if on)
     machine, date = f"{_machine()}, precision {args.precision}{speed}", time.strftime("%Y-%m-%d")
     if args.suite == "cost":
-        command = " ".join(["python -m idg_core.evaluation", *(sys.argv[1:] if argv is None else argv)])
+        command = " ".join(["python -m idg_evaluation", *(sys.argv[1:] if argv is None else argv)])
         path = write_cost_report(records, args.out, machine=machine, date=date, model=args.model, rise_step=args.rise_step,
                                  command=command)
     else:
         earlier = (args.pair_with, merge_earlier(records, args.pair_with)) if args.pair_with else None
         path = write_report(records, args.out, machine=machine, date=date, model=args.model, total_images=total, earlier=earlier)
-    logging.getLogger("idg_core.evaluation").info("wrote %s", path)
+    logging.getLogger("idg_evaluation").info("wrote %s", path)
     return 0
 
 

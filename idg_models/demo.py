@@ -1,6 +1,6 @@
 """Attribute one photo with a real pretrained model and write the heatmap, overlay and curve.
 
-    python -m idg_core.demo IMAGE [--model efficientnet_lite0] [--method idg] [--out out/demo]
+    python -m idg_models.demo IMAGE [--model efficientnet_lite0] [--method idg] [--out out/demo]
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from idg_core import METHODS, heatmap_png, overlay_png
-from idg_core.models import decode_image, load_model
+from idg_models import decode_image, load_model
 
-log = logging.getLogger("idg_core.demo")
+log = logging.getLogger("idg_models.demo")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from idg_core.budget import WorkBound, postprocess_bound
-from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, mean_ci, parse_row
 from idg_core.methods import METHODS
-from idg_core.metrics.curves import SKIP_RULES
+from idg_core.metrics.curves import SKIP_RULES, mean_ci
+from idg_evaluation.runner import ABLATION, MAIN_METHODS, parse_row
 
 log = logging.getLogger(__name__)
 METRICS = (("insertion", "↑"), ("deletion", "↓"), ("sic", "↑"), ("aic", "↑"))

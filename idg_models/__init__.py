@@ -1,8 +1,6 @@
 """Pretrained classifiers (pixel space in, logits out) and the image preprocessing they need."""
 
-from idg_core.models._torchvision_compat import import_torchvision
-from idg_core.models.models_file import ModelSettings, read_models_file
-from idg_core.models.preprocess import (
+from idg_core.preprocess import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageDecodeError,
@@ -13,8 +11,10 @@ from idg_core.models.preprocess import (
     to_rgb,
     to_tensor,
 )
-from idg_core.models.sources import ModelSpec, load_entry, load_source, parse_spec
-from idg_core.models.speed import (
+from idg_models._torchvision_compat import import_torchvision
+from idg_models.models_file import ModelSettings, read_models_file
+from idg_models.sources import ModelSpec, load_entry, load_source, parse_spec
+from idg_models.speed import (
     PRECISIONS,
     Precision,
     default_channels_last,
@@ -25,7 +25,7 @@ from idg_core.models.speed import (
     tune,
     tuned,
 )
-from idg_core.models.zoo import (
+from idg_models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
     ImageClassifier,

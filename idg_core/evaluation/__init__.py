@@ -1,6 +1,0 @@
-"""Evaluate methods x metrics over a folder of images: ``python -m idg_core.evaluation --help``."""
-
-from idg_core.evaluation.report import write_report
-from idg_core.evaluation.runner import ABLATION, MAIN_METHODS, EvalConfig, evaluate_folder
-
-__all__ = ["ABLATION", "MAIN_METHODS", "EvalConfig", "evaluate_folder", "write_report"]
