@@ -17,6 +17,7 @@ from app.api.deps import get_service, require_api_key
 from app.api.failures import alone, internal_error
 from app.api.requests import body_docs, read_batch_request, read_image_request, until_disconnected
 from app.core.errors import ApiError
+from app.core.request_id import current_request_id
 from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, BatchItem, BatchResponse, ErrorDetail
 from app.service import Service
 
@@ -100,7 +101,8 @@ async def attribute_batch(request: Request, service: Annotated[Service, Depends(
             return BatchItem(filename=name, status=200, result=result)
         except Exception as err:  # noqa: BLE001 - whatever fails, it fails this item only
             api = err if isinstance(err, ApiError) else internal_error(err, f"POST /attribute/batch item {name!r}")
-            return BatchItem(filename=name, status=api.status, error=ErrorDetail(status=api.status, code=api.code, message=api.message))
+            return BatchItem(filename=name, status=api.status, error=ErrorDetail(status=api.status, code=api.code, message=api.message,
+                                                                                   request_id=current_request_id()))
 
     items = await asyncio.gather(*[one(name, data) for name, data in files])
     batch = BatchResponse(items=list(items), succeeded=sum(i.status == 200 for i in items), failed=sum(i.status != 200 for i in items))

@@ -215,7 +215,7 @@ async def test_an_unexpected_error_fails_only_its_own_image(caplog: pytest.LogCa
         r = await client.post("/attribute/batch", files=files, data={"steps": "4", "probe_steps": "4"})
         assert r.status_code == 200, r.text
         items = r.json()["items"]
-        assert [i["status"] for i in items] == [500, 200] and items[0]["error"] == internal
+        assert [i["status"] for i in items] == [500, 200] and items[0]["error"] == {**internal, "request_id": r.headers["x-request-id"]}
         r = await client.post("/predict", files={"file": ("b.png", good)})
         assert r.status_code == 200  # the service is fine
     logged = [rec for rec in caplog.records if rec.exc_info and rec.exc_info[0] is MemoryError]
