@@ -58,7 +58,7 @@ def check(device: torch.device) -> dict[str, Any]:
         ig_got, ig_want = ig(compiled, x, "mean", targets, steps=9, batch_size=8), ig(eager, x, "mean", targets, steps=9, batch_size=8)
         out[f"{precision}: IG compiled vs eager, cosine per image"] = _cos(ig_got.attributions, ig_want.attributions)
         out[f"{precision}: eager logit rise along the path (target logit at x minus at the baseline)"] = [
-            round(float(v), 4) for v in want.logits[:, -1] - want.logits[:, 0]] if want.logits.dim() == 2 else None
+            round(float(v), 4) for v in want.values[:, -1] - want.values[:, 0]] if want.values.dim() == 2 else None
     e32 = tune(small_classifier().to(device), precision="fp32", channels_last=True)
     e16 = tune(small_classifier().to(device), precision="bf16", channels_last=True)
     kw = {"steps": 9, "probe_steps": 5, "batch_size": 8}

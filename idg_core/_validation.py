@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from idg_core.paths import resolve_baseline
-from idg_core.types import BaselineLike, Output
+from idg_core.types import BaselineLike
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -40,10 +40,6 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {', '.join(options)}; got {value!r}")
     return str(value)
-
-
-def check_output(value: object) -> Output:
-    return check_choice("output", value, ("logit", "probability"))  # type: ignore[return-value]
 
 
 def prepare_batch(

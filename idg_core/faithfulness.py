@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from idg_core.budget import pixels_per_step, score_passes
+from idg_core.budget import pixels_per_step
 from idg_core.heatmap import saliency
 from idg_core.metrics.curves import auc_trapezoid
 from idg_core.metrics.rise import gaussian_blur, moved_at
@@ -37,10 +37,6 @@ def parse_metrics(value: str | Sequence[str] | None) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"faithfulness must be insertion, deletion or both (comma-separated), got {unknown[0]!r}")
     return tuple(m for m in FAITHFULNESS_METRICS if m in items)
-
-
-forward_cost = score_passes
-"""Forward passes the score costs (:func:`idg_core.budget.score_passes`, the name it had here)."""
 
 
 def game_images(start: Tensor, finish: Tensor, sal: Tensor, step: int) -> Tensor:

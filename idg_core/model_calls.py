@@ -220,12 +220,6 @@ def _allocated_answer(q: Query, host: torch.device | None = None) -> Answer:
     return Answer(torch.empty(q.n, device=at), grads, torch.empty(q.n, dtype=torch.long, device=at))
 
 
-def empty_answers(queries: Sequence[Query]) -> list[Answer]:
-    """Answers of the right shapes for ``queries``, unfilled, for :func:`book_call` to fill (given None in their
-    place instead, it answers a query that one call holds whole with views of that call's outputs)."""
-    return [_allocated_answer(q) for q in queries]
-
-
 def booked_answers(queries: Sequence[Query], answers: Sequence[Answer | None]) -> list[Answer]:
     """``answers`` after :func:`book_call`, a query no call booked (no rows, or skipped) given one of the right
     shapes, unfilled."""

@@ -8,7 +8,6 @@ is free to put the points of many plans into the same model call.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypeVar
@@ -47,8 +46,7 @@ class AttributionResult:
     Shapes: ``attributions (B, C, H, W)``; ``alphas``, ``values``, ``importance``, ``weights``
     ``(B, M)``; ``probe_alphas (N,)``; ``probe_values (B, N)``. ``values`` and ``probe_values``
     hold the differentiated output at the path points: the target's logit or its softmax
-    probability, as ``output`` says ("" when the method has no curve). ``logits`` and
-    ``probe_logits`` are deprecated names of the same tensors.
+    probability, as ``output`` says ("" when the method has no curve).
     """
 
     attributions: Tensor
@@ -62,28 +60,6 @@ class AttributionResult:
     backward_passes: int = 0
     output: Output | Literal[""] = ""
     """What ``values`` holds: ``logit`` or ``probability`` of the target; "" without a curve."""
-
-    @property
-    def logits(self) -> Tensor:
-        """Deprecated: :attr:`values` (probabilities, not logits, for Guided IG and AGI)."""
-        warnings.warn("AttributionResult.logits is deprecated: use .values (see .output)", DeprecationWarning, stacklevel=2)
-        return self.values
-
-    @logits.setter
-    def logits(self, value: Tensor) -> None:
-        warnings.warn("AttributionResult.logits is deprecated: use .values (see .output)", DeprecationWarning, stacklevel=2)
-        self.values = value
-
-    @property
-    def probe_logits(self) -> Tensor:
-        """Deprecated: :attr:`probe_values`."""
-        warnings.warn("AttributionResult.probe_logits is deprecated: use .probe_values", DeprecationWarning, stacklevel=2)
-        return self.probe_values
-
-    @probe_logits.setter
-    def probe_logits(self, value: Tensor) -> None:
-        warnings.warn("AttributionResult.probe_logits is deprecated: use .probe_values", DeprecationWarning, stacklevel=2)
-        self.probe_values = value
 
     @staticmethod
     def concat(parts: list[AttributionResult]) -> AttributionResult:

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from idg_core.faithfulness import faithfulness_plan, forward_cost, parse_metrics, pixels_per_step
+from idg_core.budget import score_passes
+from idg_core.faithfulness import faithfulness_plan, parse_metrics, pixels_per_step
 from idg_core.metrics import deletion, insertion
 from idg_core.model_calls import CallStats, run_plans
 from idg_core.types import AttributionResult, Plan
@@ -38,7 +39,7 @@ def test_agrees_with_rise_metrics_at_the_same_step_count(steps: int) -> None:
         assert float(got[0]) == pytest.approx(ins[i].auc, abs=1e-6)
         assert float(got[1]) == pytest.approx(dele[i].auc, abs=1e-6)
         assert int(got[2]) == n
-    assert stats.forward_images == 2 * forward_cost(("insertion", "deletion"), 16, 16, steps) == 2 * 2 * (n + 1)
+    assert stats.forward_images == 2 * score_passes(("insertion", "deletion"), 16, 16, steps) == 2 * 2 * (n + 1)
     assert stats.backward_images == 0
 
 

@@ -1,5 +1,5 @@
-"""The result's curve is named for what it holds: ``values`` with ``output`` (logit or probability);
-``logits`` / ``probe_logits`` stay as deprecated names of the same tensors."""
+"""The result's curve is named for what it holds: ``values`` with ``output`` (logit or probability); the names
+``logits`` / ``probe_logits`` were never released in the library and are gone (the service's JSON keeps its own)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,7 @@ def test_values_say_which_output_they_hold(name: str, kwargs: dict, output: str)
     assert res.values.shape[0] == 2 and res.values.numel() > 0
     if output == "probability":
         assert bool((res.values >= 0).all() and (res.values <= 1).all())
-    with pytest.warns(DeprecationWarning, match="use .values"):
-        assert res.logits is res.values
-    with pytest.warns(DeprecationWarning, match="use .probe_values"):
-        assert res.probe_logits is res.probe_values
+    assert not hasattr(res, "logits") and not hasattr(res, "probe_logits")
 
 
 def test_a_method_without_a_curve_says_so() -> None:
