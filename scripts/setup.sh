@@ -76,7 +76,7 @@ if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/kserve/.installed-$KSER
     say "installing KServe's client ($KSERVE) apart, into .venv/peers/kserve, for the test of peers' clients"
     rm -rf .venv/peers/kserve
     if .venv/bin/python -m pip install --progress-bar off -q --target .venv/peers/kserve "$KSERVE" >/dev/null 2>&1; then
-        touch ".venv/peers/kserve/.installed-$KSERVE"
+        mkdir -p .venv/peers/kserve && touch ".venv/peers/kserve/.installed-$KSERVE"
     else
         rm -rf .venv/peers/kserve
         say "could not install $KSERVE; tests/service/test_oip_kserve.py's client test will skip"
