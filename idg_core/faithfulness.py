@@ -19,12 +19,14 @@ from torch import Tensor
 
 from idg_core.budget import pixels_per_step
 from idg_core.heatmap import saliency
+from idg_core.metrics import METRICS
 from idg_core.metrics.curves import auc_trapezoid
 from idg_core.metrics.rise import gaussian_blur, moved_at
 from idg_core.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Answer, Query
 
-FAITHFULNESS_METRICS = ("insertion", "deletion")
+FAITHFULNESS_METRICS = tuple(name for name, m in METRICS.items() if m.service)
+"""What the service's ``faithfulness`` field may name (:data:`idg_core.metrics.METRICS`' ``service``)."""
 DEFAULT_FAITHFULNESS_STEPS = 28
 
 

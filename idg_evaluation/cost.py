@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from idg_core.metrics import METRICS
 from idg_core.metrics.curves import mean_ci
 from idg_evaluation.report import pyplot
 
@@ -54,7 +55,7 @@ def cost_grid(names: list[str] | None = None) -> dict[str, tuple[str, dict[str, 
 def paired(records: list[dict[str, Any]], name: str, ref: str, metric: str) -> tuple[float, float, int]:
     """Mean of (name − ref) per image, signed so that > 0 means ``name`` is better (lower deletion
     is better), its 95% half-width and n."""
-    sign = -1.0 if metric == "deletion" else 1.0
+    sign = 1.0 if METRICS[metric].higher_is_better else -1.0
     diffs = [sign * (r["methods"][name][metric] - r["methods"][ref][metric]) for r in records
              if name in r["methods"] and ref in r["methods"]]
     return mean_ci(diffs)
@@ -136,7 +137,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
             for xi, yi, r in zip(x, y, chosen, strict=True):
                 ax.annotate(r["name"].split("-", 1)[-1], (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set(xscale="log", xlabel="model passes per image (forward + gradient)", ylabel=f"{metric} AUC",
-               title=f"{metric} ({'higher' if metric == 'insertion' else 'lower'} is better)")
+               title=f"{metric} ({'higher' if METRICS[metric].higher_is_better else 'lower'} is better)")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

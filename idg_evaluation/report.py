@@ -11,12 +11,13 @@ import numpy as np
 
 from idg_core.budget import WorkBound, postprocess_bound
 from idg_core.methods import METHODS
+from idg_core.metrics import METRICS as REGISTERED
 from idg_core.metrics.curves import SKIP_RULES, mean_ci
 from idg_evaluation.runner import ABLATION, MAIN_METHODS, parse_row
 
 log = logging.getLogger(__name__)
-METRICS = (("insertion", "↑"), ("deletion", "↓"), ("sic", "↑"), ("aic", "↑"))
-EXTRA = (("diffid", "↑"), ("road_morf", "↓"), ("road_lerf", "↑"))
+METRICS = tuple((name, m.arrow) for name, m in REGISTERED.items() if m.default)
+EXTRA = (("diffid", "↑"), *((name, m.arrow) for name, m in REGISTERED.items() if not m.default))
 """DiffID = insertion − deletion (per image); ROAD's MoRF and LeRF means over its levels, when measured."""
 
 

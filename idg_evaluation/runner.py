@@ -23,6 +23,7 @@ import torch
 from idg_core.heatmap import saliency
 from idg_core.methods import METHODS
 from idg_core.metrics import (
+    METRICS,
     SKIP_RULES,
     Curve,
     Skipped,
@@ -93,8 +94,9 @@ POST_STEPS: dict[str, dict[str, Any]] = {
 method's map and its IDGI map from the same passes, rank-averaged (:mod:`idg_evaluation.idgi_mix`).
 A row's ``baseline`` key (``mean`` or ``black``) overrides the run's ``--baseline`` for that row."""
 
-ALL_METRICS = ("insertion", "deletion", "sic", "aic")
-WITH_ROAD = (*ALL_METRICS, "road")
+ALL_METRICS = tuple(dict.fromkeys(m.run_name for m in METRICS.values() if m.default))
+"""What the evaluation computes by default (insertion, deletion, sic, aic), from :data:`idg_core.metrics.METRICS`."""
+WITH_ROAD = tuple(dict.fromkeys(m.run_name for m in METRICS.values()))
 
 
 def catalogue() -> dict[str, tuple[str, dict[str, Any]]]:

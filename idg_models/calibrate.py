@@ -39,7 +39,7 @@ from torch import Tensor
 
 from idg_core.heatmap import saliency
 from idg_core.methods import idg
-from idg_core.metrics import deletion, insertion
+from idg_core.metrics import METRICS, deletion, insertion
 from idg_core.metrics.curves import mean_ci
 from idg_core.model_calls import default_batch_size
 from idg_core.preprocess import decode_image, image_files
@@ -67,8 +67,8 @@ def paired_difference(candidate: Sequence[float | None], reference: Sequence[flo
 
 def paired_against(scores: Mapping[str, Sequence[float | None]],
                    reference: Mapping[str, Sequence[float | None]]) -> dict[str, Paired]:
-    """Every metric of ``scores`` paired against ``reference`` (lower is better for deletion only)."""
-    return {m: paired_difference(scores[m], reference[m], lower_is_better=m == "deletion") for m in scores}
+    """Every metric of ``scores`` paired against ``reference``, signed by its direction (:data:`idg_core.metrics.METRICS`)."""
+    return {m: paired_difference(scores[m], reference[m], lower_is_better=not METRICS[m].higher_is_better) for m in scores}
 
 
 def keeps_faithfulness(paired: Mapping[str, Paired]) -> bool:

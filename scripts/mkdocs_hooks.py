@@ -303,9 +303,22 @@ def _range(p: Any) -> str:
 
 # ---- the hooks --------------------------------------------------------------------------------------------------
 
+def faithfulness_table() -> str:
+    """The faithfulness metrics as their files declare them (:data:`idg_core.metrics.METRICS`)."""
+    from idg_core.metrics import METRICS
+
+    lines = ["| metric | better | the service scores it | the evaluation | cost per image | what it measures |",
+             "|---|---|---|---|---|---|"]
+    for m in METRICS.values():
+        run = "by default" if m.default else f"when asked (`{m.run_name}`)"
+        lines.append(f"| `{m.name}` | {'higher' if m.higher_is_better else 'lower'} | {'yes' if m.service else 'no'} | {run} | "
+                     f"{_cell(m.cost)} | {_cell(m.summary)} |")
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "settings": settings_table, "metrics": metrics_table, "alerts": alerts_table, "recordings": recordings_table,
-    "routes": routes_markdown,
+    "routes": routes_markdown, "faithfulness": faithfulness_table,
 }
 
 

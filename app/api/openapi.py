@@ -27,6 +27,7 @@ from fastapi import FastAPI
 
 from app.core.config import Settings
 from app.schemas import METHOD_FIELDS
+from idg_core.faithfulness import FAITHFULNESS_METRICS
 from idg_core.methods import METHODS
 from idg_core.postprocess import IDGI_METHODS
 
@@ -36,7 +37,8 @@ BASE64 = (rf"^(data:[^,]{{0,90}},)?[ \t\n\r\f\v]*({_B64}{_B64}{_B64}{_B64})*"
           rf"({_B64}{_B64}{_B64}{_B64}|{_B64}{_B64}=[ \t\n\r\f\v]*=|{_B64}{_B64}{_B64}=)[ \t\n\r\f\v]*$")
 """Non-empty standard base64, as :func:`app.api.requests.decode_base64` takes it: whole groups of
 four characters with their padding, ASCII whitespace anywhere, an optional ``data:`` URL prefix."""
-FAITHFULNESS = r"^\s*(insertion|deletion)?\s*(,\s*(insertion|deletion)?\s*)*$"
+_NAMES = "|".join(FAITHFULNESS_METRICS)
+FAITHFULNESS = rf"^\s*({_NAMES})?\s*(,\s*({_NAMES})?\s*)*$"
 DEFAULT_METHOD = "idg"
 JOINT: dict[str, tuple[tuple[str, tuple[str, ...], str, dict[str, Any]], ...]] = {
     "ig": (("rule", ("riemann_trapezoid", "adaptive"), "steps", {"minimum": 2}),),

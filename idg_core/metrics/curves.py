@@ -8,6 +8,34 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class Metric:
+    """A faithfulness metric, declared once at the end of its file and listed in :data:`idg_core.metrics.METRICS`,
+    which the service's faithfulness score, the evaluation and the docs read."""
+
+    name: str
+    """The value's name in results (``insertion``, ``road_morf``)."""
+    higher_is_better: bool
+    cost: str
+    """What one image costs: model passes and CPU work."""
+    summary: str
+    runs_as: str = ""
+    """The evaluation's name for what computes it, where one computation gives several metrics (``road``: MoRF and
+    LeRF); empty: ``name``."""
+    service: bool = False
+    """The service's ``faithfulness`` field may ask for it."""
+    default: bool = True
+    """The evaluation computes it unless told otherwise (ROAD is asked for: it is the slowest)."""
+
+    @property
+    def run_name(self) -> str:
+        return self.runs_as or self.name
+
+    @property
+    def arrow(self) -> str:
+        return "↑" if self.higher_is_better else "↓"
+
+
+@dataclass(frozen=True)
 class Curve:
     """A metric curve: ``x`` and ``y`` of equal length and its area under the curve."""
 

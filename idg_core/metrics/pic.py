@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from threadpoolctl import threadpool_limits
 
-from idg_core.metrics.curves import SKIP_RULES, Curve, Skipped
+from idg_core.metrics.curves import SKIP_RULES, Curve, Metric, Skipped
 from idg_core.types import Model
 
 PIC_THRESHOLDS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.10, 0.13, 0.21, 0.34, 0.5, 0.75)
@@ -159,3 +159,11 @@ def pic_curve(
         return Skipped(f"the original prediction {original:.2f} is below {min_confidence}", "low_confidence", original)
     images, info = pic_rebuilds(to_uint8(image), saliency.detach().cpu().double().numpy(), mask, thresholds)
     return pic_scores(model, images, info, target, image.device, kinds=(kind,), points=points)[kind]
+
+
+_PIC_COST = "16 forward passes, and 15 CPU rebuilds (Delaunay interpolation) with their WebP encodings, which dominate"
+SIC = Metric("sic", higher_is_better=True, cost=_PIC_COST,
+             summary="softmax information curve (PIC): the class's probability against the WebP size of images rebuilt from the "
+                     "most salient pixels; an image predicted below 0.8 is skipped")
+AIC = Metric("aic", higher_is_better=True, cost=_PIC_COST,
+             summary="accuracy information curve (PIC): as SIC, with 1 where the class is still the top one, else 0")

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from idg_core.metrics.curves import Curve, auc_trapezoid
+from idg_core.metrics.curves import Curve, Metric, auc_trapezoid
 from idg_core.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Model
 
@@ -95,3 +95,13 @@ def insertion(model: Model, x: Tensor, saliency: Tensor, *, mean: Sequence[float
     _check_saliency(x, saliency)
     moved = moved_at(saliency.to(x.device), step)
     return _curves(_scores(model, gaussian_blur(x, mean, std), x, moved, step, _predicted(model, x), batch_size))
+
+
+INSERTION = Metric(
+    "insertion", higher_is_better=True, service=True,
+    cost="one forward pass per step: H·W / step + 1 (225 at 224×224 and 224 px per step)",
+    summary="the class's probability as the most salient pixels are put back into a blurred copy (RISE); the curve's AUC")
+DELETION = Metric(
+    "deletion", higher_is_better=False, service=True,
+    cost="one forward pass per step: H·W / step + 1 (225 at 224×224 and 224 px per step)",
+    summary="the class's probability as the most salient pixels are replaced by the mean colour (RISE); the curve's AUC")

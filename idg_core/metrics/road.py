@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from idg_core.metrics.curves import Curve
+from idg_core.metrics.curves import Curve, Metric
 from idg_core.types import Model
 
 if TYPE_CHECKING:  # scipy is imported where a solve needs it: not at the service's start
@@ -192,3 +192,11 @@ def road(model: Model, x: Tensor, saliency: Tensor, *, std: Sequence[float], lev
         scores = torch.cat(probs).view(b, len(levels)).double().cpu().numpy()
         out[name] = [Curve(np.asarray(levels, dtype=np.float64), s, float(s.mean())) for s in scores]
     return out
+
+
+_ROAD_COST = "18 forward passes, and 18 sparse solves on the CPU (noisy linear imputation)"
+ROAD_MORF = Metric("road_morf", higher_is_better=False, runs_as="road", default=False, cost=_ROAD_COST,
+                   summary="ROAD, most relevant first: the class's probability with the most salient 10-90% of the pixels "
+                           "imputed from their neighbours, averaged over the levels")
+ROAD_LERF = Metric("road_lerf", higher_is_better=True, runs_as="road", default=False, cost=_ROAD_COST,
+                   summary="ROAD, least relevant first: as MoRF, removing the least salient pixels")
