@@ -1,4 +1,5 @@
-"""The import graph of the attribution library and the packages beside it: no cycles, and each layer imports only
+"""The import graph of the attribution library and the packages beside it: no cycles, no private name imported from
+another folder, and each layer imports only
 the layers below it: ``idg_core`` (the attribution maths) < ``idg_models`` (loading, zoo, speed, calibration) <
 ``idg_evaluation`` (the harness, reports, CLI) < the serving machinery.
 
@@ -242,3 +243,17 @@ def test_a_cycle_through_a_package_init_is_found(tmp_path: Path) -> None:
     top, _ = import_graph(module_names(tmp_path, "lib"))
     assert top["lib.user"] == {"lib.heavy", "lib.heavy.light"}
     assert cycles(top) == [["lib.heavy", "lib.heavy.big", "lib.user"]]
+
+
+def test_no_private_name_crosses_folders() -> None:
+    """A leading underscore means "this folder's own": importing one from another folder couples to what may change."""
+    wrong = []
+    for name, path in PACKAGES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in LAYERS:
+                source = node.module if node.module in PACKAGES and PACKAGES[node.module].name != "__init__.py" else node.module + ".x"
+                same_folder = source.rpartition(".")[0] == (name if path.name == "__init__.py" else name.rpartition(".")[0])
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private and not same_folder:
+                    wrong.append(f"{name} imports {', '.join(private)} from {node.module}")
+    assert not wrong, "; ".join(wrong)
