@@ -3,7 +3,7 @@ model configuration, repository index and statistics, as ``tritonclient.grpc`` c
 
 A door like :mod:`app.api.routes.v2`, and no more: each call is read into the HTTP door's request
 (:func:`app.api.oip.validate_request`, :func:`app.api.oip.decode_tensor`), answered by the same
-:func:`app.api.routes.v2.run_inference` (the service's one call), and written from the same outputs. The differences are
+:func:`app.api.oip_inference.run_inference` (the service's one call), and written from the same outputs. The differences are
 the protocol's: tensors come in ``raw_input_contents`` (what tritonclient sends) or typed ``contents``, outputs go back in
 ``raw_output_contents``; the deadline is the call's gRPC deadline or ``IDG_REQUEST_TIMEOUT_S``, whichever is sooner,
 counted from arrival; the API key comes as metadata (``x-api-key``, or ``authorization: Bearer KEY``) on every call but
@@ -51,7 +51,7 @@ from app.api.oip import (
     json_numbers,
     validate_request,
 )
-from app.api.routes.v2 import EXTENSIONS, MODEL_VERSION, SERVER_NAME, _config, _metadata, _one_version, batch_limits, run_inference
+from app.api.oip_inference import EXTENSIONS, MODEL_VERSION, SERVER_NAME, batch_limits, check_version, config_of, metadata_of, run_inference
 from app.core.config import Settings
 from app.core.door import Doors, grpc_status_name
 from app.core.drain import Drain
@@ -266,13 +266,13 @@ class InferenceService:
         service = self._service()
         if not name:  # not the default model, as /attribute without one: the protocol names its model
             raise ApiError(404, f"name a model: {', '.join(service.models)}", code="unknown_model")
-        await _one_version(name, version or MODEL_VERSION)
+        await check_version(name, version or MODEL_VERSION)
         key, model = service.model(name)
         return service, key, model
 
     async def model_metadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> pb.ModelMetadataResponse:
         _, key, model = await self._model(request.name, request.version)
-        meta = _metadata(key, model)
+        meta = metadata_of(key, model)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=meta.name, versions=meta.versions, platform=meta.platform,
@@ -281,7 +281,7 @@ class InferenceService:
 
     async def model_config(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> pb.ModelConfigResponse:
         service, key, model = await self._model(request.name, request.version)
-        config = _config(key, model, service.settings.max_batch_files).model_dump(exclude_none=True)
+        config = config_of(key, model, service.settings.max_batch_files).model_dump(exclude_none=True)
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
     async def model_statistics(self, request: pb.ModelStatisticsRequest,
@@ -289,7 +289,7 @@ class InferenceService:
         """One model's statistics, or every model's when the request names none."""
         service = self._service()
         if request.name:
-            await _one_version(request.name, request.version or MODEL_VERSION)
+            await check_version(request.name, request.version or MODEL_VERSION)
         names = [service.model(request.name)[0]] if request.name else list(service.stats)
         return pb.ModelStatisticsResponse(model_stats=[
             json_format.ParseDict(service.stats[n].triton(n, MODEL_VERSION), pb.ModelStatistics()) for n in names])
@@ -300,7 +300,7 @@ class InferenceService:
         return pb.RepositoryIndexResponse(models=[index(name=n, version=MODEL_VERSION, state="READY") for n in self._service().models])
 
     async def model_infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> pb.ModelInferResponse:
-        """Classify (and explain) the images of ``image`` or ``input``: :func:`app.api.routes.v2.run_inference`, the HTTP
+        """Classify (and explain) the images of ``image`` or ``input``: :func:`app.api.oip_inference.run_inference`, the HTTP
         door's call, within the gRPC deadline or the service's, whichever is sooner."""
         received = time.perf_counter()
         remaining = context.time_remaining()

@@ -257,3 +257,17 @@ def test_no_private_name_crosses_folders() -> None:
                 if private and not same_folder:
                     wrong.append(f"{name} imports {', '.join(private)} from {node.module}")
     assert not wrong, "; ".join(wrong)
+
+
+def test_no_door_imports_another_doors_private_names() -> None:
+    """The service's doors (app/api's routes, the gRPC servicer, the job runner) share the Open Inference Protocol's logic
+    through app/api/oip_inference.py, not through each other's private names (the gRPC door had taken ``_config``,
+    ``_metadata`` and ``_one_version`` from the HTTP routes)."""
+    wrong = []
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("app."):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    wrong.append(f"{path.relative_to(ROOT)} imports {', '.join(private)} from {node.module}")
+    assert not wrong, "; ".join(wrong)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.api import oip
+from app.api import oip, oip_inference
 from app.api.routes import v2
 from tests.service.conftest import AppFactory, image_bytes, serve
 
@@ -321,7 +321,7 @@ async def test_a_large_answer_is_written_in_pieces_with_its_length(tiny_app: App
     # encoder keeps the GIL): a large answer is written JSON_SLICE numbers at a time, the loop free between the pieces
     # (tests/service/reliability/test_large_answers.py measures /health/live meanwhile); a small one (a classification) at once
     at_once = _on_the_loop(monkeypatch, "write_infer_response")
-    monkeypatch.setattr(v2, "INLINE_ELEMENTS", 5000)  # the tiny model's attribution: 3 x 32 x 32 per image
+    monkeypatch.setattr(oip_inference, "INLINE_ELEMENTS", 5000)  # the tiny model's attribution: 3 x 32 x 32 per image
     monkeypatch.setattr(oip, "JSON_SLICE", 1000)
     pieces: list[int] = []
     joined = v2._joined
