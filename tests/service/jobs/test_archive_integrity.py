@@ -24,6 +24,7 @@ from app.core.errors import ApiError
 from app.jobs.archive import Bounds, is_archive, read_archive
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, results, wait_done
+from tests.service.jobs.test_archives import tarred as archives_tarred
 
 PHOTOS = {"p0.jpg": image_bytes((200, 40, 40), (40, 32), "JPEG"), "p1.png": image_bytes((40, 200, 40), (36, 30)),
           "p2.jpg": image_bytes((40, 40, 200), (32, 40), "JPEG")}
@@ -32,13 +33,8 @@ BOUNDS = Bounds(max_members=100, max_member_bytes=1_000_000, max_total_bytes=10_
 
 
 def tarred(members: dict[str, bytes], mode: str = "w") -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode=mode) as tf:  # type: ignore[call-overload]
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    """A plain tar unless told (test_archives' helper makes tar.gz unless told)."""
+    return archives_tarred(members, mode)
 
 
 def zipped(members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
