@@ -25,6 +25,7 @@ from app.jobs.archive import Bounds, is_archive, read_archive
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, results, wait_done
 from tests.service.jobs.test_archives import tarred as archives_tarred
+from tests.service.jobs.test_archives import zipped
 
 PHOTOS = {"p0.jpg": image_bytes((200, 40, 40), (40, 32), "JPEG"), "p1.png": image_bytes((40, 200, 40), (36, 30)),
           "p2.jpg": image_bytes((40, 40, 200), (32, 40), "JPEG")}
@@ -35,14 +36,6 @@ BOUNDS = Bounds(max_members=100, max_member_bytes=1_000_000, max_total_bytes=10_
 def tarred(members: dict[str, bytes], mode: str = "w") -> bytes:
     """A plain tar unless told (test_archives' helper makes tar.gz unless told)."""
     return archives_tarred(members, mode)
-
-
-def zipped(members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", method) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
 
 
 def header_offsets(tar: bytes) -> list[int]:
