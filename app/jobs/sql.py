@@ -10,6 +10,8 @@ and a client can resume reading them after any number.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import threading
 import time
@@ -71,6 +73,8 @@ def schema(blob: str, real: str, big: str) -> list[str]:
             state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
             summary TEXT, result TEXT, finished {real}, replica TEXT, PRIMARY KEY (job_id, idx))""",
         "CREATE INDEX IF NOT EXISTS images_open ON images (state, idx)",
+        f"CREATE INDEX IF NOT EXISTS images_pending ON images (job_id, idx) WHERE state = '{PENDING}'",
+        "CREATE INDEX IF NOT EXISTS jobs_open ON jobs (state)",
         "CREATE INDEX IF NOT EXISTS images_seq ON images (job_id, seq)",
         "CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished)",
     ]
@@ -97,28 +101,72 @@ OPEN = "(images.state = ? OR (images.state = ? AND images.lease_until < ? AND im
 """An image a runner may claim: pending, or running under a lapsed lease of another runner (never its
 own lapsed claims: those are still in its hands, an answer waiting for the store to come back)."""
 
-CLAIM_SQL = f"""WITH open_images AS (
-    SELECT images.job_id, images.idx, COALESCE(jobs.tenant, '') AS tenant
-    FROM images JOIN jobs ON jobs.id = images.job_id WHERE {OPEN}),
-  busy AS (
-    SELECT COALESCE(jobs.tenant, '') AS tenant, COUNT(*) AS n FROM images JOIN jobs ON jobs.id = images.job_id
-    WHERE images.state = ? AND (images.lease_until >= ? OR images.owner = ?) GROUP BY COALESCE(jobs.tenant, '')),
-  turns AS (
-    SELECT o.job_id, o.idx, COALESCE(busy.n, 0) + ROW_NUMBER() OVER (PARTITION BY o.tenant ORDER BY o.idx, o.job_id) AS turn
-    FROM open_images o LEFT JOIN busy ON busy.tenant = o.tenant),
-  chosen AS (SELECT job_id, idx, turn FROM turns ORDER BY turn, idx, job_id LIMIT ?)
-SELECT images.job_id, images.idx FROM images JOIN chosen ON chosen.job_id = images.job_id AND chosen.idx = images.idx
-WHERE {OPEN} ORDER BY chosen.turn, images.idx, images.job_id LIMIT ?"""
-"""The images to claim, fair across tenants (the keys that submitted the jobs; no key is one tenant):
-each tenant's open images take turns after the images it already has in flight, so a tenant with one
-job gets as many runner slots as one with many jobs, and a tenant's own jobs take turns by image
-(image 0 of each, then image 1 of each...). The outer ``WHERE`` repeats the condition so that
-PostgreSQL re-checks an image another replica claimed since this statement's snapshot; the candidates
-are a few more than wanted (:data:`CLAIM_SPARE`), so that images locked by a replica claiming at the
-same moment are skipped without looking up every open image."""
+IN_FLIGHT_SQL = """SELECT images.job_id, images.idx, COALESCE(jobs.tenant, ''), images.lease_until, images.owner
+FROM images JOIN jobs ON jobs.id = images.job_id WHERE images.state = ?"""
+"""Every image some runner holds (read through ``images_open``: as many rows as images in flight, not open)."""
 
+OPEN_JOBS_SQL = f"""SELECT jobs.id, COALESCE(jobs.tenant, ''), jobs.total,
+  (SELECT MIN(images.idx) FROM images WHERE images.job_id = jobs.id AND images.state = '{PENDING}')
+FROM jobs WHERE jobs.state IN (?, ?)"""
+"""Each unfinished job with its first pending image (one probe of ``images_pending`` per job)."""
+
+CANDIDATES_SQL = """WITH c(job_id, idx, ord) AS (VALUES {values})
+SELECT images.job_id, images.idx FROM images JOIN c ON images.job_id = c.job_id AND images.idx = c.idx
+WHERE {open} ORDER BY c.ord LIMIT ?"""
+"""The first ``limit`` candidates still open, in the claim's order (PostgreSQL locks them as it returns them and skips
+those another replica holds)."""
+
+CLAIM_WINDOW = 8
+"""Candidates a claim looks at per image it wants, beyond :data:`CLAIM_SPARE` (a window found taken by replicas claiming
+at the same moment is followed by the next one, up to :data:`CLAIM_WINDOWS`)."""
 CLAIM_SPARE = 16
-"""Candidates beyond ``limit`` that a claim looks at (PostgreSQL skips those another replica has locked)."""
+CLAIM_WINDOWS = 4
+
+
+def claim_order(busy: dict[str, int], jobs: list[tuple[str, str, int, int | None]],
+                lapsed: list[tuple[str, int, str]], held: set[tuple[str, int]]) -> Iterator[tuple[str, int]]:
+    """The claim's order of the open images, fair across tenants (the keys that submitted the jobs; no key is one
+    tenant): each tenant's open images take turns after the ``busy`` images it already has in flight, so a tenant with
+    one job gets as many runner slots as one with many jobs, and a tenant's own jobs take turns by image (image 0 of
+    each, then image 1 of each...): the order of (turn, image index, job).
+
+    ``jobs``: (job, tenant, images, first pending image); a job's images from its first pending one on are its
+    candidates, but for the ``held`` ones (in flight); ``lapsed``: (job, image, tenant) held under a lapsed lease,
+    candidates too. It reads as many jobs and images as it yields, never every open image; an image answered out of
+    order after its predecessor was given back can still be yielded, and the claim's own check drops it."""
+    starts: dict[str, list[tuple[int, str, int]]] = {}
+    for job_id, tenant, total, first in jobs:
+        if first is not None:
+            starts.setdefault(tenant, []).append((int(first), job_id, int(total)))
+    for job_id, idx, tenant in lapsed:
+        starts.setdefault(tenant, []).append((idx, job_id, idx + 1))
+    streams = {tenant: _by_image(ranges, held) for tenant, ranges in starts.items()}
+    heads: list[tuple[int, int, str, str]] = []
+    for tenant, stream in streams.items():
+        first_of = next(stream, None)
+        if first_of is not None:
+            heapq.heappush(heads, (busy.get(tenant, 0) + 1, first_of[0], first_of[1], tenant))
+    while heads:
+        turn, idx, job_id, tenant = heapq.heappop(heads)
+        yield job_id, idx
+        following = next(streams[tenant], None)
+        if following is not None:
+            heapq.heappush(heads, (turn + 1, following[0], following[1], tenant))
+
+
+def _by_image(ranges: list[tuple[int, str, int]], held: set[tuple[str, int]]) -> Iterator[tuple[int, str]]:
+    """One tenant's candidates by (image index, job): the ranges [first, end) of its jobs merged, held images left out,
+    each image once."""
+    heap = list(ranges)
+    heapq.heapify(heap)
+    seen: set[tuple[str, int]] = set()
+    while heap:
+        idx, job_id, end = heapq.heappop(heap)
+        if idx + 1 < end:
+            heapq.heappush(heap, (idx + 1, job_id, end))
+        if (job_id, idx) not in held and (job_id, idx) not in seen:
+            seen.add((job_id, idx))
+            yield idx, job_id
 
 
 class SqlStore:
@@ -248,9 +296,7 @@ class SqlStore:
             return []
         now = time.time()
         with self._tx() as cur:
-            open_ = (PENDING, RUNNING, now, owner)
-            cur.execute(CLAIM_SQL + self.skip_locked, (*open_, RUNNING, now, owner, 2 * limit + CLAIM_SPARE, *open_, limit))
-            keys = [(r[0], int(r[1])) for r in cur.fetchall()]
+            keys = self._choose(cur, owner, limit, now)
             if not keys:
                 return []
             cur.executemany("UPDATE images SET state = ?, owner = ?, lease_until = ?, attempts = attempts + 1 WHERE job_id = ? AND idx = ?",
@@ -269,6 +315,36 @@ class SqlStore:
                 name, data, attempts = cur.fetchone()
                 claimed.append(Claimed(j, i, name, bytes(data), params[j][0], int(attempts), request_id=params[j][1]))
         return claimed
+
+    def _choose(self, cur: Cursor, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
+        """The images this claim takes, in :func:`claim_order`: the in-flight images and the unfinished jobs are read
+        (not every open image), then the first candidates still open are taken a window at a time (PostgreSQL locks
+        them, skipping those another replica is claiming; a window found all taken is followed by the next)."""
+        cur.execute(IN_FLIGHT_SQL, (RUNNING,))
+        busy: dict[str, int] = {}
+        lapsed: list[tuple[str, int, str]] = []
+        held: set[tuple[str, int]] = set()
+        for job_id, idx, tenant, lease_until, holder in cur.fetchall():
+            if lease_until is not None and float(lease_until) < now and holder != owner:
+                lapsed.append((job_id, int(idx), tenant))
+            else:
+                busy[tenant] = busy.get(tenant, 0) + 1
+                held.add((job_id, int(idx)))
+        cur.execute(OPEN_JOBS_SQL, (QUEUED, JOB_RUNNING))
+        order = claim_order(busy, [(r[0], r[1], int(r[2]), r[3]) for r in cur.fetchall()], lapsed, held)
+        open_ = (PENDING, RUNNING, now, owner)
+        keys: list[tuple[str, int]] = []
+        for _ in range(CLAIM_WINDOWS):
+            window = list(itertools.islice(order, CLAIM_WINDOW * (limit - len(keys)) + CLAIM_SPARE))
+            if not window:
+                break
+            values = ", ".join(["(CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS INTEGER))"] * len(window))
+            cur.execute(CANDIDATES_SQL.format(values=values, open=OPEN) + self.skip_locked,
+                        (*(v for n, (j, i) in enumerate(window) for v in (j, i, n)), *open_, limit - len(keys)))
+            keys += [(r[0], int(r[1])) for r in cur.fetchall()]
+            if len(keys) >= limit:
+                break
+        return keys
 
     def renew(self, owner: str, lease_s: float) -> None:
         with self._tx() as cur:

@@ -274,3 +274,42 @@ def test_claims_take_turns_by_tenant_so_one_with_many_jobs_gets_no_more_slots(ma
     theirs = [claim for _ in range(6) for claim in other.claim("S", 1, 30.0)]
     assert [c.job_id[0] for c in theirs[:2]] == ["c", "c"], theirs
     assert Counter(c.job_id[0] for c in in_flight + theirs) == {"a": 3, "b": 3, "c": 3}, (in_flight, theirs)
+
+
+def test_claim_order_takes_turns_skips_held_images_and_brings_back_lapsed_ones() -> None:
+    from app.jobs.sql import claim_order
+
+    jobs = [("a0", "A", 4, 1), ("a1", "A", 3, 0), ("b0", "B", 3, 0), ("done", "B", 2, None)]
+    held = {("a0", 2), ("b0", 1)}  # in flight with some runner: never candidates
+    lapsed = [("a0", 0, "A")]  # its runner's lease ran out: a candidate again
+    order = list(claim_order({"A": 2}, jobs, lapsed, held))
+    # B has nothing in flight, so it takes two turns before A's first; then they alternate; within a tenant by image index
+    assert order == [("b0", 0), ("b0", 2), ("a0", 0), ("a1", 0), ("a0", 1), ("a1", 1), ("a1", 2), ("a0", 3)]
+    assert list(claim_order({}, [("j", "", 3, 0)], [("j", 1, "")], set())) == [("j", 0), ("j", 1), ("j", 2)]  # each once
+
+
+def test_a_claim_reads_the_jobs_and_the_images_in_flight_not_every_open_image(tmp_path) -> None:
+    """The same four jobs with 10x more open images cost a SQLite claim about the same work (counted in the virtual
+    machine's instructions): before, a claim numbered every open image, and cost 479 ms at 100k on PostgreSQL."""
+    from app.jobs.sqlite import SqliteStore
+
+    def work(images_per_job: int) -> int:
+        store = SqliteStore(tmp_path / f"store-{images_per_job}")
+        for j in range(4):
+            store.create_job(f"j{j}", {}, None, [(f"f{i}", b"x") for i in range(images_per_job)], 10**9, tenant="AB"[j % 2])
+        store.claim("warm", 2, 30.0)
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        store._conn.set_progress_handler(count, 100)
+        claimed = store.claim("R", 8, 30.0)
+        store._conn.set_progress_handler(None, 0)
+        store.close()
+        assert len(claimed) == 8 and {c.job_id for c in claimed} == {"j0", "j1", "j2", "j3"}
+        return steps[0]
+
+    small, large = work(500), work(5000)
+    assert large < 1.5 * small, (small, large)
