@@ -20,8 +20,8 @@ import torch
 from benchmarks.speed import SAMPLES, machine, sample_batch
 from idg_core import idg, ig
 from idg_core.budget import pixels_per_step
+from idg_core.metrics import deletion, insertion
 from idg_core.metrics.curves import mean_ci
-from idg_core.metrics.rise import deletion, insertion
 from idg_models import load_entry, tuned
 
 log = logging.getLogger(__name__)

@@ -16,22 +16,26 @@ from idg_core.metrics.curves import SKIP_RULES, mean_ci
 from idg_evaluation.runner import ABLATION, MAIN_METHODS, parse_row
 
 log = logging.getLogger(__name__)
-METRICS = tuple((name, m.arrow) for name, m in REGISTERED.items() if m.default)
-EXTRA = (("diffid", "↑"), *((name, m.arrow) for name, m in REGISTERED.items() if not m.default))
-"""DiffID = insertion − deletion (per image); ROAD's MoRF and LeRF means over its levels, when measured."""
+METRICS = tuple((name, m.arrow) for name, m in REGISTERED.items() if m.default and not m.derived_from)
+"""The metrics the evaluation measures by default (insertion, deletion, SIC, AIC), with their arrows."""
+DERIVED = tuple((name, m.arrow) for name, m in REGISTERED.items() if m.derived_from)
+"""The metrics computed from those per image (DiffID = insertion − deletion): reported always."""
+EXTRA = (*DERIVED, *((name, m.arrow) for name, m in REGISTERED.items() if not m.default and not m.derived_from))
+"""The derived metrics, then those measured only when asked (ROAD's MoRF and LeRF), reported where the records have
+them."""
 
 
 def value(m: dict[str, Any], metric: str) -> float | None:
-    """A row's score on ``metric`` (``diffid`` computed from insertion and deletion; None when absent)."""
-    if metric == "diffid":
-        return None if m.get("insertion") is None or m.get("deletion") is None else m["insertion"] - m["deletion"]
-    return m.get(metric)
+    """A row's score on ``metric``, as its registry entry reads it (a derived one computed from its sources); None when
+    absent."""
+    return REGISTERED[metric].of(m) if metric in REGISTERED else m.get(metric)
 
 
 def metrics_of(records: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
-    """The four metrics, DiffID, and ROAD where the records have it."""
-    has_road = any("road_morf" in m for r in records for m in r["methods"].values())
-    return (*METRICS, *(e for e in EXTRA if has_road or not e[0].startswith("road")))
+    """The four metrics, the derived ones (DiffID), and each metric measured only when asked (ROAD) where the records
+    have it."""
+    rows = [m for r in records for m in r["methods"].values()]
+    return (*METRICS, *(e for e in EXTRA if REGISTERED[e[0]].derived_from or any(e[0] in m for m in rows)))
 
 
 def write_csv(records: list[dict[str, Any]], path: Path) -> None:
@@ -223,7 +227,7 @@ def row_bound(name: str) -> WorkBound | None:
     return postprocess_bound(spec.bound(spec.validate(**own)), kw)
 
 
-RULE_METRICS = (*METRICS, ("diffid", "↑"))
+RULE_METRICS = (*METRICS, *DERIVED)
 """What :func:`first_or_tied` reads: the four metrics and DiffID."""
 
 

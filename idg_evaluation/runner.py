@@ -94,9 +94,10 @@ POST_STEPS: dict[str, dict[str, Any]] = {
 method's map and its IDGI map from the same passes, rank-averaged (:mod:`idg_evaluation.idgi_mix`).
 A row's ``baseline`` key (``mean`` or ``black``) overrides the run's ``--baseline`` for that row."""
 
-ALL_METRICS = tuple(dict.fromkeys(m.run_name for m in METRICS.values() if m.default))
-"""What the evaluation computes by default (insertion, deletion, sic, aic), from :data:`idg_core.metrics.METRICS`."""
-WITH_ROAD = tuple(dict.fromkeys(m.run_name for m in METRICS.values()))
+ALL_METRICS = tuple(dict.fromkeys(m.run_name for m in METRICS.values() if m.default and not m.derived_from))
+"""What the evaluation computes by default (insertion, deletion, sic, aic), from :data:`idg_core.metrics.METRICS`; a
+derived metric (DiffID) is computed by the report from these."""
+WITH_ROAD = tuple(dict.fromkeys(m.run_name for m in METRICS.values() if not m.derived_from))
 
 
 def catalogue() -> dict[str, tuple[str, dict[str, Any]]]:

@@ -1,8 +1,11 @@
-"""The result types every metric returns."""
+"""What every metric shares: its registry entry (:class:`Metric`, declared in the metric's own file) and the result
+types it returns."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +28,26 @@ class Metric:
     """The service's ``faithfulness`` field may ask for it."""
     default: bool = True
     """The evaluation computes it unless told otherwise (ROAD is asked for: it is the slowest)."""
+    derived_from: tuple[str, ...] = ()
+    """The metrics whose per-image scores this one is computed from by :attr:`combine` (``diffid``: insertion and
+    deletion), with no model pass of its own; empty: it is measured."""
+    combine: Callable[..., float] | None = None
+    """For a derived metric: its value from the scores of :attr:`derived_from`, in that order."""
+
+    def __post_init__(self) -> None:
+        if bool(self.derived_from) != (self.combine is not None):
+            raise ValueError(f"metric {self.name!r}: derived_from and combine go together")
+
+    def of(self, scores: Mapping[str, Any]) -> float | None:
+        """This metric's score in one image's ``scores`` (by metric name): the stored value, or for a derived metric
+        its sources combined; None where a score is absent."""
+        if not self.derived_from:
+            value: float | None = scores.get(self.name)
+            return value
+        sources = [scores.get(name) for name in self.derived_from]
+        if self.combine is None or any(v is None for v in sources):
+            return None
+        return self.combine(*sources)
 
     @property
     def run_name(self) -> str:

@@ -1,5 +1,7 @@
-"""Performance Information Curves, SIC and AIC (Kapishnikov et al. 2019, XRAI,
-https://arxiv.org/abs/1906.02825), following the reference library's conventions.
+"""Performance Information Curves (Kapishnikov et al. 2019, XRAI, https://arxiv.org/abs/1906.02825), following the
+reference library's conventions: the machinery shared by :mod:`~idg_core.metrics.sic` and
+:mod:`~idg_core.metrics.aic`, which declare the two metrics. Both read the same rebuilds and one batched forward pass,
+so :func:`pic_scores` and :func:`pic_many` compute them together.
 
 An image is rebuilt from a few known pixels (a fixed 1% random mask plus the most salient
 fraction) by per-channel linear interpolation; its information is the byte size of its lossless
@@ -19,7 +21,7 @@ import torch
 from PIL import Image
 from threadpoolctl import threadpool_limits
 
-from idg_core.metrics.curves import SKIP_RULES, Curve, Metric, Skipped
+from idg_core.metrics.curves import SKIP_RULES, Curve, Skipped
 from idg_core.types import Model
 
 PIC_THRESHOLDS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.07, 0.10, 0.13, 0.21, 0.34, 0.5, 0.75)
@@ -161,9 +163,5 @@ def pic_curve(
     return pic_scores(model, images, info, target, image.device, kinds=(kind,), points=points)[kind]
 
 
-_PIC_COST = "16 forward passes, and 15 CPU rebuilds (Delaunay interpolation) with their WebP encodings, which dominate"
-SIC = Metric("sic", higher_is_better=True, cost=_PIC_COST,
-             summary="softmax information curve (PIC): the class's probability against the WebP size of images rebuilt from the "
-                     "most salient pixels; an image predicted below 0.8 is skipped")
-AIC = Metric("aic", higher_is_better=True, cost=_PIC_COST,
-             summary="accuracy information curve (PIC): as SIC, with 1 where the class is still the top one, else 0")
+PIC_COST = "16 forward passes, and 15 CPU rebuilds (Delaunay interpolation) with their WebP encodings, which dominate"
+"""What SIC and AIC cost per image (together: they share the rebuilds and the passes)."""

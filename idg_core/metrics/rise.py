@@ -1,4 +1,5 @@
-"""RISE insertion and deletion (Petsiuk et al. 2018, https://arxiv.org/abs/1806.07421).
+"""RISE's game (Petsiuk et al. 2018, https://arxiv.org/abs/1806.07421), shared by :mod:`~idg_core.metrics.insertion`
+and :mod:`~idg_core.metrics.deletion`, which declare the two metrics.
 
 Pixels are ranked by saliency (|attribution| summed over channels) and moved ``step`` at a time
 from a start image to a finish image; the score is the softmax probability of the class the model
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor
 
-from idg_core.metrics.curves import Curve, Metric, auc_trapezoid
+from idg_core.metrics.curves import Curve, auc_trapezoid
 from idg_core.preprocess import IMAGENET_MEAN, IMAGENET_STD
 from idg_core.types import Model
 
@@ -47,7 +48,7 @@ def moved_at(saliency: Tensor, step: int) -> Tensor:
     return (pos // step + 1).view(b, 1, h, w)
 
 
-def _scores(model: Model, start: Tensor, finish: Tensor, moved: Tensor, step: int, cls: Tensor, batch_size: int) -> Tensor:
+def game_scores(model: Model, start: Tensor, finish: Tensor, moved: Tensor, step: int, cls: Tensor, batch_size: int) -> Tensor:
     """Probabilities of ``cls`` along the game for each image (``moved``: :func:`moved_at`): ``(B, n_steps + 1)``."""
     b, c, h, w = start.shape
     n = math.ceil(h * w / step) + 1
@@ -62,46 +63,26 @@ def _scores(model: Model, start: Tensor, finish: Tensor, moved: Tensor, step: in
     return out.view(b, n)
 
 
-def _curves(scores: Tensor) -> list[Curve]:
+def to_curves(scores: Tensor) -> list[Curve]:
+    """One :class:`Curve` per row of :func:`game_scores`' ``(B, n_steps + 1)``, at equal spacing on [0, 1]."""
     n = scores.shape[1]
     x = np.linspace(0, 1, n)
     return [Curve(x, s.cpu().numpy().astype(np.float64), auc_trapezoid(s.cpu().numpy())) for s in scores]
 
 
-def _predicted(model: Model, x: Tensor) -> Tensor:
+def predicted_class(model: Model, x: Tensor) -> Tensor:
+    """The class the model predicts on each image of ``x``: the one the game scores."""
     with torch.no_grad():
         return model(x).argmax(1)
 
 
-def _check_saliency(x: Tensor, saliency: Tensor) -> None:
-    """``saliency`` is one ``(H, W)`` map per image of ``x (B, C, H, W)``: a ``(B, 1, W)`` one had broadcast silently."""
+def check_saliency(x: Tensor, saliency: Tensor) -> None:
+    """``saliency`` is one ``(H, W)`` map per image of ``x (B, C, H, W)``: checked, since a ``(B, 1, W)`` one would
+    broadcast silently."""
     if x.dim() != 4 or not isinstance(saliency, Tensor) or tuple(saliency.shape) != (x.shape[0], x.shape[2], x.shape[3]):
         got = tuple(saliency.shape) if isinstance(saliency, Tensor) else type(saliency).__name__
         raise ValueError(f"saliency must be (B, H, W) = {(x.shape[0], *x.shape[2:])} for x of shape {tuple(x.shape)}, got {got}")
 
 
-def deletion(model: Model, x: Tensor, saliency: Tensor, *, substrate: Sequence[float] = IMAGENET_MEAN, step: int = 224,
-             batch_size: int = 64) -> list[Curve]:
-    """Deletion: from the image, replace the most salient pixels by ``substrate`` (zeros in the
-    model's normalised space = its mean colour). ``x (B, C, H, W)``, ``saliency (B, H, W)``. Lower AUC is better."""
-    _check_saliency(x, saliency)
-    finish = torch.tensor(substrate, dtype=x.dtype, device=x.device).view(1, -1, 1, 1).expand_as(x)
-    return _curves(_scores(model, x, finish, moved_at(saliency.to(x.device), step), step, _predicted(model, x), batch_size))
-
-
-def insertion(model: Model, x: Tensor, saliency: Tensor, *, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-              step: int = 224, batch_size: int = 64) -> list[Curve]:
-    """Insertion: from the blurred image, put back the most salient pixels first. Higher AUC is better."""
-    _check_saliency(x, saliency)
-    moved = moved_at(saliency.to(x.device), step)
-    return _curves(_scores(model, gaussian_blur(x, mean, std), x, moved, step, _predicted(model, x), batch_size))
-
-
-INSERTION = Metric(
-    "insertion", higher_is_better=True, service=True,
-    cost="one forward pass per step: H·W / step + 1 (225 at 224×224 and 224 px per step)",
-    summary="the class's probability as the most salient pixels are put back into a blurred copy (RISE); the curve's AUC")
-DELETION = Metric(
-    "deletion", higher_is_better=False, service=True,
-    cost="one forward pass per step: H·W / step + 1 (225 at 224×224 and 224 px per step)",
-    summary="the class's probability as the most salient pixels are replaced by the mean colour (RISE); the curve's AUC")
+RISE_COST = "one forward pass per step: H·W / step + 1 (225 at 224×224 and 224 px per step)"
+"""What insertion and deletion each cost per image."""

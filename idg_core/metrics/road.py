@@ -25,6 +25,9 @@ For each level p in :data:`LEVELS`, MoRF removes the p most salient pixels and L
 salient; the score is the softmax probability of the class predicted on the original image.
 ``road_morf`` (mean over levels, lower is better) and ``road_lerf`` (higher is better). Cost per
 image: ``2 × len(LEVELS)`` forward passes and as many imputations.
+
+MoRF and LeRF are one measurement in two directions (the same imputation, levels and noise, one :func:`road` call
+gives both), so this file declares both metrics.
 """
 
 from __future__ import annotations
