@@ -23,7 +23,7 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
 
 def check_float(name: str, value: object, low: float, high: float, *, low_open: bool = False, why: str = "") -> float:
     """``value``, finite, in ``[low, high]`` (``(low, high]`` with ``low_open``); ``why`` ends the message. Infinity is
-    no parameter's value, even where ``high`` is: LA's spatial_range=inf had answered a map of zeros after 15 s of work."""
+    no parameter's value, even where ``high`` is: an infinite LA ``spatial_range`` would run long and answer a map of zeros."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not _inside(float(value), low, high, low_open):
         bounds = f"{'(' if low_open else '['}{low}, {high}]"
@@ -54,9 +54,9 @@ def prepare_batch(
         raise ValueError("x must hold at least one image, got batch size 0")
     if not torch.isfinite(x).all():
         raise ValueError("x must be finite, got NaN or infinite values")
-    x = x.detach()  # an input that requires grad had failed deep in torch
+    x = x.detach()  # an input that requires grad would fail deep in torch
     base = resolve_baseline(baseline, x, mean)
-    if not torch.isfinite(base).all():  # a NaN baseline had answered a NaN map
+    if not torch.isfinite(base).all():  # a NaN baseline would answer a NaN map
         raise ValueError("baseline must be finite, got NaN or infinite values")
     if target is None or isinstance(target, (str, bytes, float)):
         raise ValueError(f"target must be a class index, a list of them or an integer tensor, got {target!r}")

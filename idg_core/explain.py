@@ -22,7 +22,7 @@ def predict_plan(x: Tensor) -> PlanOf[Tensor]:
     """All class probabilities ``(num_classes,)`` of one image ``x (C, H, W)``, on the CPU: one forward pass."""
     (ans,) = yield [Query.at(x.unsqueeze(0), 0, grad=False, output="logit", full=True, label="prediction")]
     assert ans.all_logits is not None
-    # on the host at once: on a GPU one wait for the device (its check and softmax there had waited twice, the second
+    # on the host at once: on a GPU one wait for the device (a check and softmax there would wait twice, the second
     # behind the next model call), and a thousand numbers cost the CPU microseconds
     logits = ans.all_logits[0].to("cpu", torch.float32)
     bad = int((~torch.isfinite(logits)).sum())

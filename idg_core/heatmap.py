@@ -92,8 +92,8 @@ def attribution_npy(attribution: Tensor) -> tuple[bytes, str]:
     float16 (half the size) when it keeps every value to float16's precision (2**-11 of the value), else float32:
     every nonzero magnitude must lie in float16's normal range. Above it a value turns into an infinity (a model
     with large logits or gradients easily exceeds ±65504); below it, float16's fixed steps of ~6e-8 lose the value
-    (a map whose values were all ~1e-7 had come back as zeros, and one whose peak was normal with most values below
-    6e-5 came back with a quarter of them off by more than 1%)."""
+    (a map of values around 1e-7 would come back as zeros, and values below 6e-5 beside a normal peak would lose most of
+    their precision)."""
     values = attribution.detach().float().cpu().numpy()
     mags = np.abs(values)
     nonzero = mags[mags > 0]

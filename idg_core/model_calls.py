@@ -80,7 +80,7 @@ def _select(logits: Tensor, rows: RowSelect) -> Tensor:
 
 def _logits(out: object, rows: int) -> Tensor:
     """The model's output, checked from its shape alone (no wait for the device): ``(rows, classes)`` floats. A model
-    returning more rows had had the extra ones cut off silently, and other shapes failed deep in torch."""
+    returning more rows is refused rather than cut off silently, and other shapes fail here rather than deep in torch."""
     if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != rows or not out.is_floating_point():
         got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"the model must return float logits of shape (batch, classes) = ({rows}, classes) for an input batch "

@@ -89,13 +89,13 @@ def allocate_samples(probe_logits: Tensor, steps: int) -> Tensor:
     NaN or an infinity is refused (``ValueError``, saying so): no allocation of it means anything.
 
     A handful of values (N probe points), so plain Python floats, not tensors: a torch op costs microseconds of
-    dispatch, and this runs once per explanation on the service's worker thread, where in torch it was its largest
-    single cost.
+    dispatch, and this runs once per explanation on the service's worker thread, where torch's dispatch would be its largest
+    single cost (measured: docs/results/speed.md).
     """
     logits = probe_logits.detach().to("cpu", torch.float64).reshape(-1).tolist()
     n = len(logits)
     bad = sum(not math.isfinite(v) for v in logits)
-    if bad:  # the torch rule had spread such a curve uniformly (NaN) or cast NaN shares to int64's minimum (infinity)
+    if bad:  # the rule would spread such a curve uniformly (NaN) or cast NaN shares to int64's minimum (infinity)
         raise ValueError(f"the model's output is not finite (NaN or infinity) at {bad} of the {n} probe points: it overflowed "
                          "on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
     slopes = [0.0] + [(b - a) * (n - 1) for a, b in zip(logits, logits[1:], strict=False)]

@@ -6,10 +6,9 @@ few hundred exact colours) costs time and bytes; here the caller names the filte
 picture. The output is a standard PNG: every reader, Pillow's included, decodes it.
 
 The compression is ISA-L's deflate (the ``isal`` package, a dependency where it has wheels) when installed, else zlib's: the same
-zlib stream format at 4-6x the speed on these pictures and sizes within a few percent (measured on the 2-core VM, IDG
-maps of 8 sample photos: a heatmap 0.48 ms and 56 KiB against zlib's 2.1 ms and 53 KiB, an overlay 0.60 ms and 110 KiB
-against 3.7 ms and 112 KiB), and it releases the GIL while it compresses, as zlib does. With zlib, writing the PNGs had
-been an answer's largest host cost after decoding the upload (results/benchmarks/cpu-png-isal-2026-11-27/).
+zlib stream format, several times faster on these pictures at sizes within a few percent (measured:
+docs/results/speed.md), and it releases the GIL while it compresses, as zlib does. With zlib, writing the PNGs is an
+answer's largest host cost after decoding the upload.
 """
 
 from __future__ import annotations

@@ -30,13 +30,12 @@ INTERPOLATIONS = {
     "lanczos": Image.Resampling.LANCZOS, "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING,
 }
 MAX_RESIZED_PIXELS = 1 << 22
-"""Up to this many pixels (12 MiB of RGB) :func:`resize_crop` resizes the whole image and crops it, as
-always; beyond (a shape over 64:1 at 256 pixels), it computes only the crop."""
+"""Up to this many pixels (12 MiB of RGB) :func:`resize_crop` resizes the whole image and crops it;
+beyond (a shape over 64:1 at 256 pixels), it computes only the crop."""
 DRAFT_GAP = 4
 """A JPEG is decoded at reduced scale only if its shorter side stays >= DRAFT_GAP x ``min_side``, so
-the resize after it still averages >= 4 pixels per output pixel. Measured on 4000x3000 JPEGs of the
-sample photos with EfficientNet-Lite0's preprocessing: the crop moves by 0.15/255 on average (at
-most 1/255) and the logits by at most 0.08; with 3 some crops moved by 0.4/255 and logits by 0.2."""
+the resize after it still averages >= 4 pixels per output pixel and the crop stays within a grey level of a full
+decode's (measured, with a gap of 3 for comparison: docs/results/speed.md)."""
 STRIP_PIXELS = 1 << 20
 """Mode conversion works in strips of about this many pixels, so it needs no full-size temporaries."""
 
@@ -201,7 +200,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
     transparent entry, or an RGB or grey image's transparent colour alike: ``info["transparency"]`` on the scale its
     pixels read, as :func:`open_image` puts a PNG's), palette, CMYK, grey and YCbCr are converted.
     32-bit float images are refused (:class:`UnsupportedImageError`): their range is not defined, and stretching each by
-    its own maximum had made every constant image white. Large images are converted in strips (every step is per
+    its own maximum would make every constant image white. Large images are converted in strips (every step is per
     pixel), so the only full-size allocation is the RGB result."""
     if img.mode == "RGB" and "transparency" not in img.info:
         return img
@@ -216,7 +215,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         for y in range(0, h, rows):  # a strip at a time: the only full-size allocation stays the RGB result
             strip = np.asarray(img.crop((0, y, w, min(h, y + rows))), dtype=np.float64)
             peak, low = max(peak, float(strip.max())), min(low, float(strip.min()))
-        if img.mode == "I" and (low < 0 or peak > 65535):  # clipped to 0-65535 they had answered black or white images
+        if img.mode == "I" and (low < 0 or peak > 65535):  # clipped to 0-65535 they would answer black or white images
             raise UnsupportedImageError(f"32-bit integer images with values outside 0-65535 are not supported (their value range "
                                         f"is not defined; this one holds {low:g} to {peak:g}): send it as 8- or 16-bit")
         top = 65535.0 if img.mode.startswith("I;16") or peak > 255 else 255.0

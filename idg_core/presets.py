@@ -5,9 +5,9 @@ measuring faithfulness against cost. This module reads them back from the regist
 is the cheapest IDG whose insertion and deletion stay within noise of IDG-50/50 and are not worse
 than IG-50, paired per image on the 65 sample photos (``python -m idg_evaluation --suite cost``):
 IDG 8 probe / 16 main steps, 24 forward + 16 gradient passes instead of 100 + 50, the cheapest setting that
-passes on EfficientNet-Lite0, Lite1 and Lite2 (the tables: docs/results/faithfulness.md; with the metrics' defined
-saliency ranking, measured again on Lite0 only, it trails IDG-50/50's insertion by 0.005 ± 0.004). Only IDG was
-tuned for ``fast``: the other methods keep their paper settings under it. Explicit ``steps``/``probe_steps`` override a preset.
+passes on EfficientNet-Lite0, Lite1 and Lite2 (the tables, with the metrics' saliency ranking too:
+docs/results/faithfulness.md). Only IDG was tuned for ``fast``: the other methods keep their paper settings under it.
+Explicit ``steps``/``probe_steps`` override a preset.
 
 ``quality`` adds post-steps: for IDG it is ``fast``'s steps with RankMix (the map and its IDGI map rank-averaged)
 inside and SmoothGrad over 16 noisy copies (σ 0.15) around it, 16 × (8 + 16) = 384 forward and 256 gradient passes,

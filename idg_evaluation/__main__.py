@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (slash and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
             p.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
         shard = (int(k), int(n))
-    # before the model loads (a minute for a large one): a path that is wrong had failed after it, with a traceback
+    # before the model loads (a minute for a large one), so a wrong path fails at once, without a traceback
     for problem in (_images_error(args.images), _out_error(args.out)):
         if problem:
             p.error(problem)

@@ -81,7 +81,7 @@ def _skip_lines(records: list[dict[str, Any]]) -> list[str]:
         groups: dict[str, list[tuple[str, float | None]]] = {}
         for r in records:
             skipped = next((m for m in r["methods"].values() if m.get(f"{metric}_skipped")), None)
-            if skipped is not None:  # records written before rule/value were kept group by their sentence
+            if skipped is not None:  # records without rule/value group by their sentence
                 rule = skipped.get(f"{metric}_skip_rule") or skipped[f"{metric}_skipped"]
                 groups.setdefault(rule, []).append((Path(r["image"]).stem.split("_", 1)[-1], skipped.get(f"{metric}_skip_value")))
         for rule, items in sorted(groups.items(), key=lambda kv: -len(kv[1])):
@@ -233,7 +233,7 @@ RULE_METRICS = (*METRICS, *DERIVED)
 
 def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tuple[str, ...] = ("AGI", "IDG", "SIG"),
                   budget: float = 10.0) -> tuple[str | None, list[str]]:
-    """Issue #47's rule for the ``quality`` preset. A candidate within ``budget`` × AGI's bound of model passes on an
+    """The rule that chooses the ``quality`` preset. A candidate within ``budget`` × AGI's bound of model passes on an
     image (:func:`row_bound`) passes a metric (insertion, deletion, SIC, AIC, DiffID) when, paired by image against each
     reference of ``refs`` present, it is ahead or its 95% interval reaches 0 (first, or tied within the interval); it
     qualifies when it passes all five. Among those that qualify: the most metrics ahead of every reference in the mean,

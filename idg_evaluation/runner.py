@@ -159,11 +159,11 @@ class EvalConfig:
     def key(self) -> str:
         fields = asdict(self)
         # how a map becomes one value per pixel before ranking: the metrics' sum over channels of |a|
-        # (idg_core.heatmap.saliency) since 2026-11-27. Caches made before ranked by |sum of a|: in the key, none is read back.
+        # (idg_core.heatmap.saliency); in the key, so a cache ranked any other way is never read back
         fields["saliency"] = "sum_abs"
-        if fields["baseline"] == "mean":  # the same baseline, named model_mean before the service and the library shared it
+        if fields["baseline"] == "mean":  # the service's mean baseline, keyed by the name the caches use
             fields["baseline"] = "model_mean"
-        # caches made before these fields existed were fp32 with every metric: keep their key
+        # a field at its default stays out of the key, so adding a field leaves the existing caches' keys as they are
         if fields["precision"] == "fp32":
             del fields["precision"]
         if tuple(fields["metrics"]) == ALL_METRICS:

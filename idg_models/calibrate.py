@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     from idg_models.sources import load_entry  # the loaders pull in optional extras only when used
 
     try:
-        # before the model loads and the work (a minute or more): a wrong --out had failed after it, --photos before the model
+        # before the model loads and the work (a minute or more), so a wrong --out or --photos fails at once
         check_calibration_path(args.out)
         photo_files(args.photos, args.count)
         device = cli_device(args.device)

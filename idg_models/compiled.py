@@ -79,7 +79,7 @@ class FixedBatchCompiled(nn.Module):
         self.warm = False
         self.compile_seconds: float | None = None
         backend = backend or DEFAULT_BACKEND
-        import torch._dynamo  # here, not at the top: 1.5 s of every process's start (the service, the tools) that compiles nothing
+        import torch._dynamo  # here, not at the top: its import slows the start of every process that compiles nothing
 
         inner: Backend = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
 

@@ -77,7 +77,7 @@ class GraphedCall:
 
 def capture_graphs(model: Model, sizes: tuple[int, ...], input_size: int, device: torch.device) -> dict[tuple[int, bool], GraphedCall]:
     """Every (size, kind) of ``model`` captured, sharing one memory pool; empty if any capture fails
-    (logged: the model then runs eagerly, as before)."""
+    (logged: the model then runs eagerly, without graphs)."""
     graphs: dict[tuple[int, bool], GraphedCall] = {}
     pool = torch.cuda.graph_pool_handle()
     try:

@@ -163,9 +163,9 @@ def fuse_conv_activations(net: nn.Module) -> tuple[nn.Module, int]:
 # --- CUDA: convolution + bias (+ residual) + ReLU in one cuDNN kernel -------------------------------------------------
 #
 # PyTorch runs a convolution's bias as a separate broadcast add after cuDNN's kernel, and batch-norm folding gives every
-# convolution a bias: on an H200 that add (in channels-last memory, PyTorch's slow generic element-wise kernel) was 28%
-# of eager ResNet-101 bf16 IDG-50/50's kernel time, the residual adds and the ReLUs another 20%
-# (results/benchmarks/gpu-check-h200-2026-11-27-third/). cuDNN runs ``relu(conv(x) + z + bias)`` as one kernel; PyTorch
+# convolution a bias: on a GPU that add (in channels-last memory, PyTorch's slow generic element-wise kernel), the
+# residual adds and the ReLUs take a large share of eager ResNet-101 bf16 IDG-50/50's kernel time (measured:
+# docs/results/speed.md). cuDNN runs ``relu(conv(x) + z + bias)`` as one kernel; PyTorch
 # exposes it for inference only (``torch.cudnn_convolution_relu`` / ``torch.cudnn_convolution_add_relu``), so the input
 # gradient is written out here: the ReLU's mask from the fused output, then the convolution's input gradient; the
 # residual's gradient is the masked one itself.

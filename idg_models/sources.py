@@ -79,7 +79,7 @@ class ModelSpec:
 
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-"""What a model name may be: one path segment of every door's routes (``/v2/models/a/b`` had no route to model ``a/b``)."""
+"""What a model name may be: one path segment of every door's routes (``/v2/models/a/b`` would have no route to model ``a/b``)."""
 
 
 def parse_spec(spec: str) -> ModelSpec:

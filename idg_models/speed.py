@@ -61,7 +61,7 @@ def default_precision(device: torch.device, source: str | None = None, bf16_kept
 
 def default_channels_last(device: torch.device, precision: str) -> bool:
     """What ``channels_last = auto`` means. On the CPU, on (oneDNN's channels-last kernels are faster).
-    On CUDA, on with bf16 only: it speeds bf16 up and slowed fp32 down (measured: docs/results/speed.md)."""
+    On CUDA, on with bf16 only: it speeds bf16 up and slows fp32 down (measured: docs/results/speed.md)."""
     return device.type == "cpu" or precision == "bf16"
 
 
@@ -277,7 +277,7 @@ def choose_precisions(models: dict[str, ImageClassifier], device: torch.device,
     or ``"auto"`` (:func:`default_precision`).
 
     TF32 is one switch for the whole process: where ``auto`` would give TF32 beside a model set to
-    IEEE fp32, it gives IEEE fp32 (logged), as before TF32 was its default; any other ``tf32`` beside
+    IEEE fp32, it gives IEEE fp32 (logged); any other ``tf32`` beside
     ``fp32`` is a ``ValueError`` that says so (bf16 mixes with either)."""
     chosen: dict[str, tuple[Precision, str]] = {}
     for name, model in models.items():

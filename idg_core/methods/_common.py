@@ -114,7 +114,7 @@ def run_method(
     check_int("batch_size", batch_size, 1)
     plans = [plan(x[i], base[i], targets[i], **params) for i in range(x.shape[0])]
     result = AttributionResult.concat(run_plans(model, plans, batch_size, stats, shapes))
-    if not bool(torch.isfinite(result.attributions).all()):  # a model whose logits are NaN had answered a NaN map
+    if not bool(torch.isfinite(result.attributions).all()):  # a model whose logits are NaN would answer a NaN map
         raise ValueError(NOT_FINITE)
     return result
 
@@ -128,8 +128,8 @@ TRAINING_DEPENDENT = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.in
 
 
 def check_eval_mode(model: Model) -> None:
-    """A ``ValueError`` for a model with batch norm or dropout left in training mode: its attributions had depended on
-    the batch size (0.88 on a map of scale 0.33), differed from run to run, and its batch-norm statistics changed."""
+    """A ``ValueError`` for a model with batch norm or dropout left in training mode: its attributions would depend on
+    the batch size and differ from run to run, and its batch-norm statistics would change."""
     if not isinstance(model, torch.nn.Module):
         return
     training = [name or type(m).__name__ for name, m in model.named_modules() if m.training and isinstance(m, TRAINING_DEPENDENT)]

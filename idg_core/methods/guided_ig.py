@@ -24,7 +24,7 @@ from idg_core.types import AttributionResult, Output, Plan, Query
 _EPS = 1e-9
 MIN_FRACTION = 0.01
 """Smallest ``fraction``: a sub-step moves at least this share of the features, so a step takes at
-most 102 sub-steps (``fraction=0`` moved one feature per sub-step: 150,528 passes at 224²)."""
+most 102 sub-steps (``fraction=0`` would move one feature per sub-step: 150,528 passes at 224²)."""
 CHECKPOINT_EVERY = 4
 """Sub-steps between checkpoints."""
 
@@ -81,7 +81,7 @@ def _plan(x_in: Tensor, baseline: Tensor, target: int, *, steps: int, fraction: 
         values.append(float(ans.values[0]))
         del ans
         if not (math.isfinite(values[-1]) and bool(torch.isfinite(grad_actual).all())):
-            # a NaN gradient chose no feature to move: the map had come back all zeros, finite and wrong
+            # a NaN gradient chooses no feature to move: the map would come back all zeros, finite and wrong
             raise ValueError(NOT_FINITE)
         grad = grad_actual.clone()
         alpha = (step + 1.0) / steps

@@ -21,10 +21,9 @@ FAST = {"probe_steps": 8, "steps": 16}
 PAPER = {"probe_steps": 50, "steps": 50}
 QUALITY = {**FAST, "postprocess": "rankmix", "smooth_samples": 16, "smooth_std": 0.15}
 """The ``quality`` preset: IDG fast + RankMix (the map and its IDGI map rank-averaged) + SmoothGrad over 16 noisy copies,
-384 forward / 256 gradient passes (within AGI's 40 x 10 = 400), chosen by issue #47's rule on the 65 sample photos
-(``results/evaluation-65/``: first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG and SIG).
-Measured again with the metrics' defined saliency ranking (``results/evaluation-2026-11-27/``): it still qualifies,
-leading on SIC and AIC and tied with IDG-50/50 on insertion and deletion."""
+384 forward / 256 gradient passes (within AGI's 40 x 10 = 400), chosen on the 65 sample photos by the rule of
+:func:`idg_evaluation.report.first_or_tied`: first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG
+and SIG (the tables: docs/results/faithfulness.md)."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
@@ -82,8 +81,8 @@ def _plan(
     (main,) = yield [Query.path(baseline, diff, alphas, target, grad=True, output=output, label="main pass")]
     assert main.grads is not None
     # On a GPU the step's one wait for the device: its values on the host, once, before this step queues kernels of its
-    # own; the coefficients go back without a wait (a plain copy, or a second .cpu() after the kernels below, waited for
-    # those kernels, which queue behind the next model call: the GPU check's profile of the worker)
+    # own; the coefficients go back without a wait (a plain copy, or a second .cpu() after the kernels below, would wait
+    # for those kernels, which queue behind the next model call)
     values = main.values.detach().to("cpu", torch.float64)
     factors = importance_factors(values, alphas, main.grads, diff, importance)
     coef = to_device((factors * weights / steps).to(x.dtype), x.device)

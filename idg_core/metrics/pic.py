@@ -52,7 +52,7 @@ def blur_from_known_pixels(image: np.ndarray, known: np.ndarray) -> np.ndarray:
         return image.copy()
     out = image.astype(np.float64) * known[..., None]
     points, unknown = np.argwhere(known), np.argwhere(~known)
-    from scipy import interpolate  # here: 0.5 s of the service's start, which never rebuilds an image
+    from scipy import interpolate  # here: its import is a noticeable part of the service's start, which never rebuilds an image
 
     # one Delaunay triangulation serves all channels (griddata would build one per channel)
     interp = interpolate.LinearNDInterpolator(points, image[tuple(points.T)].astype(np.float64), fill_value=np.nan)

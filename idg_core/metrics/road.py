@@ -11,9 +11,8 @@ normalised units, as the reference adds to its normalised images), solved on the
 factorisation (SuperLU, one factorisation for all channels) of the system in a *nested-dissection*
 order of the pixel grid (:func:`_dissection_rank`): the same solution as the reference's
 ``scipy.sparse.linalg.spsolve`` (COLAMD order) up to rounding (~1e-13 on [0, 1] pixels, a test checks
-it), with about half the fill and less time (``benchmarks/road_solve.py``). Conjugate gradients in torch
-needed hundreds of iterations at 90% removed and were slower; a two-level smoothed-aggregation
-preconditioner was no faster than the ordered factorisation in Python, and is not exact.
+it), with less fill and less time (``benchmarks/road_solve.py``). Conjugate gradients in torch are slower, and a
+two-level smoothed-aggregation preconditioner is no faster in Python and not exact (the figures: docs/results/speed.md).
 
 Why no pivoting is needed: the negated matrix (positive diagonal s_i, off-diagonals −w) is symmetric
 (the weights are symmetric in the offset) and diagonally dominant, strictly so in a row with a kept or
@@ -132,8 +131,8 @@ def impute_one(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
 
 def spsolve_impute(img: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """:func:`impute_one`'s answer as the reference computes it: ``scipy.sparse.linalg.spsolve``
-    (SuperLU, COLAMD order, partial pivoting) with the pixels in row-major order, as this module did
-    before the dissection order. Kept as the check and benchmark reference."""
+    (SuperLU, COLAMD order, partial pivoting) with the pixels in row-major order: the check and benchmark
+    reference."""
     c, h, w = img.shape
     flat, kept = img.reshape(c, -1).astype(np.float64), keep.ravel()
     miss = np.flatnonzero(~kept)
