@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from app.jobs.postgres import PostgresStore
-from app.jobs.sql import CLAIM_SPARE, CLAIM_SQL
-from app.jobs.store import PENDING, QUEUED, RUNNING, Answer
+from app.jobs.sql import IN_FLIGHT_SQL, OPEN_JOBS_SQL
+from app.jobs.store import JOB_RUNNING, PENDING, QUEUED, RUNNING, Answer
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,10 @@ class Level:
     by_tenant: Counter[str] = field(default_factory=Counter)
     by_job: Counter[str] = field(default_factory=Counter)
     stored_done: int = 0
+    store_cpu_s: float = 0.0
+    """CPU seconds of every PostgreSQL process (server, backends, background workers) during the level."""
+    claimers_cpu_s: float = 0.0
+    """CPU seconds of this process (the claimers' threads) during the level."""
 
     def figures(self, beta_jobs: set[str]) -> dict[str, Any]:
         total = sum(self.by_tenant.values()) or 1
@@ -87,7 +91,26 @@ class Level:
             "lost": self.lost, "duplicated": self.duplicated, "errors": self.errors, "stored_done": self.stored_done,
             "tenant_share": {t: round(self.by_tenant.get(t, 0) / total, 3) for t in TENANTS},
             "beta_claims_per_job_min": min(beta) if beta else 0, "beta_claims_per_job_max": max(beta) if beta else 0,
+            "store_cpu_ms_per_image": round(1000 * self.store_cpu_s / self.finished, 3) if self.finished else 0.0,
+            "claimers_cpu_ms_per_image": round(1000 * self.claimers_cpu_s / self.finished, 3) if self.finished else 0.0,
         }
+
+
+def postgres_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) so far of each process named ``postgres`` on this machine, by pid (``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if name == "postgres":
+            seconds[int(entry.name)] = (int(rest[11]) + int(rest[12])) / tick
+    return seconds
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -163,21 +186,28 @@ def reset(url: str, data: bytes) -> None:
 
 
 def claim_plan(url: str) -> dict[str, Any]:
-    """One claim of 2 images by a new owner, under ``EXPLAIN ANALYZE`` (rolled back): its time and plan."""
+    """One claim of 2 images by a new owner, timed whole (then given back), and the plans of its two reads under
+    ``EXPLAIN ANALYZE``: the unfinished jobs with their first pending image, and the images in flight."""
     import psycopg
 
-    now, owner = time.time(), "bench:plan"
-    open_ = (PENDING, RUNNING, now, owner)
+    store = PostgresStore(url)
+    try:
+        t0 = time.perf_counter()
+        claimed = store.claim("bench:plan", 2, 30.0)
+        ms = 1000 * (time.perf_counter() - t0)
+        store.release_owners(["bench:plan"])
+    finally:
+        store.close()
+    plans: dict[str, list[str]] = {}
     with psycopg.connect(url) as conn:
-        rows = conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + (CLAIM_SQL + PostgresStore.skip_locked).replace("?", "%s"),
-                            (*open_, RUNNING, now, owner, 2 * 2 + CLAIM_SPARE, *open_, 2)).fetchall()
+        for name, sql, args in (("open_jobs", OPEN_JOBS_SQL, (QUEUED, JOB_RUNNING)), ("in_flight", IN_FLIGHT_SQL, (RUNNING,))):
+            rows = conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql.replace("?", "%s"), args).fetchall()
+            plans[name] = [str(r[0]) for r in rows]
         conn.rollback()
-    plan = [str(r[0]) for r in rows]
-    ms = next((float(line.split(":")[1].split()[0]) for line in plan if line.startswith("Execution Time")), 0.0)
-    return {"execution_ms": ms, "plan": plan}
+    return {"execution_ms": ms, "claimed": len(claimed), "plan": plans}
 
 
-def run_level(url: str, level: Level, tenants: dict[str, str], seconds: float, answer: Answer) -> None:
+def run_level(url: str, level: Level, tenants: dict[str, str], seconds: float, answer: Answer, each: bool = False) -> None:
     limit = level.limit
     budget = max(1, level.open_images // 5)
     stores = [PostgresStore(url, timeout_s=60.0) for _ in range(level.claimers)]
@@ -213,19 +243,23 @@ def run_level(url: str, level: Level, tenants: dict[str, str], seconds: float, a
                     seen.add(key)
                     level.by_tenant[tenants[c.job_id]] += 1
                     level.by_job[c.job_id] += 1
-            for c in got:
-                try:
-                    t0 = time.perf_counter()
-                    done = store.finish(owner, c.job_id, c.index, answer, replica=owner)
-                    finish_ms.append((time.perf_counter() - t0) * 1000)
-                except Exception:  # noqa: BLE001
-                    log.exception("finish failed")
-                    with lock:
-                        level.errors += 1
-                    continue
+            if not got:
+                continue
+            try:  # as the runner does (app/jobs/runner.py _finish): the answers that arrive together, written together
+                t0 = time.perf_counter()
+                if each:
+                    outcomes = [store.finish(owner, c.job_id, c.index, answer, replica=owner) for c in got]
+                else:
+                    outcomes = store.finish_many(owner, [(c.job_id, c.index, answer) for c in got], replica=owner)
+                finish_ms.append((time.perf_counter() - t0) * 1000 / (len(got) if each else 1))
+            except Exception:  # noqa: BLE001
+                log.exception("finish failed")
                 with lock:
-                    level.finished += int(done is not None)
-                    level.lost += int(done is None)
+                    level.errors += 1
+                continue
+            with lock:
+                level.finished += sum(d is not None for d in outcomes)
+                level.lost += sum(d is None for d in outcomes)
         with lock:
             level.claim_ms.extend(claim_ms)
             level.finish_ms.extend(finish_ms)
@@ -234,12 +268,15 @@ def run_level(url: str, level: Level, tenants: dict[str, str], seconds: float, a
                for n, s in enumerate(stores)]
     for t in threads:
         t.start()
+    store_cpu, own_cpu = postgres_cpu_s(), time.process_time()
     began = time.monotonic()
     stop_at[0] = began + seconds
     start.wait()
     for t in threads:
         t.join()
     level.seconds = time.monotonic() - began
+    level.claimers_cpu_s = time.process_time() - own_cpu
+    level.store_cpu_s = sum(cpu - store_cpu.get(pid, 0.0) for pid, cpu in postgres_cpu_s().items())
     for s in stores:
         s.close()
     import psycopg
@@ -266,23 +303,25 @@ def markdown(info: dict[str, Any]) -> str:
     lines = [
         "# The PostgreSQL job store at cluster scale (issue #64 item 3)", "",
         f"Run {info['started']} by `python -m benchmarks.store_scale {' '.join(info['argv'])}`, {info['wall_s']:.0f} s in all.", "",
-        f"- machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; shared and busy (a test suite ran beside it: load average "
+        f"- machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average "
         f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} at the start, "
-        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} at the end)",
+        f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} at the end",
         f"- store: {m['postgresql']}; {', '.join(f'{k} {v}' for k, v in m['postgresql_settings'].items())} "
         "(the tests' throwaway server, tests/service/jobs/postgres_server.py), on loopback, on the same 2 cores as the claimers",
         f"- claimers: threads of one Python process, each with its own `PostgresStore` (own pool); each claims up to "
         f"{' or '.join(str(x) for x in info['limits'])} images (its free slots: `IDG_JOBS_IN_FLIGHT`, "
-        f"default 2), then finishes each with a {info['answer_bytes']}-byte answer, no model "
-        f"time between; images of {info['image_bytes']} bytes; lease {LEASE_S:g} s",
+        f"default 2), then stores a {info['answer_bytes']}-byte answer for each, "
+        + ("one transaction per answer" if info.get("finish_each") else
+           "the claim's answers in one transaction (`finish_many`, the runner's group commit)")
+        + f", no model time between; images of {info['image_bytes']} bytes; lease {LEASE_S:g} s",
         f"- tenants: `alpha` (jobs of up to {ALPHA_JOB} images) and `beta` (jobs of {BETA_JOB}), half the open images each",
         f"- a level runs {info['seconds']:g} s or until a fifth of its open images are answered; then they are made pending again",
         f"- target: {TARGET_FACTOR} x one H200's Lite0 job rate = {TARGET_FACTOR} x {info['h200_lite0_per_s']:.1f} "
         f"(`{H200_CHECK}`, check-service-lite0, 128 clients) = **{target:.0f} images/s** at 100k open images", "",
         "| open images | claimers | images per claim | images finished/s | claims/s (empty of all) | claim ms p50 / p99 | "
-        "finish ms p50 / p99 | images | "
+        "finish ms p50 / p99 (per answer, or per claim's answers together) | CPU ms per image: store / claimers | images | "
         "alpha / beta share | beta claims per job min-max | lost / duplicated / errors | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv, v in zip(info["levels"], info["verdicts"], strict=True):
         share = lv["tenant_share"]
@@ -290,10 +329,11 @@ def markdown(info: dict[str, Any]) -> str:
             f"| {lv['open_images']:,} | {lv['claimers']} | {lv['limit']} | **{lv['finished_per_s']:.0f}** | "
             f"{lv['claims_per_s']:.0f} ({lv['empty_claims']} of {lv['claims']}) | "
             f"{lv['claim_ms_p50']:.1f} / {lv['claim_ms_p99']:.1f} | {lv['finish_ms_p50']:.1f} / {lv['finish_ms_p99']:.1f} | "
+            f"{lv['store_cpu_ms_per_image']:.2f} / {lv['claimers_cpu_ms_per_image']:.2f} | "
             f"{lv['images_finished']} in {lv['seconds']:.1f} s | {share['alpha']:.2f} / {share['beta']:.2f} | "
             f"{lv['beta_claims_per_job_min']}-{lv['beta_claims_per_job_max']} | {lv['lost']} / {lv['duplicated']} / {lv['errors']} | "
             f"{'met' if v['meets_target'] else 'missed'} |")
-    lines += ["", "One claim of 2 images alone (`EXPLAIN ANALYZE` of the store's claim statement, right after loading): "
+    lines += ["", "One claim of 2 images alone (the store's whole claim, timed, right after loading): "
               + ", ".join(f"{int(k):,} open images {v['execution_ms']:.0f} ms" for k, v in info["claim_plans"].items())
               + " (the plans are in the JSON)."]
     lines += ["", f"Loading the open images: {', '.join(f'{int(k):,} in {v:.0f} s' for k, v in info['load_s'].items())}.", ""]
@@ -307,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limits", type=int, nargs="+", default=[2, 64],
                    help="images per claim (a runner's free slots: IDG_JOBS_IN_FLIGHT, default 2; a GPU replica needs more)")
     p.add_argument("--seconds", type=float, default=8.0, help="longest run of one level")
+    p.add_argument("--finish-each", action="store_true",
+                   help="one transaction per answer (the runner before group commit), not one per claim's answers")
     p.add_argument("--image-bytes", type=int, default=2048)
     p.add_argument("--answer-bytes", type=int, default=4096, help="the stored answer's result JSON, about")
     p.add_argument("--out", type=Path, default=Path(f"results/benchmarks/store-scale-{datetime.now(UTC):%Y-%m-%d}"))
@@ -329,10 +371,10 @@ def main(argv: list[str] | None = None) -> int:
             load_s[n] = time.monotonic() - t0
             log.info("%d open images in %d jobs loaded in %.1f s", n, len(tenants), load_s[n])
             plans[n] = claim_plan(url)
-            log.info("%d open images: one claim's plan ran %.1f ms (EXPLAIN ANALYZE)", n, plans[n]["execution_ms"])
+            log.info("%d open images: one claim alone took %.1f ms", n, plans[n]["execution_ms"])
             for limit, c in ((limit, c) for limit in args.limits for c in args.claimers):
                 level = Level(n, c, limit)
-                run_level(url, level, tenants, args.seconds, answer)
+                run_level(url, level, tenants, args.seconds, answer, args.finish_each)
                 figures = level.figures(beta_jobs)
                 levels.append(figures)
                 log.info("open %d, claimers %d, limit %d: %.0f images/s, claim p50 %.1f ms p99 %.1f ms, finish p50 %.1f ms, shares %s, "
@@ -342,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                 reset(url, data)
     info = {"started": started, "argv": argv if argv is not None else sys.argv[1:], "machine": info_machine,
             "load_average_at_end": list(os.getloadavg()), "limits": args.limits, "claim_plans": plans, "seconds": args.seconds,
+            "finish_each": args.finish_each,
             "image_bytes": args.image_bytes, "answer_bytes": args.answer_bytes, "h200_check": str(H200_CHECK),
             "h200_lite0_per_s": target / TARGET_FACTOR, "target_images_per_s": target, "load_s": load_s, "levels": levels,
             "verdicts": verdicts(levels, target, args.claimers), "wall_s": time.monotonic() - began}

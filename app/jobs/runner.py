@@ -41,7 +41,7 @@ from app.core.model_loading import ModelLoadError
 from app.core.prometheus import StoreOperation
 from app.core.replica import replica_id
 from app.jobs.callbacks import deliver, redacted
-from app.jobs.store import Answer, Claimed, JobInfo, Store, StoreBusy, StoreUnavailable
+from app.jobs.store import Answer, Claimed, Finished, JobInfo, Store, StoreBusy, StoreUnavailable
 from app.schemas import AttributeParams, AttributeResponse
 from app.service import BACKGROUND_PRIORITY, Service
 
@@ -52,6 +52,8 @@ JOB_PRIORITY = BACKGROUND_PRIORITY
 """The worker's priority of job images: after /predict (0) and /attribute (1)."""
 MAX_ATTEMPTS = 3
 """Claims of one image (deadlines, processes that died with it) before it is answered with its error."""
+FINISH_BATCH = 256
+"""Most answers written in one transaction."""
 POLL_S = 1.0
 """How often an idle runner looks for images (jobs submitted to another replica; its own wake it at once)."""
 SWEEP_S = 60.0
@@ -164,6 +166,9 @@ class JobRunner:
         self._orphans: list[Claimed] = []
         """Claims whose task failed unexpectedly: given back to the store at the next upkeep."""
         self._claim_wait = POLL_S
+        self._finishing: list[tuple[Claimed, Answer, asyncio.Future[Finished | None]]] = []
+        """Answers waiting to be stored: those that arrive while others are being written go in together next."""
+        self._finisher: asyncio.Task[None] | None = None
         self.metrics = service.metrics
         self.metrics.job_images_in_flight.set_function(lambda: len(self._tasks))
         self.metrics.job_store_up.set(1)
@@ -197,7 +202,10 @@ class JobRunner:
         held = list(self._tasks.items())
         for task, _ in held:
             task.cancel()
-        await asyncio.gather(*[t for t, _ in held], *self._loops, return_exceptions=True)
+        finisher = [self._finisher] if self._finisher is not None else []
+        for task in finisher:
+            task.cancel()
+        await asyncio.gather(*[t for t, _ in held], *self._loops, *finisher, return_exceptions=True)
         kept = 0
         for claim in [c for _, c in held] + self._orphans:
             try:
@@ -337,7 +345,7 @@ class JobRunner:
                 return
             answer = _error_answer(504, "deadline", f"{retry.reason}, {claim.attempts} times")
         door.status = str(answer.status)
-        finished = await self._store("finish", self.store.finish, self.owner, claim.job_id, claim.index, answer, replica_id())
+        finished = await self._finish(claim, answer)
         if finished is None:
             self.metrics.job_images.labels("lost").inc()
             log.info("job %s image %d: its claim was lost (job deleted, or taken over); answer dropped", claim.job_id, claim.index)
@@ -350,6 +358,36 @@ class JobRunner:
             log.info("job %s finished: %s", claim.job_id, job and f"{job.done} answered, {job.failed} failed")
             if job is not None and job.callback_url:
                 self._callback(job)
+
+    async def _finish(self, claim: Claimed, answer: Answer) -> Finished | None:
+        """Store the answer (None: the claim was lost). Group commit: a lone answer is written at once; answers that
+        arrive while others are being written (a model batch's, together) wait and are written together in one
+        transaction (:meth:`~app.jobs.store.Store.finish_many`), one commit instead of one each."""
+        future: asyncio.Future[Finished | None] = asyncio.get_running_loop().create_future()
+        self._finishing.append((claim, answer, future))
+        if self._finisher is None or self._finisher.done():
+            self._finisher = asyncio.create_task(self._write_answers(), name="idg-jobs-finish")
+        return await future
+
+    async def _write_answers(self) -> None:
+        """Write the waiting answers, :data:`FINISH_BATCH` at a time, until none wait; an answer whose task was cancelled
+        before its turn (the runner stopping, its job deleted) is not written (its claim is given back instead)."""
+        while self._finishing:
+            batch = [entry for entry in self._finishing[:FINISH_BATCH] if not entry[2].done()]
+            del self._finishing[:FINISH_BATCH]
+            if not batch:
+                continue
+            try:
+                done = await self._store("finish", self.store.finish_many, self.owner,
+                                         [(c.job_id, c.index, a) for c, a, _ in batch], replica_id())
+            except Exception as err:  # noqa: BLE001 - not the store being away (retried above): each image's task fails with it
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(err)
+                continue
+            for (*_, future), finished in zip(batch, done, strict=True):
+                if not future.done():
+                    future.set_result(finished)
 
     async def _answer(self, claim: Claimed) -> Answer:
         """The image's answer; :class:`_Retry` when it should be tried again later."""

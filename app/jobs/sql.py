@@ -90,6 +90,12 @@ def _bounded(n: int) -> int:
     return max(0, min(int(n), MAX_INT))
 
 
+def _stored(answer: Answer) -> tuple[str, str | None]:
+    """The answer's summary and result as the store keeps them (compact JSON)."""
+    return (json.dumps(answer.summary, separators=(",", ":")),
+            None if answer.result is None else json.dumps(answer.result, separators=(",", ":")))
+
+
 def _info(row: Row) -> JobInfo:
     return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
                    started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
@@ -299,22 +305,20 @@ class SqlStore:
             keys = self._choose(cur, owner, limit, now)
             if not keys:
                 return []
-            cur.executemany("UPDATE images SET state = ?, owner = ?, lease_until = ?, attempts = attempts + 1 WHERE job_id = ? AND idx = ?",
-                            [(RUNNING, owner, now + lease_s, j, i) for j, i in keys])
+            pairs = ", ".join(["(CAST(? AS TEXT), CAST(? AS BIGINT))"] * len(keys))
+            cur.execute(f"WITH c(job_id, idx) AS (VALUES {pairs}) UPDATE images SET state = ?, owner = ?, lease_until = ?, "
+                        "attempts = attempts + 1 FROM c WHERE images.job_id = c.job_id AND images.idx = c.idx "
+                        "RETURNING images.job_id, images.idx, images.filename, images.data, images.attempts",
+                        (*(v for key in keys for v in key), RUNNING, owner, now + lease_s))
+            rows = {(r[0], int(r[1])): r for r in cur.fetchall()}
             jobs = sorted({j for j, _ in keys})
             cur.executemany("UPDATE jobs SET state = ?, started = COALESCE(started, ?) WHERE id = ? AND state = ?",
-                            [(JOB_RUNNING, now, j, QUEUED) for j in jobs])
-            params: dict[str, tuple[dict[str, Any], str | None]] = {}
-            for j in jobs:
-                cur.execute("SELECT params, request_id FROM jobs WHERE id = ?", (j,))
-                row = cur.fetchone()
-                params[j] = (json.loads(row[0]), row[1])
-            claimed = []
-            for j, i in keys:
-                cur.execute("SELECT filename, data, attempts FROM images WHERE job_id = ? AND idx = ?", (j, i))
-                name, data, attempts = cur.fetchone()
-                claimed.append(Claimed(j, i, name, bytes(data), params[j][0], int(attempts), request_id=params[j][1]))
-        return claimed
+                            [(JOB_RUNNING, now, j, QUEUED) for j in jobs])  # one job after another: replicas lock them in one order
+            some = ", ".join("?" * len(jobs))
+            cur.execute(f"SELECT id, params, request_id FROM jobs WHERE id IN ({some})", jobs)
+            params = {r[0]: (json.loads(r[1]), r[2]) for r in cur.fetchall()}
+            return [Claimed(j, i, rows[j, i][2], bytes(rows[j, i][3]), params[j][0], int(rows[j, i][4]), request_id=params[j][1])
+                    for j, i in keys]
 
     def _choose(self, cur: Cursor, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
         """The images this claim takes, in :func:`claim_order`: the in-flight images and the unfinished jobs are read
@@ -370,28 +374,42 @@ class SqlStore:
             return [r[0] for r in cur.fetchall()]
 
     def finish(self, owner: str, job_id: str, index: int, answer: Answer, replica: str | None = None) -> Finished | None:
-        summary = json.dumps(answer.summary, separators=(",", ":"))
-        result = None if answer.result is None else json.dumps(answer.result, separators=(",", ":"))
-        ok = answer.status == 200
+        return self.finish_many(owner, [(job_id, index, answer)], replica)[0]
+
+    def finish_many(self, owner: str, answers: Sequence[tuple[str, int, Answer]], replica: str | None = None) -> list[Finished | None]:
+        """First every image is locked (those ``owner`` still holds, in (job, image) order), then each job's counters are
+        moved once for all its answers, which take the next numbers in image order: a transaction waits for images only
+        before it holds any job, so replicas claiming and finishing at once never wait for one another in a circle."""
+        if not answers:
+            return []
         now = time.time()
+        wanted = sorted({(job_id, index) for job_id, index, _ in answers})
+        given = {(job_id, index): answer for job_id, index, answer in answers}
+        pairs = " OR ".join(["(job_id = ? AND idx = ?)"] * len(wanted))
+        finished: dict[tuple[str, int], Finished] = {}
         with self._tx() as cur:
-            cur.execute(f"SELECT length(data) FROM images WHERE job_id = ? AND idx = ? AND owner = ? AND state = ?{self.lock_row}",
-                        (job_id, index, owner, RUNNING))
-            row = cur.fetchone()
-            if row is None:  # the claim was lost (its lease ran out and another runner took it) or the job was deleted
-                return None
-            grown = len(summary) + len(result or "") - int(row[0] or 0)
-            cur.execute("UPDATE jobs SET done = done + ?, failed = failed + ?, bytes = bytes + ? WHERE id = ? "
-                        "RETURNING done + failed, total", (int(ok), int(not ok), grown, job_id))
-            seq, total = (int(v) for v in cur.fetchone())
-            cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, data = NULL, seq = ?, status = ?, "
-                        "summary = ?, result = ?, finished = ?, replica = ? WHERE job_id = ? AND idx = ?",
-                        (DONE if ok else FAILED, seq, answer.status, summary, result, now, replica, job_id, index))
-            last = seq == total
-            if last:
-                cur.execute("UPDATE jobs SET state = ?, finished = ?, callback_due = CASE WHEN callback_url IS NULL THEN 0 ELSE 1 END "
-                            "WHERE id = ?", (JOB_DONE, now, job_id))
-        return Finished(seq, last)
+            cur.execute(f"SELECT job_id, idx, length(data) FROM images WHERE owner = ? AND state = ? AND ({pairs}) "
+                        f"ORDER BY job_id, idx{self.lock_row}", (owner, RUNNING, *(v for key in wanted for v in key)))
+            held = [(r[0], int(r[1]), int(r[2] or 0)) for r in cur.fetchall()]  # the others: claim lost, or job deleted
+            for job_id in sorted({j for j, _, _ in held}):
+                rows = [(i, *_stored(given[job_id, i]), given[job_id, i].status) for j, i, _ in held if j == job_id]
+                ok = sum(status == 200 for *_, status in rows)
+                grown = sum(len(summary) + len(result or "") for _, summary, result, _ in rows) - sum(
+                    size for j, _, size in held if j == job_id)
+                cur.execute("UPDATE jobs SET done = done + ?, failed = failed + ?, bytes = bytes + ? WHERE id = ? "
+                            "RETURNING done + failed, total", (ok, len(rows) - ok, grown, job_id))
+                last_seq, total = (int(v) for v in cur.fetchone())
+                first_seq = last_seq - len(rows) + 1
+                cur.executemany("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, data = NULL, seq = ?, status = ?, "
+                                "summary = ?, result = ?, finished = ?, replica = ? WHERE job_id = ? AND idx = ?",
+                                [(DONE if status == 200 else FAILED, first_seq + n, status, summary, result, now, replica, job_id, i)
+                                 for n, (i, summary, result, status) in enumerate(rows)])
+                if last_seq == total:
+                    cur.execute("UPDATE jobs SET state = ?, finished = ?, "
+                                "callback_due = CASE WHEN callback_url IS NULL THEN 0 ELSE 1 END WHERE id = ?", (JOB_DONE, now, job_id))
+                finished |= {(job_id, i): Finished(first_seq + n, last_seq == total and n == len(rows) - 1)
+                             for n, (i, *_) in enumerate(rows)}
+        return [finished.get((job_id, index)) for job_id, index, _ in answers]
 
     def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:
         body = "NULL" if summary_only else "result"

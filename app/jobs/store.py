@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -223,6 +223,12 @@ class Store(Protocol):
     def finish(self, owner: str, job_id: str, index: int, answer: Answer, replica: str | None = None) -> Finished | None:
         """Store the answer and finish the image atomically, if ``owner`` still holds it (None if
         not: the claim was lost, or the job deleted), with the time and the ``replica`` that answered it."""
+        ...
+
+    def finish_many(self, owner: str, answers: Sequence[tuple[str, int, Answer]], replica: str | None = None) -> list[Finished | None]:
+        """:meth:`finish` of each (job, image, answer) in one transaction, its outcomes in the order given: all stored or,
+        the store unreachable, none (a runner stores the answers that arrived together at once: one commit instead of one
+        each). They are written in (job, image) order, so that replicas writing at once lock rows in one order."""
         ...
 
     def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:

@@ -69,6 +69,28 @@ def _zip(members: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+async def test_answers_of_one_model_batch_are_stored_together_and_each_once(tiny_app: AppFactory) -> None:
+    """Group commit: the answers of images explained in one model batch arrive together and are written in one store
+    transaction, not one each (counted), and every image is still answered exactly once."""
+    app = tiny_app(max_batch_images=64, batch_wait_ms=50.0, jobs_in_flight=16)
+    async with serve(app) as client:
+        store = app.state.jobs.store
+        writes: list[int] = []
+        finish_many = store.finish_many
+
+        def counting(owner: str, answers: list[Any], replica: str | None = None) -> list[Any]:
+            writes.append(len(answers))
+            return finish_many(owner, answers, replica)
+
+        store.finish_many = counting
+        job = await submit(client, images(32))
+        status = await wait_done(client, job["id"])
+        assert (status["done"], status["failed"]) == (32, 0)
+        assert sorted(line["index"] for line in await results(client, job["id"], summary="true")) == list(range(32))
+        assert sum(writes) == 32 and len(writes) < 16 and max(writes) > 1, writes
+        assert app.state.jobs.answered == 32
+
+
 async def test_tar_and_zip_archives_are_unpacked(tiny_app: AppFactory) -> None:
     photos = {f"photos/p{i}.png": image_bytes((50 * i, 80, 200)) for i in range(3)}
     folder = tarfile.TarInfo("photos")

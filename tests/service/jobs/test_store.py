@@ -313,3 +313,21 @@ def test_a_claim_reads_the_jobs_and_the_images_in_flight_not_every_open_image(tm
 
     small, large = work(500), work(5000)
     assert large < 1.5 * small, (small, large)
+
+
+def test_finish_many_stores_each_answer_once_answers_in_order_and_drops_a_lost_claim(make_store: StoreFactory) -> None:
+    a, b = make_store(), make_store()
+    _job(a, 3, "j1")
+    _job(a, 2, "j2")
+    mine = a.claim("A", 5, 30.0)
+    assert len(mine) == 5
+    lost = next(c for c in mine if c.job_id == "j2")
+    a.release("A", lost.job_id, lost.index, True)  # given back: another runner's now
+    (taken,) = b.claim("B", 1, 30.0)
+    assert (taken.job_id, taken.index) == (lost.job_id, lost.index)
+    done = a.finish_many("A", [(c.job_id, c.index, OK) for c in reversed(mine)], replica="r")
+    assert [d is None for d in done] == [c is lost for c in reversed(mine)]
+    assert sorted(d.seq for d, c in zip(done, reversed(mine)) if d is not None and c.job_id == "j1") == [1, 2, 3]
+    assert [d.job_done for d, c in zip(done, reversed(mine)) if d is not None and c.job_id == "j1"].count(True) == 1
+    assert [r.index for r in a.results("j1", 0, 10, True)] == [0, 1, 2]  # written in (job, image) order: one lock order for all
+    assert a.finish_many("A", [(mine[0].job_id, mine[0].index, OK)]) == [None]  # a second answer is refused
