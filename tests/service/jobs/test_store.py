@@ -327,7 +327,7 @@ def test_finish_many_stores_each_answer_once_answers_in_order_and_drops_a_lost_c
     assert (taken.job_id, taken.index) == (lost.job_id, lost.index)
     done = a.finish_many("A", [(c.job_id, c.index, OK) for c in reversed(mine)], replica="r")
     assert [d is None for d in done] == [c is lost for c in reversed(mine)]
-    assert sorted(d.seq for d, c in zip(done, reversed(mine)) if d is not None and c.job_id == "j1") == [1, 2, 3]
-    assert [d.job_done for d, c in zip(done, reversed(mine)) if d is not None and c.job_id == "j1"].count(True) == 1
+    assert sorted(d.seq for d, c in zip(done, reversed(mine), strict=True) if d is not None and c.job_id == "j1") == [1, 2, 3]
+    assert [d.job_done for d, c in zip(done, reversed(mine), strict=True) if d is not None and c.job_id == "j1"].count(True) == 1
     assert [r.index for r in a.results("j1", 0, 10, True)] == [0, 1, 2]  # written in (job, image) order: one lock order for all
     assert a.finish_many("A", [(mine[0].job_id, mine[0].index, OK)]) == [None]  # a second answer is refused
