@@ -346,13 +346,7 @@ class JobRunner:
             answer = _error_answer(504, "deadline", f"{retry.reason}, {claim.attempts} times")
         door.status = str(answer.status)
         finished = await self._finish(claim, answer)
-        if finished is None:
-            self.metrics.job_images.labels("lost").inc()
-            log.info("job %s image %d: its claim was lost (job deleted, or taken over); answer dropped", claim.job_id, claim.index)
-            return
-        self.answered += 1
-        self.metrics.job_images.labels("answered" if answer.status == 200 else "failed").inc()
-        if finished.job_done:
+        if finished is not None and finished.job_done:
             self.metrics.jobs_finished.inc()
             job = await self._store("get_job", self.store.get_job, claim.job_id)
             log.info("job %s finished: %s", claim.job_id, job and f"{job.done} answered, {job.failed} failed")
@@ -385,9 +379,19 @@ class JobRunner:
                     if not future.done():
                         future.set_exception(err)
                 continue
-            for (*_, future), finished in zip(batch, done, strict=True):
+            for (claim, answer, future), finished in zip(batch, done, strict=True):
+                self._account(claim, answer, finished)
                 if not future.done():
                     future.set_result(finished)
+
+    def _account(self, claim: Claimed, answer: Answer, finished: Finished | None) -> None:
+        """Count a written answer as the store now has it (before the image's own task resumes, a loop turn later)."""
+        if finished is None:
+            self.metrics.job_images.labels("lost").inc()
+            log.info("job %s image %d: its claim was lost (job deleted, or taken over); answer dropped", claim.job_id, claim.index)
+            return
+        self.answered += 1
+        self.metrics.job_images.labels("answered" if answer.status == 200 else "failed").inc()
 
     async def _answer(self, claim: Claimed) -> Answer:
         """The image's answer; :class:`_Retry` when it should be tried again later."""
