@@ -612,11 +612,12 @@ def test_traffic_unlike_the_reference_fires_the_drift_alerts_from_the_first_hour
 
 
 def test_a_fast_device_behind_a_busy_host_fires_device_waits_for_host(tmp_path: Path, steered: Served) -> None:
-    """Four clients' explanations by the tiny model (128 + 16 points) keep requests in the worker: the device (1 ms a
+    """Six clients' explanations by the tiny model (128 + 16 points) keep requests in the worker: the device (1 ms a
     call) waits for the host steps between its calls (gathering points, launching each call: the tiny model's real
-    forward and backward passes, on the host) most of the time. Four clients with long requests, not two with short
-    ones: on a busy 2-core machine two clients' own turns between requests had left the worker empty (idle for no work,
-    not for the host) a third of the window, and the host's share fell to 0.21-0.24."""
+    forward and backward passes, on the host) most of the time. Six clients with long requests, not two with short
+    ones: on a busy 2-core machine the clients' own turns between requests leave the worker empty (idle for no work,
+    not for the host) for part of the window (two clients: a third of it, the host's share 0.21-0.24; four, with two
+    evaluation processes beside the suite: 0.28)."""
     def explanations() -> None:
         codes: list[int] = []
 
@@ -624,12 +625,12 @@ def test_a_fast_device_behind_a_busy_host_fires_device_waits_for_host(tmp_path: 
             codes.extend(_post(steered, "/attribute", model="tiny", steps="128", probe_steps="16", return_overlay="false").status_code
                          for _ in range(3))
 
-        clients = [threading.Thread(target=client) for _ in range(4)]
+        clients = [threading.Thread(target=client) for _ in range(6)]
         for c in clients:
             c.start()
         for c in clients:
             c.join(timeout=120)
-        assert codes == [200] * 12, codes
+        assert codes == [200] * 18, codes
 
     host_bound = window(steered, "idg:8000", during=explanations)
     busy = host_bound.increase("idg_device_busy_seconds_total") / host_bound.seconds
