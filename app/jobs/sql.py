@@ -90,6 +90,11 @@ def _bounded(n: int) -> int:
     return max(0, min(int(n), MAX_INT))
 
 
+def _values(rows: int, types: tuple[str, ...]) -> str:
+    """``rows`` rows of ``?`` placeholders cast to ``types``, for a ``VALUES`` list (typed alike on SQLite and PostgreSQL)."""
+    return ", ".join(["(" + ", ".join(f"CAST(? AS {t})" for t in types) + ")"] * rows)
+
+
 def _stored(answer: Answer) -> tuple[str, str | None]:
     """The answer's summary and result as the store keeps them (compact JSON)."""
     return (json.dumps(answer.summary, separators=(",", ":")),
@@ -305,8 +310,8 @@ class SqlStore:
             keys = self._choose(cur, owner, limit, now)
             if not keys:
                 return []
-            pairs = ", ".join(["(CAST(? AS TEXT), CAST(? AS BIGINT))"] * len(keys))
-            cur.execute(f"WITH c(job_id, idx) AS (VALUES {pairs}) UPDATE images SET state = ?, owner = ?, lease_until = ?, "
+            keyed = _values(len(keys), ("TEXT", "BIGINT"))
+            cur.execute(f"WITH c(job_id, idx) AS (VALUES {keyed}) UPDATE images SET state = ?, owner = ?, lease_until = ?, "
                         "attempts = attempts + 1 FROM c WHERE images.job_id = c.job_id AND images.idx = c.idx "
                         "RETURNING images.job_id, images.idx, images.filename, images.data, images.attempts",
                         (*(v for key in keys for v in key), RUNNING, owner, now + lease_s))
@@ -342,8 +347,7 @@ class SqlStore:
             window = list(itertools.islice(order, CLAIM_WINDOW * (limit - len(keys)) + CLAIM_SPARE))
             if not window:
                 break
-            values = ", ".join(["(CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS INTEGER))"] * len(window))
-            cur.execute(CANDIDATES_SQL.format(values=values, open=OPEN) + self.skip_locked,
+            cur.execute(CANDIDATES_SQL.format(values=_values(len(window), ("TEXT", "BIGINT", "INTEGER")), open=OPEN) + self.skip_locked,
                         (*(v for n, (j, i) in enumerate(window) for v in (j, i, n)), *open_, limit - len(keys)))
             keys += [(r[0], int(r[1])) for r in cur.fetchall()]
             if len(keys) >= limit:
@@ -391,11 +395,11 @@ class SqlStore:
             cur.execute(f"SELECT job_id, idx, length(data) FROM images WHERE owner = ? AND state = ? AND ({pairs}) "
                         f"ORDER BY job_id, idx{self.lock_row}", (owner, RUNNING, *(v for key in wanted for v in key)))
             held = [(r[0], int(r[1]), int(r[2] or 0)) for r in cur.fetchall()]  # the others: claim lost, or job deleted
-            for job_id in sorted({j for j, _, _ in held}):
-                rows = [(i, *_stored(given[job_id, i]), given[job_id, i].status) for j, i, _ in held if j == job_id]
+            for job_id, mine in itertools.groupby(held, key=lambda row: row[0]):  # held is in (job, image) order
+                sizes = {i: size for _, i, size in mine}
+                rows = [(i, *_stored(given[job_id, i]), given[job_id, i].status) for i in sizes]
                 ok = sum(status == 200 for *_, status in rows)
-                grown = sum(len(summary) + len(result or "") for _, summary, result, _ in rows) - sum(
-                    size for j, _, size in held if j == job_id)
+                grown = sum(len(summary) + len(result or "") for _, summary, result, _ in rows) - sum(sizes.values())
                 cur.execute("UPDATE jobs SET done = done + ?, failed = failed + ?, bytes = bytes + ? WHERE id = ? "
                             "RETURNING done + failed, total", (ok, len(rows) - ok, grown, job_id))
                 last_seq, total = (int(v) for v in cur.fetchone())
