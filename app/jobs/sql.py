@@ -217,6 +217,8 @@ class SqlStore:
         deadline, lock = OPERATION_DEADLINE.get() or time.monotonic() + self.timeout_s, self.lock_for(write)
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):  # another operation holds the connection (a
             # store that hangs, a long write): every operation queued behind it had waited its turn, then its own timeout
+            if not self.reachability.up:  # the operation ahead waits for the store itself, which is away
+                raise StoreUnavailable(f"the job store is unreachable: {self.reachability.error}")
             raise StoreBusy(f"the job store is busy: this process's other operations held it for {self.timeout_s:g} s")
         try:
             with self.transaction(write, max(0.05, deadline - time.monotonic())) as cur:

@@ -99,6 +99,9 @@ async def test_a_locked_sqlite_store_takes_the_jobs_routes_out_not_the_instance(
         with write_locked(data / "jobs.sqlite3", 6.0):  # another process holds the write lock, 24 times the timeout
             r = await client.post("/jobs", files=images(1), data=FAST)  # meets the lock: the store is unreachable
             assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable", r.text
+            # the submission may have waited behind the runner's claim, itself waiting for the lock, and been refused as
+            # busy a moment before the claim's failure marks the store unreachable: both are met within the timeout
+            await until(lambda: _store_up_is(client, 0), "the store seen unreachable", timeout_s=5.0)
             await store_down_is_no_unreadiness(client)
         await until(lambda: _store_up_is(client, 1), "the store back")  # the runner's next claim finds it again
         status, body, _, _ = await readiness(client)
