@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from app.jobs.postgres import PostgresStore
-from app.jobs.sql import IN_FLIGHT_SQL, OPEN_JOBS_SQL
-from app.jobs.store import JOB_RUNNING, PENDING, QUEUED, RUNNING, Answer
+from app.jobs.sql import IN_FLIGHT_SQL, NEXT_OF_TENANT_SQL, TENANTS_SQL
+from app.jobs.store import PENDING, QUEUED, Answer
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +186,8 @@ def reset(url: str, data: bytes) -> None:
 
 
 def claim_plan(url: str) -> dict[str, Any]:
-    """One claim of 2 images by a new owner, timed whole (then given back), and the plans of its two reads under
-    ``EXPLAIN ANALYZE``: the unfinished jobs with their first pending image, and the images in flight."""
+    """One claim of 2 images by a new owner, timed whole (then given back), and the plans of its reads under
+    ``EXPLAIN ANALYZE``: the tenants with pending images, one tenant's next images, and the images in flight."""
     import psycopg
 
     store = PostgresStore(url)
@@ -200,7 +200,8 @@ def claim_plan(url: str) -> dict[str, Any]:
         store.close()
     plans: dict[str, list[str]] = {}
     with psycopg.connect(url) as conn:
-        for name, sql, args in (("open_jobs", OPEN_JOBS_SQL, (QUEUED, JOB_RUNNING)), ("in_flight", IN_FLIGHT_SQL, (RUNNING,))):
+        for name, sql, args in (("tenants", TENANTS_SQL, ()), ("next_of_tenant", NEXT_OF_TENANT_SQL.format(n=0), ("beta", 32)),
+                                ("in_flight", IN_FLIGHT_SQL, ())):
             rows = conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql.replace("?", "%s"), args).fetchall()
             plans[name] = [str(r[0]) for r in rows]
         conn.rollback()

@@ -71,9 +71,7 @@ def schema(blob: str, real: str, big: str) -> list[str]:
         f"""CREATE TABLE IF NOT EXISTS images (
             job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, idx {big} NOT NULL, filename TEXT NOT NULL, data {blob},
             state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
-            summary TEXT, result TEXT, finished {real}, replica TEXT, PRIMARY KEY (job_id, idx))""",
-        "CREATE INDEX IF NOT EXISTS images_open ON images (state, idx)",
-        f"CREATE INDEX IF NOT EXISTS images_pending ON images (job_id, idx) WHERE state = '{PENDING}'",
+            summary TEXT, result TEXT, finished {real}, replica TEXT, tenant TEXT, PRIMARY KEY (job_id, idx))""",
         "CREATE INDEX IF NOT EXISTS jobs_open ON jobs (state)",
         "CREATE INDEX IF NOT EXISTS images_seq ON images (job_id, seq)",
         "CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished)",
@@ -81,8 +79,23 @@ def schema(blob: str, real: str, big: str) -> list[str]:
 
 
 ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT", "tenant": "TEXT", "request_id": "TEXT"},
-                 "images": {"finished": "{real}", "replica": "TEXT"}}
+                 "images": {"finished": "{real}", "replica": "TEXT", "tenant": "TEXT"}}
 """Columns newer than the first schema: added to a store made before them (``{real}``: the dialect's type)."""
+FILLED_COLUMNS = {
+    ("images", "tenant"): "UPDATE images SET tenant = COALESCE((SELECT jobs.tenant FROM jobs WHERE jobs.id = images.job_id), '')",
+}
+"""How an added column is filled in the rows that were there before it (the others keep NULL)."""
+LATER_INDEXES = [
+    # each tenant's pending images in the claim's order within the tenant (image index, then job): a claim reads the next
+    # few of each tenant, whatever the number of open images and jobs
+    f"CREATE INDEX IF NOT EXISTS images_tenant_pending ON images (tenant, idx, job_id) WHERE state = '{PENDING}'",
+    # the images in flight, by runner: a claim reads them all, an upkeep its own (an image pending or answered is in
+    # no index but the key and the tenant's pending one, so claiming and answering it move fewer index entries)
+    f"CREATE INDEX IF NOT EXISTS images_running ON images (owner) WHERE state = '{RUNNING}'",
+    "DROP INDEX IF EXISTS images_pending",  # the first pending image of each job, which the claim no longer reads
+    "DROP INDEX IF EXISTS images_open",  # every image by state, which made a claim read every pending image
+]
+"""Index statements on added columns, run once those are there."""
 
 
 def _bounded(n: int) -> int:
@@ -112,14 +125,22 @@ OPEN = "(images.state = ? OR (images.state = ? AND images.lease_until < ? AND im
 """An image a runner may claim: pending, or running under a lapsed lease of another runner (never its
 own lapsed claims: those are still in its hands, an answer waiting for the store to come back)."""
 
-IN_FLIGHT_SQL = """SELECT images.job_id, images.idx, COALESCE(jobs.tenant, ''), images.lease_until, images.owner
-FROM images JOIN jobs ON jobs.id = images.job_id WHERE images.state = ?"""
-"""Every image some runner holds (read through ``images_open``: as many rows as images in flight, not open)."""
+IN_FLIGHT_SQL = f"""SELECT job_id, idx, tenant, lease_until, owner FROM images WHERE state = '{RUNNING}'"""
+"""Every image some runner holds (read through ``images_running``: as many rows as images in flight, not open)."""
 
-OPEN_JOBS_SQL = f"""SELECT jobs.id, COALESCE(jobs.tenant, ''), jobs.total,
-  (SELECT MIN(images.idx) FROM images WHERE images.job_id = jobs.id AND images.state = '{PENDING}')
-FROM jobs WHERE jobs.state IN (?, ?)"""
-"""Each unfinished job with its first pending image (one probe of ``images_pending`` per job)."""
+TENANTS_SQL = f"""WITH RECURSIVE t(tenant) AS (
+  SELECT MIN(tenant) FROM images WHERE state = '{PENDING}'
+  UNION ALL
+  SELECT (SELECT MIN(images.tenant) FROM images WHERE images.state = '{PENDING}' AND images.tenant > t.tenant)
+  FROM t WHERE t.tenant IS NOT NULL)
+SELECT tenant FROM t WHERE tenant IS NOT NULL"""
+"""The tenants with pending images: one step of ``images_tenant_pending`` per tenant (a skip scan), not one per image."""
+
+NEXT_OF_TENANT_SQL = f"""SELECT * FROM (SELECT tenant, idx, job_id FROM images WHERE tenant = ? AND state = '{PENDING}'
+ORDER BY idx, job_id LIMIT ?) AS p{{n}}"""
+"""A tenant's next pending images in its own order (image index, then job), read by ``images_tenant_pending``."""
+TENANTS_A_STATEMENT = 32
+"""Tenants whose next images one statement reads (``UNION ALL`` of :data:`NEXT_OF_TENANT_SQL`)."""
 
 CANDIDATES_SQL = """WITH c(job_id, idx, ord) AS (VALUES {values})
 SELECT images.job_id, images.idx FROM images JOIN c ON images.job_id = c.job_id AND images.idx = c.idx
@@ -134,24 +155,20 @@ CLAIM_SPARE = 16
 CLAIM_WINDOWS = 4
 
 
-def claim_order(busy: dict[str, int], jobs: list[tuple[str, str, int, int | None]],
-                lapsed: list[tuple[str, int, str]], held: set[tuple[str, int]]) -> Iterator[tuple[str, int]]:
+def claim_order(busy: dict[str, int], pending: dict[str, list[tuple[int, str]]],
+                lapsed: list[tuple[str, int, str]]) -> Iterator[tuple[str, int]]:
     """The claim's order of the open images, fair across tenants (the keys that submitted the jobs; no key is one
     tenant): each tenant's open images take turns after the ``busy`` images it already has in flight, so a tenant with
     one job gets as many runner slots as one with many jobs, and a tenant's own jobs take turns by image (image 0 of
     each, then image 1 of each...): the order of (turn, image index, job).
 
-    ``jobs``: (job, tenant, images, first pending image); a job's images from its first pending one on are its
-    candidates, but for the ``held`` ones (in flight); ``lapsed``: (job, image, tenant) held under a lapsed lease,
-    candidates too. It reads as many jobs and images as it yields, never every open image; an image answered out of
-    order after its predecessor was given back can still be yielded, and the claim's own check drops it."""
-    starts: dict[str, list[tuple[int, str, int]]] = {}
-    for job_id, tenant, total, first in jobs:
-        if first is not None:
-            starts.setdefault(tenant, []).append((int(first), job_id, int(total)))
+    ``pending``: each tenant's next pending images, (image, job) in that order; ``lapsed``: (job, image, tenant) held
+    under a lapsed lease, candidates too, each in its place in its tenant's order."""
+    again: dict[str, list[tuple[int, str]]] = {}
     for job_id, idx, tenant in lapsed:
-        starts.setdefault(tenant, []).append((idx, job_id, idx + 1))
-    streams = {tenant: _by_image(ranges, held) for tenant, ranges in starts.items()}
+        again.setdefault(tenant, []).append((idx, job_id))
+    streams = {tenant: heapq.merge(pending.get(tenant, []), sorted(again.get(tenant, [])))
+               for tenant in pending.keys() | again.keys()}
     heads: list[tuple[int, int, str, str]] = []
     for tenant, stream in streams.items():
         first_of = next(stream, None)
@@ -163,21 +180,6 @@ def claim_order(busy: dict[str, int], jobs: list[tuple[str, str, int, int | None
         following = next(streams[tenant], None)
         if following is not None:
             heapq.heappush(heads, (turn + 1, following[0], following[1], tenant))
-
-
-def _by_image(ranges: list[tuple[int, str, int]], held: set[tuple[str, int]]) -> Iterator[tuple[int, str]]:
-    """One tenant's candidates by (image index, job): the ranges [first, end) of its jobs merged, held images left out,
-    each image once."""
-    heap = list(ranges)
-    heapq.heapify(heap)
-    seen: set[tuple[str, int]] = set()
-    while heap:
-        idx, job_id, end = heapq.heappop(heap)
-        if idx + 1 < end:
-            heapq.heappush(heap, (idx + 1, job_id, end))
-        if (job_id, idx) not in held and (job_id, idx) not in seen:
-            seen.add((job_id, idx))
-            yield idx, job_id
 
 
 class SqlStore:
@@ -247,6 +249,10 @@ class SqlStore:
         for table, added in ADDED_COLUMNS.items():
             for column in sorted(added.keys() - self.columns(cur, table)):
                 cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {added[column].format(blob=blob, real=real, big=big)}")
+                if (table, column) in FILLED_COLUMNS:
+                    cur.execute(FILLED_COLUMNS[table, column])
+        for statement in LATER_INDEXES:
+            cur.execute(statement)
 
     def blob(self, data: bytes) -> Any:
         return data
@@ -274,8 +280,8 @@ class SqlStore:
             cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes, tenant, request_id) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size, tenant, request_id))
-            cur.executemany("INSERT INTO images (job_id, idx, filename, data, state) VALUES (?, ?, ?, ?, ?)",
-                            [(job_id, i, name, self.blob(data), PENDING) for i, (name, data) in enumerate(images)])
+            cur.executemany("INSERT INTO images (job_id, idx, filename, data, state, tenant) VALUES (?, ?, ?, ?, ?, ?)",
+                            [(job_id, i, name, self.blob(data), PENDING, tenant or "") for i, (name, data) in enumerate(images)])
         return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size, tenant=tenant,
                        request_id=request_id)
 
@@ -328,21 +334,19 @@ class SqlStore:
                     for j, i in keys]
 
     def _choose(self, cur: Cursor, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
-        """The images this claim takes, in :func:`claim_order`: the in-flight images and the unfinished jobs are read
-        (not every open image), then the first candidates still open are taken a window at a time (PostgreSQL locks
-        them, skipping those another replica is claiming; a window found all taken is followed by the next)."""
-        cur.execute(IN_FLIGHT_SQL, (RUNNING,))
+        """The images this claim takes, in :func:`claim_order`: the images in flight and each tenant's next pending
+        images are read (not every open image, nor every job), then the first candidates still open are taken a window
+        at a time (PostgreSQL locks them, skipping those another replica is claiming; a window found all taken is
+        followed by the next)."""
+        cur.execute(IN_FLIGHT_SQL)
         busy: dict[str, int] = {}
         lapsed: list[tuple[str, int, str]] = []
-        held: set[tuple[str, int]] = set()
         for job_id, idx, tenant, lease_until, holder in cur.fetchall():
             if lease_until is not None and float(lease_until) < now and holder != owner:
-                lapsed.append((job_id, int(idx), tenant))
+                lapsed.append((job_id, int(idx), tenant or ""))
             else:
-                busy[tenant] = busy.get(tenant, 0) + 1
-                held.add((job_id, int(idx)))
-        cur.execute(OPEN_JOBS_SQL, (QUEUED, JOB_RUNNING))
-        order = claim_order(busy, [(r[0], r[1], int(r[2]), r[3]) for r in cur.fetchall()], lapsed, held)
+                busy[tenant or ""] = busy.get(tenant or "", 0) + 1
+        order = claim_order(busy, self._next_pending(cur, CLAIM_WINDOW * limit + CLAIM_SPARE), lapsed)
         open_ = (PENDING, RUNNING, now, owner)
         keys: list[tuple[str, int]] = []
         for _ in range(CLAIM_WINDOWS):
@@ -356,9 +360,22 @@ class SqlStore:
                 break
         return keys
 
+    def _next_pending(self, cur: Cursor, each: int) -> dict[str, list[tuple[int, str]]]:
+        """Each tenant's next ``each`` pending images, (image, job) in the tenant's order."""
+        cur.execute(TENANTS_SQL)
+        tenants = [r[0] for r in cur.fetchall()]
+        pending: dict[str, list[tuple[int, str]]] = {}
+        for start in range(0, len(tenants), TENANTS_A_STATEMENT):
+            some = tenants[start:start + TENANTS_A_STATEMENT]
+            cur.execute(" UNION ALL ".join(NEXT_OF_TENANT_SQL.format(n=n) for n in range(len(some))),
+                        [v for tenant in some for v in (tenant, each)])
+            for tenant, idx, job_id in cur.fetchall():
+                pending.setdefault(tenant, []).append((int(idx), job_id))
+        return {tenant: sorted(rows) for tenant, rows in pending.items()}
+
     def renew(self, owner: str, lease_s: float) -> None:
         with self._tx() as cur:
-            cur.execute("UPDATE images SET lease_until = ? WHERE owner = ? AND state = ?", (time.time() + lease_s, owner, RUNNING))
+            cur.execute(f"UPDATE images SET lease_until = ? WHERE owner = ? AND state = '{RUNNING}'", (time.time() + lease_s, owner))
 
     def release(self, owner: str, job_id: str, index: int, refund: bool) -> None:
         with self._tx() as cur:
@@ -369,14 +386,14 @@ class SqlStore:
         released = 0
         with self._tx() as cur:
             for owner in owners:
-                cur.execute("UPDATE images SET state = ?, owner = NULL, lease_until = NULL WHERE owner = ? AND state = ?",
-                            (PENDING, owner, RUNNING))
+                cur.execute(f"UPDATE images SET state = ?, owner = NULL, lease_until = NULL WHERE owner = ? AND state = '{RUNNING}'",
+                            (PENDING, owner))
                 released += max(cur.rowcount, 0)
         return released
 
     def owners(self) -> list[str]:
         with self._tx(write=False) as cur:
-            cur.execute("SELECT DISTINCT owner FROM images WHERE state = ? AND owner IS NOT NULL", (RUNNING,))
+            cur.execute(f"SELECT DISTINCT owner FROM images WHERE state = '{RUNNING}' AND owner IS NOT NULL")
             return [r[0] for r in cur.fetchall()]
 
     def finish(self, owner: str, job_id: str, index: int, answer: Answer, replica: str | None = None) -> Finished | None:
