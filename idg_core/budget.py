@@ -50,14 +50,20 @@ class WorkBound:
     """Of those, images back-propagated."""
     host_steps: int = 0
     """Passes over every feature on the host between model calls (Guided IG's sub-steps)."""
+    probe: int = 0
+    """Of the forward images, those of a probe that noisy copies may share (IDG's, with ``smooth_probe="shared"``)."""
 
     def times(self, k: int) -> WorkBound:
         """The bound of ``k`` runs (noisy copies)."""
-        return WorkBound(self.forward * k, self.backward * k, self.host_steps * k)
+        return WorkBound(self.forward * k, self.backward * k, self.host_steps * k, self.probe * k)
+
+    def shared_probe_times(self, k: int) -> WorkBound:
+        """The bound of ``k`` runs that share one probe."""
+        return WorkBound(self.probe + (self.forward - self.probe) * k, self.backward * k, self.host_steps * k, self.probe)
 
     def plus_forward(self, passes: int) -> WorkBound:
         """This bound and ``passes`` more forward-only images."""
-        return WorkBound(self.forward + passes, self.backward, self.host_steps)
+        return WorkBound(self.forward + passes, self.backward, self.host_steps, self.probe)
 
     @property
     def units(self) -> float:
@@ -65,8 +71,10 @@ class WorkBound:
 
 
 def postprocess_bound(bound: WorkBound, post: Mapping[str, Any]) -> WorkBound:
-    """The method's bound with its post-steps: times the noisy copies (``smooth_samples``); IDGI costs nothing."""
-    return bound.times(max(1, int(post.get("smooth_samples") or 0)))
+    """The method's bound with its post-steps: times the noisy copies (``smooth_samples``), their probe once where they
+    share it (``smooth_probe="shared"``); IDGI costs nothing."""
+    copies = max(1, int(post.get("smooth_samples") or 0))
+    return bound.shared_probe_times(copies) if post.get("smooth_probe") == "shared" else bound.times(copies)
 
 
 def pixels_per_step(h: int, w: int, steps: int) -> int:

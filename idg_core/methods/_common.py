@@ -52,6 +52,9 @@ class Method:
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     straight_path: bool = False
     batch_invariant: bool = True
+    probe: Callable[..., Any] | None = None
+    """The method's probe alone (a plan whose result ``plan(..., sampling=)`` takes), for SmoothGrad's noisy copies to
+    share (``smooth_probe="shared"``); None: the method has none."""
 
     def __post_init__(self) -> None:
         for preset, values in self.presets.items():

@@ -13,7 +13,10 @@ from idg_core.budget import WorkBound
 from idg_core.methods._common import Method, adaptive_samples, method_function
 from idg_core.methods.params import Param, Params, output_param
 from idg_core.paths import PLACEMENTS
-from idg_core.types import AttributionResult, Output, Plan, Query, to_device
+from idg_core.types import AttributionResult, Output, Plan, PlanOf, Query, to_device
+
+Sampling = tuple[Tensor, Tensor, Tensor, Tensor]
+"""IDG's samples from its probe: ``alphas, weights, probe_alphas, probe_values``."""
 
 IMPORTANCE = ("finite_difference", "exact")
 FAST = {"probe_steps": 8, "steps": 16}
@@ -29,7 +32,7 @@ and SIG (the tables: docs/results/faithfulness.md)."""
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
     """Cost of :func:`idg_plan` with ``params`` (every keyword given): N probe forwards and M gradients."""
     steps, probe = int(params["steps"]), 0 if params["uniform"] else int(params["probe_steps"])
-    return WorkBound(probe + steps, steps)
+    return WorkBound(probe + steps, steps, probe=probe)
 
 
 PARAMS = Params("idg", (
@@ -46,9 +49,20 @@ PARAMS = Params("idg", (
 ), inert=lambda v: {"probe_steps", "placement"} if v["uniform"] else set())
 
 
-def idg_plan(x: Tensor, baseline: Tensor, target: int, **params: Any) -> Plan:
-    """Plan for one image ``x (C, H, W)`` (``params``: :data:`PARAMS`, checked now); see :func:`idg`."""
-    return _plan(x, baseline, target, **PARAMS.validate(params))
+def idg_plan(x: Tensor, baseline: Tensor, target: int, sampling: Sampling | None = None, **params: Any) -> Plan:
+    """Plan for one image ``x (C, H, W)`` (``params``: :data:`PARAMS`, checked now); see :func:`idg`. ``sampling``: the
+    samples of a probe already run (:func:`idg_probe`, on the image the noisy copies are drawn around), used instead of
+    this plan's own."""
+    return _plan(x, baseline, target, sampling=sampling, **PARAMS.validate(params))
+
+
+def idg_probe(x: Tensor, baseline: Tensor, target: int, **params: Any) -> PlanOf[Sampling]:
+    """The probe of :func:`idg_plan` alone: a plan whose result is its samples (``alphas, weights, probe_alphas,
+    probe_values``), for noisy copies of ``x`` to share (SmoothGrad's ``smooth_probe="shared"``)."""
+    p = PARAMS.validate(params)
+    if p["uniform"]:
+        raise ValueError("smooth_probe='shared' needs IDG's probe; uniform=True has none")
+    return adaptive_samples(baseline, x - baseline, target, p["steps"], p["probe_steps"], p["placement"], p["output"])
 
 
 def importance_factors(values: Tensor, alphas: Tensor, grads: Tensor, diff: Tensor, importance: str) -> Tensor:
@@ -65,12 +79,15 @@ def importance_factors(values: Tensor, alphas: Tensor, grads: Tensor, diff: Tens
 
 def _plan(
     x: Tensor, baseline: Tensor, target: int, *, steps: int, probe_steps: int,
-    placement: str, importance: str, uniform: bool, output: Output,
+    placement: str, importance: str, uniform: bool, output: Output, sampling: Sampling | None = None,
 ) -> Plan:
     diff = x - baseline
     forward = 0
     result = AttributionResult(attributions=torch.empty(0))
-    if uniform:
+    if sampling is not None:  # a shared probe's: counted where it ran
+        alphas, weights, result.probe_alphas, probe = sampling
+        result.probe_values = probe.unsqueeze(0)
+    elif uniform:
         alphas = torch.linspace(0, 1, steps, dtype=torch.float64)
         weights = torch.full((steps,), 1.0 / steps, dtype=torch.float64)
     else:
@@ -103,4 +120,4 @@ idg = method_function("idg", idg_plan, PARAMS, """Integrated Decision Gradients 
 IDG = mean_j(∇F(x(α_j)) · IF_j · w_j) ⊙ (x - x'), with the samples placed where the output moves.""")
 
 METHOD = Method(idg, idg_plan, PARAMS, idg_bound, "Integrated Decision Gradients with adaptive sampling",
-                presets={"fast": FAST, "paper": PAPER, "quality": QUALITY}, straight_path=True)
+                presets={"fast": FAST, "paper": PAPER, "quality": QUALITY}, straight_path=True, probe=idg_probe)

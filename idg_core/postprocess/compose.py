@@ -12,17 +12,24 @@ from idg_core.methods import METHODS
 from idg_core.postprocess.blur import blur_plan
 from idg_core.postprocess.idgi import IDGI_METHODS, idgi_plan
 from idg_core.postprocess.rankmix import rankmix_plan, with_idgi
-from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, smooth_plan
+from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, shared_probe_plan, smooth_plan
 from idg_core.types import Plan
 
-__all__ = ["POSTPROCESS", "build_plan", "check_postprocess", "postprocess_bound"]  # postprocess_bound: from idg_core.budget
+# postprocess_bound: from idg_core.budget
+__all__ = ["POSTPROCESS", "SMOOTH_PROBES", "build_plan", "check_postprocess", "postprocess_bound"]
 
 POSTPROCESS = ("none", "idgi", "rankmix")
 """The ``postprocess`` values: none; ``idgi`` (:mod:`idg_core.postprocess.idgi`); ``rankmix``, the method's map and its
 IDGI map rank-averaged (:mod:`idg_core.postprocess.rankmix`). Both need a straight-path method and no extra pass."""
 
 
-def check_postprocess(method: str, postprocess: str | None, smooth_samples: int, smooth_std: float, smooth_kind: str) -> None:
+SMOOTH_PROBES = ("own", "shared")
+"""The ``smooth_probe`` values: each noisy copy runs the method's probe on itself (``own``), or the copies share one
+probe of the image itself (``shared``: a method with a probe, IDG; its cost counted once)."""
+
+
+def check_postprocess(method: str, postprocess: str | None, smooth_samples: int, smooth_std: float, smooth_kind: str,
+                      smooth_probe: str = "own") -> None:
     """ValueError (one sentence) when the post-steps do not apply."""
     if postprocess is not None and postprocess not in POSTPROCESS:
         raise ValueError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {postprocess!r}")
@@ -34,28 +41,41 @@ def check_postprocess(method: str, postprocess: str | None, smooth_samples: int,
         raise ValueError(f"smooth_std must be >= 0, got {smooth_std}")
     if smooth_kind not in SMOOTH_KINDS:
         raise ValueError(f"smooth_kind must be one of {', '.join(SMOOTH_KINDS)}, got {smooth_kind!r}")
+    if smooth_probe not in SMOOTH_PROBES:
+        raise ValueError(f"smooth_probe must be one of {', '.join(SMOOTH_PROBES)}, got {smooth_probe!r}")
+    if smooth_probe == "shared" and METHODS[method].probe is None:
+        raise ValueError(f"smooth_probe=shared needs a method with a probe ({', '.join(m for m in METHODS if METHODS[m].probe)}), "
+                         f"got {method!r}")
 
 
 def build_plan(
     method: str, x: Tensor, baseline: Tensor, target: int, *, postprocess: str | None = None, smooth_samples: int = 0,
-    smooth_std: float = 0.15, smooth_kind: str = "smoothgrad", smooth_seed: int = 0, blur_sigma: float = 0.0, **kwargs: Any,
+    smooth_std: float = 0.15, smooth_kind: str = "smoothgrad", smooth_seed: int = 0, smooth_probe: str = "own",
+    blur_sigma: float = 0.0, **kwargs: Any,
 ) -> Plan:
     """The plan of ``method`` on ``x (C, H, W)`` with IDGI (``postprocess="idgi"``) or RankMix (``"rankmix"``: the map
     and its IDGI map rank-averaged, after SmoothGrad when there is one) and/or SmoothGrad /
-    VarGrad over ``smooth_samples`` noisy copies (0: none), then the map blurred by ``blur_sigma``
-    pixels (0: not; the evaluation's control). ``kwargs`` go to the method's plan."""
-    check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind)
+    VarGrad over ``smooth_samples`` noisy copies (0: none; ``smooth_probe``: :data:`SMOOTH_PROBES`), then the map
+    blurred by ``blur_sigma`` pixels (0: not; the evaluation's control). ``kwargs`` go to the method's plan."""
+    check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind, smooth_probe)
     if blur_sigma:
         inner = build_plan(method, x, baseline, target, postprocess=postprocess, smooth_samples=smooth_samples,
-                           smooth_std=smooth_std, smooth_kind=smooth_kind, smooth_seed=smooth_seed, **kwargs)
+                           smooth_std=smooth_std, smooth_kind=smooth_kind, smooth_seed=smooth_seed, smooth_probe=smooth_probe,
+                           **kwargs)
         return blur_plan(inner, blur_sigma)
 
-    def one(xi: Tensor) -> Plan:
-        plan = METHODS[method].plan(xi, baseline, target, **kwargs)
+    def one(xi: Tensor, **shared: Any) -> Plan:
+        plan = METHODS[method].plan(xi, baseline, target, **shared, **kwargs)
         return idgi_plan(plan) if postprocess == "idgi" else with_idgi(plan) if postprocess == "rankmix" else plan
 
     if smooth_samples == 0:
         plan = one(x)
+    elif smooth_probe == "shared":
+        spec = METHODS[method]
+        assert spec.probe is not None  # checked above
+        copies = noisy_copies(x, smooth_samples, smooth_std, smooth_seed)
+        plan = shared_probe_plan(spec.probe(x, baseline, target, **kwargs), spec.bound(spec.validate(**kwargs)).probe,
+                                 lambda sampling: [one(xi, sampling=sampling) for xi in copies], smooth_kind)
     else:
         plan = smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)], smooth_kind)
     return rankmix_plan(plan) if postprocess == "rankmix" else plan

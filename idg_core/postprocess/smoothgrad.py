@@ -2,15 +2,19 @@
 2018) around any method's plan: the method runs on ``samples`` noisy copies ``x + N(0, std²)``
 (pixel units, images in [0, 1]) and the maps are averaged (``smoothgrad``) or their variance taken
 (``vargrad``). The copies' plans run in lock-step, so their points share the same model calls; the
-cost is ``samples`` times the method's."""
+cost is ``samples`` times the method's, or, where the copies share the method's probe of the image itself
+(:func:`shared_probe_plan`), the probe once and ``samples`` times the rest."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from idg_core.lockstep import lockstep
-from idg_core.types import AttributionResult, Plan
+from idg_core.types import AttributionResult, Plan, PlanOf
 
 SMOOTH_KINDS = ("smoothgrad", "vargrad")
 
@@ -37,3 +41,14 @@ def smooth_plan(plans: list[Plan], kind: str = "smoothgrad") -> Plan:
     first.forward_passes = sum(r.forward_passes for r in done)
     first.backward_passes = sum(r.backward_passes for r in done)
     return first
+
+
+def shared_probe_plan(probe: PlanOf[Any], probe_passes: int, copies: Callable[[Any], list[Plan]],
+                      kind: str = "smoothgrad") -> Plan:
+    """Run ``probe`` (on the image itself, ``probe_passes`` forward images), then the noisy copies' plans
+    ``copies(its result)`` as :func:`smooth_plan`: the copies place their samples where the image's own output moves,
+    and the probe is paid once (counted here)."""
+    sampling = yield from probe
+    result: AttributionResult = yield from smooth_plan(copies(sampling), kind)
+    result.forward_passes += probe_passes
+    return result

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from idg_core.budget import postprocess_bound
 from idg_core.methods import METHODS
 from idg_core.model_calls import CallStats, run_plans
 from idg_core.postprocess import build_plan, idgi
@@ -95,6 +96,37 @@ def test_smoothgrad_and_vargrad_on_a_linear_model_and_their_points_share_calls()
     counted = Counting(model)
     _run(counted, {**common}, x, base, batch=64)
     assert counted.calls == [20]  # 5 copies x 4 points in one model call
+
+
+def test_copies_sharing_idgs_probe_pay_it_once_and_sample_where_the_image_itself_moves() -> None:
+    """``smooth_probe="shared"``: one probe of the image (its 6 points), then 3 copies x 5 main points, all counted; with
+    no noise every copy is the image, so the map is plain IDG's exactly; with noise every copy samples at the image's own
+    alphas (the copies' own probes would each place them anew)."""
+    a = torch.linspace(-1, 2, 48, dtype=torch.float64).view(3, 4, 4)
+    model = Quadratic(a)
+    x = torch.rand(3, 4, 4, dtype=torch.float64) + 0.5
+    base = x / 4
+    idg = {"method": "idg", "steps": 5, "probe_steps": 6}
+    plain = _run(model, dict(idg), x, base)
+    same = _run(model, {**idg, "smooth_samples": 3, "smooth_std": 0.0, "smooth_probe": "shared"}, x, base)
+    torch.testing.assert_close(same.attributions, plain.attributions)
+    counted = Counting(model)
+    noisy = _run(counted, {**idg, "smooth_samples": 3, "smooth_std": 0.3, "smooth_probe": "shared"}, x, base)
+    assert counted.calls == [6, 15]  # the probe once, then the copies' main points in one call
+    assert (noisy.forward_passes, noisy.backward_passes) == (6 + 3 * 5, 3 * 5)
+    own = _run(model, {**idg, "smooth_samples": 3, "smooth_std": 0.3}, x, base)
+    assert (own.forward_passes, own.backward_passes) == (3 * 11, 3 * 5)
+    cnn, image, black = SmallCNN(), torch.rand(3, 16, 16), torch.zeros(3, 16, 16)
+    idg = {"method": "idg", "steps": 6, "probe_steps": 8, "smooth_samples": 2, "smooth_std": 0.5}
+    alone = _run(cnn, {"method": "idg", "steps": 6, "probe_steps": 8}, image, black)
+    torch.testing.assert_close(_run(cnn, {**idg, "smooth_probe": "shared"}, image, black).alphas, alone.alphas)
+    assert not torch.allclose(_run(cnn, dict(idg), image, black).alphas, alone.alphas)  # a copy's own probe places them anew
+    bound = postprocess_bound(METHODS["idg"].bound(METHODS["idg"].validate(steps=5, probe_steps=6)), {"smooth_samples": 3,
+                                                                                                       "smooth_probe": "shared"})
+    assert (bound.forward, bound.backward) == (21, 15)
+    for method, kw in (("ig", {}), ("idg", {"uniform": True})):  # no probe to share
+        with pytest.raises(ValueError, match="probe"):
+            _run(model, {"method": method, **kw, "smooth_samples": 2, "smooth_probe": "shared"}, x, base)
 
 
 def test_smooth_idgi_compose_and_bad_options() -> None:
