@@ -113,6 +113,16 @@ def postgres_cpu_s() -> dict[int, float]:
     return seconds
 
 
+def pin(store_cpu: int) -> list[int]:
+    """Every PostgreSQL process onto CPU ``store_cpu`` (its backends, forked later by the server, inherit it), this
+    process (the claimers) onto the others: the store measured on a core of its own, as on a database machine."""
+    pids = sorted(postgres_cpu_s())
+    for pid in pids:
+        os.sched_setaffinity(pid, {store_cpu})
+    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)) - {store_cpu})
+    return pids
+
+
 def _pct(values: list[float], q: int) -> float:
     if not values:
         return 0.0
@@ -200,7 +210,7 @@ def claim_plan(url: str) -> dict[str, Any]:
         store.close()
     plans: dict[str, list[str]] = {}
     with psycopg.connect(url) as conn:
-        for name, sql, args in (("tenants", TENANTS_SQL, ()), ("next_of_tenant", NEXT_OF_TENANT_SQL.format(n=0), ("beta", 32)),
+        for name, sql, args in (("tenants", TENANTS_SQL, ()), ("next_of_tenant", NEXT_OF_TENANT_SQL.format(n=0), ("beta", -1, "", 32)),
                                 ("in_flight", IN_FLIGHT_SQL, ())):
             rows = conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql.replace("?", "%s"), args).fetchall()
             plans[name] = [str(r[0]) for r in rows]
@@ -308,7 +318,9 @@ def markdown(info: dict[str, Any]) -> str:
         f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} at the start, "
         f"{', '.join(f'{x:.1f}' for x in info['load_average_at_end'])} at the end",
         f"- store: {m['postgresql']}; {', '.join(f'{k} {v}' for k, v in m['postgresql_settings'].items())} "
-        "(the tests' throwaway server, tests/service/jobs/postgres_server.py), on loopback, on the same 2 cores as the claimers",
+        "(the tests' throwaway server, tests/service/jobs/postgres_server.py), on loopback, "
+        + (f"pinned to CPU {info['store_cpu']} and the claimers to the other{'s' if m['cores'] > 2 else ''} (a core of its own)"
+           if info.get("store_cpu") is not None else "on the same 2 cores as the claimers"),
         f"- claimers: threads of one Python process, each with its own `PostgresStore` (own pool); each claims up to "
         f"{' or '.join(str(x) for x in info['limits'])} images (its free slots: `IDG_JOBS_IN_FLIGHT`, "
         f"default 2), then stores a {info['answer_bytes']}-byte answer for each, "
@@ -352,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="one transaction per answer (the runner before group commit), not one per claim's answers")
     p.add_argument("--image-bytes", type=int, default=2048)
     p.add_argument("--answer-bytes", type=int, default=4096, help="the stored answer's result JSON, about")
+    p.add_argument("--store-cpu", type=int, default=None,
+                   help="pin the PostgreSQL server to this CPU and the claimers to the others (default: all share every CPU)")
     p.add_argument("--out", type=Path, default=Path(f"results/benchmarks/store-scale-{datetime.now(UTC):%Y-%m-%d}"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="store-scale %(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -364,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     load_s: dict[int, float] = {}
     plans: dict[int, dict[str, Any]] = {}
     with postgres_server() as url:
+        if args.store_cpu is not None:
+            log.info("PostgreSQL processes %s pinned to CPU %d, the claimers to the others", pin(args.store_cpu), args.store_cpu)
         info_machine = machine(url)
         log.info("machine: %s", info_machine)
         for n in args.open_images:
@@ -385,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 reset(url, data)
     info = {"started": started, "argv": argv if argv is not None else sys.argv[1:], "machine": info_machine,
             "load_average_at_end": list(os.getloadavg()), "limits": args.limits, "claim_plans": plans, "seconds": args.seconds,
-            "finish_each": args.finish_each,
+            "finish_each": args.finish_each, "store_cpu": args.store_cpu,
             "image_bytes": args.image_bytes, "answer_bytes": args.answer_bytes, "h200_check": str(H200_CHECK),
             "h200_lite0_per_s": target / TARGET_FACTOR, "target_images_per_s": target, "load_s": load_s, "levels": levels,
             "verdicts": verdicts(levels, target, args.claimers), "wall_s": time.monotonic() - began}

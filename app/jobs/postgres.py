@@ -64,6 +64,7 @@ def _dead_peer(timeout_s: float) -> dict[str, int]:
 class PostgresStore(SqlStore):
     skip_locked = " FOR UPDATE OF images SKIP LOCKED"
     lock_row = " FOR UPDATE"
+    skip_locked_row = " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         super().__init__(timeout_s)

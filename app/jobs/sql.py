@@ -108,6 +108,13 @@ def _values(rows: int, types: tuple[str, ...]) -> str:
     return ", ".join(["(" + ", ".join(f"CAST(? AS {t})" for t in types) + ")"] * rows)
 
 
+ANSWER_TYPES = ("TEXT", "BIGINT", "TEXT", "BIGINT", "INTEGER", "TEXT", "TEXT")
+"""The types of an answer's row in :meth:`SqlStore.finish_many`'s ``VALUES``: job, image, state, seq, status, summary,
+result."""
+ANSWERS_A_STATEMENT = 500
+"""Most answers (or jobs) one statement writes (7 bound values each, within SQLite's and PostgreSQL's limits)."""
+
+
 def _stored(answer: Answer) -> tuple[str, str | None]:
     """The answer's summary and result as the store keeps them (compact JSON)."""
     return (json.dumps(answer.summary, separators=(",", ":")),
@@ -137,8 +144,9 @@ SELECT tenant FROM t WHERE tenant IS NOT NULL"""
 """The tenants with pending images: one step of ``images_tenant_pending`` per tenant (a skip scan), not one per image."""
 
 NEXT_OF_TENANT_SQL = f"""SELECT * FROM (SELECT tenant, idx, job_id FROM images WHERE tenant = ? AND state = '{PENDING}'
-ORDER BY idx, job_id LIMIT ?) AS p{{n}}"""
-"""A tenant's next pending images in its own order (image index, then job), read by ``images_tenant_pending``."""
+AND (idx, job_id) > (?, ?) ORDER BY idx, job_id LIMIT ?) AS p{{n}}"""
+"""A tenant's next pending images after an (image, job) in its own order (image index, then job), read by
+``images_tenant_pending``."""
 TENANTS_A_STATEMENT = 32
 """Tenants whose next images one statement reads (``UNION ALL`` of :data:`NEXT_OF_TENANT_SQL`)."""
 
@@ -148,11 +156,14 @@ WHERE {open} ORDER BY c.ord LIMIT ?"""
 """The first ``limit`` candidates still open, in the claim's order (PostgreSQL locks them as it returns them and skips
 those another replica holds)."""
 
-CLAIM_WINDOW = 8
+CLAIM_WINDOW = 2
 """Candidates a claim looks at per image it wants, beyond :data:`CLAIM_SPARE` (a window found taken by replicas claiming
 at the same moment is followed by the next one, up to :data:`CLAIM_WINDOWS`)."""
 CLAIM_SPARE = 16
-CLAIM_WINDOWS = 4
+CLAIM_WINDOWS = 8
+CLAIM_MOST = 1000
+"""Most images one claim takes (its candidates' bound values stay within SQLite's 32,766); a runner with more free
+slots claims again."""
 
 
 def claim_order(busy: dict[str, int], pending: dict[str, list[tuple[int, str]]],
@@ -189,6 +200,9 @@ class SqlStore:
     """Appended to the claim's SELECT: PostgreSQL's ``FOR UPDATE OF images SKIP LOCKED``."""
     lock_row = ""
     """Appended to a SELECT of rows about to change: PostgreSQL's ``FOR UPDATE``."""
+    skip_locked_row = ""
+    """Appended to a SELECT of rows about to change, those another transaction holds left out: PostgreSQL's
+    ``FOR UPDATE SKIP LOCKED``."""
 
     def __init__(self, timeout_s: float = 5.0) -> None:
         self._lock = threading.Lock()
@@ -313,6 +327,7 @@ class SqlStore:
     def claim(self, owner: str, limit: int, lease_s: float) -> list[Claimed]:
         if limit <= 0:
             return []
+        limit = min(limit, CLAIM_MOST)
         now = time.time()
         with self._tx() as cur:
             keys = self._choose(cur, owner, limit, now)
@@ -325,9 +340,12 @@ class SqlStore:
                         (*(v for key in keys for v in key), RUNNING, owner, now + lease_s))
             rows = {(r[0], int(r[1])): r for r in cur.fetchall()}
             jobs = sorted({j for j, _ in keys})
-            cur.executemany("UPDATE jobs SET state = ?, started = COALESCE(started, ?) WHERE id = ? AND state = ?",
-                            [(JOB_RUNNING, now, j, QUEUED) for j in jobs])  # one job after another: replicas lock them in one order
             some = ", ".join("?" * len(jobs))
+            # a job's first claim marks it running; a claim never waits for a job's row (one another claim is marking is
+            # skipped), so claims and answers being stored, which lock jobs in one order, never wait in a circle
+            cur.execute(f"UPDATE jobs SET state = ?, started = COALESCE(started, ?) WHERE id IN "
+                        f"(SELECT id FROM jobs WHERE state = ? AND id IN ({some}){self.skip_locked_row})",
+                        (JOB_RUNNING, now, QUEUED, *jobs))
             cur.execute(f"SELECT id, params, request_id FROM jobs WHERE id IN ({some})", jobs)
             params = {r[0]: (json.loads(r[1]), r[2]) for r in cur.fetchall()}
             return [Claimed(j, i, rows[j, i][2], bytes(rows[j, i][3]), params[j][0], int(rows[j, i][4]), request_id=params[j][1])
@@ -335,9 +353,9 @@ class SqlStore:
 
     def _choose(self, cur: Cursor, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
         """The images this claim takes, in :func:`claim_order`: the images in flight and each tenant's next pending
-        images are read (not every open image, nor every job), then the first candidates still open are taken a window
-        at a time (PostgreSQL locks them, skipping those another replica is claiming; a window found all taken is
-        followed by the next)."""
+        images are read (not every open image, nor every job), then the first candidates still open are taken (PostgreSQL
+        locks them, skipping those another replica is claiming); while some are missing, each tenant's next images after
+        those looked at are read and taken the same way, up to :data:`CLAIM_WINDOWS` times."""
         cur.execute(IN_FLIGHT_SQL)
         busy: dict[str, int] = {}
         lapsed: list[tuple[str, int, str]] = []
@@ -346,29 +364,40 @@ class SqlStore:
                 lapsed.append((job_id, int(idx), tenant or ""))
             else:
                 busy[tenant or ""] = busy.get(tenant or "", 0) + 1
-        order = claim_order(busy, self._next_pending(cur, CLAIM_WINDOW * limit + CLAIM_SPARE), lapsed)
-        open_ = (PENDING, RUNNING, now, owner)
+        cur.execute(TENANTS_SQL)
+        tenants = [r[0] for r in cur.fetchall()]
+        seen: dict[str, tuple[int, str]] = {}  # each tenant's last candidate looked at, (image, job)
         keys: list[tuple[str, int]] = []
         for _ in range(CLAIM_WINDOWS):
-            window = list(itertools.islice(order, CLAIM_WINDOW * (limit - len(keys)) + CLAIM_SPARE))
+            size = CLAIM_WINDOW * (limit - len(keys)) + CLAIM_SPARE
+            pending = self._next_pending(cur, tenants, size, seen)
+            tenant_of = {(job_id, idx): tenant for tenant, rows in pending.items() for idx, job_id in rows}
+            tenant_of |= {(job_id, idx): tenant for job_id, idx, tenant in lapsed}
+            window = list(itertools.islice(claim_order(busy, pending, lapsed), size))
             if not window:
                 break
+            lapsed = []  # looked at once
+            for job_id, idx in window:
+                seen[tenant_of[job_id, idx]] = max(seen.get(tenant_of[job_id, idx], (-1, "")), (idx, job_id))
             cur.execute(CANDIDATES_SQL.format(values=_values(len(window), ("TEXT", "BIGINT", "INTEGER")), open=OPEN) + self.skip_locked,
-                        (*(v for n, (j, i) in enumerate(window) for v in (j, i, n)), *open_, limit - len(keys)))
-            keys += [(r[0], int(r[1])) for r in cur.fetchall()]
+                        (*(v for n, (j, i) in enumerate(window) for v in (j, i, n)), PENDING, RUNNING, now, owner, limit - len(keys)))
+            taken = [(r[0], int(r[1])) for r in cur.fetchall()]
+            for key in taken:
+                busy[tenant_of[key]] = busy.get(tenant_of[key], 0) + 1
+            keys += taken
             if len(keys) >= limit:
                 break
         return keys
 
-    def _next_pending(self, cur: Cursor, each: int) -> dict[str, list[tuple[int, str]]]:
-        """Each tenant's next ``each`` pending images, (image, job) in the tenant's order."""
-        cur.execute(TENANTS_SQL)
-        tenants = [r[0] for r in cur.fetchall()]
+    def _next_pending(self, cur: Cursor, tenants: list[str], each: int,
+                      after: dict[str, tuple[int, str]]) -> dict[str, list[tuple[int, str]]]:
+        """Each tenant's next ``each`` pending images after ``after``'s (image, job) (none: from its first), in the
+        tenant's order."""
         pending: dict[str, list[tuple[int, str]]] = {}
         for start in range(0, len(tenants), TENANTS_A_STATEMENT):
             some = tenants[start:start + TENANTS_A_STATEMENT]
             cur.execute(" UNION ALL ".join(NEXT_OF_TENANT_SQL.format(n=n) for n in range(len(some))),
-                        [v for tenant in some for v in (tenant, each)])
+                        [v for tenant in some for v in (tenant, *after.get(tenant, (-1, "")), each)])
             for tenant, idx, job_id in cur.fetchall():
                 pending.setdefault(tenant, []).append((int(idx), job_id))
         return {tenant: sorted(rows) for tenant, rows in pending.items()}
@@ -408,31 +437,62 @@ class SqlStore:
         now = time.time()
         wanted = sorted({(job_id, index) for job_id, index, _ in answers})
         given = {(job_id, index): answer for job_id, index, answer in answers}
-        pairs = " OR ".join(["(job_id = ? AND idx = ?)"] * len(wanted))
         finished: dict[tuple[str, int], Finished] = {}
         with self._tx() as cur:
-            cur.execute(f"SELECT job_id, idx, length(data) FROM images WHERE owner = ? AND state = ? AND ({pairs}) "
-                        f"ORDER BY job_id, idx{self.lock_row}", (owner, RUNNING, *(v for key in wanted for v in key)))
-            held = [(r[0], int(r[1]), int(r[2] or 0)) for r in cur.fetchall()]  # the others: claim lost, or job deleted
+            held: list[tuple[str, int, int]] = []  # the images owner still holds; the others: claim lost, or job deleted
+            for start in range(0, len(wanted), ANSWERS_A_STATEMENT):  # in order, a part at a time (SQLite's expression depth)
+                some = wanted[start:start + ANSWERS_A_STATEMENT]
+                pairs = " OR ".join(["(job_id = ? AND idx = ?)"] * len(some))
+                cur.execute(f"SELECT job_id, idx, length(data) FROM images WHERE owner = ? AND state = ? AND ({pairs}) "
+                            f"ORDER BY job_id, idx{self.lock_row}", (owner, RUNNING, *(v for key in some for v in key)))
+                held += [(r[0], int(r[1]), int(r[2] or 0)) for r in cur.fetchall()]
+            rows: dict[str, list[tuple[int, str, str | None, int]]] = {}  # each job's answers: image, summary, result, status
+            grown: dict[str, int] = {}
             for job_id, mine in itertools.groupby(held, key=lambda row: row[0]):  # held is in (job, image) order
                 sizes = {i: size for _, i, size in mine}
-                rows = [(i, *_stored(given[job_id, i]), given[job_id, i].status) for i in sizes]
-                ok = sum(status == 200 for *_, status in rows)
-                grown = sum(len(summary) + len(result or "") for _, summary, result, _ in rows) - sum(sizes.values())
-                cur.execute("UPDATE jobs SET done = done + ?, failed = failed + ?, bytes = bytes + ? WHERE id = ? "
-                            "RETURNING done + failed, total", (ok, len(rows) - ok, grown, job_id))
-                last_seq, total = (int(v) for v in cur.fetchone())
-                first_seq = last_seq - len(rows) + 1
-                cur.executemany("UPDATE images SET state = ?, owner = NULL, lease_until = NULL, data = NULL, seq = ?, status = ?, "
-                                "summary = ?, result = ?, finished = ?, replica = ? WHERE job_id = ? AND idx = ?",
-                                [(DONE if status == 200 else FAILED, first_seq + n, status, summary, result, now, replica, job_id, i)
-                                 for n, (i, summary, result, status) in enumerate(rows)])
+                rows[job_id] = [(i, *_stored(given[job_id, i]), given[job_id, i].status) for i in sizes]
+                grown[job_id] = sum(len(summary) + len(result or "") for _, summary, result, _ in rows[job_id]) - sum(sizes.values())
+            counters = self._count_answers(cur, rows, grown)
+            numbered: list[tuple[str, int, str, int, int, str, str | None]] = []
+            done_jobs: list[str] = []
+            for job_id, answered in rows.items():
+                last_seq, total = counters[job_id]
+                first_seq = last_seq - len(answered) + 1
+                numbered += [(job_id, i, DONE if status == 200 else FAILED, first_seq + n, status, summary, result)
+                             for n, (i, summary, result, status) in enumerate(answered)]
+                finished |= {(job_id, i): Finished(first_seq + n, last_seq == total and n == len(answered) - 1)
+                             for n, (i, *_) in enumerate(answered)}
                 if last_seq == total:
-                    cur.execute("UPDATE jobs SET state = ?, finished = ?, "
-                                "callback_due = CASE WHEN callback_url IS NULL THEN 0 ELSE 1 END WHERE id = ?", (JOB_DONE, now, job_id))
-                finished |= {(job_id, i): Finished(first_seq + n, last_seq == total and n == len(rows) - 1)
-                             for n, (i, *_) in enumerate(rows)}
+                    done_jobs.append(job_id)
+            for start in range(0, len(numbered), ANSWERS_A_STATEMENT):  # one statement for many answers: a statement each
+                part = numbered[start:start + ANSWERS_A_STATEMENT]  # had cost PostgreSQL a statement's start and end each
+                cur.execute(f"WITH a(job_id, idx, state, seq, status, summary, result) AS (VALUES {_values(len(part), ANSWER_TYPES)}) "
+                            "UPDATE images SET state = a.state, owner = NULL, lease_until = NULL, data = NULL, seq = a.seq, "
+                            "status = a.status, summary = a.summary, result = a.result, finished = ?, replica = ? FROM a "
+                            "WHERE images.job_id = a.job_id AND images.idx = a.idx",
+                            (*(v for row in part for v in row), now, replica))
+            if done_jobs:
+                cur.execute("UPDATE jobs SET state = ?, finished = ?, callback_due = CASE WHEN callback_url IS NULL THEN 0 ELSE 1 END "
+                            f"WHERE id IN ({', '.join('?' * len(done_jobs))})", (JOB_DONE, now, *done_jobs))
         return [finished.get((job_id, index)) for job_id, index, _ in answers]
+
+    def _count_answers(self, cur: Cursor, rows: dict[str, list[tuple[int, str, str | None, int]]],
+                       grown: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """Move each job's counters by its answers (``rows``) and stored bytes (``grown``), in one statement for many
+        jobs; each job's answers so far and its images, after. The jobs are locked first, in one order (PostgreSQL), so
+        transactions finishing answers of the same jobs wait for one another in line, never in a circle."""
+        jobs = sorted(rows)
+        counters: dict[str, tuple[int, int]] = {}
+        for start in range(0, len(jobs), ANSWERS_A_STATEMENT):
+            some = jobs[start:start + ANSWERS_A_STATEMENT]
+            if self.lock_row:
+                cur.execute(f"SELECT id FROM jobs WHERE id IN ({', '.join('?' * len(some))}) ORDER BY id{self.lock_row}", some)
+            moved = [(j, ok := sum(status == 200 for *_, status in rows[j]), len(rows[j]) - ok, grown[j]) for j in some]
+            cur.execute(f"WITH v(id, ok, bad, grown) AS (VALUES {_values(len(some), ('TEXT', 'BIGINT', 'BIGINT', 'BIGINT'))}) "
+                        "UPDATE jobs SET done = jobs.done + v.ok, failed = jobs.failed + v.bad, bytes = jobs.bytes + v.grown FROM v "
+                        "WHERE jobs.id = v.id RETURNING jobs.id, jobs.done + jobs.failed, jobs.total", [x for row in moved for x in row])
+            counters |= {r[0]: (int(r[1]), int(r[2])) for r in cur.fetchall()}
+        return counters
 
     def results(self, job_id: str, after: int, limit: int, summary_only: bool) -> list[ResultRow]:
         body = "NULL" if summary_only else "result"

@@ -335,6 +335,44 @@ def test_a_claim_reads_each_tenants_next_images_not_every_open_image_nor_every_j
     assert large < 1.5 * small, (small, large)
 
 
+def test_a_claim_of_thousands_takes_its_most_and_their_answers_are_stored_in_one_call(make_store: StoreFactory) -> None:
+    """A runner with 5,000 free slots (IDG_JOBS_IN_FLIGHT has no upper bound) claims 1,000 at a time, within what the
+    databases bind in one statement, and 1,200 answers of one job are stored in one call, numbered 1 to 1,200."""
+    from app.jobs.sql import CLAIM_MOST
+
+    store = make_store()
+    store.create_job("big", {}, None, [(f"f{i}", b"x") for i in range(1200)], 10**9)
+    first, second = store.claim("R", 5000, 30.0), store.claim("R", 5000, 30.0)
+    assert (len(first), len(second)) == (CLAIM_MOST, 200)
+    done = store.finish_many("R", [(c.job_id, c.index, OK) for c in first + second])
+    assert sorted(d.seq for d in done if d is not None) == list(range(1, 1201)) and sum(d is not None and d.job_done for d in done) == 1
+    rows = store.results("big", 0, 2000, True)
+    assert [r.seq for r in rows] == list(range(1, 1201)) and {r.index for r in rows} == set(range(1200))
+
+
+@pytest.mark.slow
+def test_a_claim_whose_first_candidates_another_replica_is_claiming_takes_the_next_ones(postgres_url: str) -> None:
+    """PostgreSQL: another replica's claim holds the first 40 pending images, uncommitted; a claim of 4 looks at 24
+    candidates first, finds them all locked, reads the tenant's next images after them and takes 40-43, instead of
+    coming back empty (which would leave the runner idle for its poll interval while thousands are open)."""
+    import psycopg
+
+    from app.jobs.postgres import PostgresStore
+    from tests.service.jobs.postgres_server import reset
+
+    reset(postgres_url)
+    store = PostgresStore(postgres_url)
+    try:
+        store.create_job("j", {}, None, [(f"f{i}", b"x") for i in range(100)], 10**9, tenant="A")
+        with psycopg.connect(postgres_url) as other:
+            other.execute("SELECT idx FROM images WHERE job_id = 'j' AND idx < 40 FOR UPDATE")  # its claim, not committed
+            assert sorted(c.index for c in store.claim("R", 4, 30.0)) == [40, 41, 42, 43]
+            other.rollback()
+        assert sorted(c.index for c in store.claim("R", 4, 30.0)) == [0, 1, 2, 3]
+    finally:
+        store.close()
+
+
 def test_finish_many_stores_each_answer_once_answers_in_order_and_drops_a_lost_claim(make_store: StoreFactory) -> None:
     a, b = make_store(), make_store()
     _job(a, 3, "j1")
