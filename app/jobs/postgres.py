@@ -93,6 +93,11 @@ class PostgresStore(SqlStore):
                     (table,))
         return {row[0] for row in cur.fetchall()}
 
+    def names(self, cur: Cursor) -> set[str]:
+        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                    "UNION SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+        return {row[0] for row in cur.fetchall()}
+
     def transient(self, err: BaseException) -> bool:
         return isinstance(err, self._errors)
 

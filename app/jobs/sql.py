@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -255,10 +256,24 @@ class SqlStore:
         """The names of ``table``'s columns."""
         raise NotImplementedError
 
+    def names(self, cur: Cursor) -> set[str]:
+        """The names of the store's tables and indexes."""
+        raise NotImplementedError
+
     def create_tables(self, cur: Cursor, types: tuple[str, str, str]) -> None:
-        """The tables and indexes (blob, real and big integer ``types``), and the columns added since a store was made."""
+        """The tables and indexes (blob, real and big integer ``types``), and the columns added since a store was made.
+        Only what is missing is created or dropped: ``CREATE INDEX IF NOT EXISTS`` locks its table all the same (in
+        PostgreSQL, against writes), and a replica starting while others claim had deadlocked with them."""
+        there = self.names(cur)
+
+        def run(statement: str) -> None:
+            name = re.search(r"IF (?:NOT )?EXISTS (\w+)", statement)
+            wanted = statement.startswith("CREATE")
+            if name is None or (name[1] in there) != wanted:
+                cur.execute(statement)
+
         for statement in schema(*types):
-            cur.execute(statement)
+            run(statement)
         blob, real, big = types
         for table, added in ADDED_COLUMNS.items():
             for column in sorted(added.keys() - self.columns(cur, table)):
@@ -266,7 +281,7 @@ class SqlStore:
                 if (table, column) in FILLED_COLUMNS:
                     cur.execute(FILLED_COLUMNS[table, column])
         for statement in LATER_INDEXES:
-            cur.execute(statement)
+            run(statement)
 
     def blob(self, data: bytes) -> Any:
         return data

@@ -87,6 +87,10 @@ class SqliteStore(SqlStore):
         cur.execute(f"PRAGMA table_info({table})")
         return {row[1] for row in cur.fetchall()}
 
+    def names(self, cur: Cursor) -> set[str]:
+        cur.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")
+        return {row[0] for row in cur.fetchall()}
+
     def transient(self, err: BaseException) -> bool:
         return isinstance(err, sqlite3.OperationalError) and (getattr(err, "sqlite_errorcode", 0) & 0xFF) in PASSING
 
