@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--open-images", type=int, nargs="+", default=[1000, 20000, 100000])
     p.add_argument("--claimers", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--limits", type=int, nargs="+", default=[2, 64],
+    p.add_argument("--limits", type=int, nargs="+", default=[2, 16, 64],
                    help="images per claim (a runner's free slots: IDG_JOBS_IN_FLIGHT, default 2; a GPU replica needs more)")
     p.add_argument("--seconds", type=float, default=8.0, help="longest run of one level")
     p.add_argument("--finish-each", action="store_true",

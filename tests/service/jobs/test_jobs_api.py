@@ -91,6 +91,30 @@ async def test_answers_of_one_model_batch_are_stored_together_and_each_once(tiny
         assert app.state.jobs.answered == 32
 
 
+async def test_the_runner_claims_a_quarter_of_its_slots_at_a_time_not_each_freed_one(tiny_app: AppFactory) -> None:
+    """With 16 slots the runner claims again once 4 are free (or none is busy): the store's work is per claim, and a
+    claim for each answer that came in had cost it five times the CPU per image. Counted claims; every image once."""
+    app = tiny_app(delay_s=0.01, max_batch_images=4, batch_wait_ms=0.0, jobs_in_flight=16)
+    async with serve(app) as client:
+        store = app.state.jobs.store
+        asked: list[tuple[int, int]] = []  # (images asked for, images taken)
+        claim = store.claim
+
+        def counting(owner: str, limit: int, lease_s: float) -> list[Any]:
+            taken = claim(owner, limit, lease_s)
+            asked.append((limit, len(taken)))
+            return taken
+
+        store.claim = counting
+        job = await submit(client, images(60))
+        status = await wait_done(client, job["id"])
+        bad = [line for line in await results(client, job["id"], summary="true") if line.get("status") != 200]
+        assert (status["done"], status["failed"]) == (60, 0), bad[:2]
+        taking = [(limit, took) for limit, took in asked if took]
+        assert sum(took for _, took in taking) == 60 and all(limit >= 4 for limit, _ in taking), asked
+        assert len(taking) <= 60 // 4 + 1, asked
+
+
 async def test_tar_and_zip_archives_are_unpacked(tiny_app: AppFactory) -> None:
     photos = {f"photos/p{i}.png": image_bytes((50 * i, 80, 200)) for i in range(3)}
     folder = tarfile.TarInfo("photos")
