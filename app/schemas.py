@@ -65,6 +65,9 @@ class AttributeCommon(PredictParams):
     smooth_std: float = Field(0.15, ge=0, le=1, description="Standard deviation of the SmoothGrad noise in pixel units (images in [0, 1])")
     smooth_kind: Literal["smoothgrad", "vargrad"] = Field(
         "smoothgrad", description="Pool the noisy copies' maps by mean (smoothgrad) or variance (vargrad)")
+    smooth_probe: Literal["own", "shared"] = Field(
+        "own", description="'shared': the noisy copies share one probe of the image itself (idg: its probe paid once, "
+        "the copies sample where the image's own output moves); 'own': each copy probes its own path")
 
     def method_values(self) -> dict[str, Any]:
         """The method parameters this request gave explicitly (the others take the preset's or

@@ -97,9 +97,10 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
     if chosen["postprocess"] not in (None, "none"):  # idgi or rankmix, checked below
         post["postprocess"] = chosen["postprocess"]
     if chosen["smooth_samples"]:
-        post |= {k: chosen[k] for k in ("smooth_samples", "smooth_std", "smooth_kind")} | {"smooth_seed": params.seed}
+        post |= {k: chosen[k] for k in ("smooth_samples", "smooth_std", "smooth_kind", "smooth_probe")} | {"smooth_seed": params.seed}
     try:
-        check_postprocess(params.method, chosen["postprocess"], chosen["smooth_samples"], chosen["smooth_std"], chosen["smooth_kind"])
+        check_postprocess(params.method, chosen["postprocess"], chosen["smooth_samples"], chosen["smooth_std"], chosen["smooth_kind"],
+                          chosen["smooth_probe"] if chosen["smooth_samples"] else "own")
         metrics = parse_metrics(params.faithfulness)
     except ValueError as err:
         raise _invalid(str(err)) from err

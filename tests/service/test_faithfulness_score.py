@@ -76,6 +76,10 @@ async def test_idgi_and_smoothgrad_through_the_api(tiny_app: AppFactory) -> None
         body = await _attribute(client, **IG, smooth_samples="3", smooth_kind="vargrad")
         assert body["cost"] == {"forward_passes": 1 + 12, "backward_passes": 12} and sum(net.calls) == 13
         assert body["parameters"]["smooth_samples"] == 3 and body["parameters"]["smooth_kind"] == "vargrad"
+        net.calls.clear()  # IDG's copies sharing its probe: the prediction, the probe once, then 3 copies x 4 main steps
+        body = await _attribute(client, method="idg", steps="4", probe_steps="5", smooth_samples="3", smooth_probe="shared")
+        assert body["cost"] == {"forward_passes": 1 + 5 + 12, "backward_passes": 12} and sum(net.calls) == 18
+        assert body["parameters"]["smooth_probe"] == "shared"
         net.calls.clear()
         body = await _attribute(client, **IG, postprocess="rankmix", return_attribution="true")
         mixed = np.load(io.BytesIO(base64.b64decode(body["attribution"]["data"]))).astype(np.float64).sum(0)
@@ -90,6 +94,8 @@ async def test_idgi_and_smoothgrad_through_the_api(tiny_app: AppFactory) -> None
     ({"postprocess": "idgi", "method": "agi", "steps": None, "rule": None}, "path method"),
     ({"postprocess": "rankmix", "method": "agi", "steps": None, "rule": None}, "path method"),
     ({"smooth_samples": "64", "steps": "512"}, "smooth_samples"),
+    ({"smooth_samples": "2", "smooth_probe": "shared"}, "probe"),  # ig has no probe to share
+    ({"smooth_samples": "2", "smooth_probe": "mine"}, "smooth_probe"),
 ])
 async def test_bad_options_are_422s_that_say_why(tiny_app: AppFactory, fields: dict, words: str) -> None:
     async with serve(tiny_app()) as client:
