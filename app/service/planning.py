@@ -90,8 +90,9 @@ def post_steps(params: AttributeCommon) -> dict[str, Any]:
     return {**defaults, **preset_post(params.method, params.preset), **given}
 
 
-def explain_options(settings: Settings, params: AttributeCommon, model: ImageClassifier) -> ExplainOptions:
-    """The post-steps and faithfulness score a request asks for (422 when they do not apply)."""
+def explain_options(settings: Settings, params: AttributeCommon, model: ImageClassifier, used: dict[str, Any]) -> ExplainOptions:
+    """The post-steps and faithfulness score a request asks for (422 when they do not apply; ``used``: the method's
+    parameters, :func:`method_params`)."""
     chosen = post_steps(params)
     post: dict[str, Any] = {}
     if chosen["postprocess"] not in (None, "none"):  # idgi or rankmix, checked below
@@ -100,7 +101,7 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
         post |= {k: chosen[k] for k in ("smooth_samples", "smooth_std", "smooth_kind", "smooth_probe")} | {"smooth_seed": params.seed}
     try:
         check_postprocess(params.method, chosen["postprocess"], chosen["smooth_samples"], chosen["smooth_std"], chosen["smooth_kind"],
-                          chosen["smooth_probe"] if chosen["smooth_samples"] else "own")
+                          chosen["smooth_probe"] if chosen["smooth_samples"] else "own", used)
         metrics = parse_metrics(params.faithfulness)
     except ValueError as err:
         raise _invalid(str(err)) from err
@@ -149,7 +150,7 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
     if params.target is not None and params.target >= model.num_classes:
         raise _invalid(f"target must be < {model.num_classes} (the model's classes), got {params.target}")
     kwargs = method_params(settings, params, model.num_classes)
-    options = explain_options(settings, params, model)
+    options = explain_options(settings, params, model, kwargs)
     bound = work_bound(settings, params, kwargs, options, model.preprocessing.crop_size)
     # None: not used (AGI's explicit classes); nor a parameter the others make inert (IDG's probe with uniform=true)
     used = {k: v for k, v in METHODS[params.method].params.in_effect(kwargs).items() if v is not None}

@@ -3,6 +3,7 @@ straight-path method), SmoothGrad / VarGrad around it, and the evaluation's blur
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
@@ -29,8 +30,9 @@ probe of the image itself (``shared``: a method with a probe, IDG; its cost coun
 
 
 def check_postprocess(method: str, postprocess: str | None, smooth_samples: int, smooth_std: float, smooth_kind: str,
-                      smooth_probe: str = "own") -> None:
-    """ValueError (one sentence) when the post-steps do not apply."""
+                      smooth_probe: str = "own", params: Mapping[str, Any] | None = None) -> None:
+    """ValueError (one sentence) when the post-steps do not apply (``params``: the method's, every keyword, where known:
+    a shared probe needs them to run one)."""
     if postprocess is not None and postprocess not in POSTPROCESS:
         raise ValueError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {postprocess!r}")
     if postprocess in ("idgi", "rankmix") and method not in IDGI_METHODS:
@@ -46,6 +48,8 @@ def check_postprocess(method: str, postprocess: str | None, smooth_samples: int,
     if smooth_probe == "shared" and METHODS[method].probe is None:
         raise ValueError(f"smooth_probe=shared needs a method with a probe ({', '.join(m for m in METHODS if METHODS[m].probe)}), "
                          f"got {method!r}")
+    if smooth_probe == "shared" and params is not None and METHODS[method].bound(params).probe == 0:
+        raise ValueError(f"smooth_probe=shared needs {method}'s probe, which these parameters do not run (uniform=True)")
 
 
 def build_plan(
@@ -57,25 +61,27 @@ def build_plan(
     and its IDGI map rank-averaged, after SmoothGrad when there is one) and/or SmoothGrad /
     VarGrad over ``smooth_samples`` noisy copies (0: none; ``smooth_probe``: :data:`SMOOTH_PROBES`), then the map
     blurred by ``blur_sigma`` pixels (0: not; the evaluation's control). ``kwargs`` go to the method's plan."""
-    check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind, smooth_probe)
+    used = METHODS[method].validate(**kwargs) if smooth_probe == "shared" and smooth_samples > 0 else None
+    check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind, smooth_probe, used)
+    spec = METHODS[method]
     if blur_sigma:
         inner = build_plan(method, x, baseline, target, postprocess=postprocess, smooth_samples=smooth_samples,
                            smooth_std=smooth_std, smooth_kind=smooth_kind, smooth_seed=smooth_seed, smooth_probe=smooth_probe,
                            **kwargs)
         return blur_plan(inner, blur_sigma)
 
-    def one(xi: Tensor, **shared: Any) -> Plan:
-        plan = METHODS[method].plan(xi, baseline, target, **shared, **kwargs)
+    def one(xi: Tensor, **sampled: Any) -> Plan:
+        plan = spec.plan(xi, baseline, target, **sampled, **kwargs)
         return idgi_plan(plan) if postprocess == "idgi" else with_idgi(plan) if postprocess == "rankmix" else plan
 
     if smooth_samples == 0:
         plan = one(x)
-    elif smooth_probe == "shared":
-        spec = METHODS[method]
-        assert spec.probe is not None  # checked above
-        copies = noisy_copies(x, smooth_samples, smooth_std, smooth_seed)
-        plan = shared_probe_plan(spec.probe(x, baseline, target, **kwargs), spec.bound(spec.validate(**kwargs)).probe,
-                                 lambda sampling: [one(xi, sampling=sampling) for xi in copies], smooth_kind)
     else:
-        plan = smooth_plan([one(xi) for xi in noisy_copies(x, smooth_samples, smooth_std, smooth_seed)], smooth_kind)
+        copies = noisy_copies(x, smooth_samples, smooth_std, smooth_seed)
+        if used is not None:
+            assert spec.probe is not None  # checked above
+            plan = shared_probe_plan(spec.probe(x, baseline, target, **kwargs), spec.bound(used).probe,
+                                     lambda sampling: [one(xi, sampling=sampling) for xi in copies], smooth_kind)
+        else:
+            plan = smooth_plan([one(xi) for xi in copies], smooth_kind)
     return rankmix_plan(plan) if postprocess == "rankmix" else plan

@@ -95,6 +95,7 @@ async def test_idgi_and_smoothgrad_through_the_api(tiny_app: AppFactory) -> None
     ({"postprocess": "rankmix", "method": "agi", "steps": None, "rule": None}, "path method"),
     ({"smooth_samples": "64", "steps": "512"}, "smooth_samples"),
     ({"smooth_samples": "2", "smooth_probe": "shared"}, "probe"),  # ig has no probe to share
+    ({"method": "idg", "uniform": "true", "rule": None, "smooth_samples": "2", "smooth_probe": "shared"}, "probe"),  # nor this idg
     ({"smooth_samples": "2", "smooth_probe": "mine"}, "smooth_probe"),
 ])
 async def test_bad_options_are_422s_that_say_why(tiny_app: AppFactory, fields: dict, words: str) -> None:
