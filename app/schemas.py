@@ -31,13 +31,12 @@ class AttributeCommon(PredictParams):
 
     method: MethodName = Field("idg", description="Attribution method: " + ", ".join(f"{n} ({m.summary})" for n, m in METHODS.items()))
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
-    preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (IDG with the fewest steps whose insertion and deletion stay "
-                           "within noise of IDG-50/50 and no worse than IG-50 on sample photos), 'paper' (the paper's "
-                           "50 steps) or 'quality' (IDG fast + IDGI + SmoothGrad over "
+    preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (the default; for IDG the fewest steps whose insertion "
+                           "and deletion stay within noise of IDG-50/50 on sample photos, 8 probe / 16 main, 25 passes with the "
+                           "prediction), 'paper' (the paper's 50 steps) or 'quality' (IDG fast + RankMix + SmoothGrad over "
                            f"{METHODS['idg'].presets['quality']['smooth_samples']} noisy copies, chosen by faithfulness against "
-                           "AGI on sample photos); explicit steps / "
-                           "probe_steps / max_iter / postprocess / smooth_* override it. The other methods run their paper "
-                           "settings under paper and quality")
+                           "AGI on sample photos); GET /models lists what each sets, costs and where it stands. Explicit steps / "
+                           "probe_steps / max_iter / postprocess / smooth_* override it. The other methods run their own presets")
     baseline: Literal["mean", "black"] = Field(
         "mean", description="Path start: 'mean' (the model's normalisation mean, zero in its normalised space as in the authors' "
         "code and the evaluation: the ImageNet mean colour for ImageNet-normalised models, grey for EfficientNet-Lite) or 'black'")
@@ -206,6 +205,10 @@ class OutputCurve(BaseModel):
         "photo", description="Whose path the curve follows: `photo` (x is the uploaded image), or `noisy_copy` with SmoothGrad / "
         "VarGrad (`smooth_samples` > 0, as in the idg `quality` preset): x is the first of the noisy copies x + N(0, σ²) whose "
         "maps were pooled, so F at α = 1 is that copy's, not the photo's (the prediction's probability is the photo's)")
+    probe_input: Literal["photo", "noisy_copy"] = Field(
+        "photo", description="Whose path the probe (`probe_alphas`, `probe_values`) follows: `photo`, also where the noisy copies "
+        "share one probe of the photo (`smooth_probe=shared`, as in the idg `fast` preset: its samples are then placed where the "
+        "photo's output moves and `values` are the first copy's), or `noisy_copy` where each copy runs its own probe")
 
 
 class Cost(BaseModel):
@@ -298,11 +301,28 @@ class MethodParameter(BaseModel):
     description: str = Field(..., description="What the parameter means")
 
 
+class PresetCost(BaseModel):
+    forward_passes: int = Field(..., description="The most forward passes one image's answer costs, with the prediction's")
+    gradient_passes: int = Field(..., description="Of those, the most with an input gradient")
+
+
+class PresetInfo(BaseModel):
+    name: str = Field(..., description="The preset's name (the request's `preset`)")
+    default: bool = Field(..., description="Whether requests without `preset` use it (the default answer)")
+    summary: str = Field(..., description="What it sets for IDG, in a line")
+    standing: str = Field(..., description="Where it stands in the faithfulness measurements that chose it")
+    parameters: dict[str, dict[str, object]] = Field(
+        ..., description="Method name -> what the preset sets (step counts, post-steps); the rest take the method's defaults")
+    cost: dict[str, PresetCost] = Field(..., description="Method name -> the most one answer costs at this preset")
+
+
 class ModelsResponse(BaseModel):
     models: list[ModelInfo] = Field(..., description="Loaded models, the default first")
     methods: dict[str, str] = Field(..., description="Method name -> description")
     method_parameters: dict[str, list[MethodParameter]] = Field(
         default_factory=dict, description="Method name -> the parameters a request for it may give (others are a 422)")
+    presets: list[PresetInfo] = Field(default_factory=list, description="The cost presets, the default first: what each "
+                                      "sets, costs and where it stands")
     device: str = Field(..., description="Device the models run on (cpu, cuda, cuda:1, ...)")
 
 

@@ -19,7 +19,7 @@ import torch
 from benchmarks.service_load import run_load
 from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_speed, sample_batch
 from idg_core import default_batch_size
-from idg_core.presets import preset_params
+from idg_core.presets import preset_params, preset_post
 from idg_models import PRECISIONS, default_channels_last, default_precision, image_files, keep_freed_memory, load_entry, tune
 from idg_models.compiled import default_compile_sizes, warm_up_compiled
 from idg_models.sources import entry_with_weights
@@ -118,6 +118,14 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def default_label() -> str:
+    """The default answer's IDG setting as the table's header names it, e.g. ``16/16 x 2 copies sharing its probe``."""
+    steps, post = preset_params("idg"), preset_post("idg")
+    copies = int(post.get("smooth_samples") or 0)
+    shared = " sharing its probe" if post.get("smooth_probe") == "shared" else ""
+    return f"{steps['probe_steps']}/{steps['steps']}" + (f" x {copies} copies{shared}" if copies else "")
+
+
 def _write(out: Path, label: str, meta: dict, speed: list[dict], load: list[dict]) -> None:
     (out / f"{label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))
     (out / f"{label}.md").write_text(render(meta, speed, load))
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             "channels_last": args.channels_last, "fold_bn": not args.no_fold_bn,
             "keep_freed_memory": kept, "cpu_memory": CPU_MEMORY,
             "compile_sizes": list(default_compile_sizes(args.batch_size)) if args.compile else None, "compile_seconds": compile_seconds,
-            "batch_size": args.batch_size, "load_fields": fields, "default_steps": "{probe_steps}/{steps}".format(**preset_params("idg")),
+            "batch_size": args.batch_size, "load_fields": fields, "default_steps": default_label(),
             "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)
     _write(args.out, args.label, meta, speed, [])  # the speed table is kept even if the service then fails to start

@@ -95,7 +95,10 @@ class OutputCurve:
     importance: np.ndarray
     weights: np.ndarray
     input: str = "photo"
-    """``photo``, or ``noisy_copy`` where the map pools noisy copies (SmoothGrad): the curve is then the first copy's."""
+    """``photo``, or ``noisy_copy`` where the map pools noisy copies (SmoothGrad): the samples are then the first copy's."""
+    probe_input: str = "photo"
+    """Whose the probe is: ``photo`` (also where the copies share one probe of the photo, as the default answer's do), or
+    ``noisy_copy`` where each copy runs its own."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ def parse_attribution(body: dict[str, Any]) -> Attribution:
         c = {**c, "values": c["logits"], "probe_values": c["probe_logits"],
              "output": "probability" if body["method"] in ("guided_ig", "agi") else "logit"}
     arrays = {k: np.asarray(c[k], dtype=np.float64) for k in ("probe_alphas", "probe_values", "alphas", "values", "importance", "weights")}
-    curve = OutputCurve(c["output"], **arrays, input=c.get("input", "photo"))
+    noisy = c.get("input", "photo")
+    curve = OutputCurve(c["output"], **arrays, input=noisy, probe_input=c.get("probe_input", noisy))  # older servers: the same
     t = body["target"]
     return Attribution(body["model"], body["method"], ClassScore(t["index"], t["name"], t["probability"]), _scores(body["prediction"]),
                        body["parameters"], _png(body.get("heatmap_png")), _png(body.get("overlay_png")), array, curve, body)

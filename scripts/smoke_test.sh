@@ -48,7 +48,7 @@ curl -sf -F "file=@$IMG" -F method=idg -F steps=4 -F probe_steps=4 -F return_att
 # ... and the cost of a default attribution (the fast preset), as the methods' page counts it
 curl -sf -F "file=@$IMG" "$URL/attribute" | check readme-cost \
     "(lambda m: [d['cost']['forward_passes'], d['cost']['backward_passes']] == [int(m.group(1)), int(m.group(2)) ])(__import__('re').search( \
-     r'IDG 8 probe / 16 main steps \((\d+) forward \+ (\d+) gradient passes', open('docs/methods/index.md').read()))"
+     r'[|] .fast. [(]default[)] [|][^|]*[|] (\d+) / (\d+) [|]', open('docs/methods/index.md').read()))"
 BIG="${SMOKE_BIG_IMAGE:-}"  # over 500 KB: inlined in argv it would fail
 if [ -z "$BIG" ]; then  # made from the cat photo, four times its size (no large file in the checkout)
     BIG="$DATA/smoke-big.jpg"  # 1804x1200, about 430 KB: over 500 KB in base64

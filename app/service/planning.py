@@ -138,10 +138,11 @@ class AttributePlan:
 
 def answered_preset(params: AttributeCommon) -> str | None:
     """The preset an answer names: the one the request named; else the default, unless the request's own values
-    replaced one the default sets (``steps=50`` alone is not the fast preset): then None, no preset."""
+    replaced one the default sets (``steps=50`` or ``smooth_samples=0`` alone is not the fast preset): then None, no preset."""
     if "preset" in params.model_fields_set:
         return params.preset
-    overridden = set(params.method_values()) & set(METHODS[params.method].preset(params.preset))
+    given = set(params.method_values()) | {k for k in POST_STEPS if k in params.model_fields_set}
+    overridden = given & set(METHODS[params.method].presets.get(params.preset, {}))
     return None if overridden else params.preset
 
 

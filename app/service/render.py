@@ -53,10 +53,11 @@ def _npy(attr: Tensor) -> dict[str, Any]:
     return {"format": "npy", "dtype": dtype, "shape": list(attr.shape), "data": b64(data)}
 
 
-def curve(result: AttributionResult, output: str, noisy: bool = False) -> OutputCurve:
+def curve(result: AttributionResult, output: str, noisy: bool = False, shared_probe: bool = False) -> OutputCurve:
     """The answer's curve; ``output`` ("logit" or "probability") is what the method differentiated,
     so what ``result.values`` holds; ``noisy``: the map pools noisy copies (SmoothGrad, VarGrad), and the
-    curve is the first copy's (:func:`idg_core.postprocess.smooth_plan`), which the answer says."""
+    curve is the first copy's (:func:`idg_core.postprocess.smooth_plan`), which the answer says; ``shared_probe``:
+    the copies shared one probe of the photo, whose curve the probe is."""
     def row(t: Tensor) -> list[float]:
         return [float(v) for v in (t[0] if t.dim() == 2 else t).tolist()] if t.numel() else []
 
@@ -65,7 +66,7 @@ def curve(result: AttributionResult, output: str, noisy: bool = False) -> Output
         "output": output, "probe_alphas": row(result.probe_alphas), "probe_values": probe_values, "alphas": row(result.alphas),
         "values": values, "importance": row(result.importance), "weights": row(result.weights),
         "probe_logits": probe_values, "logits": values,  # deprecated names, same numbers
-        "input": "noisy_copy" if noisy else "photo",
+        "input": "noisy_copy" if noisy else "photo", "probe_input": "noisy_copy" if noisy and not shared_probe else "photo",
     })
 
 
@@ -88,6 +89,7 @@ def attribute_response(
 ) -> AttributeResponse:
     """The /attribute answer: what was found, with the parameters it ran with and what it cost."""
     target = ClassScore(index=found.target, name=model.class_names[found.target], probability=float(found.probs[found.target]))
+    post = post_steps(params)
     faithfulness = None
     if found.scores:
         faithfulness = Faithfulness(insertion=found.scores.get("insertion"), deletion=found.scores.get("deletion"), steps=found.score_steps)
@@ -98,7 +100,8 @@ def attribute_response(
         target=target,
         parameters={**planned.used, "target": found.target},
         precision=precision,
-        curve=curve(found.result, planned.params["output"], noisy=bool(post_steps(params)["smooth_samples"])),
+        curve=curve(found.result, planned.params["output"], noisy=bool(post["smooth_samples"]),
+                    shared_probe=post["smooth_probe"] == "shared"),
         cost=Cost(forward_passes=found.forward_passes, backward_passes=found.backward_passes),
         faithfulness=faithfulness,
         timings=timings,

@@ -72,6 +72,17 @@ async function loadModels() {
       const first = params.find((p) => p.name === "steps") || params.find((p) => p.type === "integer");
       if (first) stepsOf[name] = first.name;
     }
+    if (body.presets && body.presets.length) {  // what each preset sets, costs and where it stands, from the service
+      const select = $("preset");
+      select.replaceChildren();
+      for (const p of body.presets) {
+        const cost = p.cost.idg ? `, ${p.cost.idg.forward_passes} passes` : "";
+        const option = new Option(`${p.name}${p.default ? " (default" + cost + ")" : cost ? ` (${cost.slice(2)})` : ""}`, p.name,
+          p.default, p.default);
+        option.title = `${p.summary}; ${p.standing}`;
+        select.add(option);
+      }
+    }
     for (const [name, summary] of Object.entries(body.methods)) {
       $("method").add(new Option(summary, name, name === "idg", name === "idg"));
       $("compare").add(new Option(summary, name));
@@ -233,7 +244,9 @@ function drawCurve(svg, c) {
   el("text", { x: (W + L) / 2, y: H - 4, "font-size": 11, "text-anchor": "middle" }, "α (path position)");
   el("text", { x: 12, y: (H - B) / 2, "font-size": 11, transform: `rotate(-90 12 ${(H - B) / 2})`, "text-anchor": "middle" }, `target ${c.output}`);
   if (c.input === "noisy_copy") {
-    el("text", { class: "curve-input", x: L + 6, y: T + 10, "font-size": 10 }, "the path of the first noisy copy (SmoothGrad), not of the photo");
+    el("text", { class: "curve-input", x: L + 6, y: T + 10, "font-size": 10 }, c.probe_input === "photo"
+      ? "line: the photo's probe; dots: the first noisy copy's samples (SmoothGrad)"
+      : "the path of the first noisy copy (SmoothGrad), not of the photo");
   }
   const line = c.probe_alphas.length ? [c.probe_alphas, c.probe_values] : [c.alphas, c.values];
   el("polyline", { class: "probe", fill: "none", stroke: "#9aa3b5", "stroke-width": 2,

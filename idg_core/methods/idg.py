@@ -20,13 +20,14 @@ Sampling = tuple[Tensor, Tensor, Tensor, Tensor]
 
 IMPORTANCE = ("finite_difference", "exact")
 FAST = {"probe_steps": 8, "steps": 16}
-"""The ``fast`` preset and the defaults: the cheapest steps that keep IDG-50/50's faithfulness (:mod:`idg_core.presets`)."""
+"""The ``fast`` preset (the service's default answer) and the method's own defaults: the cheapest steps whose insertion
+and deletion stay within noise of IDG-50/50 on the 65 sample photos, 24 forward + 16 gradient passes (docs/methods/presets.md)."""
 PAPER = {"probe_steps": 50, "steps": 50}
 QUALITY = {**FAST, "postprocess": "rankmix", "smooth_samples": 16, "smooth_std": 0.15}
-"""The ``quality`` preset: IDG fast + RankMix (the map and its IDGI map rank-averaged) + SmoothGrad over 16 noisy copies,
+"""The ``quality`` preset: IDG 8/16 + RankMix (the map and its IDGI map rank-averaged) + SmoothGrad over 16 noisy copies,
 384 forward / 256 gradient passes (within AGI's 40 x 10 = 400), chosen on the 65 sample photos by the rule of
 :func:`idg_evaluation.report.first_or_tied`: first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG
-and SIG (the tables: docs/results/faithfulness.md)."""
+and SIG (the tables: docs/methods/presets.md, docs/results/faithfulness.md)."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
@@ -37,7 +38,7 @@ def idg_bound(params: Mapping[str, Any]) -> WorkBound:
 
 PARAMS = Params("idg", (
     Param("steps", int, FAST["steps"], "M, gradient samples; more refine the integral, each costs a forward and a backward pass "
-          "(default: the fast preset of idg_core.presets; the paper uses 50)", low=2, step=True),
+          "(default: the fast preset; the paper uses 50)", low=2, step=True),
     Param("probe_steps", int, FAST["probe_steps"], "N, uniform forward-only probe points of the output-α curve, endpoints "
           "included (default: the fast preset; the paper uses 50)", low=3, step=True),
     Param("placement", str, "aligned", "Where interval k's samples go: 'aligned' inside interval k, 'authors' with the "

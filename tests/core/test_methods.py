@@ -13,7 +13,6 @@ from torch import nn
 
 from idg_core import METHODS, CallStats, agi, evaluate_queries, guided_ig, idg, ig, left_ig
 from idg_core.postprocess.compose import build_plan
-from idg_core.presets import PRESETS
 from idg_core.types import Answer, Query
 from tests.models import Counting, Linear, SaturatingSum, SmallCNN, TwoRises
 
@@ -55,7 +54,7 @@ def test_linear_model_gives_w_times_delta(name: str) -> None:
     expected = torch.stack([model.w[1], model.w[3]]).detach() * (x - base)
     if name == "idg":  # IDG weighs by IF_j·w_j/M; on a line IF = F(x) - F(x') everywhere
         gap = (expected.flatten(1).sum(1)).view(-1, 1, 1, 1)
-        expected = expected * gap / PRESETS["idg"]["fast"]["steps"]  # M: the default preset's
+        expected = expected * gap / METHODS["idg"].params["steps"].default  # M: the method's own default
     if name == "left_ig":  # the cut-off keeps a prefix of the path: a positive multiple of w ⊙ Δ
         ratio = res.attributions / expected
         assert torch.allclose(ratio, ratio.flatten(1)[:, :1].view(-1, 1, 1, 1).expand_as(ratio), rtol=1e-3)

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.samples import imagenet_photos, missing_imagenet_samples
 from idg_core.methods import METHODS
-from idg_core.presets import DEFAULT_PRESET, PRESETS, preset_params
+from idg_core.presets import DEFAULT_PRESET, PRESETS, attribute, preset_cost, preset_params, preset_post
 from idg_evaluation.runner import EvalConfig, evaluate_image
 
 
@@ -31,6 +31,47 @@ def test_unknown_preset_or_method_is_a_value_error_that_names_the_choices() -> N
         preset_params("shap")
 
 
+@pytest.mark.parametrize("preset", ["fast", "quality"])
+def test_a_preset_in_the_library_runs_its_steps_and_post_steps_at_the_cost_it_states(preset: str) -> None:
+    """``attribute`` runs a preset as the service answers it (its post-steps included) at the cost :func:`preset_cost`
+    states, counted in model passes; given smoothing shares the probe as asked, reproducible from its seed; ``idg()``
+    alone runs the method's own parameters, without post-steps."""
+    import torch
+
+    from idg_core import CallStats, idg
+    from idg_core.model_calls import run_plans
+    from idg_core.postprocess import build_plan
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Tanh(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 8 * 8, 5)).eval()
+    x, targets = torch.rand(3, 3, 8, 8), [1, 2, 3]
+    stats = CallStats()
+    res = attribute(model, x, "black", targets, preset=preset, stats=stats)
+    bound = preset_cost("idg", preset)
+    assert (stats.forward_images, stats.backward_images) == (3 * bound.forward, 3 * bound.backward) == (
+        res.forward_passes, res.backward_passes)
+    steps, post = preset_params("idg", preset), preset_post("idg", preset)
+    copies = post.get("smooth_samples", 0)
+    assert bound.forward == max(copies, 1) * (steps["probe_steps"] + steps["steps"])  # each copy its own probe
+    # copies sharing one probe of the image: the probe once, the same maps as the plans the service runs
+    shared = {"smooth_samples": 2, "smooth_probe": "shared", "postprocess": None}
+    stats = CallStats()
+    mine = attribute(model, x, "black", targets, preset=preset, seed=7, stats=stats, **shared)
+    assert stats.forward_images == 3 * (steps["probe_steps"] + 2 * steps["steps"])
+    plans = [build_plan("idg", x[i], torch.zeros(3, 8, 8), t, smooth_seed=7, **shared, **steps) for i, t in enumerate(targets)]
+    for i, one in enumerate(run_plans(model, plans, 8)):
+        torch.testing.assert_close(mine.attributions[i], one.attributions[0])
+    again = attribute(model, x, "black", targets, preset=preset, seed=8, **shared)
+    assert not torch.allclose(again.attributions, mine.attributions)  # another draw of the noisy copies
+    plain = CallStats()
+    idg(model, x[:1], "black", 1, stats=plain)
+    own = METHODS["idg"].validate()
+    assert plain.forward_images == own["probe_steps"] + own["steps"] and plain.backward_images == own["steps"]
+    with pytest.raises(ValueError, match="smooth_probe=shared needs"):
+        attribute(model, x, "black", targets, preset=preset, uniform=True, **shared)  # a shared probe with none to share
+
+
 @pytest.mark.slow
 def test_fast_idg_is_no_less_faithful_than_ig50_on_sample_photos() -> None:
     """EfficientNet-Lite0 on the CPU, a few sample photos: insertion and deletion of IDG at the
@@ -41,7 +82,8 @@ def test_fast_idg_is_no_less_faithful_than_ig50_on_sample_photos() -> None:
     if not photos:
         pytest.skip(missing_imagenet_samples())
     model = tune(load_model("efficientnet_lite0").eval(), precision="fp32")
-    cfg = EvalConfig(methods={"fast": ("idg", preset_params("idg", "fast")), "IG": ("ig", {"steps": 50, "rule": "uniform"})},
+    cfg = EvalConfig(methods={"fast": ("idg", preset_params("idg") | preset_post("idg")),
+                              "IG": ("ig", {"steps": 50, "rule": "uniform"})},
                      metrics=("insertion", "deletion"), rise_step=896, batch_size=8)
     records = [evaluate_image(model, p, None, cfg, None, seed=i) for i, p in enumerate(photos)]
     ins = {n: sum(r["methods"][n]["insertion"] for r in records) / len(records) for n in cfg.methods}

@@ -36,6 +36,11 @@ def test_sync_client_predict_and_attribute(url: str, tmp_path: Path) -> None:
         assert a.curve.output == "logit" and a.curve.input == "photo"
         assert a.attribution.shape == (3, 32, 32)
         assert a.target.index == pred.top_k[0].index and a.parameters["steps"] == 6
+        # copies sharing one probe: the probe is the photo's, the samples the first copy's, and the client says which
+        shared = c.attribute(path, steps=4, probe_steps=5, smooth_samples=2, smooth_probe="shared")
+        own = c.attribute(path, steps=4, probe_steps=5, smooth_samples=2, smooth_probe="own")
+        assert (shared.curve.input, shared.curve.probe_input) == ("noisy_copy", "photo")
+        assert (own.curve.input, own.curve.probe_input) == ("noisy_copy", "noisy_copy") and a.curve.probe_input == "photo"
         with pytest.raises(ServiceError) as err:
             c.attribute(b"not an image")
         assert err.value.status == 415 and "not an image" in err.value.message

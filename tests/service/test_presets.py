@@ -16,17 +16,24 @@ async def _attribute(client, **fields: str) -> dict:  # noqa: ANN001
     return r.json()
 
 
-@pytest.mark.parametrize(("fields", "probe", "main", "preset"), [
-    ({}, PRESETS["idg"]["fast"]["probe_steps"], PRESETS["idg"]["fast"]["steps"], "fast"),
-    ({"preset": "paper"}, 50, 50, "paper"),
-    ({"preset": "paper", "steps": "12"}, 50, 12, "paper"),
-    ({"steps": "6", "probe_steps": "5"}, 5, 6, None),  # no preset named, and not the default's steps: none
-    ({"steps": "50"}, PRESETS["idg"]["fast"]["probe_steps"], 50, None),
-    ({"preset": "fast", "steps": "50"}, PRESETS["idg"]["fast"]["probe_steps"], 50, "fast"),
-    ({"placement": "authors"}, PRESETS["idg"]["fast"]["probe_steps"], PRESETS["idg"]["fast"]["steps"], "fast"),
+FAST = PRESETS["idg"]["fast"]
+COPIES = FAST.get("smooth_samples", 0)  # the default's noisy copies (none today)
+
+
+@pytest.mark.parametrize(("fields", "probe", "main", "copies", "preset"), [
+    ({}, FAST["probe_steps"], FAST["steps"], COPIES, "fast"),
+    ({"preset": "paper"}, 50, 50, 0, "paper"),
+    ({"preset": "paper", "steps": "12"}, 50, 12, 0, "paper"),
+    ({"steps": "6", "probe_steps": "5"}, 5, 6, COPIES, None),  # no preset named, the default's steps replaced
+    ({"steps": "50"}, FAST["probe_steps"], 50, COPIES, None),
+    # copies sharing the probe: "fast" unless the default sets its own smoothing, which these values would replace
+    ({"smooth_samples": "2", "smooth_probe": "shared"}, FAST["probe_steps"], FAST["steps"], 2,
+     None if "smooth_samples" in FAST else "fast"),
+    ({"preset": "fast", "steps": "50"}, FAST["probe_steps"], 50, COPIES, "fast"),
+    ({"placement": "authors"}, FAST["probe_steps"], FAST["steps"], COPIES, "fast"),
 ])
 async def test_the_preset_sets_the_steps_unless_given(
-    tiny_app: AppFactory, fields: dict, probe: int, main: int, preset: str | None,
+    tiny_app: AppFactory, fields: dict, probe: int, main: int, copies: int, preset: str | None,
 ) -> None:
     app = tiny_app()
     async with serve(app) as client:
@@ -35,9 +42,16 @@ async def test_the_preset_sets_the_steps_unless_given(
         body = await _attribute(client, **fields)
         assert body["parameters"]["preset"] == preset
         assert (body["parameters"]["probe_steps"], body["parameters"]["steps"]) == (probe, main)
+        assert body["parameters"].get("smooth_samples", 0) == copies
         assert len(body["curve"]["probe_alphas"]) == probe and len(body["curve"]["alphas"]) == main
-        assert body["cost"] == {"forward_passes": 1 + probe + main, "backward_passes": main}
-        assert sum(net.calls) == 1 + probe + main  # images through the model: prediction, probe, main pass
+        shared = body["parameters"].get("smooth_probe") == "shared" or not copies
+        # copies sharing one probe of the photo pay it once and the main pass per copy
+        per_copy = main if shared else probe + main
+        assert body["cost"] == {"forward_passes": 1 + (probe if shared else 0) + max(copies, 1) * per_copy,
+                                "backward_passes": max(copies, 1) * main}
+        assert sum(net.calls) == body["cost"]["forward_passes"]  # images through the model: prediction, probe, main passes
+        assert body["curve"]["probe_input"] == ("photo" if shared else "noisy_copy")
+        assert body["curve"]["input"] == ("noisy_copy" if copies else "photo")
         assert body["precision"] == "fp32"  # auto on the CPU
 
 
@@ -48,14 +62,16 @@ async def test_an_unknown_preset_is_a_422_that_names_the_choices(tiny_app: AppFa
         assert "fast" in r.json()["error"]["message"] and "paper" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize(("fields", "copies", "post"), [
-    ({"preset": "quality"}, PRESETS["idg"]["quality"]["smooth_samples"], "rankmix"),
-    ({"preset": "quality", "smooth_samples": "2", "postprocess": "none"}, 2, None),
-    ({"preset": "quality", "postprocess": "idgi"}, PRESETS["idg"]["quality"]["smooth_samples"], "idgi"),
-    ({"preset": "fast"}, 0, None),
+@pytest.mark.parametrize(("fields", "copies", "post", "shared"), [
+    ({"preset": "quality"}, PRESETS["idg"]["quality"]["smooth_samples"], "rankmix", False),
+    ({"preset": "quality", "smooth_samples": "2", "postprocess": "none"}, 2, None, False),
+    ({"preset": "quality", "postprocess": "idgi"}, PRESETS["idg"]["quality"]["smooth_samples"], "idgi", False),
+    ({"preset": "fast"}, COPIES, None, FAST.get("smooth_probe") == "shared"),
+    ({"preset": "fast", "smooth_samples": "2", "smooth_probe": "shared"}, 2, None, True),
+    ({"preset": "fast", "smooth_samples": "2", "smooth_probe": "own"}, 2, None, False),
 ])
-async def test_quality_adds_its_post_steps_unless_the_request_gives_its_own(tiny_app: AppFactory, fields: dict, copies: int,
-                                                                             post: str | None) -> None:
+async def test_a_presets_post_steps_apply_unless_the_request_gives_its_own(tiny_app: AppFactory, fields: dict, copies: int,
+                                                                           post: str | None, shared: bool) -> None:
     app = tiny_app()
     async with serve(app) as client:
         net = app.state.service.models["tiny"].net
@@ -63,14 +79,32 @@ async def test_quality_adds_its_post_steps_unless_the_request_gives_its_own(tiny
         body = await _attribute(client, **fields)
         used = body["parameters"]
         assert used.get("smooth_samples", 0) == copies and used.get("postprocess") in ({post} if post else {None, "none"})
-        fast = PRESETS["idg"]["fast"]
-        per_copy = fast["probe_steps"] + fast["steps"]
-        assert body["cost"] == {"forward_passes": 1 + max(copies, 1) * per_copy, "backward_passes": max(copies, 1) * fast["steps"]}
+        probe, main = used["probe_steps"], used["steps"]
+        forward = probe + max(copies, 1) * main if shared else max(copies, 1) * (probe + main)
+        assert body["cost"] == {"forward_passes": 1 + forward, "backward_passes": max(copies, 1) * main}
         assert sum(net.calls) == body["cost"]["forward_passes"]
-        # with noisy copies the curve is the first copy's, and the answer says so (its F at α = 1 is not the photo's)
+        # with noisy copies the curve is the first copy's, and the answer says so (its F at α = 1 is not the photo's);
+        # a shared probe is the photo's own
         assert body["curve"]["input"] == ("noisy_copy" if copies else "photo")
+        assert body["curve"]["probe_input"] == ("noisy_copy" if copies and not shared else "photo")
         if fields.get("preset") == "quality" and copies == PRESETS["idg"]["quality"]["smooth_samples"]:
             assert body["cost"]["forward_passes"] - 1 <= 400  # AGI's 2 x 20 passes x 10
+
+
+async def test_models_lists_each_presets_settings_cost_and_standing(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        presets = (await client.get("/models")).json()["presets"]
+    assert [p["name"] for p in presets][0] == "fast" and [p["default"] for p in presets] == [True, False, False]
+    by_name = {p["name"]: p for p in presets}
+    assert by_name["fast"]["parameters"]["idg"] == FAST
+    # what a default answer costs, with the prediction: the probe once, the main pass per copy
+    copies = max(COPIES, 1)  # the probe once where copies share it
+    probes = FAST["probe_steps"] if FAST.get("smooth_probe") == "shared" else copies * FAST["probe_steps"]
+    assert by_name["fast"]["cost"]["idg"] == {"forward_passes": 1 + probes + copies * FAST["steps"],
+                                              "gradient_passes": copies * FAST["steps"]}
+    assert by_name["paper"]["cost"]["idg"] == {"forward_passes": 101, "gradient_passes": 50}
+    assert by_name["quality"]["cost"]["idg"]["forward_passes"] == 1 + 16 * (8 + 16)
+    assert all("AGI" in p["standing"] for p in presets if p["name"] != "paper")
 
 
 def test_the_metrics_label_names_the_presets_post_steps() -> None:

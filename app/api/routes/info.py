@@ -10,9 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import get_service, has_api_key, require_api_key, require_api_key_for_metrics
 from app.core.prometheus import exposition
-from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, method_parameters
+from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, PresetCost, PresetInfo, method_parameters
 from app.service import Service
 from idg_core import METHODS
+from idg_core.presets import DEFAULT_PRESET, PRESET_NAMES, PRESET_STANDING, PRESET_SUMMARY, PRESETS, preset_cost
 from idg_models.compiled import compiled_part
 from idg_models.speed import model_precision
 
@@ -36,7 +37,20 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
         for i, (n, m) in enumerate(service.models.items())
     ]
     return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()},
-                          method_parameters=method_parameters(service.settings.max_steps), device=str(service.device))
+                          method_parameters=method_parameters(service.settings.max_steps), presets=preset_infos(),
+                          device=str(service.device))
+
+
+def preset_infos() -> list[PresetInfo]:
+    """The presets, the default first: what each sets, costs (with the prediction) and where it stands."""
+    def cost(method: str, preset: str) -> PresetCost:
+        bound = preset_cost(method, preset)
+        return PresetCost(forward_passes=bound.forward + 1, gradient_passes=bound.backward)
+
+    order = sorted(PRESET_NAMES, key=lambda p: p != DEFAULT_PRESET)
+    return [PresetInfo(name=p, default=p == DEFAULT_PRESET, summary=PRESET_SUMMARY[p], standing=PRESET_STANDING[p],
+                       parameters={m: PRESETS[m][p] for m in METHODS}, cost={m: cost(m, p) for m in METHODS})
+            for p in order]
 
 
 @router.get("/health/live")
