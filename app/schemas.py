@@ -207,8 +207,8 @@ class OutputCurve(BaseModel):
         "maps were pooled, so F at α = 1 is that copy's, not the photo's (the prediction's probability is the photo's)")
     probe_input: Literal["photo", "noisy_copy"] = Field(
         "photo", description="Whose path the probe (`probe_alphas`, `probe_values`) follows: `photo`, also where the noisy copies "
-        "share one probe of the photo (`smooth_probe=shared`, as in the idg `fast` preset: its samples are then placed where the "
-        "photo's output moves and `values` are the first copy's), or `noisy_copy` where each copy runs its own probe")
+        "share one probe of the photo (`smooth_probe=shared`: their samples are then placed where the photo's output moves and "
+        "`values` are the first copy's), or `noisy_copy` where each copy runs its own probe")
 
 
 class Cost(BaseModel):
@@ -301,11 +301,6 @@ class MethodParameter(BaseModel):
     description: str = Field(..., description="What the parameter means")
 
 
-class PresetCost(BaseModel):
-    forward_passes: int = Field(..., description="The most forward passes one image's answer costs, with the prediction's")
-    gradient_passes: int = Field(..., description="Of those, the most with an input gradient")
-
-
 class PresetInfo(BaseModel):
     name: str = Field(..., description="The preset's name (the request's `preset`)")
     default: bool = Field(..., description="Whether requests without `preset` use it (the default answer)")
@@ -313,7 +308,8 @@ class PresetInfo(BaseModel):
     standing: str = Field(..., description="Where it stands in the faithfulness measurements that chose it")
     parameters: dict[str, dict[str, object]] = Field(
         ..., description="Method name -> what the preset sets (step counts, post-steps); the rest take the method's defaults")
-    cost: dict[str, PresetCost] = Field(..., description="Method name -> the most one answer costs at this preset")
+    cost: dict[str, Cost] = Field(..., description="Method name -> the most one answer costs at this preset, with the "
+                                  "prediction's pass, counted as an answer's `cost` counts it")
 
 
 class ModelsResponse(BaseModel):

@@ -119,7 +119,8 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
 
 
 def default_label() -> str:
-    """The default answer's IDG setting as the table's header names it, e.g. ``16/16 x 2 copies sharing its probe``."""
+    """The default answer's IDG setting as the table's header names it: ``8/16``, with ``x 2 copies sharing its probe``
+    where the preset smooths."""
     steps, post = preset_params("idg"), preset_post("idg")
     copies = int(post.get("smooth_samples") or 0)
     shared = " sharing its probe" if post.get("smooth_probe") == "shared" else ""

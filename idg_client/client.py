@@ -97,7 +97,7 @@ class OutputCurve:
     input: str = "photo"
     """``photo``, or ``noisy_copy`` where the map pools noisy copies (SmoothGrad): the samples are then the first copy's."""
     probe_input: str = "photo"
-    """Whose the probe is: ``photo`` (also where the copies share one probe of the photo, as the default answer's do), or
+    """Whose the probe is: ``photo`` (also where the copies share one probe of the photo, ``smooth_probe=shared``), or
     ``noisy_copy`` where each copy runs its own."""
 
 

@@ -94,6 +94,7 @@ async def test_a_presets_post_steps_apply_unless_the_request_gives_its_own(tiny_
 async def test_models_lists_each_presets_settings_cost_and_standing(tiny_app: AppFactory) -> None:
     async with serve(tiny_app()) as client:
         presets = (await client.get("/models")).json()["presets"]
+        answer = await _attribute(client)  # the default answer: its cost is what /models says, in the same terms
     assert [p["name"] for p in presets][0] == "fast" and [p["default"] for p in presets] == [True, False, False]
     by_name = {p["name"]: p for p in presets}
     assert by_name["fast"]["parameters"]["idg"] == FAST
@@ -101,8 +102,9 @@ async def test_models_lists_each_presets_settings_cost_and_standing(tiny_app: Ap
     copies = max(COPIES, 1)  # the probe once where copies share it
     probes = FAST["probe_steps"] if FAST.get("smooth_probe") == "shared" else copies * FAST["probe_steps"]
     assert by_name["fast"]["cost"]["idg"] == {"forward_passes": 1 + probes + copies * FAST["steps"],
-                                              "gradient_passes": copies * FAST["steps"]}
-    assert by_name["paper"]["cost"]["idg"] == {"forward_passes": 101, "gradient_passes": 50}
+                                              "backward_passes": copies * FAST["steps"]}
+    assert answer["cost"] == by_name["fast"]["cost"]["idg"]
+    assert by_name["paper"]["cost"]["idg"] == {"forward_passes": 101, "backward_passes": 50}
     assert by_name["quality"]["cost"]["idg"]["forward_passes"] == 1 + 16 * (8 + 16)
     assert all("AGI" in p["standing"] for p in presets if p["name"] != "paper")
 

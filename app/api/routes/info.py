@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import get_service, has_api_key, require_api_key, require_api_key_for_metrics
 from app.core.prometheus import exposition
-from app.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, PresetCost, PresetInfo, method_parameters
+from app.schemas import ERROR_RESPONSES, Cost, ModelInfo, ModelsResponse, PresetInfo, method_parameters
 from app.service import Service
 from idg_core import METHODS
 from idg_core.presets import DEFAULT_PRESET, PRESET_NAMES, PRESET_STANDING, PRESET_SUMMARY, PRESETS, preset_cost
@@ -43,9 +43,9 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
 
 def preset_infos() -> list[PresetInfo]:
     """The presets, the default first: what each sets, costs (with the prediction) and where it stands."""
-    def cost(method: str, preset: str) -> PresetCost:
-        bound = preset_cost(method, preset)
-        return PresetCost(forward_passes=bound.forward + 1, gradient_passes=bound.backward)
+    def cost(method: str, preset: str) -> Cost:
+        bound = preset_cost(method, preset).plus_forward(1)  # and the prediction's pass
+        return Cost(forward_passes=bound.forward, backward_passes=bound.backward)
 
     order = sorted(PRESET_NAMES, key=lambda p: p != DEFAULT_PRESET)
     return [PresetInfo(name=p, default=p == DEFAULT_PRESET, summary=PRESET_SUMMARY[p], standing=PRESET_STANDING[p],
