@@ -27,7 +27,8 @@ QUALITY = {**FAST, "postprocess": "rankmix", "smooth_samples": 16, "smooth_std":
 """The ``quality`` preset: IDG 8/16 + RankMix (the map and its IDGI map rank-averaged) + SmoothGrad over 16 noisy copies,
 384 forward / 256 gradient passes (within AGI's 40 x 10 = 400), chosen on the 65 sample photos by the rule of
 :func:`idg_evaluation.report.first_or_tied`: first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG
-and SIG (the tables: docs/methods/presets.md, docs/results/faithfulness.md)."""
+and SIG, on Lite0; it meets that rule on Lite1 too and is behind IDG-50/50 on Lite2's insertion (the tables:
+docs/methods/presets.md, docs/results/faithfulness.md)."""
 
 
 def idg_bound(params: Mapping[str, Any]) -> WorkBound:
