@@ -82,3 +82,23 @@ if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/kserve/.installed-$KSER
         say "could not install $KSERVE; tests/service/test_oip_kserve.py's client test will skip"
     fi
 fi
+# pytorch-grad-cam (PyPI grad-cam 1.5.7) for tests/core/test_gradcam.py, which holds the gradcam and gradcam_pp maps
+# against its GradCAM and GradCAMPlusPlus on the same layer: installed without its dependencies (torch, torchvision,
+# numpy, scipy, matplotlib and tqdm are in .venv; its own pins would pull CUDA wheels) into a folder of its own
+# (.venv/peers/gradcam, put on sys.path by that test only), with what `import pytorch_grad_cam` truly needs beside them:
+# OpenCV (headless), ttach and scikit-learn with its pure-Python dependencies. About 210 MB, once (its stamp); where it
+# cannot be had, that test's comparisons skip.
+GRADCAM=grad-cam==1.5.7
+GRADCAM_DEPS=(ttach==0.0.3 opencv-python-headless==5.0.0.93 scikit-learn==1.9.1 joblib==1.6.0 threadpoolctl==3.8.0
+              cloudpickle==3.1.3 narwhals==2.29.0)
+if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/gradcam/.installed-$GRADCAM" ]; then
+    say "installing pytorch-grad-cam ($GRADCAM) apart, into .venv/peers/gradcam, for the Grad-CAM test"
+    rm -rf .venv/peers/gradcam
+    if .venv/bin/python -m pip install --progress-bar off -q --no-deps --target .venv/peers/gradcam "$GRADCAM" "${GRADCAM_DEPS[@]}" >/dev/null 2>&1 \
+        && PYTHONPATH=.venv/peers/gradcam .venv/bin/python -c "import pytorch_grad_cam" >/dev/null 2>&1; then
+        touch ".venv/peers/gradcam/.installed-$GRADCAM"
+    else
+        rm -rf .venv/peers/gradcam
+        say "could not install $GRADCAM; tests/core/test_gradcam.py's comparisons with it will skip"
+    fi
+fi
