@@ -38,6 +38,14 @@ END64_LOCATOR = struct.Struct("<4sLQL")
 END64 = struct.Struct("<4sQ2H2L4Q")
 """Zip64's: signature, record size, versions, disks, entries here, entries in all, directory size and offset."""
 DIRECTORY_ENTRY = b"PK\x01\x02"
+CENTRAL = struct.Struct("<4s6H3L5H2L")
+"""A central directory entry: signature, versions, flags, method, time, date, CRC-32, sizes (compressed, not), name,
+extra and comment lengths, disk, attributes (internal, external), its local header's offset."""
+LOCAL = struct.Struct("<4s5H3L2H")
+"""A local header: signature, version, flags, method, time, date, CRC-32, sizes (compressed, not), name and extra lengths."""
+DESCRIPTOR = struct.Struct("<3L")
+DESCRIPTOR64 = struct.Struct("<L2Q")
+"""A data descriptor after its signature (optional): CRC-32 and sizes (compressed, not), zip64's 8 bytes each."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ class Bounds:
 
 def is_archive(data: bytes) -> bool:
     """A zip (local header or empty archive), or a tar, plain or gzip/bzip2/xz-compressed."""
-    return data[:4] in (b"PK\x03\x04", b"PK\x05\x06") or _is_tar(data)
+    return data[:4] in (b"PK\x03\x04", b"PK\x05\x06") or _is_tar(data) or _ends_like_zip(data)
 
 
 def _is_tar(data: bytes) -> bool:
@@ -138,8 +146,12 @@ class _Budget:
         data = stream.read(b.max_member_bytes + 1)
         if len(data) > b.max_member_bytes:
             raise _too_large(f"archive member {name!r} has more than {b.max_member_bytes} bytes (its header said less)")
+        return self.take(name, data)
+
+    def take(self, name: str, data: bytes) -> bytes:
+        """The member's bytes, read: counted, and refused if they are an archive."""
         self.total += len(data)
-        if self.total > b.max_total_bytes:
+        if self.total > self.bounds.max_total_bytes:
             raise _too_large(self.over_total())
         if is_archive(data):
             raise _bad(f"archive member {name!r} is itself an archive: nested archives are refused (unpack it and send its images)")
@@ -149,7 +161,7 @@ class _Budget:
 def read_archive(data: bytes, bounds: Bounds) -> list[tuple[str, bytes]]:
     """``(name, bytes)`` of every image in the archive, in archive order, the archive verified whole first (see
     :func:`_read_tar` and :func:`_read_zip`); 422 for a broken or unsafe archive, 413 past a bound."""
-    kind = "zip" if data[:2] == b"PK" else "tar"
+    kind = "zip" if data[:2] == b"PK" or not _is_tar(data) else "tar"
     try:
         return _read_zip(data, bounds) if kind == "zip" else _read_tar(data, bounds)
     except ApiError:
@@ -160,71 +172,361 @@ def read_archive(data: bytes, bounds: Bounds) -> list[tuple[str, bytes]]:
         raise _bad(f"the {kind} archive could not be read: {type(err).__name__}: {why[:200]}") from err
 
 
-def _zip_entries(data: bytes) -> tuple[int, int]:
-    """How many entries the zip's central directory holds, at least: the count its end record declares
-    or the entry signatures in the directory it points to, whichever is larger (zipfile parses them all
-    before it answers anything, so this is checked first); and the count the end record declares. 422 where
-    anything but the end record's own comment follows it (a zip cut inside its comment, or bytes appended)."""
-    at = data.rfind(b"PK\x05\x06", max(0, len(data) - END.size - 0xFFFF))
+def _zip_end(data: bytes) -> int | None:
+    """Where the zip's end of central directory record starts, if ``data`` ends with one: the last signature followed
+    by exactly the comment it declares (a comment may hold the signature too); None otherwise."""
+    low, high = max(0, len(data) - END.size - 0xFFFF), len(data)
+    while (at := data.rfind(b"PK\x05\x06", low, high)) >= 0:
+        if at + END.size <= len(data) and at + END.size + END.unpack_from(data, at)[-1] == len(data):
+            return at
+        high = at + 3
+    return None
+
+
+def _ends_like_zip(data: bytes) -> bool:
+    """A zip after some prefix (``cat junk a.zip``, a self-extractor, a second zip after a first one: ``cat a.zip
+    b.zip`` starts as one anyway): it ends with an end record whose central directory, or zip64 locator, is there."""
+    at = _zip_end(data)
+    if at is None:
+        return False
+    _, _, _, _, entries, size, _, _ = END.unpack_from(data, at)
+    return (entries == 0 or data[at - END64_LOCATOR.size:at - END64_LOCATOR.size + 4] == b"PK\x06\x07"
+            or (at - size >= 0 and data[at - size:at - size + 4] == DIRECTORY_ENTRY))
+
+
+def _zip_bad(message: str) -> ApiError:
+    return _bad(f"the zip archive could not be read: {message}")
+
+
+ZIP_REFUSED = ("refused whole, as nothing of it is taken but what its central directory lists: send each archive on its "
+               "own, as its own file")
+
+
+@dataclass(frozen=True)
+class _ZipEnd:
+    directory_end: int
+    """Where the central directory must end: at the zip64 end record, or at the end record."""
+    entries: int
+    size: int
+    offset: int
+
+
+def _zip_end_record(data: bytes) -> _ZipEnd:
+    """The end record (zip64's where there is one), which must end the data and sit right after the directory."""
+    at = _zip_end(data)
+    if at is None:
+        at = data.rfind(b"PK\x05\x06", max(0, len(data) - END.size - 0xFFFF))
     if at < 0 or at + END.size > len(data):
-        raise _bad("the zip archive could not be read: it has no end of central directory record (truncated?)")
-    _, _, _, _, declared, size, _, comment = END.unpack_from(data, at)
+        raise _zip_bad("it has no end of central directory record (truncated?)")
+    _, disk, directory_disk, here, entries, size, offset, comment = END.unpack_from(data, at)
     if (after := len(data) - (at + END.size + comment)) != 0:
-        raise _bad(f"the zip archive could not be read: its end record (at byte {at}) declares a comment of {comment} bytes "
-                   f"but {comment + after} follow it (truncated, or bytes appended)")
-    if at >= END64_LOCATOR.size:
-        signature, _, end64, _ = END64_LOCATOR.unpack_from(data, at - END64_LOCATOR.size)
-        if signature == b"PK\x06\x07" and 0 <= end64 <= len(data) - END64.size and data[end64:end64 + 4] == b"PK\x06\x06":
-            _, _, _, _, _, _, _, declared, size, _ = END64.unpack_from(data, end64)
-            at = end64
-    return max(declared, data.count(DIRECTORY_ENTRY, max(0, at - size), at)), declared
+        raise _zip_bad(f"its end record (at byte {at}) declares a comment of {comment} bytes but {comment + after} follow it "
+                       "(truncated, or bytes appended)")
+    end = at
+    locator = at - END64_LOCATOR.size
+    if locator >= 0 and data[locator:locator + 4] == b"PK\x06\x07":
+        _, _, end64, _ = END64_LOCATOR.unpack_from(data, locator)
+        if not (0 <= end64 <= locator - END64.size and data[end64:end64 + 4] == b"PK\x06\x06"):
+            raise _zip_bad(f"its zip64 end locator (at byte {locator}) points to byte {end64}, where no zip64 end record is")
+        _, record, _, _, disk, directory_disk, here, entries, size, offset = END64.unpack_from(data, end64)
+        if end64 + 12 + record != locator:
+            raise _zip_bad(f"its zip64 end record (at byte {end64}) declares {record + 12} bytes, but its locator is at byte "
+                           f"{locator}")
+        end = end64
+    if disk or directory_disk or here != entries:
+        raise _zip_bad("it is one part of an archive split across several files (disks): send it whole")
+    return _ZipEnd(end, entries, size, offset)
+
+
+def _zip_entry_count(data: bytes, end: _ZipEnd) -> int:
+    """How many entries the zip's central directory holds, at least: the count its end record declares or the entry
+    signatures before it, whichever is larger (checked against the bounds before any entry is parsed)."""
+    return max(end.entries, data.count(DIRECTORY_ENTRY, max(0, end.directory_end - end.size), end.directory_end))
+
+
+@dataclass(frozen=True)
+class _ZipEntry:
+    """One entry of a zip's central directory, zip64's sizes and offset applied."""
+
+    name: str
+    raw_name: bytes
+    flags: int
+    method: int
+    crc: int
+    compressed: int
+    size: int
+    offset: int
+    """Where its local header starts."""
+    mode: int
+    """The Unix mode in its external attributes (0 where none)."""
+
+    @property
+    def is_dir(self) -> bool:
+        return self.name.endswith("/")
+
+
+def _extra_field(extra: bytes, tag: int) -> bytes | None:
+    pos = 0
+    while pos + 4 <= len(extra):
+        kind, size = struct.unpack_from("<2H", extra, pos)
+        if kind == tag:
+            return extra[pos + 4:pos + 4 + size]
+        pos += 4 + size
+    return None
+
+
+def _zip64_values(extra: bytes, values: list[int], where: str) -> list[int]:
+    """``values`` with each that is 0xFFFFFFFF replaced, in order, by the zip64 extra field's next 8-byte value."""
+    wide = [v == 0xFFFFFFFF for v in values]
+    if not any(wide):
+        return values
+    field = _extra_field(extra, 0x0001)
+    if field is None or len(field) < 8 * sum(wide):
+        raise _zip_bad(f"{where} declares zip64 sizes or offset (0xFFFFFFFF) without its zip64 extra field")
+    wider = iter(struct.unpack_from(f"<{sum(wide)}Q", field))
+    return [next(wider) if w else v for v, w in zip(values, wide, strict=True)]
+
+
+def _central_directory(data: bytes, end: _ZipEnd) -> list[_ZipEntry]:
+    """The directory's entries, in its order. It must sit right before its end record, where the end record says, and
+    hold exactly the entries it declares."""
+    starts = end.directory_end - end.size
+    if starts < 0 or end.offset > starts:
+        raise _zip_bad(f"its central directory ({end.size} bytes, said to start at byte {end.offset}) would run past its end "
+                       f"record at byte {end.directory_end}: corrupt")
+    if end.offset < starts:
+        raise _zip_bad(f"{starts - end.offset} bytes come before the archive its end record describes (its central directory "
+                       f"is at byte {starts}, its end record says {end.offset}): another archive in front of it, as `cat "
+                       f"a.zip b.zip` makes, or a prefix such as a self-extractor's program; {ZIP_REFUSED}")
+    entries: list[_ZipEntry] = []
+    pos = starts
+    for k in range(end.entries):
+        where = f"entry {k + 1} of its central directory (at byte {pos})"
+        if pos + CENTRAL.size > end.directory_end or data[pos:pos + 4] != DIRECTORY_ENTRY:
+            raise _zip_bad(f"{where} is not there: the directory holds fewer entries than its end record declares "
+                           f"({end.entries})")
+        (_, _, _, flags, method, _, _, crc, compressed, size, name_len, extra_len, comment_len, disk, _, external,
+         offset) = CENTRAL.unpack_from(data, pos)
+        name_at = pos + CENTRAL.size
+        following = name_at + name_len + extra_len + comment_len
+        if following > end.directory_end:
+            raise _zip_bad(f"{where} runs past the end of the directory")
+        raw_name = data[name_at:name_at + name_len]
+        name = raw_name.decode("utf-8" if flags & 0x800 else "cp437")
+        where = f"member {name!r} ({where})"
+        size, compressed, offset = _zip64_values(data[name_at + name_len:name_at + name_len + extra_len],
+                                                 [size, compressed, offset], where)
+        if disk:
+            raise _zip_bad(f"{where} is on another disk (a split archive): send it whole")
+        entries.append(_ZipEntry(name, raw_name, flags, method, crc, compressed, size, offset, external >> 16))
+        pos = following
+    if pos != end.directory_end:
+        raise _zip_bad(f"its central directory holds {end.directory_end - pos} bytes (at byte {pos}) after the {end.entries} "
+                       "entries its end record declares")
+    return entries
+
+
+def _zip_names_unique(entries: list[_ZipEntry]) -> None:
+    seen: dict[str, int] = {}
+    for entry in entries:
+        key = posixpath.normpath(entry.name.replace("\\", "/")) + ("/" if entry.is_dir else "")
+        if key in seen:
+            raise _bad(f"the zip archive lists a member named {entry.name!r} twice (its local headers at bytes {seen[key]} and "
+                       f"{entry.offset}): which one is the image is ambiguous; {ZIP_REFUSED}")
+        seen[key] = entry.offset
+
+
+def _zip_layout(data: bytes, entries: list[_ZipEntry], directory: int) -> dict[int, int]:
+    """Where each entry's data starts (by its local header's offset): the entries must tile the bytes before the
+    central directory (at ``directory``) exactly, from byte 0, each a local header that agrees with its directory
+    entry, its data, and its data descriptor where it has one. Nothing before, between or overlapping."""
+    order = sorted(entries, key=lambda e: e.offset)
+    starts: dict[int, int] = {}
+    expected, previous = 0, None
+    for k, entry in enumerate(order):
+        if entry.offset > expected:
+            where = "before its first member" if previous is None else f"between member {previous.name!r} and it"
+            raise _zip_bad(f"{entry.offset - expected} bytes at byte {expected}, {where} (member {entry.name!r}, at byte "
+                           f"{entry.offset}), belong to no entry of its central directory: another archive or data hidden "
+                           f"in it; {ZIP_REFUSED}")
+        if entry.offset < expected:
+            assert previous is not None  # expected is 0 before the first
+            raise _zip_bad(f"member {entry.name!r}'s local header (at byte {entry.offset}) lies inside member "
+                           f"{previous.name!r} (bytes {previous.offset} to {expected}): entries that overlap, or share one "
+                           "local header, are refused")
+        following = order[k + 1].offset if k + 1 < len(order) else directory
+        starts[entry.offset], expected = _zip_local(data, entry, directory, following)
+        previous = entry
+    if expected != directory:
+        assert previous is not None
+        if expected < directory:
+            raise _zip_bad(f"{directory - expected} bytes at byte {expected}, between its last member ({previous.name!r}) and "
+                           f"its central directory (at byte {directory}), belong to no entry; {ZIP_REFUSED}")
+        raise _zip_bad(f"member {previous.name!r}'s data (to byte {expected}) runs into its central directory (at byte "
+                       f"{directory})")
+    return starts
+
+
+def _zip_local(data: bytes, entry: _ZipEntry, directory: int, following: int) -> tuple[int, int]:
+    """Where the entry's data starts, and where the entry (its descriptor included) ends; 422 where its local header
+    is not there or disagrees with the central directory (name, compression, encryption and descriptor flags, CRC-32
+    and sizes)."""
+    at = entry.offset
+    where = f"member {entry.name!r}: its local header (at byte {at})"
+    if at + LOCAL.size > directory or data[at:at + 4] != b"PK\x03\x04":
+        raise _zip_bad(f"{where} is not there")
+    _, _, flags, method, _, _, crc, compressed, size, name_len, extra_len = LOCAL.unpack_from(data, at)
+    name_at = at + LOCAL.size
+    start = name_at + name_len + extra_len
+    if start > directory:
+        raise _zip_bad(f"{where} runs into the central directory")
+    if (raw_name := data[name_at:name_at + name_len]) != entry.raw_name:
+        raise _zip_bad(f"{where} names it {raw_name.decode('utf-8', 'replace')!r}, not as the central directory does")
+    if method != entry.method:
+        raise _zip_bad(f"{where} declares compression method {method}, the central directory {entry.method}")
+    if (flags ^ entry.flags) & 0x9:
+        raise _zip_bad(f"{where} has flags {flags:#06x}, the central directory {entry.flags:#06x} (encryption or data "
+                       "descriptor)")
+    if size == 0xFFFFFFFF or compressed == 0xFFFFFFFF:  # zip64: the local header's extra field holds both sizes
+        field = _extra_field(data[name_at + name_len:start], 0x0001)
+        if field is None or len(field) < 16:
+            raise _zip_bad(f"{where} declares zip64 sizes (0xFFFFFFFF) without its zip64 extra field")
+        size, compressed = struct.unpack_from("<2Q", field)
+    central = (crc, compressed, size), (entry.crc, entry.compressed, entry.size)
+    agrees = (all(v in (0, c) for v, c in zip(*central, strict=True)) if flags & 0x8  # sizes after the data, in its descriptor
+              else central[0] == central[1])
+    if not agrees:
+        raise _zip_bad(f"{where} declares CRC-32 {crc:08x}, {compressed} bytes compressed and {size} bytes; the central "
+                       f"directory {entry.crc:08x}, {entry.compressed} and {entry.size}: one of them lies")
+    ends = start + entry.compressed
+    if ends > directory:
+        raise _zip_bad(f"member {entry.name!r}'s data ({entry.compressed} bytes from byte {start}) runs into the central "
+                       f"directory (at byte {directory})")
+    return start, (_zip_descriptor(data, entry, ends, following) if flags & 0x8 else ends)
+
+
+def _zip_descriptor(data: bytes, entry: _ZipEntry, at: int, following: int) -> int:
+    """Where the entry's data descriptor (at ``at``, after its data) ends: with or without its signature, with 4- or
+    8-byte (zip64) sizes, the one whose values are the central directory's and that ends where the next entry or the
+    central directory (``following``) begins, else the first whose values are."""
+    ends = []
+    for signed in (True, False):
+        if signed and data[at:at + 4] != b"PK\x07\x08":
+            continue
+        for layout in (DESCRIPTOR, DESCRIPTOR64):
+            pos = at + 4 * signed
+            if pos + layout.size <= len(data) and layout.unpack_from(data, pos) == (entry.crc, entry.compressed, entry.size):
+                ends.append(pos + layout.size)
+    if not ends:
+        raise _zip_bad(f"member {entry.name!r}: its data descriptor (at byte {at}) is missing or disagrees with the central "
+                       "directory (CRC-32 and sizes)")
+    return following if following in ends else ends[0]
+
+
+def _zip_member(data: bytes, entry: _ZipEntry, start: int) -> bytes:
+    """The member's bytes, decompressed to at most its declared size plus one; 422 where its compressed data does
+    not end exactly where its size says (bytes after the stream's end, or a stream cut short), where it decompresses to
+    another size than declared, or where its CRC-32 fails."""
+    raw = data[start:start + entry.compressed]
+    limit = entry.size + 1
+    where = f"member {entry.name!r}"
+    left = 0
+    if entry.method == zipfile.ZIP_STORED:
+        out, ended = raw, True
+    elif entry.method == zipfile.ZIP_DEFLATED:
+        inflate = zlib.decompressobj(-15)
+        out = inflate.decompress(raw, limit)
+        ended, left = inflate.eof, len(inflate.unused_data) + len(inflate.unconsumed_tail)
+    elif entry.method == zipfile.ZIP_BZIP2:
+        bunzip = bz2.BZ2Decompressor()
+        out = bunzip.decompress(raw, limit)
+        ended, left = bunzip.eof, len(bunzip.unused_data)
+    elif entry.method == zipfile.ZIP_LZMA:
+        out, ended, left = _zip_lzma(raw, limit, where, marked=bool(entry.flags & 0x2))
+    else:
+        raise _zip_bad(f"{where} is compressed with method {entry.method}: only stored, deflate, bzip2 and lzma are read")
+    if len(out) > entry.size:
+        raise _zip_bad(f"{where} decompresses to more than the {entry.size} bytes its headers declare")
+    if not ended and len(out) < entry.size:
+        raise _zip_bad(f"{where}'s compressed data stops before its end ({len(out)} of {entry.size} bytes): truncated or "
+                       "corrupt")
+    if not ended or left:
+        raise _zip_bad(f"{where}'s compressed data ({entry.compressed} bytes) "
+                       + (f"holds {left} bytes after its stream's end" if ended else "does not end its stream")
+                       + ": refused, they would be dropped")
+    if len(out) != entry.size:
+        raise _zip_bad(f"{where} decompresses to {len(out)} bytes, its headers declare {entry.size}")
+    if zlib.crc32(out) != entry.crc:
+        raise _zip_bad(f"archive {where} is broken: its bytes fail their CRC-32 ({zlib.crc32(out):08x}, its headers "
+                       f"declare {entry.crc:08x})")
+    return out
+
+
+def _zip_lzma(raw: bytes, limit: int, where: str, *, marked: bool) -> tuple[bytes, bool, int]:
+    """A zip member's LZMA data (its 4-byte header, the LZMA1 properties, the raw stream): the bytes, whether the stream
+    ended (its end marker, where flag bit 1 says it has one; otherwise all of the data read), and bytes left after it."""
+    props_len = struct.unpack_from("<H", raw, 2)[0] if len(raw) >= 4 else 0
+    if props_len < 5 or len(raw) < 4 + props_len:
+        raise _zip_bad(f"{where}'s LZMA header is cut short or corrupt")
+    props = raw[4:4 + props_len]
+    if props[0] >= 9 * 5 * 5:
+        raise _zip_bad(f"{where}'s LZMA properties are corrupt")
+    pb, rest = divmod(props[0], 45)
+    lp, lc = divmod(rest, 9)
+    lzma1 = {"id": lzma.FILTER_LZMA1, "lc": lc, "lp": lp, "pb": pb, "dict_size": struct.unpack_from("<L", props, 1)[0]}
+    unpack = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[lzma1])
+    out = unpack.decompress(raw[4 + props_len:], limit)
+    if marked:
+        return out, unpack.eof, len(unpack.unused_data)
+    return out, unpack.eof or unpack.needs_input, len(unpack.unused_data)
 
 
 def _read_zip(data: bytes, bounds: Bounds) -> list[tuple[str, bytes]]:
-    """A zip's images. Verified whole: the end record ends the data, the central directory holds the entries it
-    declares, and every entry (skipped ones too) is read to its end, so zipfile checks its local header's name and
-    its CRC-32; any failure is a 422 naming the entry."""
-    entries, declared_entries = _zip_entries(data)
-    if entries > _max_entries(bounds):
-        raise _too_large(f"the archive's central directory lists {entries} entries, more than {_max_entries(bounds)} (directories "
+    """A zip's images, in its central directory's order. Verified whole before one is decompressed: the end record
+    ends the data; the central directory sits right before it, where it says, and holds exactly the entries it
+    declares; no two entries have one name; and the entries tile the bytes before the directory exactly, from byte 0,
+    each a local header that agrees with its directory entry, its data, its data descriptor where it has one (nothing
+    before, between or overlapping: a second zip in front, as ``cat a.zip b.zip`` makes, or one member listed twice).
+    Then every entry, skipped ones too, is decompressed to its declared size and no further, its stream ending where its
+    compressed size does, and its CRC-32 checked. Any failure is a 422 that says where."""
+    end = _zip_end_record(data)
+    if (count := _zip_entry_count(data, end)) > _max_entries(bounds):
+        raise _too_large(f"the archive's central directory lists {count} entries, more than {_max_entries(bounds)} (directories "
                          "and hidden files included: twice the images left to the job of IDG_JOBS_MAX_IMAGES, and 100)")
+    entries = _central_directory(data, end)
+    _zip_names_unique(entries)
+    starts = _zip_layout(data, entries, end.directory_end - end.size)
+    declared = sum(e.size for e in entries if not e.is_dir)
+    if declared > bounds.max_total_bytes:
+        raise _too_large(f"the archive's members declare {declared} bytes decompressed, more than the {bounds.max_total_bytes} "
+                         "left to the job of IDG_JOBS_MAX_UPLOAD_BYTES (all its uploads together, unpacked)")
     budget, out = _Budget(bounds), []
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        infos = zf.infolist()
-        if len(infos) != declared_entries:
-            raise _bad(f"the zip archive could not be read: its end record declares {declared_entries} entries, its central "
-                       f"directory holds {len(infos)}")
-        declared = sum(i.file_size for i in infos if not i.is_dir())
-        if declared > bounds.max_total_bytes:
-            raise _too_large(f"the archive's members declare {declared} bytes decompressed, more than the {bounds.max_total_bytes} "
-                             "left to the job of IDG_JOBS_MAX_UPLOAD_BYTES (all its uploads together, unpacked)")
-        for info in infos:
-            budget.entry()
-            if info.flag_bits & 0x1:
-                raise _bad(f"archive member {info.filename!r} is encrypted: send archives without a password")
-            name: str | None = None
-            if not info.is_dir():
-                mode = info.external_attr >> 16
-                if mode and (mode & 0o170000) not in (0, 0o100000):  # a symlink or other special file (Unix attributes)
-                    raise _bad(f"archive member {info.filename!r} is not a regular file")
-                name = _checked_name(info.filename)
-            try:
-                with zf.open(info) as stream:
-                    if name is None:  # skipped, but read to its end all the same: its CRC and local header are checked
-                        budget.skip(info.filename, info.file_size)
-                        while stream.read(CHUNK):
-                            pass
-                        continue
-                    budget.admit(name, info.file_size)
-                    out.append((name, budget.read(name, stream)))  # to its end, where zipfile checks the CRC-32
-            except ApiError:
-                raise
-            except Exception as err:  # noqa: BLE001 - BadZipFile (a bad CRC-32, a local header that disagrees), zlib.error,
-                # LZMAError, EOFError, ...: the member is broken
-                why = str(err).strip() or "corrupt or truncated"
-                raise _bad(f"the zip archive could not be read: archive member {info.filename!r} is broken: "
-                           f"{type(err).__name__}: {why[:200]}") from err
+    for entry in entries:
+        budget.entry()
+        if entry.flags & 0x1:
+            raise _bad(f"archive member {entry.name!r} is encrypted: send archives without a password")
+        name: str | None = None
+        if not entry.is_dir:
+            if entry.mode and (entry.mode & 0o170000) not in (0, 0o100000):  # a symlink or other special file
+                raise _bad(f"archive member {entry.name!r} is not a regular file")
+            name = _checked_name(entry.name)
+        if name is None:  # skipped, but decompressed and checked all the same
+            budget.skip(entry.name, entry.size)
+            _zip_unpacked(data, entry, starts[entry.offset])
+            continue
+        budget.admit(name, entry.size)
+        out.append((name, budget.take(name, _zip_unpacked(data, entry, starts[entry.offset]))))
     return out
+
+
+def _zip_unpacked(data: bytes, entry: _ZipEntry, start: int) -> bytes:
+    try:
+        return _zip_member(data, entry, start)
+    except ApiError:
+        raise
+    except Exception as err:  # noqa: BLE001 - zlib.error, OSError (bzip2), LZMAError, ValueError...: the member is broken
+        why = str(err).strip() or "corrupt"
+        raise _zip_bad(f"archive member {entry.name!r} is broken: {type(err).__name__}: {why[:200]}") from err
 
 
 CHUNK = 1 << 16
@@ -388,10 +690,15 @@ def _read_tar(data: bytes, bounds: Bounds) -> list[tuple[str, bytes]]:
         except tarfile.ReadError as err:
             raise _bad(f"the tar archive could not be read: {_header_problem(stream, 0, where) or err}") from err
         with tf:
+            seen: dict[str, int] = {}  # an image's name: where its header starts
             try:
                 for member in tf:
                     where = f"in archive member {member.name!r}"
                     if (image := _tar_member(tf, member, budget)) is not None:
+                        if (first := seen.setdefault(image[0], member.offset)) != member.offset:
+                            raise _bad(f"the tar archive holds a member named {member.name!r} twice (its headers at bytes "
+                                       f"{first} and {member.offset}, unpacked): which one is the image is ambiguous (tar "
+                                       "-x keeps the last, as `tar -r` appends); refused whole")
                         out.append(image)
                     where = f"after archive member {member.name!r}"
             except tarfile.ReadError as err:  # past a member skipped unread (cut short), or a pax or GNU header broken

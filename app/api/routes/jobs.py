@@ -349,12 +349,16 @@ async def _job_images(form: FormData, settings: Settings) -> list[tuple[str, byt
     limit = settings.jobs_max_images
     images: list[tuple[str, bytes]] = []
     unpacked = 0  # bytes of the job's images so far: all its uploads together stay within IDG_JOBS_MAX_UPLOAD_BYTES
-    for i, upload in enumerate([*form.getlist("files"), *form.getlist("archive")]):
+    files = form.getlist("files")
+    for i, upload in enumerate([*files, *form.getlist("archive")]):
         if not isinstance(upload, UploadFile):
             raise ApiError(422, "files / archive: send files, not text fields", code="missing_file")
         data = await upload.read()
         if not data:  # as /attribute answers an empty upload: nothing of the job is stored
             raise ApiError(400, f"the uploaded file {upload.filename or i!r} is empty", code="bad_image")
+        if i >= len(files) and not is_archive(data):  # taken for an image, it had been a job of one broken image
+            raise ApiError(422, f"the uploaded archive could not be read: {upload.filename or i!r} is not a tar (plain, gzip, "
+                           "bzip2 or xz) or zip archive (send images as 'files')", code="bad_archive")
         if is_archive(data):
             bounds = Bounds(limit - len(images), settings.max_upload_bytes, settings.jobs_max_upload_bytes - unpacked)
             found = await asyncio.to_thread(read_archive, data, bounds)
