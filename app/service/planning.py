@@ -14,7 +14,7 @@ from app.core.config import Settings
 from app.core.errors import ApiError
 from app.schemas import AttributeCommon, AttributeParams, PredictExplainParams
 from app.service.explain_if import Condition, parse_condition
-from idg_core.budget import WorkBound, explanation_bound, postprocess_bound
+from idg_core.budget import WorkBound, explanation_bound, postprocess_bound, score_passes
 from idg_core.explain import ExplainOptions, Explanation, explain_plan
 from idg_core.faithfulness import parse_metrics
 from idg_core.methods import METHODS, POST_STEPS, InvalidParameter
@@ -62,25 +62,42 @@ def method_params(settings: Settings, params: AttributeCommon, num_classes: int)
 
 
 def work_bound(settings: Settings, params: AttributeCommon, used: dict[str, Any], options: ExplainOptions, size: int) -> WorkBound:
-    """The most the method with its post-steps can cost; 422 when it, or the whole explanation of a ``size``-pixel crop
-    (its prediction pass and faithfulness scores too), would cost more model passes than ``IDG_MAX_PASSES``."""
+    """The most the method with its post-steps can cost; 422 when the whole explanation of a ``size``-pixel crop (the
+    method times its noisy copies, their probe, its prediction pass and faithfulness scores) would cost more model passes
+    than ``IDG_MAX_PASSES``: the refusal states that whole bound and what it is made of (it had stated the method's
+    passes alone, 520, for a request of 32,777 passes)."""
     limit = settings.max_passes or 4 * settings.max_steps
     method = METHODS[params.method]
-    bound = method.bound(used)
-    if bound.forward > limit:
-        counts = " or ".join(p.name for p in method.params if p.step)
-        raise _invalid(f"{params.method} with these parameters may cost up to {bound.forward} model passes, more than the "
-                       f"limit of {limit}: lower {counts}")
-    bound = postprocess_bound(bound, options.post)
-    if bound.forward > limit:
-        raise _invalid(f"{params.method} with smooth_samples={options.post.get('smooth_samples', 0)} may cost up to {bound.forward} model "
-                       f"passes, more than the limit of {limit}: lower smooth_samples or steps")
+    alone = method.bound(used)
+    bound = postprocess_bound(alone, options.post)
     whole = explanation_bound(bound, options.metrics, size, size, options.steps, predict=True).forward
-    if whole > limit:  # the scores' passes and the prediction had been left out: 2,499 passes ran under a limit of 2,048
-        scores = f" with faithfulness={','.join(options.metrics)} in {options.steps} steps" if options.metrics else ""
-        raise _invalid(f"{params.method}{scores} may cost up to {whole} model passes with its prediction, more than the limit "
-                       f"of {limit}: lower {'faithfulness_steps, ' if options.metrics else ''}steps or smooth_samples")
+    if whole > limit:
+        raise _invalid(over_limit(params.method, alone, options, size, whole, limit))
     return bound
+
+
+def over_limit(method: str, alone: WorkBound, options: ExplainOptions, size: int, whole: int, limit: int) -> str:
+    """The refusal of an explanation of ``whole`` model passes over ``limit``: the whole bound, what to lower, and its
+    parts (``alone``: the method's bound without its post-steps), which add up to ``whole``."""
+    counts = [p.name for p in METHODS[method].params if p.step]
+    copies = max(1, int(options.post.get("smooth_samples") or 0))
+    if copies > 1:
+        counts.append("smooth_samples")
+    if options.metrics:
+        counts.append("faithfulness_steps")
+    if copies == 1:
+        parts = [f"{alone.forward} for the method"]
+    elif options.post.get("smooth_probe") == "shared":
+        parts = [f"{alone.forward - alone.probe} for each of {copies} noisy copies", f"{alone.probe} for their shared probe"]
+    else:
+        parts = [f"{alone.forward} for each of {copies} noisy copies"]
+    parts.append("1 for the prediction")
+    if options.metrics:
+        parts.append(f"{score_passes(options.metrics, size, size, options.steps)} for faithfulness="
+                     f"{','.join(options.metrics)} in {options.steps} steps")
+    lower = " or ".join([", ".join(counts[:-1]), counts[-1]] if len(counts) > 1 else counts)
+    return (f"{method} may cost up to {whole} model passes, more than the limit of {limit}: lower {lower} "
+            f"({', '.join(parts[:-1])} and {parts[-1]})")
 
 
 def post_steps(params: AttributeCommon) -> dict[str, Any]:

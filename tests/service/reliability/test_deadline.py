@@ -82,14 +82,16 @@ async def test_degenerate_parameters_are_refused_before_any_work(tiny_app: AppFa
         ({"method": "guided_ig", "fraction": "0", "steps": "1"}, "one feature at a time"),
         ({"method": "guided_ig", "fraction": "0.001"}, "fraction must be a number in [0.01, 1.0]"),
         ({"method": "agi", "epsilon": "0"}, "never moves the image"),
-        ({"method": "agi", "max_iter": "512", "adversarial_classes": "50"}, "may cost up to 51200 model passes"),
+        ({"method": "agi", "max_iter": "512", "adversarial_classes": "50"}, "may cost up to 51201 model passes"),
         # the remedy names the method's own counts (it had said "steps, probe_steps, max_iter or adversarial_classes")
         ({"method": "la", "max_iter": "512", "classes": "512"}, "more than the limit of 2048: lower max_iter or classes"),
         # 2,048 passes of the method, its prediction and two scores' passes: the scores had been left out of the bound
         ({"method": "ig", "steps": "512", "smooth_samples": "4", "faithfulness": "insertion,deletion", "faithfulness_steps": "224"},
-         "with faithfulness=insertion,deletion in 224 steps may cost up to"),
+         "may cost up to 2461 model passes, more than the limit of 2048: lower steps, probe_steps, smooth_samples or "
+         "faithfulness_steps (512 for each of 4 noisy copies, 1 for the prediction and 412 for faithfulness=insertion,deletion "
+         "in 224 steps)"),
         # exactly the limit's 2,048 passes, and the prediction's one more
-        ({"method": "ig", "steps": "512", "smooth_samples": "4"}, "may cost up to 2049 model passes with its prediction"),
+        ({"method": "ig", "steps": "512", "smooth_samples": "4"}, "may cost up to 2049 model passes, more than the limit of 2048"),
     ]
     app = tiny_app(max_passes=2048)
     async with serve(app) as client:
