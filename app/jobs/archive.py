@@ -330,8 +330,11 @@ def _zip_names_unique(entries: list[_ZipEntry]) -> None:
     seen: dict[str, int] = {}
     for entry in entries:
         key = posixpath.normpath(entry.name.replace("\\", "/")) + ("/" if entry.is_dir else "")
+        if key in seen and seen[key] == entry.offset:
+            raise _bad(f"the zip archive lists member {entry.name!r} (its local header at byte {entry.offset}) more than once "
+                       f"in its central directory: it would be answered once per listing; {ZIP_REFUSED}")
         if key in seen:
-            raise _bad(f"the zip archive lists a member named {entry.name!r} twice (its local headers at bytes {seen[key]} and "
+            raise _bad(f"the zip archive holds two members named {entry.name!r} (their local headers at bytes {seen[key]} and "
                        f"{entry.offset}): which one is the image is ambiguous; {ZIP_REFUSED}")
         seen[key] = entry.offset
 
