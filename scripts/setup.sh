@@ -43,6 +43,19 @@ if [ "${#missing[@]}" -gt 0 ]; then
     for part in base "${missing[@]}"; do touch ".venv/.installed-$part"; done
     say "installed ${missing[*]} in $((SECONDS - started)) s"
 fi
+# `import torchvision` (and `import timm`) in any script run by this .venv's Python: PyPI's torchvision is compiled for
+# CUDA torch and, beside the CPU torch, fails to import unless two op schemas are declared first. A .pth file in
+# site-packages (run by Python at start-up) puts idg_models/_torchvision_hook.py's import finder in place, loaded by its
+# path (not through idg_models, which imports torch); it acts only when torchvision.extension is imported. Always
+# checked: cheap, and it follows the checkout if it moves.
+hook="$PWD/idg_models/_torchvision_hook.py"
+pth="import os, sys, importlib.util as u; p = '$hook'; s = os.path.isfile(p) and u.spec_from_file_location('_idg_torchvision_hook', p); m = s and u.module_from_spec(s); s and (sys.modules.setdefault(s.name, m), s.loader.exec_module(m), m.install())"
+for site in .venv/lib/python3*/site-packages; do
+    if [ -d "$site" ] && [ "$(cat "$site/idg_torchvision.pth" 2>/dev/null)" != "$pth" ]; then
+        say "writing $site/idg_torchvision.pth (import torchvision and timm work beside the CPU torch)"
+        printf '%s\n' "$pth" > "$site/idg_torchvision.pth"
+    fi
+done
 # Debian packages the dev tests drive: Chromium for the browser test (Playwright's own browser download
 # is not reachable), Prometheus for the monitoring tests (promtool checks and unit-tests the rules,
 # a slow test runs the server itself) and PostgreSQL for the job store's tests (each starts its own
@@ -80,6 +93,21 @@ if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/kserve/.installed-$KSER
     else
         rm -rf .venv/peers/kserve
         say "could not install $KSERVE; tests/service/test_oip_kserve.py's client test will skip"
+    fi
+fi
+# PAIR's XRAI (PyPI saliency 0.2.1, pure Python, needs only numpy and scikit-image, both in .venv) for
+# tests/core/test_xrai.py, which holds the xrai post-step's segments and region order against it: installed without its
+# dependencies into a folder of its own (.venv/peers/saliency, put on sys.path by that test only), once (its stamp);
+# where it cannot be had, that test skips.
+SALIENCY=saliency==0.2.1
+if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/saliency/.installed-$SALIENCY" ]; then
+    say "installing PAIR's saliency ($SALIENCY) apart, into .venv/peers/saliency, for the XRAI test"
+    rm -rf .venv/peers/saliency
+    if .venv/bin/python -m pip install --progress-bar off -q --no-deps --target .venv/peers/saliency "$SALIENCY" >/dev/null 2>&1; then
+        touch ".venv/peers/saliency/.installed-$SALIENCY"
+    else
+        rm -rf .venv/peers/saliency
+        say "could not install $SALIENCY; tests/core/test_xrai.py's comparison with it will skip"
     fi
 fi
 # pytorch-grad-cam (PyPI grad-cam 1.5.7) for tests/core/test_gradcam.py, which holds the gradcam and gradcam_pp maps
