@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
+from types import TracebackType
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,17 +36,69 @@ def error_body(status: int, message: str, code: str) -> dict[str, object]:
     """The service's error form: the status, a stable code, one sentence, and the request's ID (the one its
     ``X-Request-ID`` header carries, to quote to whoever reads the logs) where a door gave the request one. Never a
     traceback or a server path: those go to the log (:func:`app.api.failures.internal_error`)."""
+    return {"error": error_detail(status, message, code)}
+
+
+def error_detail(status: int, message: str, code: str) -> dict[str, object]:
+    """What :func:`error_body` holds under ``error`` (alone: the ``error`` event of ``/attribute/stream``)."""
     detail: dict[str, object] = {"status": status, "code": code, "message": message}
     rid = current_request_id()
     if rid is not None:
         detail["request_id"] = rid
-    return {"error": detail}
+    return detail
 
 
 def oip_error(message: str) -> dict[str, object]:
     """The Open Inference Protocol's error form, ``{"error": "..."}``, with the request's ID beside it where it has one."""
     rid = current_request_id()
     return {"error": message} if rid is None else {"error": message, "request_id": rid}
+
+
+OUR_PACKAGES = frozenset({"app", "idg_core", "idg_models", "idg_evaluation", "idg_serving"})
+"""The project's own packages: an error raised in their code is one of its sentences (a model's output that is not
+finite, logits of the wrong shape), not a model's exception."""
+MODEL_MESSAGE_CHARS = 300
+"""The most of a model's own error message an answer quotes (the whole of it is in the log)."""
+_TORCHSCRIPT = ("The following operation failed in the TorchScript interpreter", "Traceback of TorchScript")
+_EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*): (.*\S)")
+"""An unindented ``builtins.ValueError: message`` line: how TorchScript's traceback ends with the model's own error."""
+
+
+def _innermost(tb: TracebackType | None) -> str | None:
+    """The module of the frame where an exception was raised (the last Python frame of its traceback), or None."""
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", ""))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MODEL_MESSAGE_CHARS else text[: MODEL_MESSAGE_CHARS - 1].rstrip() + "…"
+
+
+def model_failure(err: BaseException) -> str:
+    """The one sentence every door answers for a request whose model call or plan raised ``err`` (the 500
+    ``model_error``; the door's status and form are its own). A model's exception (raised outside the project's
+    packages: in the model's code, in torch, in TorchScript's interpreter) is named by its type and the first line of
+    its message: "the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x48 and 2x2)", never the
+    interpreter's traceback, whose message holds the model's source lines and file names (the real error is its last
+    ``Type: message`` line), and at most :data:`MODEL_MESSAGE_CHARS` of it. One of the project's own sentences
+    (a model's logits or gradients not finite, an output of the wrong shape) is said as it is. The whole traceback goes
+    to the log, under the request's ID (:func:`app.worker.waiting.submit_and_wait`)."""
+    text = str(err)
+    kind = type(err).__name__
+    if any(marker in text for marker in _TORCHSCRIPT):
+        lines = [m for line in text.splitlines() if (m := _EXCEPTION_LINE.fullmatch(line))]
+        if not lines:
+            return f"the model raised {kind} in TorchScript's interpreter"
+        kind, first = lines[-1].group(1), lines[-1].group(2)
+        return f"the model raised {kind}: {_clip(first)}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    module = _innermost(err.__traceback__)
+    if module is None or module.split(".")[0] in OUR_PACKAGES:
+        return f"the model failed on this request: {first or kind}"
+    return f"the model raised {kind}: {_clip(first)}" if first else f"the model raised {kind}"
 
 
 HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})

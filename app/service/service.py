@@ -20,7 +20,7 @@ from torch import Tensor
 
 from app.core.config import Settings
 from app.core.deadline import past_deadline
-from app.core.errors import SHUTTING_DOWN, ApiError
+from app.core.errors import SHUTTING_DOWN, ApiError, model_failure
 from app.core.image_threads import in_image_thread
 from app.core.images import load_input
 from app.core.prometheus import Metrics
@@ -42,7 +42,7 @@ from app.service.render import NonFiniteAttribution, attribute_response, method_
 from app.service.stats import ModelStats
 from app.worker.engine import Worker
 from app.worker.jobs import SHUTDOWN_REASON
-from app.worker.waiting import Busy, Dropped, Late, Outcome, Refused, Submission, Waiter, submit_and_wait
+from app.worker.waiting import Busy, Dropped, Failed, Late, Outcome, Refused, Submission, Waiter, submit_and_wait
 from idg_core.explain import Explanation, predict_plan
 from idg_core.types import to_device
 from idg_models import ImageClassifier
@@ -283,4 +283,4 @@ def refusal(err: Refused, timeout: float) -> ApiError:
     if isinstance(err, Dropped):
         message = SHUTTING_DOWN if err.reason == SHUTDOWN_REASON else str(err)
         return ApiError(503, message, headers={"Retry-After": "5"}, code="dropped")
-    return ApiError(500, f"the model failed on this request: {err}", code="model_error")
+    return ApiError(500, model_failure(err.error if isinstance(err, Failed) else err), code="model_error")

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from app.core.errors import model_failure
 from app.core.prometheus import Metrics
 from app.worker.admission import QueueFull
 from app.worker.engine import Worker
@@ -65,7 +66,12 @@ class Dropped(Refused):
 
 
 class Failed(Refused):
-    """The running plan raised: the model failed on this request only."""
+    """The running plan raised ``error``: the model failed on this request only. The service words it
+    (:func:`app.core.errors.model_failure`); its traceback is logged here."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -122,8 +128,10 @@ async def submit_and_wait(worker: Worker, metrics: Metrics, work: Submission[T],
     # No ValueError -> a refusal of the parameters here: the parameters were checked before the job was queued (app.service.planning
     # runs the methods' validation), so whatever the running plan raises is this request's 500.
     except Exception as err:  # noqa: BLE001 - the model failed on this request only
-        log.error("job %d (%s) failed: %s", job.id, work.kind, err)
-        raise Failed(str(err)) from err
+        # the answer's sentence, then the whole traceback and message (TorchScript's holds the model's source): the log's
+        # only, on a line that names the request's ID
+        log.error("job %d (%s) failed: %s", job.id, work.kind, model_failure(err), exc_info=err)
+        raise Failed(err) from err
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from app.api.deps import get_service, require_api_key
 from app.api.failures import alone, internal_error
 from app.api.requests import body_docs, read_batch_request, read_image_request, until_disconnected
-from app.core.errors import ApiError
+from app.core.errors import ApiError, error_detail
 from app.core.request_id import current_request_id
 from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, BatchItem, BatchResponse, ErrorDetail
 from app.service import Service
@@ -53,7 +53,7 @@ def _sse(event: str, payload: dict[str, Any]) -> str:
 async def attribute_stream(request: Request, service: Annotated[Service, Depends(get_service)]) -> StreamingResponse:
     """The same request as /attribute, answered as Server-Sent Events: ``accepted``, ``queued``
     (position), ``started``, ``progress`` (worker round and the points it needs next), then
-    ``result`` (the /attribute body) or ``error`` ({status, code, message}). Closing the
+    ``result`` (the /attribute body) or ``error`` ({status, code, message, request_id}). Closing the
     connection cancels the work."""
     received = time.perf_counter()
     data, params = await read_image_request(request, AttributeParams, AttributeJSON, service.settings.max_upload_bytes)
@@ -68,7 +68,7 @@ async def attribute_stream(request: Request, service: Annotated[Service, Depends
             events.put_nowait(("result", result.model_dump(mode="json")))
         except Exception as err:  # noqa: BLE001 - whatever fails, the stream ends with an ``error`` event
             api = err if isinstance(err, ApiError) else internal_error(err, "POST /attribute/stream")
-            events.put_nowait(("error", {"status": api.status, "code": api.code, "message": api.message}))
+            events.put_nowait(("error", error_detail(api.status, api.message, api.code)))  # with the request's ID
 
     async def stream() -> AsyncIterator[str]:
         task = asyncio.create_task(work())
