@@ -55,10 +55,14 @@ class AttributeCommon(PredictParams):
                                      "(RISE AUCs in [0, 1]); costs steps + 1 forward passes per metric (2 x 29 at the default 28 steps)")
     faithfulness_steps: int | None = Field(
         None, ge=1, le=224, description="Steps of the faithfulness games; default IDG_FAITHFULNESS_STEPS (28)")
-    postprocess: Literal["none", "idgi", "rankmix"] = Field(
+    postprocess: Literal["none", "idgi", "rankmix", "xrai"] = Field(
         "none", description="'idgi': IDGI (Yang et al. 2023) on the path of idg, ig or left_ig, from the same outputs and "
         "gradients; 'rankmix': the method's map and its IDGI map rank-averaged (a rank score per pixel, not additive), "
-        "IDGI's gains without its deletion loss; neither costs an extra model pass")
+        "IDGI's gains without its deletion loss; 'xrai': XRAI (Kapishnikov et al. 2019) over any method's map, its ranked "
+        "regions in the answer's `regions` (see xrai_order); none costs an extra model pass")
+    xrai_order: Literal["regions_then_pixels", "regions"] = Field(
+        "regions_then_pixels", description="With postprocess=xrai, how the map ranks pixels: 'regions_then_pixels', by region "
+        "and inside each region in the method's own order (keeps deletion); 'regions', by region alone (plain XRAI)")
     smooth_samples: int = Field(0, ge=0, le=64, description="SmoothGrad / VarGrad over this many noisy copies (0: off); costs "
                                 "this many times the method's passes, pooled into the same model calls")
     smooth_std: float = Field(0.15, ge=0, le=1, description="Standard deviation of the SmoothGrad noise in pixel units (images in [0, 1])")
@@ -235,6 +239,22 @@ class Faithfulness(BaseModel):
     steps: int = Field(..., description="Steps of each game (its forward passes are steps + 1)")
 
 
+class Region(BaseModel):
+    rank: int = Field(..., description="The region's rank, 1 first: its pixels' value in `labels_png`")
+    gain: float = Field(..., description="Its mean saliency (Σ over channels of |attribution| of the method's map) over its "
+                        "pixels when XRAI added it, the order's key; the last region (pixels no segment reached) its own mean")
+    area: int = Field(..., description="Its pixels, at the model's input size")
+    share: float = Field(..., description="Its share of the image, area / pixels")
+
+
+class XraiRegions(BaseModel):
+    """XRAI's ranked regions (postprocess=xrai), for a front end to outline or fill the top ones."""
+
+    order: Literal["regions_then_pixels", "regions"] = Field(..., description="How the returned map ranks pixels (xrai_order)")
+    labels_png: str = Field(..., description="base64 16-bit greyscale PNG at the model's input size: each pixel's region rank")
+    regions: list[Region] = Field(..., description="Every region, first (highest gain) to last")
+
+
 class AttributeResponse(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     model: str = Field(..., description="Model that answered")
@@ -250,6 +270,7 @@ class AttributeResponse(BaseModel):
     curve: OutputCurve = Field(..., description="The target output along the path, where the method sampled it")
     cost: Cost = Field(..., description="Model passes this request took")
     faithfulness: Faithfulness | None = Field(None, description="Insertion / deletion AUCs of this map, if faithfulness was asked")
+    regions: XraiRegions | None = Field(None, description="XRAI's ranked regions, with postprocess=xrai")
     timings: Timings = Field(..., description="Where the time of this request went, in milliseconds")
 
 

@@ -19,12 +19,14 @@ from idg_client.client import (
     JobResults,
     OutputCurve,
     Prediction,
+    Regions,
     ServiceError,
     image_files,
     parse_attribution,
     parse_prediction,
+    parse_regions,
 )
 
 __all__ = ["ARCHIVE_SUFFIXES", "IMAGE_SUFFIXES", "AsyncClient", "AsyncJobResults", "Attribution", "ClassScore", "Client",
-           "ImageInput", "JobResults", "OutputCurve", "Prediction", "ServiceError", "image_files", "parse_attribution",
-           "parse_prediction"]
+           "ImageInput", "JobResults", "OutputCurve", "Prediction", "Regions", "ServiceError", "image_files",
+           "parse_attribution", "parse_prediction", "parse_regions"]

@@ -85,8 +85,9 @@ def _main(argv: list[str] | None = None) -> int:
     at.add_argument("--probe-steps", type=int)
     at.add_argument("--baseline", choices=["mean", "black"])
     at.add_argument("--faithfulness", help="score the map: insertion, deletion or insertion,deletion")
-    at.add_argument("--postprocess", choices=["none", "idgi", "rankmix"])
+    at.add_argument("--postprocess", choices=["none", "idgi", "rankmix", "xrai"])
     at.add_argument("--smooth-samples", type=int, help="SmoothGrad over this many noisy copies")
+    at.add_argument("--xrai-order", choices=["regions_then_pixels", "regions"], help="with --postprocess xrai: how the map ranks pixels")
     at.add_argument("--out", type=Path, default=Path("heatmap.png"), help="heatmap PNG to write")
     at.add_argument("--overlay", type=Path, help="also write the overlay PNG here")
     _job_parser(sub)
@@ -115,7 +116,8 @@ def _main(argv: list[str] | None = None) -> int:
                 return 0
             a = client.attribute(args.image, method=args.method, model=args.model, target=args.target, preset=args.preset, steps=args.steps,
                                  probe_steps=args.probe_steps, baseline=args.baseline, return_overlay=args.overlay is not None,
-                                 faithfulness=args.faithfulness, postprocess=args.postprocess, smooth_samples=args.smooth_samples)
+                                 faithfulness=args.faithfulness, postprocess=args.postprocess, smooth_samples=args.smooth_samples,
+                                 xrai_order=args.xrai_order)
     except ServiceError as err:
         sys.stderr.write(f"error {err.status}: {err.message}\n")
         return 1
@@ -142,6 +144,10 @@ def _main(argv: list[str] | None = None) -> int:
     if a.faithfulness:
         out.write("faithfulness: " + ", ".join(f"{k} {v:.3f}" for k, v in a.faithfulness.items() if k != "steps" and v is not None)
                   + f" ({a.faithfulness['steps']} steps)\n")
+    if a.regions is not None:
+        r = a.regions
+        out.write(f"xrai regions ({r.order}): {len(r.areas)}; the first: gain {r.gains[0]:.4g}, "
+                  f"{r.areas[0] / r.labels.size:.1%} of the image\n")
     c = a.curve
     out.write(f"alpha\t{c.output}\timportance\tweight\n")
     for i in range(len(c.alphas)):

@@ -102,6 +102,33 @@ class OutputCurve:
 
 
 @dataclass(frozen=True)
+class Regions:
+    """XRAI's ranked regions (``postprocess="xrai"``): ``labels (H, W)`` the rank of each pixel's region (1 first) at the
+    model's input size; per region, first to last, its ``gains`` (mean saliency when added) and ``areas`` (pixels)."""
+
+    order: str
+    labels: np.ndarray
+    gains: np.ndarray
+    areas: np.ndarray
+
+    def top(self, share: float) -> np.ndarray:
+        """``(H, W)`` bool: the first regions whose pixels together cover at most ``share`` of the image (at least the first)."""
+        covered = np.cumsum(self.areas) / self.labels.size
+        count = max(1, int(np.searchsorted(covered, share, side="right")))
+        return (self.labels >= 1) & (self.labels <= count)
+
+
+def parse_regions(body: dict[str, Any] | None) -> Regions | None:
+    """The answer's ``regions`` (None where the map has none)."""
+    if not body:
+        return None
+    labels = np.asarray(Image.open(io.BytesIO(base64.b64decode(body["labels_png"]))), dtype=np.int32)
+    rows = body["regions"]
+    return Regions(body["order"], labels, np.asarray([r["gain"] for r in rows], dtype=np.float64),
+                   np.asarray([r["area"] for r in rows], dtype=np.int64))
+
+
+@dataclass(frozen=True)
 class Attribution:
     model: str
     method: str
@@ -118,6 +145,11 @@ class Attribution:
     def faithfulness(self) -> dict[str, Any] | None:
         """``{"insertion", "deletion", "steps"}`` when ``faithfulness`` was asked."""
         return self.raw.get("faithfulness")
+
+    @property
+    def regions(self) -> Regions | None:
+        """XRAI's ranked regions when ``postprocess="xrai"`` was asked (:class:`Regions`), else None."""
+        return parse_regions(self.raw.get("regions"))
 
 
 def _file(image: ImageInput) -> tuple[str, bytes]:

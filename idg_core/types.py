@@ -39,6 +39,17 @@ def to_device(values: Tensor, device: torch.device) -> Tensor:
     return values.pin_memory().to(device, non_blocking=True)
 
 
+@dataclass(frozen=True)
+class Regions:
+    """One image's ranked regions: ``labels (H, W)`` int32, 1 the first region (the highest gain) to R the last (the
+    remainder no segment reached, if any); ``gains (R,)`` float64: each region's mean saliency when it was added (PAIR's
+    gain; the remainder's own mean); ``areas (R,)`` int64: its pixels at the map's size."""
+
+    labels: Tensor
+    gains: Tensor
+    areas: Tensor
+
+
 @dataclass
 class AttributionResult:
     """What every method returns. Fields that do not apply to a method are empty tensors.
@@ -60,6 +71,8 @@ class AttributionResult:
     backward_passes: int = 0
     output: Output | Literal[""] = ""
     """What ``values`` holds: ``logit`` or ``probability`` of the target; "" without a curve."""
+    regions: list[Regions] = field(default_factory=list)
+    """XRAI's ranked regions, one per image (:mod:`idg_core.postprocess.xrai`); empty without that post-step."""
 
     @staticmethod
     def concat(parts: list[AttributionResult]) -> AttributionResult:
@@ -73,6 +86,8 @@ class AttributionResult:
                 out[f.name] = sum(values)
             elif f.name == "output":
                 out[f.name] = next((v for v in values if v), "")
+            elif f.name == "regions":
+                out[f.name] = [r for p in parts for r in p.regions]
             elif f.name == "probe_alphas":
                 out[f.name] = values[0]
             elif all(v.numel() == 0 for v in values):

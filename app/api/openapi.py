@@ -131,8 +131,8 @@ def _method_branch(method: str, props: dict[str, Any], json: bool) -> dict[str, 
                 bounds["maximum"] = p.high
             if bounds:
                 then[name] = bounds if not json else {"anyOf": [bounds, {"type": "null"}]}
-    if method not in IDGI_METHODS and "postprocess" in props:
-        then["postprocess"] = {"enum": ["none"] if json else ["none", ""]}
+    if method not in IDGI_METHODS and "postprocess" in props:  # XRAI applies to any method's map
+        then["postprocess"] = {"enum": ["none", "xrai"] if json else ["none", "xrai", ""]}
     branch: dict[str, Any] = {"properties": {"method": {"const": method}, **then}}
     if method != DEFAULT_METHOD:  # without "required", an absent method matches the default's branch only
         branch["required"] = ["method"]

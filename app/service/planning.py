@@ -112,13 +112,15 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
     parameters, :func:`method_params`)."""
     chosen = post_steps(params)
     post: dict[str, Any] = {}
-    if chosen["postprocess"] not in (None, "none"):  # idgi or rankmix, checked below
+    if chosen["postprocess"] not in (None, "none"):  # idgi, rankmix or xrai, checked below
         post["postprocess"] = chosen["postprocess"]
+    if chosen["postprocess"] == "xrai":
+        post["xrai_order"] = chosen["xrai_order"]
     if chosen["smooth_samples"]:
         post |= {k: chosen[k] for k in ("smooth_samples", "smooth_std", "smooth_kind", "smooth_probe")} | {"smooth_seed": params.seed}
     try:
         check_postprocess(params.method, chosen["postprocess"], chosen["smooth_samples"], chosen["smooth_std"], chosen["smooth_kind"],
-                          chosen["smooth_probe"] if chosen["smooth_samples"] else "own", used)
+                          chosen["smooth_probe"] if chosen["smooth_samples"] else "own", used, chosen["xrai_order"])
         metrics = parse_metrics(params.faithfulness)
     except ValueError as err:
         raise _invalid(str(err)) from err

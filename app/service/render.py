@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 import base64
+import io
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 
-from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Timings
+from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Region, Timings, XraiRegions
 from app.service.planning import AttributePlan, post_steps
 from idg_core.explain import Explanation
 from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, image_png
-from idg_core.types import AttributionResult
+from idg_core.types import AttributionResult, Regions
 from idg_models import ImageClassifier
 
 
@@ -32,9 +35,10 @@ def non_finite_message(attr: Tensor) -> str:
             "gradients overflowed on this image; a model in bf16 may need fp32 (IDG_PRECISION, or precision in the models file)")
 
 
-def render(x: Tensor, attr: Tensor, params: AttributeCommon) -> dict[str, Any]:
+def render(x: Tensor, attr: Tensor, params: AttributeCommon, regions: Regions | None = None) -> dict[str, Any]:
     """The images and the optional raw array the request asked for, as base64 response fields, from one image's map
-    ``attr (C, H, W)`` on the host (float32), checked finite before (the service's ``_on_host``)."""
+    ``attr (C, H, W)`` on the host (float32), checked finite before (the service's ``_on_host``), and XRAI's
+    ``regions`` where the map has them."""
     image = x.detach().float().cpu()
     heatmap, overlay = None, None
     if params.return_heatmap or params.return_overlay:
@@ -45,7 +49,19 @@ def render(x: Tensor, attr: Tensor, params: AttributeCommon) -> dict[str, Any]:
         "heatmap_png": None if heatmap is None else b64(heatmap),
         "overlay_png": None if overlay is None else b64(overlay),
         "attribution": _npy(attr) if params.return_attribution else None,
+        "regions": None if regions is None else regions_answer(regions, post_steps(params)["xrai_order"]),
     }
+
+
+def regions_answer(regions: Regions, order: str) -> XraiRegions:
+    """The answer's ``regions``: the rank of each pixel's region as a 16-bit PNG and each region's rank, gain and area."""
+    labels = regions.labels.numpy().astype(np.uint16)
+    out = io.BytesIO()
+    Image.fromarray(labels).save(out, format="PNG", compress_level=1)
+    pixels = labels.size
+    rows = [Region(rank=i + 1, gain=float(g), area=int(a), share=int(a) / pixels)
+            for i, (g, a) in enumerate(zip(regions.gains.tolist(), regions.areas.tolist(), strict=True))]
+    return XraiRegions(order=order, labels_png=b64(out.getvalue()), regions=rows)
 
 
 def _npy(attr: Tensor) -> dict[str, Any]:

@@ -227,8 +227,10 @@ class Service:
         return attr
 
     def _rendered(self, request: ExplainRequest, explained: Explained) -> dict[str, Any]:
-        """The answer's images (:func:`render`) from the map's host copy (:meth:`_on_host`), in an image thread."""
-        return render(explained.x, self._on_host(request, explained.found), request.params)
+        """The answer's images (:func:`render`) from the map's host copy (:meth:`_on_host`), with XRAI's regions where the map
+        has them, in an image thread."""
+        regions = explained.found.result.regions
+        return render(explained.x, self._on_host(request, explained.found), request.params, regions[0] if regions else None)
 
     def _observed(self, name: str, context: RequestContext, observe: Callable[..., dict[str, object]], *args: Any) -> None:
         """``observe(name, *args)``, a drift metric (:class:`Metrics`), and its ``app.results`` line (IDG_LOG_PREDICTIONS);

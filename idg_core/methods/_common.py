@@ -25,7 +25,7 @@ Preset = Literal["fast", "paper", "quality"]
 """Named settings every method declares (:attr:`Method.presets`); :mod:`idg_core.presets` says how they were chosen."""
 PRESET_NAMES: tuple[str, ...] = get_args(Preset)
 DEFAULT_PRESET: Preset = "fast"
-POST_STEPS = ("postprocess", "smooth_samples", "smooth_std", "smooth_kind", "smooth_probe")
+POST_STEPS = ("postprocess", "smooth_samples", "smooth_std", "smooth_kind", "smooth_probe", "xrai_order")
 """Keywords of :func:`idg_core.postprocess.build_plan` a preset may set beside the method's parameters."""
 
 

@@ -1,5 +1,5 @@
 """One entry point for a method with its post-steps, composable on any method: IDGI inside (on a
-straight-path method), SmoothGrad / VarGrad around it, and the evaluation's blur control last."""
+straight-path method), SmoothGrad / VarGrad around it, XRAI's regions over the result, and the evaluation's blur control last."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from idg_core.postprocess.blur import blur_plan
 from idg_core.postprocess.idgi import IDGI_METHODS, idgi_plan
 from idg_core.postprocess.rankmix import rankmix_plan, with_idgi
 from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, shared_probe_plan, smooth_plan
+from idg_core.postprocess.xrai import XRAI_ORDERS, xrai_plan
 from idg_core.types import Plan
 
 # postprocess_bound: from idg_core.budget
 __all__ = ["POSTPROCESS", "SMOOTH_PROBES", "build_plan", "check_postprocess", "postprocess_bound"]
 
-POSTPROCESS = ("none", "idgi", "rankmix")
+POSTPROCESS = ("none", "idgi", "rankmix", "xrai")
 """The ``postprocess`` values: none; ``idgi`` (:mod:`idg_core.postprocess.idgi`); ``rankmix``, the method's map and its
-IDGI map rank-averaged (:mod:`idg_core.postprocess.rankmix`). Both need a straight-path method and no extra pass."""
+IDGI map rank-averaged (:mod:`idg_core.postprocess.rankmix`). Both need a straight-path method and no extra pass.
+``xrai``: XRAI's ranked regions over any method's map (:mod:`idg_core.postprocess.xrai`; ``xrai_order``), host work only."""
 
 
 SMOOTH_PROBES = ("own", "shared")
@@ -30,11 +32,13 @@ probe of the image itself (``shared``: a method with a probe, IDG; its cost coun
 
 
 def check_postprocess(method: str, postprocess: str | None, smooth_samples: int, smooth_std: float, smooth_kind: str,
-                      smooth_probe: str = "own", params: Mapping[str, Any] | None = None) -> None:
+                      smooth_probe: str = "own", params: Mapping[str, Any] | None = None, xrai_order: str = XRAI_ORDERS[0]) -> None:
     """ValueError (one sentence) when the post-steps do not apply (``params``: the method's, every keyword, where known:
     a shared probe needs them to run one)."""
     if postprocess is not None and postprocess not in POSTPROCESS:
         raise ValueError(f"postprocess must be one of {', '.join(POSTPROCESS)}, got {postprocess!r}")
+    if xrai_order not in XRAI_ORDERS:
+        raise ValueError(f"xrai_order must be one of {', '.join(XRAI_ORDERS)}, got {xrai_order!r}")
     if postprocess in ("idgi", "rankmix") and method not in IDGI_METHODS:
         raise ValueError(f"postprocess={postprocess} needs a path method ({', '.join(IDGI_METHODS)}), got {method!r}")
     if smooth_samples < 0:
@@ -55,19 +59,20 @@ def check_postprocess(method: str, postprocess: str | None, smooth_samples: int,
 def build_plan(
     method: str, x: Tensor, baseline: Tensor, target: int, *, postprocess: str | None = None, smooth_samples: int = 0,
     smooth_std: float = 0.15, smooth_kind: str = "smoothgrad", smooth_seed: int = 0, smooth_probe: str = "own",
-    blur_sigma: float = 0.0, **kwargs: Any,
+    blur_sigma: float = 0.0, xrai_order: str = XRAI_ORDERS[0], **kwargs: Any,
 ) -> Plan:
     """The plan of ``method`` on ``x (C, H, W)`` with IDGI (``postprocess="idgi"``) or RankMix (``"rankmix"``: the map
     and its IDGI map rank-averaged, after SmoothGrad when there is one) and/or SmoothGrad /
-    VarGrad over ``smooth_samples`` noisy copies (0: none; ``smooth_probe``: :data:`SMOOTH_PROBES`), then the map
-    blurred by ``blur_sigma`` pixels (0: not; the evaluation's control). ``kwargs`` go to the method's plan."""
+    VarGrad over ``smooth_samples`` noisy copies (0: none; ``smooth_probe``: :data:`SMOOTH_PROBES`), then XRAI's regions
+    (``"xrai"``, over the photo ``x``, in ``xrai_order``), then the map blurred by ``blur_sigma`` pixels (0: not; the
+    evaluation's control). ``kwargs`` go to the method's plan."""
     used = METHODS[method].validate(**kwargs) if smooth_probe == "shared" and smooth_samples > 0 else None
-    check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind, smooth_probe, used)
+    check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind, smooth_probe, used, xrai_order)
     spec = METHODS[method]
     if blur_sigma:
         inner = build_plan(method, x, baseline, target, postprocess=postprocess, smooth_samples=smooth_samples,
                            smooth_std=smooth_std, smooth_kind=smooth_kind, smooth_seed=smooth_seed, smooth_probe=smooth_probe,
-                           **kwargs)
+                           xrai_order=xrai_order, **kwargs)
         return blur_plan(inner, blur_sigma)
 
     def one(xi: Tensor, **sampled: Any) -> Plan:
@@ -84,4 +89,4 @@ def build_plan(
                                      lambda sampling: [one(xi, sampling=sampling) for xi in copies], smooth_kind)
         else:
             plan = smooth_plan([one(xi) for xi in copies], smooth_kind)
-    return rankmix_plan(plan) if postprocess == "rankmix" else plan
+    return rankmix_plan(plan) if postprocess == "rankmix" else xrai_plan(plan, x, xrai_order) if postprocess == "xrai" else plan
