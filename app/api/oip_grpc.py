@@ -51,7 +51,17 @@ from app.api.oip import (
     json_numbers,
     validate_request,
 )
-from app.api.oip_inference import EXTENSIONS, MODEL_VERSION, SERVER_NAME, batch_limits, check_version, config_of, metadata_of, run_inference
+from app.api.oip_inference import (
+    EXTENSIONS,
+    MODEL_VERSION,
+    SERVER_NAME,
+    batch_limits,
+    check_version,
+    config_of,
+    metadata_of,
+    run_inference,
+    statistics_of,
+)
 from app.core.config import Settings
 from app.core.door import Doors, grpc_status_name
 from app.core.drain import Drain
@@ -292,7 +302,7 @@ class InferenceService:
             await check_version(request.name, request.version or MODEL_VERSION)
         names = [service.model(request.name)[0]] if request.name else list(service.stats)
         return pb.ModelStatisticsResponse(model_stats=[
-            json_format.ParseDict(service.stats[n].triton(n, MODEL_VERSION), pb.ModelStatistics()) for n in names])
+            json_format.ParseDict(statistics_of(service, n), pb.ModelStatistics()) for n in names])
 
     async def repository_index(self, request: pb.RepositoryIndexRequest,
                                context: aio.ServicerContext) -> pb.RepositoryIndexResponse:

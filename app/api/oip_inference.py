@@ -156,6 +156,13 @@ def _elements(results: list[tuple[torch.Tensor, Explanation | None]]) -> int:
 TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64"}
 
 
+def statistics_of(service: Service, name: str) -> dict[str, Any]:
+    """Triton's ``ModelStatistics`` of one served model (its key), as JSON: the submissions its answers counted
+    (``inference_count``, one image each) and the model calls the worker ran for it (``execution_count``, one batch
+    each: several images share one, an explanation's steps take several)."""
+    return service.stats[name].triton(name, MODEL_VERSION, service.metrics.executions.get(name, 0))
+
+
 def config_of(name: str, model: ImageClassifier, max_batch: int) -> ModelConfig:
     """The model's metadata as Triton's ``ModelConfig``: each tensor's dimensions without the batch's (an ``image``
     is one element per image: ``dims [1]`` reshaped to ``[]``, so a request's shape is ``[N]``)."""

@@ -210,6 +210,8 @@ class Metrics:
         self.drift_reference_faithfulness = Gauge(
             "idg_drift_reference_faithfulness", "The reference's mean faithfulness (IDG_DRIFT_REFERENCE) by model, method and "
             "metric (idg_faithfulness)", ["model", "method", "metric"], registry=r, multiprocess_mode="livemax")
+        self.executions: dict[str, int] = {}
+        """Model calls run per model in this process (:meth:`model_called`): Triton's ``execution_count``."""
         self._num_classes: dict[str, int] = {}
         self._compiled: dict[str, FixedBatchCompiled] = {}
         self._health = dict.fromkeys(HEALTH_PARTS, True) | {"loaded": False}
@@ -261,6 +263,12 @@ class Metrics:
                 self.call_rows.labels(name, kind)
             for condition in CONDITIONS:
                 self.predictions.labels(name, condition)
+
+    def model_called(self, model: str, calls: int = 1) -> None:
+        """``calls`` model calls of ``model`` ran (the worker's thread): ``idg_model_calls_total`` and the statistics'
+        executions (:attr:`executions`)."""
+        self.model_calls.labels(model).inc(calls)
+        self.executions[model] = self.executions.get(model, 0) + calls
 
     def observe_prediction(self, model: str, probs: torch.Tensor) -> dict[str, object]:
         """The drift metrics of one prediction, ``probs`` every class probability on the host; what they saw

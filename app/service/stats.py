@@ -1,7 +1,9 @@
 """Per-model counts of the work the service submitted, as Triton's statistics extension reports them
 (``GET /v2/models/stats``): how many submissions succeeded and failed, and the nanoseconds they spent from the
 request's arrival, waiting in the queue and computing. A submission is one image's prediction or explanation (a
-prediction then its explanation counts twice). Updated on the event loop only: no lock."""
+prediction then its explanation counts twice): Triton's ``inference_count``. Its ``execution_count`` is the model's
+executions, the worker's model calls (:attr:`app.core.prometheus.Metrics.executions`): one call runs the rows of many
+images and requests together (a batch), and an explanation's steps take several. Updated on the event loop only: no lock."""
 
 from __future__ import annotations
 
@@ -42,12 +44,13 @@ class ModelStats:
     def failed(self, total_s: float) -> None:
         self.fail.add(total_s)
 
-    def triton(self, name: str, version: str) -> dict[str, Any]:
-        """Triton's ``ModelStatistics`` as its JSON: the host stages it has no counterpart for here at 0."""
+    def triton(self, name: str, version: str, executions: int) -> dict[str, Any]:
+        """Triton's ``ModelStatistics`` as its JSON, ``executions`` the model calls run (Triton's ``execution_count``: a
+        batch is one, whatever images it holds); the host stages it has no counterpart for here at 0."""
         none = Duration().json()
         return {
             "name": name, "version": version, "last_inference": self.last_inference_ms,
-            "inference_count": self.success.count, "execution_count": self.success.count,
+            "inference_count": self.success.count, "execution_count": executions,
             "inference_stats": {
                 "success": self.success.json(), "fail": self.fail.json(), "queue": self.queue.json(),
                 "compute_input": {"count": self.compute.count, "ns": 0}, "compute_infer": self.compute.json(),

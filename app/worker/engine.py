@@ -342,7 +342,7 @@ class Worker:
             if tracing.enabled() and call.started is not None and call.ended is not None:
                 for job, _ in work:
                     job.trace_calls.append((call.started, call.ended, prepared.size))
-            self.metrics.model_calls.labels(model_name).inc()
+            self.metrics.model_called(model_name)
             self.metrics.call_rows.labels(model_name, "real").inc(prepared.n)
             self.metrics.call_rows.labels(model_name, "padding").inc(prepared.size - prepared.n)
             booked: list[Answer | None] = [None] * len(queries)
@@ -410,7 +410,7 @@ class Worker:
                     self._marks.call(False)
                 for size in self.stats.call_sizes[before[0]:]:
                     self.metrics.batch_images.observe(size)
-                self.metrics.model_calls.labels(work[0][0].model).inc(len(self.stats.call_sizes) - before[0])
+                self.metrics.model_called(work[0][0].model, len(self.stats.call_sizes) - before[0])
         for job, qi, a, b, q, ans in answered:
             if job.cancel_reason is None:  # a dropped job's answers may be incomplete
                 job.store(qi, a, b, ans)

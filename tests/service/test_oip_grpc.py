@@ -85,6 +85,30 @@ def test_health_metadata_config_index_and_statistics(client: grpcclient.Inferenc
     assert [s.name for s in client.get_inference_statistics(headers=AUTH).model_stats] == ["tiny"]
 
 
+def test_statistics_count_executions_as_batches_and_inferences_as_images(client: grpcclient.InferenceServerClient,
+                                                                          served: tuple[Served, int]) -> None:
+    """Triton's definitions: ``inference_count`` is the images answered, ``execution_count`` the model executions (a batch
+    of several images is one). Eight images in one request share calls of up to 4 (IDG_MAX_BATCH_IMAGES): fewer
+    executions than inferences, and as many as the worker's model calls (``idg_model_calls_total``)."""
+    calls = 'idg_model_calls_total{model="tiny"}'
+
+    def counts() -> tuple[int, int]:
+        (stats,) = client.get_inference_statistics("tiny", headers=AUTH).model_stats
+        return int(stats.inference_count), int(stats.execution_count)
+
+    (inferences, executions), called = counts(), served[0].metric(calls)
+    x = np.stack([pixels(image_bytes(color=(30 * i, 90, 200 - 20 * i))) for i in range(8)]).astype(np.float32) / 255
+    tensor = grpcclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    assert client.infer("tiny", [tensor], headers=AUTH).as_numpy("probabilities").shape == (8, 1000)
+    (inferences_after, executions_after), called_after = counts(), served[0].metric(calls)
+    assert inferences_after - inferences == 8
+    assert 2 <= executions_after - executions < inferences_after - inferences  # 4 images a call at most: 2 calls or more
+    assert executions_after - executions == called_after - called
+    http = httpx.get(served[0].url + "/v2/models/tiny/stats", headers=AUTH, timeout=10).json()["model_stats"][0]
+    assert (http["inference_count"], http["execution_count"]) == (inferences_after, executions_after)  # both doors say it
+
+
 def test_probabilities_are_the_http_doors(client: grpcclient.InferenceServerClient, served: tuple[Served, int]) -> None:
     files = [image_bytes(color=(20, 90, 200)), image_bytes(color=(200, 90, 20), size=(70, 50))]
     expected = [httpx.post(served[0].url + "/predict", files={"file": ("a.png", f)}, data={"top_k": "2"}, headers=AUTH,

@@ -75,6 +75,7 @@ from app.api.oip_inference import (
     config_of,
     metadata_of,
     run_inference,
+    statistics_of,
 )
 from app.api.requests import read_body, until_disconnected
 from app.core.door import adopt_request_id
@@ -154,7 +155,7 @@ async def repository_index(service: Annotated[Service, Depends(get_service)]) ->
 async def all_statistics(service: Annotated[Service, Depends(get_service)]) -> dict[str, list[dict[str, Any]]]:
     """Triton's inference statistics of every model (its ``statistics`` extension): submissions (one image's prediction or
     explanation each) succeeded and failed, and their nanoseconds from arrival, in the queue and computing."""
-    return {"model_stats": [stats.triton(name, MODEL_VERSION) for name, stats in service.stats.items()]}
+    return {"model_stats": [statistics_of(service, name) for name in service.stats]}
 
 
 @router.get(VERSIONED + "/stats", dependencies=versioned_routes, include_in_schema=False)
@@ -162,7 +163,7 @@ async def all_statistics(service: Annotated[Service, Depends(get_service)]) -> d
 async def statistics(name: str, service: Annotated[Service, Depends(get_service)]) -> dict[str, list[dict[str, Any]]]:
     """Triton's inference statistics of one model (see ``GET /v2/models/stats``)."""
     key, _ = service.model(name)
-    return {"model_stats": [service.stats[key].triton(key, MODEL_VERSION)]}
+    return {"model_stats": [statistics_of(service, key)]}
 
 
 @router.get(VERSIONED + "/config", response_model=ModelConfig, response_model_exclude_none=True, dependencies=versioned_routes,
