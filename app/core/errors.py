@@ -74,7 +74,7 @@ def _innermost(tb: TracebackType | None) -> str | None:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= MODEL_MESSAGE_CHARS else text[: MODEL_MESSAGE_CHARS - 1].rstrip() + "…"
+    return text if len(text) <= MODEL_MESSAGE_CHARS else text[: MODEL_MESSAGE_CHARS - 3].rstrip() + "..."
 
 
 def model_failure(err: BaseException) -> str:
@@ -91,7 +91,7 @@ def model_failure(err: BaseException) -> str:
     if any(marker in text for marker in _TORCHSCRIPT):
         lines = [m for line in text.splitlines() if (m := _EXCEPTION_LINE.fullmatch(line))]
         if not lines:
-            return f"the model raised {kind} in TorchScript's interpreter"
+            return f"the model raised an error in TorchScript's interpreter ({kind}; its traceback is in the log)"
         kind, first = lines[-1].group(1), lines[-1].group(2)
         return f"the model raised {kind}: {_clip(first)}"
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")

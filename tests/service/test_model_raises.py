@@ -201,8 +201,10 @@ def test_the_sentence_names_the_models_exception_by_its_type_and_first_line() ->
     err = _raised(lambda: scripted(x.requires_grad_(True)))
     assert model_failure(err) == SAYS_RED + " (1x48 and 3x3)"
     eager = model_failure(_raised(lambda: _Eager()(x)))  # a Python model's: its type, its first line only, cut
-    assert eager.startswith("the model raised OSError: a first line xx") and "second" not in eager and eager.endswith("x…")
+    assert eager.startswith("the model raised OSError: a first line xx") and "second" not in eager and eager.endswith("x...")
     assert len(eager) == len("the model raised OSError: ") + MODEL_MESSAGE_CHARS
+    cut = RuntimeError("The following operation failed in the TorchScript interpreter.\n  File \"/models/m.py\", line 3\n    x = y")
+    assert model_failure(cut) == "the model raised an error in TorchScript's interpreter (RuntimeError; its traceback is in the log)"
     # the project's own sentences, raised in its own code (a model's output of the wrong shape), are said as they are
     from idg_core.model_calls import _logits
 
