@@ -21,9 +21,12 @@ test:
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir "$$(mktemp -d)"
 	scripts/smoke_test.sh
 
-test-all:
+# make test, then the tests marked slow (each over a few seconds on 2 cores: Ray, real browsers, Prometheus, every
+# torchvision architecture...) and those marked gpu (they skip cleanly without CUDA); .ci/run runs it. The two-node
+# cluster check is `make cluster-check` (.ci/run runs it first)
+test-all: test
 	scripts/setup.sh dev,bench
-	$(PY) -m pytest -m "not gpu or gpu"
+	$(PY) -m pytest -m "slow or gpu" --deselect tests/service/test_cluster_check.py
 
 demo:
 	scripts/setup.sh
