@@ -7,6 +7,10 @@ of at most ``batch_size`` images; forward-only rows run under ``torch.no_grad()`
 take ``torch.autograd.grad`` of the selected outputs with respect to the input only (no parameter
 ``.grad`` is touched, no graph or hook outlives the call). A driver that must stop work between
 model calls (a request past its deadline) passes ``skip``, asked before every call.
+
+A call with a row that asks for the CAM layer's activations (``Query.features``: the CAM family) hooks the layer
+:func:`run_feature_call` finds and takes the gradient with respect to its output too (:func:`run_feature_call`); it runs
+eagerly, never as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from torch import Tensor
 
 from idg_core.call_shapes import CallShapes
+from idg_core.cam_layer import module_calls
 from idg_core.types import Answer, Model, PlanOf, Query, to_device
 
 log = logging.getLogger(__name__)
@@ -58,13 +63,15 @@ class RowSelect:
     targets: Tensor  # (rows,) long, on the device
     is_prob: Tensor | None  # (rows,) bool on the device, None when no row wants a probability
     max_target: int
+    features: bool = False  # a row wants the CAM layer's activations and their gradient (Query.features)
 
     @staticmethod
     def of(queries: Sequence[Query], chunk: list[tuple[int, int, int]], device: torch.device) -> RowSelect:
         targets = [queries[qi].target for qi, a, b in chunk for _ in range(b - a)]
         probs = [queries[qi].output == "probability" for qi, a, b in chunk for _ in range(b - a)]
         is_prob = to_device(torch.tensor(probs), device) if any(probs) else None
-        return RowSelect(to_device(torch.tensor(targets, dtype=torch.long), device), is_prob, max(targets))
+        features = any(queries[qi].features for qi, _, _ in chunk)
+        return RowSelect(to_device(torch.tensor(targets, dtype=torch.long), device), is_prob, max(targets), features)
 
 
 def _select(logits: Tensor, rows: RowSelect) -> Tensor:
@@ -105,6 +112,37 @@ def run_call(model: Model, inputs: Tensor, rows: RowSelect, grad: bool) -> tuple
     return chosen.detach(), grads[:n].detach(), logits.detach()
 
 
+NO_CAM_LAYER = "the model is not a torch.nn.Module and has no cam_target() method returning (forward function, layer module)"
+
+
+def run_feature_call(model: Model, inputs: Tensor, rows: RowSelect) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """:func:`run_call` with a gradient, and the CAM layer's output for the ``n`` real rows with the selected outputs'
+    gradient with respect to it: ``((values, grads, logits), (features, feature_grads))``.
+
+    The layer: the one ``model.cam_target()`` returns with the function to run (an ``idg_models.ImageClassifier``'s:
+    found once, or named in its models file), else, for a plain ``nn.Module``, the last spatial map of this very forward
+    pass (:mod:`idg_core.cam_layer`). The layer's last spatial output in this thread's forward pass is the one read (a
+    module called more than once, as EfficientNet-Lite's shared ReLU6: the head's); a ``ValueError`` says why where
+    there is none."""
+    find = getattr(model, "cam_target", None)
+    if not callable(find) and not isinstance(model, torch.nn.Module):
+        raise ValueError(NO_CAM_LAYER)
+    forward, layer = find() if callable(find) else (model, None)
+    n = rows.targets.shape[0]
+    inputs = inputs.detach().requires_grad_(True)
+    with torch.enable_grad():
+        with module_calls(layer if layer is not None else model, itself=layer is not None) as seen:  # type: ignore[arg-type]
+            logits = _logits(forward(inputs), inputs.shape[0])[:n]
+        if layer is None:
+            seen.cam_layer()  # the rule's checks: a map, and no token sequence after it
+        if seen.last_map is None or not seen.last_map.requires_grad:
+            raise ValueError(f"the model's CAM layer ({type(layer).__name__}) gave no (batch, channels, height, width) map "
+                             "that the logits depend on in this forward pass")
+        chosen = _select(logits, rows)
+        grads, feature_grads = torch.autograd.grad(chosen.sum(), (inputs, seen.last_map))
+    return (chosen.detach(), grads[:n].detach(), logits.detach()), (seen.last_map[:n].detach(), feature_grads[:n].detach())
+
+
 @dataclass
 class PreparedCall:
     """A model call made ready on the host side: its inputs gathered (and padded to a fixed size),
@@ -114,6 +152,8 @@ class PreparedCall:
     rows: RowSelect
     grad: bool
     chunk: list[tuple[int, int, int]]
+    features: tuple[Tensor, Tensor] | None = None
+    """The CAM layer's output and its gradient for the real rows, once run (:func:`run_feature_call`)."""
 
     @property
     def n(self) -> int:
@@ -146,7 +186,11 @@ def prepare_call(queries: Sequence[Query], chunk: list[tuple[int, int, int]], gr
 def run_prepared(model: Model, call: PreparedCall, graphs: Mapping[tuple[int, bool], Any] | None = None,
                  ) -> tuple[Tensor, Tensor | None, Tensor]:
     """:func:`run_call` on a prepared call, or the replay of its (size, kind)'s CUDA graph where ``graphs`` holds one
-    (:mod:`idg_models.cuda_graphs`: the same outputs)."""
+    (:mod:`idg_models.cuda_graphs`: the same outputs). A call with CAM rows runs eagerly, its layer's output and
+    gradient kept in ``call.features``."""
+    if call.rows.features:
+        eager, call.features = run_feature_call(model, call.inputs, call.rows)
+        return eager
     graph = (graphs or {}).get((call.size, call.grad))
     if graph is not None:
         out: tuple[Tensor, Tensor | None, Tensor] = graph.run(call.inputs, call.rows)
@@ -172,7 +216,7 @@ def book_call(call: PreparedCall, queries: Sequence[Query], answers: list[Answer
         ans = answers[qi]
         if ans is None and a == 0 and b == q.n:
             answers[qi] = Answer(values[rows].to(torch.get_default_dtype()), None if grads is None or not q.grad else grads[rows],
-                                 top1[rows], logits[rows] if q.full else None)
+                                 top1[rows], logits[rows] if q.full else None, *_feature_rows(call, q, rows))
         else:
             if ans is None:
                 ans = answers[qi] = _allocated_answer(q, values.device)
@@ -183,7 +227,25 @@ def book_call(call: PreparedCall, queries: Sequence[Query], answers: list[Answer
             if q.full:
                 part = logits[rows]
                 ans.all_logits = part if ans.all_logits is None else torch.cat([ans.all_logits, part])
+            _store_features(ans, q.n, a, b, *_feature_rows(call, q, rows))
         row += b - a
+
+
+def _feature_rows(call: PreparedCall, q: Query, rows: slice) -> tuple[Tensor | None, Tensor | None]:
+    """The CAM layer's output and gradient for ``rows`` of ``call`` where query ``q`` asked for them."""
+    if not q.features or call.features is None:
+        return None, None
+    return call.features[0][rows], call.features[1][rows]
+
+
+def _store_features(ans: Answer, n: int, a: int, b: int, features: Tensor | None, grads: Tensor | None) -> None:
+    """Rows ``a:b`` of an answer of ``n`` rows given over several calls: the CAM layer's (buffers made at the first)."""
+    if features is None or grads is None:
+        return
+    if ans.features is None or ans.feature_grads is None:
+        ans.features, ans.feature_grads = features.new_empty((n, *features.shape[1:])), grads.new_empty((n, *grads.shape[1:]))
+    ans.features[a:b] = features
+    ans.feature_grads[a:b] = grads
 
 
 def _chunks(
@@ -381,6 +443,7 @@ class PlanState:
             full.grads[start:stop] = ans.grads
         if full.all_logits is not None and ans.all_logits is not None:
             full.all_logits[start:stop] = ans.all_logits
+        _store_features(full, n, start, stop, ans.features, ans.feature_grads)
 
 
 def _empty_answer(q: Query) -> Answer:

@@ -115,6 +115,9 @@ class Query:
     """Also return every class's logits (``Answer.all_logits``)."""
     label: str = ""
     """What this step is ("probe", "main pass", "step 3/50"), for progress reports."""
+    features: bool = False
+    """Also the activations of the model's CAM layer and the selected output's gradient with respect to them
+    (``Answer.features``, ``Answer.feature_grads``; :func:`idg_core.model_calls.run_feature_call`); with ``grad`` only."""
 
     @staticmethod
     def path(
@@ -123,8 +126,9 @@ class Query:
         return Query(origin, direction, alphas.reshape(-1), target, grad, output, False, label)
 
     @staticmethod
-    def at(points: Tensor, target: int, *, grad: bool, output: Output, full: bool = False, label: str = "") -> Query:
-        return Query(points, None, torch.zeros(points.shape[0]), target, grad, output, full, label)
+    def at(points: Tensor, target: int, *, grad: bool, output: Output, full: bool = False, label: str = "",
+           features: bool = False) -> Query:
+        return Query(points, None, torch.zeros(points.shape[0]), target, grad, output, full, label, features and grad)
 
     @property
     def n(self) -> int:
@@ -154,13 +158,16 @@ class Answer:
     """The model's answer to one :class:`Query`.
 
     ``values (n,)``: the target's logit or probability; ``grads (n, C, H, W)`` or ``None``;
-    ``top1 (n,)``: the arg-max class at each point; ``all_logits (n, K)`` when the query asked.
+    ``top1 (n,)``: the arg-max class at each point; ``all_logits (n, K)`` when the query asked; ``features`` and
+    ``feature_grads`` ``(n, K, h, w)`` when it asked for the CAM layer's (``Query.features``).
     """
 
     values: Tensor
     grads: Tensor | None
     top1: Tensor
     all_logits: Tensor | None = None
+    features: Tensor | None = None
+    feature_grads: Tensor | None = None
 
 
 R = TypeVar("R")

@@ -16,6 +16,8 @@
     channels_last = true              # default: IDG_CHANNELS_LAST
     fold_bn = true                    # fold batch norm into convolutions; default: IDG_FOLD_BN
     compile = false                   # torch.compile at start-up; default: IDG_COMPILE
+    cam_layer = "features.8"          # the module Grad-CAM reads (dotted name in the network the source
+                                      # builds); default: its last spatial feature map (idg_models.cam_layer)
 
 A key given here overrides what the source says. ``crop_size`` is a synonym of ``input_size``;
 ``resize_mode = "squash"`` resizes the whole image to ``resize_size`` square (aspect not kept).
@@ -54,6 +56,7 @@ class ModelSettings:
     channels_last: bool | None = None
     compile: bool | None = None
     fold_bn: bool | None = None
+    cam_layer: str | None = None
 
 
 KEYS = (*(f.name for f in fields(ModelSettings)), "crop_size")
@@ -130,6 +133,12 @@ def parse_table(where: str, table: Any, base: Path, any_path: bool = False) -> M
             if not isinstance(table[key], bool):
                 raise ValueError(f"{where}: {key} must be true or false, got {table[key]!r}")
             out[key] = table[key]
+    if "cam_layer" in table:
+        name = table["cam_layer"]
+        if not isinstance(name, str) or not name or not all(part.isidentifier() or part.isdigit() for part in name.split(".")):
+            raise ValueError(f"{where}: cam_layer must be a module's dotted name in the network (as named_modules() lists it, "
+                             f"e.g. \"layer4\" or \"features.8\"), got {name!r}")
+        out["cam_layer"] = name
     if "mean" in table:
         out["mean"] = _triple(where, "mean", table["mean"], positive=False)
     if "std" in table:

@@ -410,6 +410,9 @@ def load_source(spec: ModelSpec, settings: ModelSettings | None = None, device: 
     model.class_names = names
     model.source = spec.source
     model.max_batch = s.max_batch
+    model.cam_layer = s.cam_layer
+    if s.cam_layer:
+        model.cam_target()  # a name that is no module, or gives no map, fails here with the others
     speed = {"precision": s.precision, "channels_last": s.channels_last, "compile": s.compile, "fold_bn": s.fold_bn}
     model.speed = {k: v for k, v in speed.items() if v is not None}
     return model

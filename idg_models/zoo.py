@@ -10,6 +10,7 @@ import csv
 import functools
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,22 +97,35 @@ class ImageClassifier(nn.Module):
         ``auto`` follows it on CUDA (:func:`~idg_models.speed.default_precision`)."""
         self.precision_source = "auto"
         """Where :func:`~idg_models.speed.tune_all` took the precision from (see ``choose_precisions``)."""
+        self.cam_layer: str | None = None
+        """The models file's ``cam_layer``: the module Grad-CAM reads (None: found, :mod:`idg_models.cam_layer`)."""
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.forward_with(self.net, x)
+
+    def forward_with(self, net: nn.Module, x: Tensor) -> Tensor:
+        """:meth:`forward` through ``net`` (the network itself, or its uncompiled one: :mod:`idg_models.cam_layer`)."""
         z = (x - self.mean) / self.std
         if self.channels_last:
             z = z.contiguous(memory_format=torch.channels_last)
         if self.autocast_dtype is None:
-            logits: Tensor = self.net(z)
+            logits: Tensor = net(z)
             return logits
         # no cast cache: each weight is cast once per call anyway, and a cache cannot live in a CUDA graph capture
         with torch.autocast(z.device.type, dtype=self.autocast_dtype, cache_enabled=False):
-            low: Tensor = self.net(z)
+            low: Tensor = net(z)
             return low.float()
+
+    def cam_target(self) -> tuple[Callable[[Tensor], Tensor], nn.Module]:
+        """The forward function and the module of the CAM layer (:func:`idg_models.cam_layer.cam_target`), for
+        :func:`idg_core.model_calls.run_feature_call`; a ``ValueError`` where the model has none."""
+        from idg_models.cam_layer import cam_target
+
+        return cam_target(self)
 
     def prepare(self, img: Image.Image) -> Tensor:
         """RGB PIL image -> ``(3, crop, crop)`` tensor in [0, 1], as this model expects."""

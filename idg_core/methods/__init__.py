@@ -11,6 +11,8 @@ from __future__ import annotations
 from idg_core.budget import WorkBound
 from idg_core.methods import agi as _agi
 from idg_core.methods import eg as _eg
+from idg_core.methods import gradcam as _gradcam
+from idg_core.methods import gradcam_pp as _gradcam_pp
 from idg_core.methods import guided_ig as _guided_ig
 from idg_core.methods import idg as _idg
 from idg_core.methods import idg_eg as _idg_eg
@@ -21,6 +23,8 @@ from idg_core.methods import spectral_ig as _spectral_ig
 from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_NAMES, Method, Preset, run_method
 from idg_core.methods.agi import agi, agi_plan
 from idg_core.methods.eg import eg, eg_plan
+from idg_core.methods.gradcam import gradcam, gradcam_plan
+from idg_core.methods.gradcam_pp import gradcam_pp, gradcam_pp_plan
 from idg_core.methods.guided_ig import guided_ig, guided_ig_plan
 from idg_core.methods.idg import idg, idg_plan
 from idg_core.methods.idg_eg import idg_eg, idg_eg_plan
@@ -32,12 +36,13 @@ from idg_core.methods.spectral_ig import spectral_ig, spectral_ig_plan
 
 __all__ = [
     "DEFAULT_PRESET", "METHODS", "POST_STEPS", "PRESET_NAMES", "InvalidParameter", "Method", "Param", "Params", "Preset",
-    "WorkBound", "agi", "agi_plan", "eg", "eg_plan", "guided_ig", "guided_ig_plan", "idg", "idg_eg", "idg_eg_plan", "idg_plan",
+    "WorkBound", "agi", "agi_plan", "eg", "eg_plan", "gradcam", "gradcam_plan", "gradcam_pp", "gradcam_pp_plan", "guided_ig",
+    "guided_ig_plan", "idg", "idg_eg", "idg_eg_plan", "idg_plan",
     "ig", "ig_plan", "la", "la_plan", "left_ig", "left_ig_plan", "run_method", "spectral_ig", "spectral_ig_plan",
 ]
 
 METHODS: dict[str, Method] = {
     m.METHOD.name: m.METHOD
-    for m in (_idg, _ig, _left_ig, _guided_ig, _agi, _eg, _idg_eg, _la, _spectral_ig)
+    for m in (_idg, _ig, _left_ig, _guided_ig, _agi, _eg, _idg_eg, _la, _spectral_ig, _gradcam, _gradcam_pp)
 }
 """Every method by name, in the order the service and the page list them."""

@@ -55,6 +55,9 @@ class Method:
     probe: Callable[..., Any] | None = None
     """The method's probe alone (a plan whose result ``plan(..., sampling=)`` takes), for SmoothGrad's noisy copies to
     share (``smooth_probe="shared"``); None: the method has none."""
+    check_model: Callable[[Model], None] | None = None
+    """A check of the model a request names, before anything runs: a ``ValueError`` saying why the method cannot explain
+    it (the CAM family: a model without a spatial feature layer, a vision transformer); the service answers 422."""
 
     def __post_init__(self) -> None:
         for preset, values in self.presets.items():

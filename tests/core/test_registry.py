@@ -9,6 +9,7 @@ from typing import Any, get_args
 import pytest
 
 from app.schemas import AttributeCommon, MethodName
+from idg_core.budget import WorkBound
 from idg_core.methods import METHODS, PRESET_NAMES, Method
 from idg_core.methods.params import InvalidParameter, Param, Params
 from idg_core.postprocess import IDGI_METHODS
@@ -38,10 +39,13 @@ def test_the_service_and_the_presets_list_the_registry() -> None:
 @pytest.mark.parametrize("name", list(METHODS))
 def test_every_method_declares_its_step_counts_and_the_page_finds_the_main_one(name: str) -> None:
     params = METHODS[name].params
-    assert params.steps, f"{name} declares no step count: IDG_MAX_STEPS would not bound it"
-    # app.js sets the first integer parameter GET /models lists: it must be the method's main step count
-    first_int = next(p.name for p in params if p.service and p.kind is int)
-    assert first_int == params.steps[0]
+    if params.steps:
+        # app.js sets the first integer parameter GET /models lists: it must be the method's main step count
+        first_int = next(p.name for p in params if p.service and p.kind is int)
+        assert first_int == params.steps[0]
+    else:  # nothing for IDG_MAX_STEPS to bound: a fixed cost (the CAM family's one pass each way), and no integer for the page
+        assert METHODS[name].bound(params.defaults) == WorkBound(1, 1), f"{name} declares no step count: IDG_MAX_STEPS would not bound it"
+        assert not any(p.kind is int for p in params if p.service)
     for preset in PRESET_NAMES:  # every preset row resolves (declared, or the method's defaults)
         METHODS[name].validate(**preset_params(name, preset))
 
