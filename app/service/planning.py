@@ -169,6 +169,12 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
     """Check an /attribute request against ``model`` (no image needed) and resolve what it runs."""
     if params.target is not None and params.target >= model.num_classes:
         raise _invalid(f"target must be < {model.num_classes} (the model's classes), got {params.target}")
+    check = METHODS[params.method].check_model
+    if check is not None:  # the CAM family: a model without a spatial feature layer (a vision transformer)
+        try:
+            check(model)
+        except ValueError as err:
+            raise _invalid(f"{params.method} cannot explain model {model.name!r}: {err}") from err
     kwargs = method_params(settings, params, model.num_classes)
     options = explain_options(settings, params, model, kwargs)
     bound = work_bound(settings, params, kwargs, options, model.preprocessing.crop_size)
