@@ -121,17 +121,20 @@ def xrai_regions(attr: np.ndarray, masks: list[np.ndarray]) -> tuple[np.ndarray,
 
 def ranked_map(labels: np.ndarray, count: int, sal: np.ndarray, order: str) -> np.ndarray:
     """Each pixel's place in (0, 1] (1 the first) when pixels are ranked by their region's rank in ``labels (H, W)``
-    (1 to ``count``), then, for ``regions_then_pixels``, by ``sal (H, W)`` inside the region (equal values in a region share
-    the mean of their places); for ``regions``, the region's place alone, ``(count + 1 - rank) / count``."""
-    flat_labels, flat_sal = labels.ravel(), sal.ravel()
+    (1 to ``count``), then, for ``regions_then_pixels``, by ``sal (H, W)`` (>= 0) inside the region (equal values in a
+    region share the mean of their places; values within 1e-13 of the map's largest count as equal: one sort of one float64
+    key, region offset plus the saliency scaled into [0, 1)); for ``regions``, the region's place alone,
+    ``(count + 1 - rank) / count``."""
     if order == "regions":
         return ((count + 1 - labels) / count).astype(np.float64)
-    keys = np.lexsort((flat_sal, -flat_labels))  # the last region first, then its least salient pixel
-    ks, kl = flat_sal[keys], flat_labels[keys]
-    starts = np.flatnonzero(np.r_[True, (ks[1:] != ks[:-1]) | (kl[1:] != kl[:-1])])
-    sizes = np.diff(np.r_[starts, keys.size])
-    value = np.empty(keys.size)
-    value[keys] = (np.repeat(starts + (sizes - 1) / 2.0, sizes) + 1) / keys.size
+    top = float(sal.max())
+    key = torch.from_numpy((count - labels.ravel()).astype(np.float64) + sal.ravel() / (top * (1 + 1e-9) if top > 0 else 1.0))
+    ordered, keys = torch.sort(key)  # the last region first, then its least salient pixel
+    ks = ordered.numpy()
+    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+    sizes = np.diff(np.r_[starts, ks.size])
+    value = np.empty(ks.size)
+    value[keys.numpy()] = (np.repeat(starts + (sizes - 1) / 2.0, sizes) + 1) / ks.size
     return value.reshape(labels.shape)
 
 
@@ -146,16 +149,16 @@ def xrai(image: Tensor, attributions: Tensor, order: str = "regions_then_pixels"
         raise ValueError(f"XRAI needs an image and a map of the same size, got {tuple(image.shape)} and {tuple(attributions.shape)}")
     c, h, w = attributions.shape
     sal = saliency(attributions).double().numpy()
-    photo = image.detach().double().cpu().numpy().transpose(1, 2, 0)
     side = max(h, w)
-    if side > MAX_SIDE:  # regions on a bounded grid, their labels scaled back
+    if side > MAX_SIDE:  # regions on a bounded grid (area means), their labels scaled back (nearest)
         small = max(1, round(MAX_SIDE * h / side)), max(1, round(MAX_SIDE * w / side))
-        cut = np.asarray(resize(photo, small, order=1, mode="edge", preserve_range=True, anti_aliasing=True))
-        labels, gains = xrai_regions(resize(sal, small, order=1, mode="edge", preserve_range=True, anti_aliasing=True),
-                                     segment_masks(cut))
-        labels = resize(labels, (h, w), order=0, mode="edge", preserve_range=True, anti_aliasing=False).astype(np.int32)
+        cut = torch.nn.functional.interpolate(image.detach().float().cpu()[None], size=small, mode="area")[0].double().numpy()
+        mean = torch.nn.functional.interpolate(torch.from_numpy(sal)[None, None], size=small, mode="area")[0, 0].numpy()
+        labels, gains = xrai_regions(mean, segment_masks(cut.transpose(1, 2, 0)))
+        rows, cols = np.arange(h) * small[0] // h, np.arange(w) * small[1] // w
+        labels = labels[rows[:, None], cols[None, :]]
     else:
-        labels, gains = xrai_regions(sal, segment_masks(photo))
+        labels, gains = xrai_regions(sal, segment_masks(image.detach().double().cpu().numpy().transpose(1, 2, 0)))
     value = ranked_map(labels, len(gains), sal, order)
     out = torch.from_numpy(value / c).to(attributions.device, attributions.dtype)
     areas = np.bincount(labels.ravel(), minlength=len(gains) + 1)[1:]
