@@ -347,6 +347,12 @@ class JobsSettings(Section):
         None, description="Signs each job callback: X-IDG-Timestamp (Unix seconds) and X-IDG-Signature: sha256=<hex "
         "HMAC-SHA256 of the timestamp, '.', and the raw body, keyed with this secret>; the receiver recomputes it and "
         "refuses old timestamps. Unset: callbacks are not signed")
+    jobs_seal_key: str | None = Field(
+        None, min_length=16, description="Seals the secrets of the jobs' callback URLs in the job store (user, password, query "
+        "values, fragment; AES-256-GCM under the SHA-256 of this text, e.g. openssl rand -base64 32): a reader of the "
+        "database sees them as ***. Unset: a key made on first start in IDG_DATA_DIR/jobs.key (mode 0600). Replicas "
+        "sharing a PostgreSQL store (IDG_JOBS_DB_URL) must share it; a job whose URL was sealed under another key fails "
+        "its callback, saying so")
 
     @field_validator("jobs_db_url")
     @classmethod

@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 import time
 from urllib.parse import unquote, urlsplit
 
@@ -48,8 +49,8 @@ def url_problem(url: str) -> str | None:
     try:
         parts = urlsplit(url)
         host, _ = parts.hostname, parts.port  # the port is parsed lazily: a bad one raises here
-    except ValueError as err:
-        return f"is not a valid URL ({err})"
+    except ValueError as err:  # its words quote the URL's parts (a password cut by a "/" taken for the port): not echoed
+        return _unparsed(str(err), url)
     if parts.scheme not in ("http", "https") or not host:
         return "must be an http:// or https:// URL with a host"
     if len(host) > MAX_HOST or any(len(label) > 63 for label in host.split(".")):
@@ -57,12 +58,41 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+PARSE_ERRORS = {"Port could not be cast": "has a port that is not a number", "Port out of range": "has a port out of range 0-65535",
+                "Invalid IPv6 URL": "has an IPv6 host without its closing ]",
+                "invalid characters under NFKC": "has a host whose characters change under NFKC normalisation"}
+"""urllib's words for a URL it cannot split, as said back (urllib's own quote the port or host it read, which may be a
+password cut short by a ``/``, ``?`` or ``#``)."""
+ENCODE_HINT = ("a user name or password holding '/', '?', '#' or '@' must have them percent-encoded (%2F, %3F, %23, %40)")
+
+
+def _unparsed(error: str, url: str) -> str:
+    said = next((words for start, words in PARSE_ERRORS.items() if error.startswith(start) or start in error), "is not a valid URL")
+    return f"{said} ({ENCODE_HINT})" if "@" in url else said
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}://")
+
+
 def redacted(url: str) -> str:
-    """``url`` with its secrets replaced by ``***`` (for logs and status bodies): the user name and password, each
-    query parameter's value (``?token=***&v=***``; a part without ``=``, all of it) and the fragment; the scheme, host,
-    port, path and the query's names are kept."""
+    """``url`` with its secrets replaced by ``***`` (for logs, status bodies and refusals): the user name and password,
+    each query parameter's value (``?token=***&v=***``; a part without ``=``, all of it) and the fragment; the scheme,
+    host, port, path and the query's names are kept.
+
+    Whatever characters the secrets hold: a URL whose ``@`` is not in its authority (a password holding ``/``, ``?``
+    or ``#`` ends the authority early, and urllib reads its first part as the host or port) is shown as its scheme and
+    ``***``; so is one urllib cannot split, unless it has no ``@``, ``?`` nor ``#`` (then it holds no secret)."""
     try:
         parts = urlsplit(url)
+        _ = parts.port  # parsed lazily: a bad one raises here
+    except ValueError:
+        parts = None
+    if parts is None and not any(c in url for c in "@?#"):
+        return url
+    if parts is None or ("@" in url and "@" not in parts.netloc):
+        scheme = _SCHEME.match(url)
+        return (scheme[0] if scheme else "") + HIDDEN
+    try:
         if parts.username is not None or parts.password is not None:
             parts = parts._replace(netloc=f"{HIDDEN}@" + parts.netloc.rsplit("@", 1)[1])
         if parts.query:

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from app.jobs.sealing import Sealer
 from app.jobs.sql import Cursor, SqlStore
 
 SCHEMA_LOCK = 0x1D6_0B5  # pg_advisory_xact_lock keys: creating the tables, creating a job
@@ -66,8 +67,10 @@ class PostgresStore(SqlStore):
     lock_row = " FOR UPDATE"
     skip_locked_row = " FOR UPDATE SKIP LOCKED"
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        super().__init__(timeout_s)
+    def __init__(self, url: str, timeout_s: float = 5.0, sealer: Sealer | None = None) -> None:
+        """``sealer``: seals the callback URLs' secrets, its key shared by every replica (:func:`app.jobs.sealing.load_key`);
+        default: a key of this process's lifetime (tools and tests)."""
+        super().__init__(timeout_s, sealer)
         try:
             import psycopg
             from psycopg_pool import ConnectionPool

@@ -41,6 +41,7 @@ from app.core.model_loading import ModelLoadError
 from app.core.prometheus import StoreOperation
 from app.core.replica import replica_id
 from app.jobs.callbacks import deliver, redacted
+from app.jobs.sealing import KEY_FILE, load_key
 from app.jobs.store import Answer, Claimed, Finished, JobInfo, Store, StoreBusy, StoreUnavailable
 from app.schemas import AttributeParams, AttributeResponse
 from app.service import BACKGROUND_PRIORITY, Service
@@ -70,11 +71,20 @@ def open_store(settings: Settings) -> Store:
     """PostgreSQL when ``IDG_JOBS_DB_URL`` is set, else SQLite under ``IDG_DATA_DIR``. One that cannot be opened is a
     :class:`~app.core.model_loading.ModelLoadError` naming the setting (the start-up's one line; it had been an 80-line
     ``PoolTimeout`` or ``NotADirectoryError`` traceback)."""
+    try:
+        sealer = load_key(settings.jobs_seal_key, settings.data_dir)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"the callback URLs' seal key (IDG_JOBS_SEAL_KEY, else IDG_DATA_DIR/{KEY_FILE}) cannot be used: "
+                             f"{err}") from err
     if settings.jobs_db_url:
         from app.jobs.postgres import PostgresStore
 
+        if not settings.jobs_seal_key:
+            log.warning("IDG_JOBS_SEAL_KEY is unset: callback URLs are sealed with %s; replicas sharing this PostgreSQL store "
+                        "must share one key (set IDG_JOBS_SEAL_KEY alike on each), or a callback one replica sealed fails on "
+                        "another", settings.data_dir / KEY_FILE)
         try:
-            return PostgresStore(settings.jobs_db_url, settings.jobs_store_timeout_s)
+            return PostgresStore(settings.jobs_db_url, settings.jobs_store_timeout_s, sealer)
         except Exception as err:  # noqa: BLE001 - psycopg's errors are imported with the optional extra
             if isinstance(err.__cause__, ImportError):  # the optional extra is missing: its message says what to install
                 raise ModelLoadError(str(err)) from err
@@ -84,7 +94,7 @@ def open_store(settings: Settings) -> Store:
     from app.jobs.sqlite import SqliteStore
 
     try:
-        return SqliteStore(settings.data_dir, settings.jobs_store_timeout_s)
+        return SqliteStore(settings.data_dir, settings.jobs_store_timeout_s, sealer)
     except OSError as err:
         raise ModelLoadError(f"IDG_DATA_DIR={settings.data_dir}: the job store cannot be made there ({err.strerror or err})") from err
 
@@ -446,8 +456,12 @@ class JobRunner:
         async with self._tls_lock:
             if self._tls is None:
                 self._tls = await asyncio.to_thread(httpx.create_ssl_context)
-        async with httpx.AsyncClient(timeout=CALLBACK_TIMEOUT_S, follow_redirects=False, verify=self._tls) as client:
-            outcome = await deliver(client, job.callback_url, body, self.settings.callback_secret, f"job {job.id}")
+        if job.callback_target is None:  # its sealed URL does not open under this server's key: failed, saying why
+            outcome = f"failed: {job.callback_problem}"
+            log.error("job %s: callback %s not sent: %s", job.id, job.callback_url, job.callback_problem)
+        else:
+            async with httpx.AsyncClient(timeout=CALLBACK_TIMEOUT_S, follow_redirects=False, verify=self._tls) as client:
+                outcome = await deliver(client, job.callback_target, body, self.settings.callback_secret, f"job {job.id}")
         self.metrics.job_callbacks.labels(outcome.split(":", 1)[0]).inc()
         await self._store("callback_sent", self.store.callback_sent, job.id, outcome)
 

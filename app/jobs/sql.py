@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import logging
 import re
 import threading
 import time
@@ -20,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
+from app.jobs.callbacks import redacted
+from app.jobs.sealing import Sealer, Unsealable
 from app.jobs.store import (
     DONE,
     FAILED,
@@ -42,9 +45,11 @@ from app.jobs.store import (
     StoreUnavailable,
 )
 
+log = logging.getLogger(__name__)
+
 Row = Sequence[Any]
 JOB_COLUMNS = ("id, state, total, done, failed, created, started, finished, params, callback_url, bytes, callback_outcome, tenant, "
-               "request_id")
+               "request_id, callback_sealed")
 
 
 class Cursor(Protocol):
@@ -68,7 +73,7 @@ def schema(blob: str, real: str, big: str) -> list[str]:
             id TEXT PRIMARY KEY, state TEXT NOT NULL, total {big} NOT NULL, done {big} NOT NULL DEFAULT 0,
             failed {big} NOT NULL DEFAULT 0, created {real} NOT NULL, started {real}, finished {real}, params TEXT NOT NULL,
             callback_url TEXT, callback_due INTEGER NOT NULL DEFAULT 0, bytes {big} NOT NULL DEFAULT 0, callback_outcome TEXT,
-            tenant TEXT, request_id TEXT)""",
+            tenant TEXT, request_id TEXT, callback_sealed TEXT)""",
         f"""CREATE TABLE IF NOT EXISTS images (
             job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, idx {big} NOT NULL, filename TEXT NOT NULL, data {blob},
             state TEXT NOT NULL, owner TEXT, lease_until {real}, attempts INTEGER NOT NULL DEFAULT 0, seq {big}, status INTEGER,
@@ -79,7 +84,7 @@ def schema(blob: str, real: str, big: str) -> list[str]:
     ]
 
 
-ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT", "tenant": "TEXT", "request_id": "TEXT"},
+ADDED_COLUMNS = {"jobs": {"callback_outcome": "TEXT", "tenant": "TEXT", "request_id": "TEXT", "callback_sealed": "TEXT"},
                  "images": {"finished": "{real}", "replica": "TEXT", "tenant": "TEXT"}}
 """Columns newer than the first schema: added to a store made before them (``{real}``: the dialect's type)."""
 FILLED_COLUMNS = {
@@ -122,11 +127,6 @@ def _stored(answer: Answer) -> tuple[str, str | None]:
             None if answer.result is None else json.dumps(answer.result, separators=(",", ":")))
 
 
-def _info(row: Row) -> JobInfo:
-    return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
-                   started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
-                   params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]), callback_outcome=row[11],
-                   tenant=row[12], request_id=row[13])
 
 
 OPEN = "(images.state = ? OR (images.state = ? AND images.lease_until < ? AND images.owner <> ?))"
@@ -205,7 +205,9 @@ class SqlStore:
     """Appended to a SELECT of rows about to change, those another transaction holds left out: PostgreSQL's
     ``FOR UPDATE SKIP LOCKED``."""
 
-    def __init__(self, timeout_s: float = 5.0) -> None:
+    def __init__(self, timeout_s: float = 5.0, sealer: Sealer | None = None) -> None:
+        self.sealer = sealer or Sealer.ephemeral()
+        """Seals the secrets of the jobs' callback URLs (:mod:`app.jobs.sealing`)."""
         self._lock = threading.Lock()
         self.timeout_s = timeout_s
         """How long one operation may wait, for this process's turn at the store and then for the store itself
@@ -282,6 +284,31 @@ class SqlStore:
                     cur.execute(FILLED_COLUMNS[table, column])
         for statement in LATER_INDEXES:
             run(statement)
+        self._seal_clear_callbacks(cur)
+
+    def _seal_clear_callbacks(self, cur: Cursor) -> None:
+        """Seal the callback URLs a store made before sealing keeps in clear (their rows then hold the URL as shown, and
+        the URL sealed); a URL with nothing secret stays as it is."""
+        cur.execute("SELECT id, callback_url FROM jobs WHERE callback_url IS NOT NULL AND callback_sealed IS NULL")
+        clear = [(job_id, url) for job_id, url in cur.fetchall() if redacted(url) != url]
+        for job_id, url in clear:
+            cur.execute("UPDATE jobs SET callback_url = ?, callback_sealed = ? WHERE id = ?",
+                        (redacted(url), self.sealer.seal(url, job_id), job_id))
+        if clear:
+            log.info("sealed the callback URLs of %d job(s) the store had kept in clear", len(clear))
+
+    def _info(self, row: Row) -> JobInfo:
+        """A job's row as :class:`JobInfo`, its callback URL as shown and, opened, the one to call."""
+        target, problem = row[9], None
+        if row[14] is not None:
+            try:
+                target = self.sealer.open(row[14], row[0])
+            except Unsealable as err:
+                target, problem = None, f"its callback URL, sealed in the job store, could not be opened: {err}"
+        return JobInfo(id=row[0], state=row[1], total=int(row[2]), done=int(row[3]), failed=int(row[4]), created=float(row[5]),
+                       started=None if row[6] is None else float(row[6]), finished=None if row[7] is None else float(row[7]),
+                       params=json.loads(row[8]), callback_url=row[9], bytes=int(row[10]), callback_outcome=row[11],
+                       tenant=row[12], request_id=row[13], callback_target=target, callback_problem=problem)
 
     def blob(self, data: bytes) -> Any:
         return data
@@ -292,6 +319,9 @@ class SqlStore:
                    max_tenant_bytes: int | None = None) -> JobInfo:
         size = sum(len(data) for _, data in images)
         now = time.time()
+        # the row keeps the URL as shown; its secrets (user, password, query values, fragment) only sealed
+        shown = None if callback_url is None else redacted(callback_url)
+        sealed = None if callback_url is None or shown == callback_url else self.sealer.seal(callback_url, job_id)
         with self._tx() as cur:
             self.lock_jobs(cur)  # both bounds are checked and the job stored under one lock: no two submissions pass together
             if tenant is not None and max_tenant_bytes is not None:
@@ -306,19 +336,19 @@ class SqlStore:
             if stored + size > max_bytes:
                 raise StoreFull(f"the job store holds {stored} bytes; this job's {size} more would pass IDG_JOBS_MAX_BYTES "
                                 f"({max_bytes}): fetch and delete finished jobs, or wait for their retention to end")
-            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, bytes, tenant, request_id) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (job_id, QUEUED, len(images), now, json.dumps(params), callback_url, size, tenant, request_id))
+            cur.execute("INSERT INTO jobs (id, state, total, created, params, callback_url, callback_sealed, bytes, tenant, "
+                        "request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, QUEUED, len(images), now, json.dumps(params), shown, sealed, size, tenant, request_id))
             cur.executemany("INSERT INTO images (job_id, idx, filename, data, state, tenant) VALUES (?, ?, ?, ?, ?, ?)",
                             [(job_id, i, name, self.blob(data), PENDING, tenant or "") for i, (name, data) in enumerate(images)])
-        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, callback_url, size, tenant=tenant,
-                       request_id=request_id)
+        return JobInfo(job_id, QUEUED, len(images), 0, 0, now, None, None, params, shown, size, tenant=tenant,
+                       request_id=request_id, callback_target=callback_url)
 
     def get_job(self, job_id: str) -> JobInfo | None:
         with self._tx(write=False) as cur:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
             row = cur.fetchone()
-        return None if row is None else _info(row)
+        return None if row is None else self._info(row)
 
     def list_jobs(self, offset: int, limit: int, before: tuple[float, str] | None = None,
                   tenant: str | None = None) -> tuple[list[JobInfo], int]:
@@ -331,7 +361,7 @@ class SqlStore:
             rows = cur.fetchall()
             cur.execute(f"SELECT COUNT(*) FROM jobs WHERE {mine}", own)
             count = int(cur.fetchone()[0])
-        return [_info(r) for r in rows], count
+        return [self._info(r) for r in rows], count
 
     def delete_job(self, job_id: str) -> bool:
         with self._tx() as cur:
@@ -531,7 +561,7 @@ class SqlStore:
     def due_callbacks(self) -> list[JobInfo]:
         with self._tx(write=False) as cur:
             cur.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE callback_due = 1")
-            return [_info(r) for r in cur.fetchall()]
+            return [self._info(r) for r in cur.fetchall()]
 
     def callback_sent(self, job_id: str, outcome: str) -> None:
         with self._tx() as cur:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from app.jobs.sealing import Sealer, key_file
 from app.jobs.sql import Cursor, SqlStore
 
 FILE_NAME = "jobs.sqlite3"
@@ -34,9 +35,10 @@ PASSING = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sql
 
 
 class SqliteStore(SqlStore):
-    def __init__(self, data_dir: Path, busy_timeout_s: float = 5.0) -> None:
-        super().__init__(busy_timeout_s)
+    def __init__(self, data_dir: Path, busy_timeout_s: float = 5.0, sealer: Sealer | None = None) -> None:
+        """``sealer``: seals the callback URLs' secrets; default: the key of ``data_dir/jobs.key`` (made on first start)."""
         data_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(busy_timeout_s, sealer or Sealer(key_file(data_dir)))
         self.path = data_dir / FILE_NAME
         # autocommit mode: transactions are begun and ended here (BEGIN IMMEDIATE ... COMMIT)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s)

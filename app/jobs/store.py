@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ class JobInfo:
     finished: float | None
     params: dict[str, Any]
     callback_url: str | None
+    """The callback URL as shown: its user, password, query values and fragment ``***``."""
     bytes: int
     callback_outcome: str | None = None
     """What the callback got, once sent: ``delivered``, ``refused`` or ``failed``, with the status or error and the attempts."""
@@ -113,6 +114,12 @@ class JobInfo:
     """The name of the API key that submitted it (None where no keys are configured)."""
     request_id: str | None = None
     """The ``X-Request-ID`` of the request that submitted it (None for a job stored before the service kept it)."""
+    callback_target: str | None = field(default=None, repr=False)
+    """The callback URL to call, its secrets in clear: opened from the store's sealed copy (:mod:`app.jobs.sealing`); None
+    where there is no callback, or its sealed URL does not open (:attr:`callback_problem` says why). ``callback_url`` is
+    the URL as shown, its secrets ``***``."""
+    callback_problem: str | None = None
+    """Why :attr:`callback_target` is None for a job with a callback (sealed with another key): its callback fails so."""
 
     @property
     def answered(self) -> int:
@@ -182,7 +189,8 @@ class Store(Protocol):
         """Store a job and its images in one transaction, or nothing of it: :class:`QuotaExceeded` if the bytes of
         ``tenant``'s jobs would then pass ``max_tenant_bytes`` (not checked for a job of no tenant), else
         :class:`StoreFull` if every job's bytes would then pass ``max_bytes``. ``tenant``: the name of the key that
-        submitted it; ``request_id``: the submitting request's ``X-Request-ID``."""
+        submitted it; ``request_id``: the submitting request's ``X-Request-ID``; ``callback_url``: kept as shown (its
+        secrets ``***``), the whole URL sealed with the store's key (:mod:`app.jobs.sealing`)."""
         ...
 
     def get_job(self, job_id: str) -> JobInfo | None: ...

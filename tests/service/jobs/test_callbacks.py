@@ -12,16 +12,20 @@ import hashlib
 import hmac
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import app.jobs.callbacks as callbacks
-from tests.service.conftest import AppFactory, serve
+from app.jobs.sealing import Sealer, key_of_setting
+from app.jobs.sqlite import FILE_NAME, SqliteStore
+from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, images, submit, wait_done
 
 SECRET = "receiver-and-service-share-this"
@@ -169,8 +173,9 @@ async def test_the_credentials_and_token_of_a_callback_url_reach_the_receiver_an
     hook = f"http://{USER}:{PASSWORD}@127.0.0.1:{receiver}/hook?token={TOKEN}&v=2"
     shown = f"http://***@127.0.0.1:{receiver}/hook?token=***&v=***"
     answers: list[str] = []
+    app = tiny_app(callback_secret=SECRET)
     try:
-        async with serve(tiny_app(callback_secret=SECRET)) as client:
+        async with serve(app) as client:
             r = await client.post("/jobs", files=images(1), data=FAST | {"callback_url": hook})
             assert r.status_code == 202, r.text
             answers.append(r.text)
@@ -201,10 +206,40 @@ async def test_the_credentials_and_token_of_a_callback_url_reach_the_receiver_an
         spans = exporter.get_finished_spans()
         assert spans
         answers.append(repr([(s.name, dict(s.attributes or {})) for s in spans]))
+    # the job store's rows, read back as any reader of the file reads them, and the file's bytes: the URL as shown
+    store_file = app.state.settings.data_dir / FILE_NAME
+    with sqlite3.connect(store_file) as conn:
+        rows = [repr(row) for table in ("jobs", "images") for row in conn.execute(f"SELECT * FROM {table}")]  # noqa: S608
+    assert any(shown in row for row in rows)
+    raw = b"".join(p.read_bytes() for p in store_file.parent.iterdir() if p.name.startswith(FILE_NAME))
     for secret in SECRETS:
         assert secret not in logged, secret
-        for answer in answers:
-            assert secret not in answer, (secret, answer[:300])
+        assert secret.encode() not in raw, secret
+        for text in (*answers, *rows):
+            assert secret not in text, (secret, text[:300])
+
+
+async def test_a_callback_sealed_under_another_key_fails_saying_so_and_one_under_the_servers_key_arrives(
+    tiny_app: AppFactory, receiver: int, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    hook = f"http://{USER}:{PASSWORD}@127.0.0.1:{receiver}/hook?token={TOKEN}"
+    params = {"attribute": {"method": "ig", "steps": 4, "return_overlay": False}, "explain_if": None}
+    old_key, new_key = "the-key-before-the-change", "the-key-after-the-change"
+    before = SqliteStore(tmp_path, sealer=Sealer(key_of_setting(old_key)))  # submitted before the key changed
+    before.create_job("stale", params, hook, [("a.png", image_bytes())], 10**9)
+    before.close()
+    SqliteStore(tmp_path, sealer=Sealer(key_of_setting(new_key))).create_job("fresh", params, hook, [("b.png", image_bytes())], 10**9)
+    async with serve(tiny_app(data_dir=tmp_path, jobs_seal_key=new_key, callback_secret=SECRET)) as client:
+        stale, fresh = await _outcome(client, "stale"), await _outcome(client, "fresh")
+    assert stale["callback_outcome"].startswith("failed: its callback URL, sealed in the job store, could not be opened: "
+                                                "it was sealed with another key"), stale
+    assert stale["callback_url"] == fresh["callback_url"] == f"http://***@127.0.0.1:{receiver}/hook?token=***"
+    assert fresh["callback_outcome"] == "delivered: HTTP 204 after 1 attempt(s)"
+    # only the fresh job's callback arrived, with the URL's real credentials and token
+    assert Receiver.requests == [f"POST /hook?token={TOKEN}"] and Receiver.deliveries[0][1]["id"] == "fresh"
+    assert base64.b64decode((Receiver.deliveries[0][2] or "").removeprefix("Basic ")).decode() == f"{USER}:{PASSWORD}"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("job stale: callback" in line and "sealed with another key" in line for line in errors), errors
 
 
 def _spans() -> Any:
@@ -225,10 +260,36 @@ def _spans() -> Any:
     ("https://h.example/hook?sig=abc%3D%3D&empty=&&bare", "https://h.example/hook?sig=***&empty=***&&***"),
     ("http://tokenonly@h.example/", "http://***@h.example/"),
     ("http://h.example/plain", "http://h.example/plain"),
-    ("http://[::1", "<invalid URL>"),
+    ("http://[::1", "http://[::1"),  # cannot be split, but holds no "@", "?" nor "#": nothing secret to hide
+    # a password holding "/", "#" or "?" ends the authority early (urllib reads its first part as the port, or the host):
+    # whatever is before the "@" may be secret
+    ("http://user:pa/ss@h.example/hook", "http://***"),
+    ("http://user:pa#ss@h.example/hook", "http://***"),
+    ("http://user:pa?ss@h.example/hook?token=t", "http://***"),
+    ("https://u:12/34@h.example/", "https://***"),  # splits (host u, port 12), its "@" outside the authority all the same
+    ("tok/en@h.example", "***"),
 ])
 def test_redacted_hides_userinfo_query_values_and_the_fragment(url: str, shown: str) -> None:
     assert callbacks.redacted(url) == shown
+    assert callbacks.redacted(shown) == shown  # what the store keeps, shown again as it is
+
+
+@pytest.mark.parametrize("password", ["Qx7/Zr9-a1", "Qx7#Zr9-a1", "Qx7?Zr9-a1"])
+async def test_a_refused_callback_url_shows_no_part_of_its_password(
+    tiny_app: AppFactory, caplog: pytest.LogCaptureFixture, password: str,
+) -> None:
+    # refused with a 422 that had shown the password twice: in urllib's port error ('Qx7') and in the URL echoed
+    caplog.set_level(logging.DEBUG)
+    async with serve(tiny_app()) as client:
+        r = await client.post("/jobs", files=images(1), data=FAST | {"callback_url": f"http://hookuser:{password}@127.0.0.1:9/hook"})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter", r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith("callback_url has a port that is not a number") and "percent-encoded (%2F, %3F, %23" in message
+        assert message.endswith("got 'http://***'"), message
+        assert (await client.get("/jobs")).json()["total"] == 0
+    logged = "\n".join(rec.getMessage() for rec in caplog.records)
+    for part in ("Qx7", "Zr9-a1", "hookuser"):
+        assert part not in r.text and part not in logged, part
 
 
 async def test_a_callback_answered_with_a_redirect_is_not_delivered_and_the_redirect_not_followed(
