@@ -23,7 +23,7 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -63,7 +63,7 @@ from app.api.oip_inference import (
     statistics_of,
 )
 from app.core.config import Settings
-from app.core.door import Doors, grpc_status_name
+from app.core.door import MESSAGE_TOO_LARGE, Doors, grpc_status_name
 from app.core.drain import Drain
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.image_threads import in_image_thread
@@ -163,11 +163,35 @@ class Malformed:
     reason: str
 
 
-def _read(kind: Any, data: bytes) -> Any:
+@dataclass(frozen=True)
+class TooLarge:
+    """A message over ``IDG_MAX_UPLOAD_BYTES`` (``size`` its bytes; None: over grpc's own bound, :data:`GRPC_MESSAGE_CAP`,
+    so grpc refused it unread): RESOURCE_EXHAUSTED, counted under its RPC and in ``idg_rejections_total``."""
+
+    size: int | None
+
+
+def _read(kind: Any, limit: int, data: bytes) -> Any:
+    if len(data) > limit:  # not parsed: the service's own refusal, counted, logged and traced as every other
+        return TooLarge(len(data))
     try:
         return kind.FromString(data)
     except DecodeError as err:
         return Malformed(str(err) or "it cannot be parsed")
+
+
+GRPC_MESSAGE_CAP = 2
+"""grpc reads messages up to this many times ``IDG_MAX_UPLOAD_BYTES`` (beyond, it refuses them unread, its own
+RESOURCE_EXHAUSTED, which the service still counts and logs: :class:`TooLarge`); the service refuses those over the
+limit itself, with its own message."""
+
+
+async def _first(requests: AsyncIterator[Any]) -> Any:
+    """The call's request message: the first the client sent (a unary client sends one). None arrived: grpc refused it
+    unread (over :data:`GRPC_MESSAGE_CAP`), and has answered the call already."""
+    async for request in requests:
+        return request
+    return TooLarge(None)
 
 
 GRPC_DEADLINE_MARGIN_S = 0.05
@@ -196,9 +220,13 @@ class InferenceService:
             "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest, True),
             "ModelInfer": (self.model_infer, pb.ModelInferRequest, True),
         }
+        # stream-unary on the server's side (a unary client's call is the same on the wire): the handler runs even when
+        # grpc refuses the message unread, so that refusal is counted under its RPC as every other (a unary handler is
+        # never called then)
+        limit = self.state.settings.max_upload_bytes
         return grpc.method_handlers_generic_handler(SERVICE, {
-            name: grpc.unary_unary_rpc_method_handler(self._guarded(name, fn, key), request_deserializer=partial(_read, kind),
-                                                      response_serializer=lambda m: m.SerializeToString())
+            name: grpc.stream_unary_rpc_method_handler(self._guarded(name, fn, key), request_deserializer=partial(_read, kind, limit),
+                                                       response_serializer=lambda m: m.SerializeToString())
             for name, (fn, kind, key) in methods.items()})
 
     def _guarded(self, name: str, fn: Handler, needs_key: bool) -> Handler:
@@ -207,7 +235,8 @@ class InferenceService:
         service's errors as status codes and any other failure a logged INTERNAL (never UNKNOWN)."""
         quiet = name in QUIET_RPCS
 
-        async def call(request: Any, context: aio.ServicerContext) -> Any:
+        async def call(requests: AsyncIterator[Any], context: aio.ServicerContext) -> Any:
+            request = await _first(requests)
             metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
             given = metadata.get(REQUEST_ID) or getattr(request, "id", None) or None  # the metadata's, else the protocol's id
             with self.doors.handle("grpc", name, request_id=given, carrier=metadata, name=f"{SERVICE}/{name}", line=f"gRPC {name}",
@@ -216,12 +245,19 @@ class InferenceService:
                 # which server process answered (as X-IDG-Replica says over HTTP) and the request's ID, whatever the status
                 trailing = (("x-idg-replica", replica_id()), (REQUEST_ID, door.request_id))
                 context.set_trailing_metadata(trailing)
-                await context.send_initial_metadata(((REQUEST_ID, door.request_id),))
+                if not (isinstance(request, TooLarge) and request.size is None):  # grpc answered that one already
+                    await context.send_initial_metadata(((REQUEST_ID, door.request_id),))
                 drain: Drain = self.state.drain  # counted as in flight: a shutdown's drain waits for the call within its grace
                 task = asyncio.current_task()
                 drain.active += 1
                 drain._tasks.add(task)  # type: ignore[arg-type]  # noqa: SLF001 - cancelled when the grace is over
                 try:
+                    if isinstance(request, TooLarge):
+                        self.doors.metrics.rejections.labels(MESSAGE_TOO_LARGE).inc()
+                        limit = self.state.settings.max_upload_bytes
+                        size = f"more than {GRPC_MESSAGE_CAP * limit}" if request.size is None else str(request.size)
+                        raise ApiError(413, f"the {name}Request message has {size} bytes, over the limit of {limit} bytes "
+                                       "(IDG_MAX_UPLOAD_BYTES): send fewer or smaller images per call", code=MESSAGE_TOO_LARGE)
                     if isinstance(request, Malformed):
                         raise bad(f"the request is not a {name}Request message: {request.reason}")
                     if needs_key:
@@ -339,8 +375,10 @@ class InferenceService:
 async def start_grpc(app: FastAPI, settings: Settings) -> aio.Server:
     """Open the protocol's gRPC port (``IDG_GRPC_PORT`` on ``IDG_HOST``) on the running event loop. Every server process
     binds it with ``SO_REUSEPORT`` (grpc's default on Linux), as they share the HTTP port; messages up to
-    ``IDG_MAX_UPLOAD_BYTES`` are read (larger: RESOURCE_EXHAUSTED), answers of any size written."""
-    server = aio.server(options=[("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", settings.max_upload_bytes),
+    ``IDG_MAX_UPLOAD_BYTES`` are read (larger: RESOURCE_EXHAUSTED, the service's own up to :data:`GRPC_MESSAGE_CAP` times
+    that, grpc's beyond; both counted), answers of any size written."""
+    cap = min(GRPC_MESSAGE_CAP * settings.max_upload_bytes, 2**31 - 1)
+    server = aio.server(options=[("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", cap),
                                  ("grpc.max_send_message_length", -1)])
     server.add_generic_rpc_handlers((InferenceService(app).handlers(),))
     app.state.doors.init_routes("grpc", list(RPCS))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import ClientDisconnect
-from starlette.routing import Mount
+from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import tracing
@@ -57,8 +57,12 @@ GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_
 """The gRPC status code (its name, ``grpc.StatusCode[name]``) of each of the service's HTTP statuses."""
 GRPC_SERVER_FAILURES = frozenset({"INTERNAL", "UNKNOWN", "DATA_LOSS", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 """The gRPC codes of the server's side (HTTP's 5xx): a span with one is an error."""
-GRPC_ALERT_STATUSES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "INTERNAL", "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED")
-"""The gRPC statuses each RPC's counter starts at 0 with (so ``rate()`` sees the first of them)."""
+GRPC_ALERT_STATUSES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "INTERNAL", "UNKNOWN", "DATA_LOSS", "UNAVAILABLE",
+                       "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "CANCELLED")
+"""The gRPC statuses each RPC's counter starts at 0 with (so ``rate()`` sees the first of them): every one an alert rule
+reads (tests/test_monitoring.py checks the rules against it), and the answers' and refusals' own."""
+MESSAGE_TOO_LARGE = "message_too_large"
+"""The error code (and ``idg_rejections_total`` reason) of a gRPC message over ``IDG_MAX_UPLOAD_BYTES``."""
 CALL = "idg_door_call"
 """The key in an HTTP request's ``scope["state"]`` of its :class:`Call`."""
 _current: ContextVar[Call | None] = ContextVar("idg_door_call", default=None)
@@ -66,8 +70,9 @@ _current: ContextVar[Call | None] = ContextVar("idg_door_call", default=None)
 
 def grpc_status_name(err: ApiError) -> str:
     """The gRPC status code's name of the service's error: a busy queue (or a key's share) is RESOURCE_EXHAUSTED (retry
-    later), not ready or shutting down UNAVAILABLE (retry elsewhere), any other 4xx INVALID_ARGUMENT."""
-    if err.status == 503 and err.code in ("busy", "key_share"):
+    later), as is a message over the size limit (grpc's own code for it), not ready or shutting down UNAVAILABLE (retry
+    elsewhere), any other 4xx INVALID_ARGUMENT."""
+    if (err.status == 503 and err.code in ("busy", "key_share")) or (err.status == 413 and err.code == MESSAGE_TOO_LARGE):
         return "RESOURCE_EXHAUSTED"
     return GRPC_CODES.get(err.status, "INVALID_ARGUMENT" if 400 <= err.status < 500 else "INTERNAL")
 
@@ -106,13 +111,15 @@ class Call:
     """Whether the request ID was the caller's (else made, and a protocol's own ID read later may replace it)."""
 
     def admit(self, key: Key | None) -> None:
-        """Take one of ``key``'s share of the queue for this call, or raise a 503 (``key_share``, ``Retry-After: 1``)
-        while the key holds its whole share (every door's calls together). Nothing where no share is set (one key or
-        none) or the call sends no configured key (its door's guard answers 401)."""
+        """Take one of ``key``'s share of the queue for this call, or raise a 503 (``key_share``, ``Retry-After: 1``,
+        counted in ``idg_rejections_total{reason="key_share"}``) while the key holds its whole share (every door's calls
+        together). Nothing where no share is set (one key or none) or the call sends no configured key (its door's guard
+        answers 401)."""
         doors = self.doors
         if doors.share is None or key is None or self.key is not None:
             return
         if doors.in_flight.get(key.name, 0) >= doors.share:
+            doors.metrics.rejections.labels("key_share").inc()  # every door's refusal, under the route it refused too
             raise ApiError(503, f"the API key {key.name!r} has {doors.share} requests in flight, its share of the queue "
                            "(IDG_KEY_SHARE of IDG_MAX_QUEUE): retry when one has been answered",
                            headers={"Retry-After": "1"}, code="key_share")
@@ -311,6 +318,24 @@ class HttpDoor:
                 call.attributes["http.response.status_code"] = sent or 500
 
 
+def _leaves(routes: list[Any]) -> Iterator[BaseRoute]:
+    """Every route that answers, inside the routers included (FastAPI's included routers match as one route)."""
+    for route in routes:
+        inner = getattr(getattr(route, "original_router", None), "routes", None)
+        if inner is not None:
+            yield from _leaves(inner)
+        elif isinstance(route, BaseRoute):
+            yield route
+
+
+def _route_of(scope: Scope) -> BaseRoute | None:
+    """The app's route that would answer this request (what routing puts in ``scope["route"]``), or None."""
+    for route in _leaves(getattr(getattr(scope.get("app"), "router", None), "routes", [])):
+        if route.matches(scope)[0] == Match.FULL:
+            return route
+    return None
+
+
 WORK = ("/predict", "/attribute", "/v2/models/", "/jobs")
 """Paths whose POSTs take the worker's queue slots (a share of them per key)."""
 
@@ -336,6 +361,9 @@ class HttpAdmission:
         try:
             call.admit(None if given is None else match(self.keys, given))  # no key or a wrong one: the route answers 401
         except ApiError as err:
+            route = _route_of(scope)  # refused before routing: counted under the route it refused, not "unmatched"
+            if route is not None:
+                scope["route"] = route
             body = json.dumps(error_body(err.status, err.message, err.code)).encode()
             extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
             await send({"type": "http.response.start", "status": err.status, "headers": [

@@ -47,7 +47,11 @@ if TYPE_CHECKING:  # the module itself stays light: a server process of several 
 # the refusals), each rejection reason (app.worker), durable-job outcome, job store operation (app.jobs.runner), callback
 # outcome (app.jobs.callbacks) and tenant (the API keys' names)
 ALERT_STATUSES = ("200", "500", "503", "504")
-REJECTION_REASONS = ("queue_full", "stalled", "stuck", "deadline", "shutting_down", "client_disconnected")
+REJECTION_REASONS = ("queue_full", "stalled", "stuck", "deadline", "shutting_down", "client_disconnected", "key_share",
+                     "message_too_large")
+"""Why requests were refused or dropped (``idg_rejections_total``): the worker's (its queue full, stalled, stuck, the
+deadline, the shutdown, the client gone) and the doors' (an API key past its share of the queue, every door's; a gRPC
+message over ``IDG_MAX_UPLOAD_BYTES``)."""
 JOB_OUTCOMES = ("answered", "failed", "retried", "lost")
 StoreOperation = Literal["claim", "upkeep", "release", "finish", "get_job", "callback_sent"]
 """The job store operations counted apart in ``idg_durable_job_store_errors_total`` (the runner's ``_store`` takes one)."""
@@ -146,7 +150,11 @@ class Metrics:
         if not self.multiprocess:  # several processes: the device's own, from their shared file (exposition)
             self.device_busy = Counter("idg_device_busy_seconds", DEVICE_BUSY_HELP, registry=r)
             self.device_idle = Counter("idg_device_idle_seconds", DEVICE_IDLE_HELP, ["cause"], registry=r)
-        self.rejections = Counter("idg_rejections", "Requests refused or dropped, by reason", ["reason"], registry=r)
+        self.rejections = Counter(
+            "idg_rejections", "Requests refused or dropped, by reason: the worker's (queue_full, stalled, stuck, deadline, "
+            "shutting_down, client_disconnected) and the doors' (key_share: an API key past its share of the queue, over "
+            "HTTP or gRPC; message_too_large: a gRPC message over IDG_MAX_UPLOAD_BYTES), each also counted under the route "
+            "or RPC it refused", ["reason"], registry=r)
         self.job_seconds = Histogram(
             "idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
         self.job_images = Counter(

@@ -11,13 +11,15 @@ the runner's ``_store("x", ...)``, a cancellation's or a refusal's reason, a cal
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.prometheus import CALLBACK_OUTCOMES, CONDITIONS, JOB_OUTCOMES, REJECTION_REASONS, STORE_OPERATIONS
+from app.core.door import Doors
+from app.core.prometheus import CALLBACK_OUTCOMES, CONDITIONS, JOB_OUTCOMES, REJECTION_REASONS, STORE_OPERATIONS, Metrics, exposition
 from tests.service.conftest import AppFactory, serve
 
 APP = Path(__file__).resolve().parents[2] / "app"
@@ -140,3 +142,37 @@ async def test_every_label_the_code_passes_is_in_a_domain_created_at_start(tiny_
             elif isinstance(node.value, ast.JoinedStr) and (head := _literal(node.value.values[0])) and ":" in head:
                 words.add(head.split(":", 1)[0])
     assert words == set(CALLBACK_OUTCOMES) == values(series, "idg_durable_job_callbacks", "outcome"), words
+
+
+def _rule_statuses() -> set[str]:
+    """Every status an alert or recording rule names literally (``status="503"``, an alternative of ``status=~"a|b"``)."""
+    import yaml
+
+    from tests.test_monitoring import RULES
+
+    names: set[str] = set()
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            for pattern in re.findall(r'status\s*(?:=~|!~|=|!=)\s*"([^"]*)"', rule["expr"]):
+                names |= {alt for alt in pattern.split("|") if re.fullmatch(r"[A-Z_]+|\d{3}", alt)}
+    return names
+
+
+async def test_every_status_a_rule_reads_exists_at_0_for_every_route_and_rpc(tiny_app: AppFactory) -> None:
+    """gRPC's UNKNOWN, DATA_LOSS and CANCELLED (the server-error rule reads the first two) had appeared only with their
+    first call: each status a rule names is created at 0 for every RPC (gRPC's code names) and every route (HTTP's)."""
+    statuses = _rule_statuses()
+    grpc_names, http_codes = {s for s in statuses if not s.isdigit()}, {s for s in statuses if s.isdigit()}
+    assert {"UNKNOWN", "DATA_LOSS", "UNAVAILABLE", "RESOURCE_EXHAUSTED"} <= grpc_names and "503" in http_codes, statuses
+    metrics = Metrics()
+    Doors(metrics).init_routes("grpc", ["ModelInfer", "ServerMetadata"])
+    grpc_series = {(dict(s)["route"], dict(s)["status"]) for s in
+                   (tuple(sorted(sample.labels.items())) for f in text_string_to_metric_families(exposition(metrics.registry).decode())
+                    if f.name == "idg_requests" for sample in f.samples if sample.name == "idg_requests_total")}
+    for rpc in ("ModelInfer", "ServerMetadata"):
+        missing = {name for name in grpc_names | {"CANCELLED", "OK"} if (rpc, name) not in grpc_series}
+        assert not missing, f"{rpc}: {sorted(missing)} not created at start"
+    series, _ = await fresh_series(tiny_app)
+    http = {(dict(s)["route"], dict(s)["status"]) for s in series["idg_requests"] if dict(s)["door"] == "http"}
+    for route in ("/predict", "/attribute", "/v2/models/{name}/infer", "/jobs"):
+        assert {(route, code) for code in http_codes | {"500", "504"}} <= http, route

@@ -160,8 +160,8 @@ def test_errors_are_status_codes_with_the_services_message(client: grpcclient.In
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "must have the shape [1, 3, 32, 32]" in err.message()
     err = refused(client.infer, "tiny", [images(b"not an image")], headers=AUTH)
     assert err.status() == "StatusCode.INVALID_ARGUMENT", err.message()
-    err = refused(client.infer, "tiny", [images(b"x" * 200_000)], headers=AUTH)  # over IDG_MAX_UPLOAD_BYTES: grpc's own limit
-    assert err.status() == "StatusCode.RESOURCE_EXHAUSTED", err.message()
+    err = refused(client.infer, "tiny", [images(b"x" * 150_000)], headers=AUTH)  # over IDG_MAX_UPLOAD_BYTES: the service's refusal
+    assert err.status() == "StatusCode.RESOURCE_EXHAUSTED" and "IDG_MAX_UPLOAD_BYTES" in err.message(), err.message()
     err = refused(client.infer, "", [one], headers=AUTH)  # no model: not the default one, as /attribute's
     assert err.status() == "StatusCode.NOT_FOUND" and "name a model: tiny" in err.message()
     err = refused(client.infer, "tiny", [one])
@@ -169,6 +169,34 @@ def test_errors_are_status_codes_with_the_services_message(client: grpcclient.In
     err = refused(client.get_model_metadata, "tiny", headers={"x-api-key": "wrong"})
     assert err.status() == "StatusCode.UNAUTHENTICATED" and "wrong" in err.message()
     assert client.get_model_metadata("tiny", headers={"x-api-key": KEY}).name == "tiny"  # the HTTP door's header works too
+
+
+@pytest.mark.parametrize(("size", "whose"), [(150_000, "the service's"), (250_000, "grpc's")], ids=["over the limit", "over grpc's cap"])
+def test_a_message_over_the_upload_limit_is_refused_counted_and_logged_under_its_rpc(
+        client: grpcclient.InferenceServerClient, served: tuple[Served, int], size: int, whose: str) -> None:
+    """A message over IDG_MAX_UPLOAD_BYTES (100,000 bytes here) is RESOURCE_EXHAUSTED, and every such refusal is the
+    service's to count: under ModelInfer, in ``idg_rejections_total{reason="message_too_large"}``, and in the access log
+    with its request ID. Up to twice the limit the service reads it and answers with its own message; beyond, grpc refuses
+    it unread (its own message), and the service still counts and logs it."""
+    server = served[0]
+    counted = 'idg_requests_total{door="grpc",route="ModelInfer",status="RESOURCE_EXHAUSTED"}'
+    rejected = 'idg_rejections_total{reason="message_too_large"}'
+    before = (server.metric(counted), server.metric(rejected))
+    rid = f"too-large-{size}"
+    err = refused(client.infer, "tiny", [images(b"x" * size)], headers={**AUTH, "x-request-id": rid})
+    assert err.status() == "StatusCode.RESOURCE_EXHAUSTED", err.message()
+    if whose == "the service's":
+        assert "over the limit of 100000 bytes (IDG_MAX_UPLOAD_BYTES)" in err.message(), err.message()
+    else:
+        assert "larger than max" in err.message(), err.message()
+    for _ in range(100):  # grpc's own refusal answers the client first; the service counts it a moment later
+        if server.metric(counted) > before[0]:
+            break
+        time.sleep(0.02)
+    assert (server.metric(counted), server.metric(rejected)) == (before[0] + 1, before[1] + 1)
+    line = next((line for line in server.log().splitlines() if f"[{rid}]" in line and "gRPC ModelInfer" in line), None)
+    assert line is not None and "RESOURCE_EXHAUSTED" in line, server.log()[-3000:]
+    assert client.infer("tiny", [images(image_bytes())], headers=AUTH).as_numpy("probabilities").shape == (1, 1000)
 
 
 def test_bytes_that_are_no_request_message_are_invalid_argument(served: tuple[Served, int]) -> None:
