@@ -233,3 +233,39 @@ def test_efficientnet_lite0s_maps_are_pytorch_grad_cams_on_the_heads_bn_and_relu
         with cls(model=peer, target_layers=[peer.net._head_act]) as cam:
             theirs = torch.from_numpy(cam(input_tensor=x, targets=[ClassifierOutputTarget(t) for t in targets]))
         _assert_peer(ours[n], theirs, 1e-5)  # measured: 1e-6
+
+
+def test_a_compiled_network_gives_its_cam_uncompiled_and_compiles_nothing_for_it() -> None:
+    from idg_models.compiled import FixedBatchCompiled
+
+    net = _strided_net()
+    x = torch.rand(1, 3, 8, 8)
+    plain = ImageClassifier("s", net, Preprocessing(8, 8, mean=(0.0,) * 3, std=(1.0,) * 3), list("abcde")).eval()
+    expected = gradcam(plain, x, None, 2).attributions
+    compiled = ImageClassifier("s", FixedBatchCompiled(net, (2,), backend="eager"), plain.preprocessing, list("abcde")).eval()
+    torch.testing.assert_close(gradcam(compiled, x, None, 2).attributions, expected, rtol=0, atol=0)
+    assert compiled.cam_target()[1] is net[3] and compiled.net.graphs == 0  # the hook's forward pass ran the network itself
+
+
+def test_the_evaluation_takes_the_cam_methods_as_rows(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from idg_evaluation import EvalConfig, evaluate_folder
+    from idg_evaluation.runner import parse_row
+    from tests.models import tiny_classifier
+
+    paths = []
+    for i, wnid in enumerate(("n01440764", "n01580077")):
+        img = Image.new("RGB", (40, 36), (60 * i, 200 - 50 * i, 90))
+        for j in range(30):
+            img.putpixel((j, (j * 7) % 36), (255, 255 - 80 * i, 0))
+        paths.append(tmp_path / f"{wnid}_{i}.png")
+        img.save(paths[-1])
+    rows = {"gradcam": parse_row("gradcam"), "gradcam_pp@fast": parse_row("gradcam_pp@fast")}
+    assert rows == {"gradcam": ("gradcam", {}), "gradcam_pp@fast": ("gradcam_pp", {})}
+    cfg = EvalConfig(model="tiny", methods=rows, rise_step=128, pic_min_confidence=0.0, batch_size=16)
+    records = evaluate_folder(tiny_classifier(), paths, tmp_path / "out", cfg, workers=0, progress=False)
+    for record in records:
+        for row in rows:
+            scores = record["methods"][row]
+            assert 0 <= scores["insertion"] <= 1 and 0 <= scores["deletion"] <= 1
