@@ -270,3 +270,32 @@ async def test_models_share_the_worker_round_robin() -> None:
         await asyncio.gather(*slow_jobs)
     assert done.index("fast0") < 4, done  # FIFO by model would finish it after all eight (about 6 of 65 slow rounds)
     assert max(fast.net.calls) <= 3 and sum(fast.net.calls) >= 17, fast.net.calls
+
+
+@pytest.mark.slow  # ~20 s of CPU: ViT-B/32's passes (the fast tests/core/test_torchvision_archs.py loads both kinds)
+async def test_torchvision_resnet18_and_a_vit_from_the_users_weights_predict_and_explain(tmp_path: Path) -> None:
+    """Issue #73: ``torchvision:ARCH:WEIGHTS`` for an architecture beyond the older six, from state dicts saved as a user
+    saves them (random weights): each listed with the preprocessing torchvision declares, and answering both routes."""
+    from idg_models import import_torchvision
+
+    tv = import_torchvision()
+    torch.save(tv.models.resnet18(num_classes=3).state_dict(), tmp_path / "pets-resnet18.pth")
+    vit = tv.models.vit_b_32()  # ImageNet's 1000 classes
+    torch.nn.init.normal_(vit.heads.head.weight, std=0.02)  # torchvision starts the head at 0: as trained, it is not
+    torch.save(vit.state_dict(), tmp_path / "vit.pth")
+    specs = [f"pets=torchvision:resnet18:{tmp_path / 'pets-resnet18.pth'}", f"vit=torchvision:vit_b_32:{tmp_path / 'vit.pth'}"]
+    async with serve(_app(specs)) as client:
+        listed = {m["name"]: m for m in (await client.get("/models")).json()["models"]}
+        assert {k: (m["classes"], m["input_size"], m["resize_size"], m["interpolation"]) for k, m in listed.items()} == {
+            "pets": (3, 224, 256, "bilinear"), "vit": (1000, 224, 256, "bilinear")}
+        assert listed["vit"]["class_names"][:2] == ["tench", "goldfish"] and listed["pets"]["class_names"][2] == "class 2"
+        for name in listed:
+            r = await client.post("/predict", files={"file": ("coffee.jpg", PHOTO)}, data={"model": name, "top_k": "2"})
+            assert r.status_code == 200 and len(r.json()["top_k"]) == 2, r.text
+            data = {"model": name, "method": "idg", "steps": "4", "return_attribution": "true"}
+            r = await client.post("/attribute", files={"file": ("coffee.jpg", PHOTO)}, data=data)
+            assert r.status_code == 200, f"{name}: {r.text}"
+            body = r.json()
+            assert body["model"] == name and _png(body["heatmap_png"]).size == (224, 224)
+            arr = np.load(io.BytesIO(base64.b64decode(body["attribution"]["data"])))
+            assert arr.shape == (3, 224, 224) and np.isfinite(arr).all() and np.abs(arr).sum() > 0, name
