@@ -372,22 +372,35 @@ def _host_error(host: str, name: str) -> str | None:
     return None
 
 
-def _port_error(host: str, port: int, name: str) -> str | None:
-    """Why ``port`` cannot be listened on at ``host`` (another program holds it), or None. A bind and close now, before
-    the models load: uvicorn's own bind after them had said only "[Errno 98] Address already in use"."""
-    if port == 0:
-        return None
+SUGGESTED_PORTS = range(8010, 8020)
+"""Where the busy-port hint looks for a free port: none of them is used by any page or default (8000 the service, 8001
+the docs site and the gRPC example, 8080 Ray's metrics export)."""
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why ``port`` cannot be bound at ``host`` now, or None (a bind and close, as uvicorn binds: a port in TIME_WAIT is free)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as err:
-            if err.errno != errno.EADDRINUSE:
-                return None  # uvicorn's own bind says what else is wrong
-            return (f"port {port} on {host} is in use (another server?): choose another with {name}, e.g. "
-                    f"`make run PORT={port + 1 if port < 65535 else 8080}` or `idg-serve --port {port + 1 if port < 65535 else 8080}`")
+            return err
     return None
+
+
+def _port_error(host: str, port: int, name: str) -> str | None:
+    """Why ``port`` cannot be listened on at ``host`` (another program holds it), naming a port that is free now, or
+    None. A bind and close now, before the models load: uvicorn's own bind after them had said only "[Errno 98] Address
+    already in use"."""
+    if port == 0:
+        return None
+    err = _bind_error(host, port)
+    if err is None or err.errno != errno.EADDRINUSE:
+        return None  # uvicorn's own bind says what else is wrong
+    free = next((p for p in SUGGESTED_PORTS if p != port and _bind_error(host, p) is None), None)
+    hint = f", e.g. `make run PORT={free}` or `idg-serve --port {free}`" if free is not None else ""
+    return f"port {port} on {host} is in use (another server?): choose another with {name}{hint}"
 
 
 def _processes(text: str) -> int | str:

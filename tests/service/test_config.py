@@ -214,14 +214,38 @@ def test_a_busy_port_is_named_with_what_to_do_before_the_models_load(tmp_path: P
     and `make run PORT=` (it had loaded the models, then ended in uvicorn's "Address already in use")."""
     import socket
 
-    with socket.socket() as holder:
+    from app.server import SUGGESTED_PORTS, _bind_error
+
+    with socket.socket() as holder, socket.socket() as first:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
+        held = next(p for p in SUGGESTED_PORTS if _bind_error("127.0.0.1", p) is None)
+        first.bind(("127.0.0.1", held))  # the first port the hint would name, now busy: it names the next free one
+        first.listen()
+        free = next(p for p in SUGGESTED_PORTS if p > held and _bind_error("127.0.0.1", p) is None)
         env = {**os.environ, "IDG_DATA_DIR": str(tmp_path)}
         done = subprocess.run([sys.executable, "-m", "app.server", "--port", str(port)], capture_output=True, text=True,
                               timeout=120, env=env, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 3, done.stderr[-2000:]
     line = (f"cannot start: port {port} on 127.0.0.1 is in use (another server?): "
-            f"choose another with --port, e.g. `make run PORT={port + 1}`")
+            f"choose another with --port, e.g. `make run PORT={free}` or `idg-serve --port {free}`")
     assert line in done.stderr and "loading" not in done.stderr.lower(), done.stderr[-2000:]
+
+
+def test_the_ports_the_busy_port_hint_names_are_used_by_no_page_but_for_that() -> None:
+    """The hint's ports are not the service's, the docs site's, the gRPC example's or Ray's metrics port: no page,
+    script or default names them but the README and the getting-started page, for the busy port, with the port the hint
+    names first (the hint had named 8001, the docs site's, and the README 8080)."""
+    import re
+
+    from app.server import SUGGESTED_PORTS
+
+    root = Path(__file__).resolve().parents[2]
+    pages = [root / "README.md", root / "Makefile", root / "mkdocs.yml", *(root / "docs").rglob("*.md"), *(root / "deploy").rglob("*.y*ml")]
+    lines = [(page.relative_to(root).as_posix(), line) for page in pages for line in page.read_text().splitlines()]
+    used = {int(p) for _, line in lines for p in re.findall(r"(?<![\d.])(8\d{3})(?![\d.])", line)}
+    assert {8000, 8001, 8080} <= used and used & set(SUGGESTED_PORTS) == {SUGGESTED_PORTS[0]}, sorted(used)
+    naming = [(page, line) for page, line in lines if re.search(rf"(?<![\d.]){SUGGESTED_PORTS[0]}(?![\d.])", line)]
+    assert {page for page, _ in naming} == {"README.md", "docs/getting-started.md"}, naming
+    assert all(f"PORT={SUGGESTED_PORTS[0]}" in line for _, line in naming), naming
