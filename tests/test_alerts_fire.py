@@ -436,26 +436,45 @@ def _stop_postgres(url: str) -> None:
 
 @pytest.mark.slow
 def test_a_job_store_that_goes_down_fires_store_errors_and_leaves_the_instance_ready(tmp_path: Path) -> None:
-    # readiness is "can answer interactive work": the store's outage is its own alert, not IDGNotReady
+    """Readiness is "can answer interactive work": the store's outage is its own alert, not IDGNotReady, and a client
+    polling its job (each GET a 503 ``store_unavailable``) beside a few predictions is no unavailability of the
+    interactive doors: IDGUnavailableAnswers stays silent (it had fired, the /jobs 503s over half the answers). The
+    store's gauge is 0 by the time the first of those 503s is answered."""
     from tests.service.jobs.postgres_server import postgres_server
 
     with postgres_server() as url, serve_process(tmp_path / "server.log", IDG_JOBS_DB_URL=url) as served:
-        healthy = window(served, "idg:8000", 2.0)
-        assert healthy.value("idg_ready") == 1
+        r = httpx.post(served.url + "/jobs", files=[("files", ("a.png", image_bytes(), "image/png"))],
+                       data={"steps": "8", "probe_steps": "4"}, timeout=30)
+        assert r.status_code == 202, r.text
+        job_url = served.url + r.json()["url"]
+        _until(lambda: httpx.get(job_url, timeout=10).json()["state"] == "done", 60, "the job finished", served)
+        healthy = window(served, "idg:8000", during=lambda: [_post(served, "/predict") for _ in range(3)])
+        assert healthy.value("idg_ready") == 1 and healthy.value("idg_durable_job_store_up") == 1
         _stop_postgres(url)
-        _until(lambda: served.metric("idg_durable_job_store_up") == 0, 15, "the store counted as unreachable", served)
+        first = httpx.get(job_url, timeout=30)  # the first operation after the outage: it fails, and the gauge with it
+        assert (first.status_code, first.json()["error"]["code"]) == (503, "store_unavailable"), first.text
+        assert served.metric("idg_durable_job_store_up") == 0
         claims = 'idg_durable_job_store_errors_total{operation="claim"}'
         failed = served.metric(claims)
-        # the window holds the runner's next failed claim (it waits longer after each: 2 s, then 4, then 5)
-        down = window(served, "idg:8000", during=lambda: _until(lambda: served.metric(claims) > failed, 15, "another failed claim",
-                                                                served))
+
+        def polled() -> None:
+            """The client polls its job (each GET 503 after the store's timeout) and predicts; the window holds the
+            runner's next failed claim (it waits longer after each: 2 s, then 4, then 5)."""
+            codes = [httpx.get(job_url, timeout=30).status_code for _ in range(2)]
+            codes += [_post(served, "/predict").status_code for _ in range(3)]
+            assert codes == [503, 503, 200, 200, 200], codes
+            _until(lambda: served.metric(claims) > failed, 15, "another failed claim", served)
+
+        down = window(served, "idg:8000", during=polled)
         assert down.increase("idg_durable_job_store_errors_total", operation="claim") >= 1
+        assert down.increase("idg_requests_total", door="http", route="/jobs/{job_id}", status="503") == 2
         assert down.value("idg_ready") == 1 and down.value("idg_ready_processes") == 1
+        assert down.value("idg_durable_job_store_up") == 0
         assert httpx.get(served.url + "/health/ready", timeout=10).status_code == 200
         failing = [op for op in STORE_OPERATIONS if down.increase("idg_durable_job_store_errors_total", operation=op) > 0]
         assert_alerts(tmp_path, [down], {"IDGJobStoreErrors": [firing("IDGJobStoreErrors", "idg:8000", operation=op) for op in failing],
-                                         "IDGNotReady": [], "IDGDown": []})
-        assert_alerts(tmp_path, [healthy], {"IDGJobStoreErrors": [], "IDGNotReady": []})
+                                         "IDGUnavailableAnswers": [], "IDGNotReady": [], "IDGDown": []})
+        assert_alerts(tmp_path, [healthy], {"IDGJobStoreErrors": [], "IDGUnavailableAnswers": [], "IDGNotReady": []})
 
 
 # ---- drift: what the model predicts and how its explanations look, against the reference the operator recorded -----
