@@ -63,11 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports it
 
 
+def _unauthorized(given: str | None) -> str:
+    """A 401 in this command's words: its option and variable, not the HTTP headers the service names."""
+    if given is None:
+        return "this service needs an API key: give it with --api-key KEY or the IDG_API_KEY environment variable"
+    return "the service refused the API key given (--api-key or IDG_API_KEY): check it"
+
+
 def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="idg-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=os.environ.get("IDG_URL", "http://127.0.0.1:8000"),
                    help="the service, http:// or https:// (default: $IDG_URL or http://127.0.0.1:8000)")
-    p.add_argument("--api-key", default=os.environ.get("IDG_API_KEY"))
+    p.add_argument("--api-key", default=os.environ.get("IDG_API_KEY"), help="the service's API key (default: $IDG_API_KEY)")
     p.add_argument("--timeout", type=_seconds(0, inclusive=False), default=300.0, help="seconds to wait for an answer (default 300)")
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("predict", help="top-k classes")
@@ -119,7 +126,7 @@ def _main(argv: list[str] | None = None) -> int:
                                  faithfulness=args.faithfulness, postprocess=args.postprocess, smooth_samples=args.smooth_samples,
                                  xrai_order=args.xrai_order)
     except ServiceError as err:
-        sys.stderr.write(f"error {err.status}: {err.message}\n")
+        sys.stderr.write(f"error {err.status}: {_unauthorized(args.api_key) if err.status == 401 else err.message}\n")
         return 1
     except httpx.TimeoutException as err:  # reached, but no answer in time
         sys.stderr.write(f"error: the service at {args.url} did not answer within {args.timeout:g} s ({type(err).__name__}); "

@@ -94,6 +94,26 @@ def test_cli_says_in_one_line_that_the_service_is_unreachable(tmp_path: Path, ca
     assert "Traceback" not in err
 
 
+@pytest.fixture
+def keyed_url(tiny_app: AppFactory) -> Iterator[str]:
+    yield from live_server(tiny_app(api_key="s3cret-key"))
+
+
+def test_cli_says_how_to_give_the_api_key_it_lacks_or_that_the_one_given_was_refused(
+        keyed_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 401 names the command's own --api-key and IDG_API_KEY (the service's message names HTTP headers)."""
+    img = tmp_path / "a.png"
+    img.write_bytes(image_bytes())
+    monkeypatch.delenv("IDG_API_KEY", raising=False)
+    assert cli(["--url", keyed_url, "predict", str(img)]) == 1
+    err = capsys.readouterr().err
+    assert err == "error 401: this service needs an API key: give it with --api-key KEY or the IDG_API_KEY environment variable\n"
+    assert cli(["--url", keyed_url, "--api-key", "wrong", "predict", str(img)]) == 1
+    assert capsys.readouterr().err == "error 401: the service refused the API key given (--api-key or IDG_API_KEY): check it\n"
+    monkeypatch.setenv("IDG_API_KEY", "s3cret-key")  # read when the command starts
+    assert cli(["--url", keyed_url, "predict", str(img), "--top-k", "1"]) == 0
+
+
 def test_a_proxys_plain_500_is_retried_but_the_services_json_500_is_not() -> None:
     """Ray Serve answers plain 'Internal Server Error' for a request in flight on a replica that died
     (tests/service/test_ray_serve.py); the same request is safe to resend. The service's own JSON 500
