@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -495,14 +496,30 @@ def load_settings() -> Settings:
     try:
         settings = Settings()
     except ValidationError as err:
-        problems = []
+        said: dict[str, list[str]] = {}  # per variable: a value of a union type fails each alternative, one error each
         for e in err.errors():
             name = f"IDG_{str(e['loc'][0]).upper()}" if e.get("loc") else "a setting"
-            shown = os.environ.get(name, e.get("input"))
-            problems.append(f"invalid setting {name}={shown!r}: {e['msg']}")
-        raise SettingsError("; ".join(problems)) from None
+            said.setdefault(f"{name}={os.environ.get(name, e.get('input'))!r}", []).append(e["msg"])
+        raise SettingsError("; ".join(f"invalid setting {which}: {_alternatives(msgs)}" for which, msgs in said.items())) from None
     _warn_once(without_effect(settings))
     return settings
+
+
+_QUOTED = re.compile(r"'[^']*'(?:, '[^']*')*(?: or '[^']*')?")
+
+
+def _alternatives(messages: list[str]) -> str:
+    """pydantic's messages for one value as one: a union's ("Input should be 'fp32', 'tf32' or 'bf16'", "Input should be
+    'auto'") as "Input should be 'fp32', 'tf32', 'bf16' or 'auto'" (they had read as two errors of one setting)."""
+    messages = list(dict.fromkeys(messages))
+    prefix = "Input should be "
+    if len(messages) == 1 or not all(m.startswith(prefix) for m in messages):
+        return "; ".join(messages)
+    options: list[str] = []
+    for m in messages:
+        tail = m.removeprefix(prefix)
+        options += re.findall(r"'[^']*'", tail) if _QUOTED.fullmatch(tail) else [tail]
+    return prefix + ", ".join(options[:-1]) + " or " + options[-1]
 
 
 _WARNED: set[str] = set()

@@ -97,6 +97,16 @@ def test_a_value_that_cannot_be_used_is_one_line_naming_its_variable(monkeypatch
     assert "invalid setting IDG_SHUTDOWN_GRACE_S='inf': Input should be a finite number" in message
 
 
+def test_a_value_of_a_union_type_is_one_sentence_listing_every_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IDG_PRECISION is a precision or auto: pydantic fails each alternative, and the message had said the setting twice."""
+    from app.core.config import SettingsError, load_settings
+
+    monkeypatch.setenv("IDG_PRECISION", "bf17")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert str(err.value) == "invalid setting IDG_PRECISION='bf17': Input should be 'fp32', 'tf32', 'bf16' or 'auto'"
+
+
 def test_an_empty_variable_is_an_unset_one(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("IDG_MODELS_FILE", "IDG_CALIBRATION_FILE", "IDG_API_KEYS_FILE", "IDG_DATA_DIR", "IDG_MAX_QUEUE"):
         monkeypatch.setenv(name, "")  # as docker-compose passes ${X:-}: a path "" had been the current folder
