@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 
@@ -33,14 +34,14 @@ class ModuleCalls:
         """The name and module of the CAM layer's call (the last spatial map); a ``ValueError`` where there is none."""
         maps = [i for i, (_, _, shape) in enumerate(self.calls) if spatial(shape)]
         if not maps:
-            raise ValueError("the model has no spatial feature map (no layer outputs (batch, channels, height, width) with "
-                             "more than one position): Grad-CAM needs one; use an IG-family method")
+            raise ValueError("the model has no spatial feature map that can be read (no module outputs (batch, channels, "
+                             "height, width) with more than one position; a TorchScript or torch.export file runs as one "
+                             "graph, whose layers cannot be read): Grad-CAM needs one; use an IG-family method")
         name, module, _ = self.calls[maps[-1]]
         tokens = next((c for c in self.calls[maps[-1] + 1:] if len(c[2]) == 3 and c[2][1] > 1), None)
         if tokens is not None:
-            raise ValueError(f"the model is a vision transformer (its last spatial map, {name or 'the input layer'}, is "
-                             f"followed by a sequence of {tokens[2][1]} tokens at {tokens[0]}): Grad-CAM has no spatial "
-                             "feature layer to read there; use an IG-family method")
+            raise ValueError(f"the model is a vision transformer (a sequence of {tokens[2][1]} tokens at {tokens[0]} follows its "
+                             "last 4-D output): Grad-CAM has no spatial feature layer to read there; use an IG-family method")
         return name, module
 
 
@@ -59,6 +60,7 @@ def module_calls(net: nn.Module, itself: bool = False) -> Iterator[ModuleCalls]:
         return keep
 
     modules = [("", net)] if itself else [(name, m) for name, m in net.named_modules() if name]
+    modules = [(name, m) for name, m in modules if not isinstance(m, torch.jit.ScriptModule)]  # those take no hook
     handles = [m.register_forward_hook(hook(name)) for name, m in modules]
     try:
         yield seen

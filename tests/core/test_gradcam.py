@@ -161,6 +161,9 @@ def test_a_model_without_a_spatial_map_or_a_transformer_is_refused_with_why() ->
             METHODS["gradcam_pp"].check_model(served)  # type: ignore[misc]
     with pytest.raises(ValueError, match="not a torch.nn.Module"):
         gradcam(lambda t: mlp(t), x, None, 0)
+    scripted = torch.jit.script(_strided_net())  # its modules take no hook: refused, not a RuntimeError (a 500)
+    with pytest.raises(ValueError, match="TorchScript or torch.export file runs as one graph"):
+        gradcam(scripted, x, None, 0)
 
 
 def test_the_layer_found_in_torchvision_and_timm_classifiers() -> None:
