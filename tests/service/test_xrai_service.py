@@ -51,5 +51,6 @@ async def test_plain_xrai_order_and_a_bad_one(tiny_app: AppFactory) -> None:
         sal = np.abs(answer.attribution.astype(np.float64)).sum(0)
         for rank in range(1, len(body["regions"]["regions"]) + 1):
             assert np.ptp(sal[answer.regions.labels == rank]) <= 1e-3 * sal.max()  # one value per region (float16 array)
-        bad = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"postprocess": "xrai", "xrai_order": "pixels"})
+        bad = await client.post("/attribute", files={"file": ("a.png", image_bytes())},
+                                data={"postprocess": "xrai", "xrai_order": "pixels"})
         assert bad.status_code == 422 and "xrai_order" in bad.json()["error"]["message"]
