@@ -164,6 +164,8 @@ class JobRunner:
         self.owner = owner or new_owner()
         self._tasks: dict[asyncio.Task[None], Claimed] = {}
         self._wake = asyncio.Event()
+        self._purge_wanted = asyncio.Event()
+        """Set when deleted or expired jobs' rows wait to be freed (:meth:`purge_soon`)."""
         self._resume_at = 0.0
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
@@ -189,11 +191,13 @@ class JobRunner:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         await self.recover()
-        await asyncio.to_thread(self.store.sweep, time.time() - self.settings.jobs_retention_s)
+        await asyncio.to_thread(self.store.expire, time.time() - self.settings.jobs_retention_s)  # hidden now, freed below
         for job in await asyncio.to_thread(self.store.due_callbacks):  # finished while the previous process went down
             self._callback(job)
         self._loops = [asyncio.create_task(self._claim_loop(), name="idg-jobs"),
-                       asyncio.create_task(self._upkeep_loop(), name="idg-jobs-upkeep")]
+                       asyncio.create_task(self._upkeep_loop(), name="idg-jobs-upkeep"),
+                       asyncio.create_task(self._purge_loop(), name="idg-jobs-purge")]
+        self.purge_soon()  # what the previous process deleted, or left expired, and had not freed yet
         log.info("job runner %s started (%s, %d image(s) in flight at most)", self.owner, type(self.store).__name__,
                  self.settings.jobs_in_flight)
 
@@ -234,6 +238,10 @@ class JobRunner:
     def wake(self) -> None:
         """Look for images now (a job was just submitted)."""
         self._wake.set()
+
+    def purge_soon(self) -> None:
+        """Free the rows of deleted jobs now, in the background (a job was just deleted)."""
+        self._purge_wanted.set()
 
     def cancel_job(self, job_id: str) -> int:
         """Drop this job's images from the worker (the job was deleted); how many were in flight."""
@@ -300,11 +308,9 @@ class JobRunner:
                     await asyncio.to_thread(self.store.release, self.owner, claim.job_id, claim.index, False)
                     self._orphans.pop(0)
                 await asyncio.to_thread(self.store.renew, self.owner, self.settings.jobs_lease_s)
-                if time.monotonic() - last_sweep > SWEEP_S:
+                if time.monotonic() - last_sweep > SWEEP_S:  # jobs past their retention: by the purge, not holding this loop
                     last_sweep = time.monotonic()
-                    swept = await asyncio.to_thread(self.store.sweep, time.time() - self.settings.jobs_retention_s)
-                    if swept:
-                        log.info("deleted %d finished job(s) past their retention", swept)
+                    self.purge_soon()
             except StoreBusy as err:  # this process's own operations held the store: not the store's error
                 log.debug("renewing job claims waited for this process's other store operations: %s", err)
             except StoreUnavailable as err:  # said once by the store's Reachability
@@ -313,6 +319,31 @@ class JobRunner:
             except Exception:  # noqa: BLE001 - the loop goes on
                 self.metrics.job_store_errors.labels("upkeep").inc()
                 log.exception("renewing job claims failed")
+
+    async def _purge_loop(self) -> None:
+        """Delete the jobs past their retention and free the rows of deleted jobs, in the background: at start (what the
+        previous process left), after each ``DELETE /jobs/{id}`` and every :data:`SWEEP_S`. The purge takes the store a
+        few images per transaction, so requests and the runner's claims and answers take their turns meanwhile."""
+        while not self._stopping:
+            await self._purge_wanted.wait()
+            self._purge_wanted.clear()
+            try:
+                expired = await asyncio.to_thread(self.store.expire, time.time() - self.settings.jobs_retention_s)
+                if expired:
+                    log.info("deleted %d finished job(s) past their retention", expired)
+                began = time.monotonic()
+                purged = await asyncio.to_thread(self.store.purge, lambda: self._stopping)
+                if purged:
+                    log.info("freed the rows of %d deleted job(s) in %.1f s", purged, time.monotonic() - began)
+            except StoreUnavailable as err:  # StoreBusy too: tried again shortly
+                if not isinstance(err, StoreBusy):
+                    self.metrics.job_store_errors.labels("upkeep").inc()
+                log.debug("freeing deleted jobs' rows failed (%s); trying again in %g s", err, MAX_STORE_WAIT_S)
+                await asyncio.sleep(MAX_STORE_WAIT_S)
+                self.purge_soon()
+            except Exception:  # noqa: BLE001 - the loop goes on
+                self.metrics.job_store_errors.labels("upkeep").inc()
+                log.exception("freeing deleted jobs' rows failed")
 
     async def _store(self, what: StoreOperation, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` in a thread, tried again while the store is unreachable (waiting longer each time,

@@ -16,7 +16,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -96,11 +96,11 @@ class SqliteStore(SqlStore):
     def transient(self, err: BaseException) -> bool:
         return isinstance(err, sqlite3.OperationalError) and (getattr(err, "sqlite_errorcode", 0) & 0xFF) in PASSING
 
-    def sweep(self, finished_before: float) -> int:
-        """Delete the old jobs, then give the file's free pages back (answered images' bytes, deleted jobs) a few at a
-        time, for at most :data:`VACUUM_S`: one ``incremental_vacuum`` of 1.7 GB freed had held the store, and every
-        route and the runner with it, for 10 minutes; what is left goes back at the next sweep."""
-        swept = super().sweep(finished_before)
+    def purge(self, stop: Callable[[], bool] = lambda: False) -> int:
+        """Free the deleted jobs' rows, then give the file's free pages back (answered images' bytes, deleted jobs) a few
+        at a time, for at most :data:`VACUUM_S`: one ``incremental_vacuum`` of 1.7 GB freed had held the store, and every
+        route and the runner with it, for 10 minutes; what is left goes back at the next purge (every minute's sweep)."""
+        purged = super().purge(stop)
         ends, left = time.monotonic() + VACUUM_S, -1
         while self._incremental and time.monotonic() < ends:
             before = left
@@ -115,9 +115,9 @@ class SqliteStore(SqlStore):
                 break
             finally:
                 self._lock.release()
-            if left == 0 or left == before:  # all given back, or nothing more moves
+            if left == 0 or left == before or stop():  # all given back, nothing more moves, or the runner stops
                 break
-        return swept
+        return purged
 
     def close(self) -> None:
         with self._lock, self._read_lock:

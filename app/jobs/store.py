@@ -203,7 +203,19 @@ class Store(Protocol):
         ...
 
     def delete_job(self, job_id: str) -> bool:
-        """Delete a job, its images and answers; False if there was none."""
+        """Delete a job at once: from now on no read finds it, its images are not claimed nor answered, its callback is no
+        longer due and its bytes count against no bound; its rows (images and answers) are freed by :meth:`purge`, in the
+        background. False if there was none."""
+        ...
+
+    def purge(self, stop: Callable[[], bool] = lambda: False) -> int:
+        """Free the rows of the deleted jobs (deleted, or expired, before this process started too), a few images per
+        transaction, until none is left or ``stop()``; how many jobs were freed (SQLite: then give free pages back to the
+        disk, for a bounded time)."""
+        ...
+
+    def expire(self, finished_before: float) -> int:
+        """Delete, as :meth:`delete_job` does, the jobs finished before this time whose callback is not due; how many."""
         ...
 
     def claim(self, owner: str, limit: int, lease_s: float) -> list[Claimed]:
@@ -244,7 +256,7 @@ class Store(Protocol):
         ...
 
     def sweep(self, finished_before: float) -> int:
-        """Delete jobs finished before this time; how many."""
+        """:meth:`expire` then :meth:`purge`; how many expired."""
         ...
 
     def due_callbacks(self) -> list[JobInfo]:
