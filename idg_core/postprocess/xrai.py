@@ -14,12 +14,14 @@ XRAI (every pixel of a region equal). Values are ranks in (0, 1], spread evenly 
 
 Cost: no model pass; host work only. The regions are found on a grid of at most :data:`MAX_SIDE` pixels a side (a larger
 map is area-averaged to it and the region labels scaled back), so the time is bounded whatever the model's input size;
-sorting the pixels at full size is the only part that grows with it (docs/methods/xrai.md has the measured seconds).
+sorting the pixels at full size is the only part that grows with it (docs/methods/xrai.md has the measured seconds). It
+runs on a thread of its own (:data:`HOST`) while the plan waits at checkpoints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,9 @@ MIN_PIXEL_DIFF = 50
 """A segment that would add fewer new pixels than this is dropped (PAIR's ``min_pixel_diff``)."""
 MAX_SIDE = 320
 """Largest side the regions are found at: a larger map is area-averaged to this size first (the host time's bound)."""
+HOST = ThreadPoolExecutor(max_workers=1, thread_name_prefix="idg-xrai")
+"""Where XRAI's host work runs, one map at a time: off the thread that drives the model calls, which it would otherwise
+hold for its whole second (scikit-image's segmentation holds the GIL for at most about 0.1 s at a time)."""
 XRAI_ORDERS = ("regions_then_pixels", "regions")
 """The ``xrai_order`` values: regions first and the base map's pixel order inside each; or the regions alone."""
 
@@ -168,9 +173,16 @@ def xrai(image: Tensor, attributions: Tensor, order: str = "regions_then_pixels"
 
 def xrai_plan(inner: Plan, image: Tensor, order: str = "regions_then_pixels") -> Generator[Any, Any, AttributionResult]:
     """``inner`` (any method's plan, with its other post-steps) with its map replaced by XRAI's over ``image (C, H, W)``
-    (:func:`xrai`) and the regions in ``result.regions``. No model pass."""
+    (:func:`xrai`) and the regions in ``result.regions``. No model pass: the host work runs on :data:`HOST`, and the plan
+    yields empty checkpoints meanwhile, so whoever drives it (the service's worker) runs other plans' model calls."""
     result = yield from inner
-    mapped, regions = xrai(image, result.attributions[0], order)
+    work = HOST.submit(xrai, image.detach(), result.attributions[0].detach(), order)
+    while True:
+        try:
+            mapped, regions = work.result(timeout=0.001)
+            break
+        except TimeoutError:
+            yield []  # a checkpoint: the driver may run other plans' calls, or drop this one
     result.attributions = mapped.unsqueeze(0)
     result.regions = [regions]
     return result
