@@ -7,7 +7,22 @@ takes a batch of images with one target each and returns an :class:`AttributionR
 import logging
 
 from idg_core.heatmap import heatmap_png, overlay_png, saliency
-from idg_core.methods import METHODS, InvalidParameter, Method, agi, eg, guided_ig, idg, idg_eg, ig, la, left_ig, spectral_ig
+from idg_core.methods import (
+    METHODS,
+    InvalidParameter,
+    Method,
+    agi,
+    eg,
+    gradcam,
+    gradcam_pp,
+    guided_ig,
+    idg,
+    idg_eg,
+    ig,
+    la,
+    left_ig,
+    spectral_ig,
+)
 from idg_core.model_calls import CallStats, default_batch_size, evaluate_queries, run_plans
 from idg_core.paths import allocate_samples, ig_rule, place_samples, resolve_baseline
 from idg_core.types import Answer, AttributionResult, Model, Plan, Query
@@ -29,6 +44,8 @@ __all__ = [
     "allocate_samples",
     "eg",
     "evaluate_queries",
+    "gradcam",
+    "gradcam_pp",
     "guided_ig",
     "heatmap_png",
     "idg",

@@ -14,24 +14,36 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from idg_core.cam_layer import module_calls, spatial
-from idg_models.compiled import compiled_part
+from idg_models.compiled import FixedBatchCompiled
 
-if TYPE_CHECKING:
-    from idg_models.zoo import ImageClassifier
+
+class Served(Protocol):
+    """What this module reads of an :class:`idg_models.ImageClassifier` (named here by its parts: the zoo imports
+    this module)."""
+
+    net: nn.Module
+    cam_layer: str | None
+    preprocessing: Any
+    mean: Tensor
+
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+    def forward_with(self, net: nn.Module, x: Tensor) -> Tensor: ...
+
 
 Target = tuple[Callable[[Tensor], Tensor], nn.Module]
 _lock = threading.Lock()
-_found: weakref.WeakKeyDictionary[nn.Module, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_found: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 """Each model's (network, forward, layer) or (network, error), as :func:`cam_target` last found them."""
 
 
-def cam_target(model: ImageClassifier) -> Target:
+def cam_target(model: Served) -> Target:
     """What a CAM call of ``model`` runs and the module it reads (:func:`idg_core.model_calls.run_feature_call`), for the
     network as it is now; a ``ValueError`` that says why where it has none (cached like the layer)."""
     net = model.net
@@ -48,8 +60,8 @@ def cam_target(model: ImageClassifier) -> Target:
     return cached[1], cached[2]
 
 
-def _find(model: ImageClassifier) -> Target:
-    part = compiled_part(model)
+def _find(model: Served) -> Target:
+    part = model.net if isinstance(model.net, FixedBatchCompiled) else None
     eager = part.net if part is not None else model.net
     forward: Callable[[Tensor], Tensor] = model if part is None else (lambda x: model.forward_with(eager, x))
     size = model.preprocessing.crop_size
