@@ -195,8 +195,8 @@ async def start_grpc(app: FastAPI, settings: Settings) -> Any:
     try:
         from app.api.oip_grpc import start_grpc as start
     except ImportError as err:
-        raise ModelLoadError(f"IDG_GRPC_PORT={settings.grpc_port} needs grpcio, protobuf and tritonclient: pip install "
-                             f"'idg-service[grpc]' ({err})") from err
+        raise ModelLoadError(f"IDG_GRPC_PORT={settings.grpc_port} needs grpcio, protobuf and tritonclient: .venv/bin/pip "
+                             f"install -e '.[grpc]' torch==2.13.0 ({err})") from err
     try:
         return await start(app, settings)
     except RuntimeError as err:

@@ -17,7 +17,7 @@ list in Prometheus's HTTP service-discovery format (``http_sd_configs``), so one
 replica, found by Prometheus itself. A replica's registration is refreshed by each health check and
 dropped when it stops (or, if killed, once it is older than :data:`TARGET_MAX_AGE_S`).
 
-``ray[serve]`` is an optional extra (``pip install -e '.[ray]'``); nothing else imports this module.
+``ray[serve]`` is an optional extra (``.venv/bin/pip install -e '.[ray]' torch==2.13.0``); nothing else imports this module.
 """
 
 from __future__ import annotations

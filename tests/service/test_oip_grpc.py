@@ -287,7 +287,7 @@ async def test_a_grpc_port_that_cannot_open_stops_the_start_with_its_reason(tiny
                 pass
     assert not app.state.ready and not app.state.service.worker._thread.is_alive()  # noqa: SLF001 - what had started is stopped
     monkeypatch.setitem(sys.modules, "app.api.oip_grpc", None)  # as where grpcio or tritonclient is not installed
-    missing = r"IDG_GRPC_PORT=\d+ needs grpcio, protobuf and tritonclient: pip install 'idg-service\[grpc\]'"
+    missing = r"IDG_GRPC_PORT=\d+ needs grpcio, protobuf and tritonclient: \.venv/bin/pip install -e '\.\[grpc\]' torch==2\.13\.0"
     with pytest.raises(ModelLoadError, match=missing):
         async with serve(tiny_app(grpc_port=free_port(), warmup=False)):
             pass
