@@ -1,4 +1,7 @@
-"""Prometheus metrics, one registry per app (so several apps can live in one process, as in tests).
+"""Prometheus metrics, one registry per app (so several apps can live in one process, as in tests): each part declares
+its own families (:mod:`app.core.process_metrics`, :mod:`app.core.door_metrics`, :mod:`app.worker.metrics`,
+:mod:`app.jobs.metrics`, :mod:`app.core.drift_metrics`) and :class:`Metrics` gathers them, with what they share (the
+registry, readiness, the device's marks, the drift observations).
 
 With several server processes (``IDG_PROCESSES``), ``python -m app.server`` sets ``PROMETHEUS_MULTIPROC_DIR``
 before it starts them: prometheus_client then keeps every value in a file per process there, and
@@ -20,14 +23,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
-    Gauge,
     GCCollector,
-    Histogram,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
@@ -37,48 +37,25 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from app.core.device_time import SharedDeviceTime, read_all
+from app.core.door_metrics import ALERT_STATUSES, LATENCY_BUCKETS, REJECTION_REASONS, DoorMetrics
+from app.core.drift_metrics import CONDITIONS, DRIFT_CLASS_BINS, SHARE_BUCKETS, DriftMetrics
+from app.core.process_metrics import ProcessMetrics, ready_gauge
+from app.jobs.metrics import CALLBACK_OUTCOMES, JOB_OUTCOMES, STORE_OPERATIONS, JobMetrics, StoreOperation
+from app.worker.metrics import DEVICE_BUSY_HELP, DEVICE_IDLE_HELP, WorkerMetrics
 
 if TYPE_CHECKING:  # the module itself stays light: a server process of several imports it first (not_ready_yet)
     import torch
 
     from idg_models.compiled import FixedBatchCompiled
 
-# the labels known at start: every route with the statuses the alerts count (the answers, the server's own failures and
-# the refusals), each rejection reason (app.worker), durable-job outcome, job store operation (app.jobs.runner), callback
-# outcome (app.jobs.callbacks) and tenant (the API keys' names)
-ALERT_STATUSES = ("200", "500", "503", "504")
-REJECTION_REASONS = ("queue_full", "stalled", "stuck", "deadline", "shutting_down", "client_disconnected", "key_share",
-                     "message_too_large")
-"""Why requests were refused or dropped (``idg_rejections_total``): the worker's (its queue full, stalled, stuck, the
-deadline, the shutdown, the client gone) and the doors' (an API key past its share of the queue, every door's; a gRPC
-message over ``IDG_MAX_UPLOAD_BYTES``)."""
-JOB_OUTCOMES = ("answered", "failed", "retried", "lost")
-StoreOperation = Literal["claim", "upkeep", "release", "finish", "get_job", "callback_sent"]
-"""The job store operations counted apart in ``idg_durable_job_store_errors_total`` (the runner's ``_store`` takes one)."""
-STORE_OPERATIONS: tuple[StoreOperation, ...] = get_args(StoreOperation)
-CALLBACK_OUTCOMES = ("delivered", "refused", "failed")
-"""The first word of a callback's outcome (:func:`app.jobs.callbacks.deliver`)."""
-CONDITIONS = ("held", "not_held", "none")
+__all__ = ["ALERT_STATUSES", "CALLBACK_OUTCOMES", "CONDITIONS", "DRIFT_CLASS_BINS", "EXPECTED_PROCESSES", "HEALTH_PARTS",
+           "JOB_OUTCOMES", "LATENCY_BUCKETS", "REJECTION_REASONS", "SHARE_BUCKETS", "STORE_OPERATIONS", "Metrics",
+           "StoreOperation", "class_range", "concentration", "exposition", "not_ready_yet", "service_version", "weights_digest"]
+"""What the rest imports from here: the metrics of every part, and the labels each part's counters start with."""
+
 HEALTH_PARTS = ("loaded", "worker")
 """The parts of readiness (``idg_ready``, ``/health/ready``): whether the process can answer interactive work. The job
 store is none of them: its own gauge, ``idg_durable_job_store_up``, and alert say when it is down."""
-
-DRIFT_CLASS_BINS = 20
-SHARE_BUCKETS = tuple(i / 20 for i in range(1, 21))
-
-DEVICE_BUSY_HELP = (
-    "Seconds the device was busy with model calls (until their results were on the host): rate() of it is its busy "
-    "fraction. A call running over a second is booked while it runs. With several server processes on the device, the "
-    "union of their calls' times (from launch to result, as each host sees them), not their sum")
-DEVICE_IDLE_HELP = (
-    "Seconds the device had no model call to run, by what it waited for: no_work (no worker held a request: they were "
-    "still arriving or being decoded; more clients or more server processes fill it) or host (a worker held requests "
-    "and was still preparing their next call: planning, gathering points, booking the last call, the batch wait). With "
-    "several server processes, the device's own idle time (no process had a call on it)")
-
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560)
-"""Up to 2560 s: the IDGSlowExplanations alert compares the p99 with half the request deadline (IDG_REQUEST_TIMEOUT_S),
-which a histogram ending at 160 s could not reach past a deadline of 320 s."""
 
 
 def service_version() -> str:
@@ -89,10 +66,12 @@ def service_version() -> str:
         return "unknown"
 
 
-class Metrics:
-    """Counters and histograms of the HTTP side and of the worker, and prometheus_client's standard metrics
-    (``process_*``, ``python_*``): this process's, or with several server processes each live one's, labelled by its
-    ``pid`` (:class:`ServerProcessesCollector`)."""
+class Metrics(ProcessMetrics, DoorMetrics, WorkerMetrics, JobMetrics, DriftMetrics):
+    """Every part's metric families, each declared by the part that owns it (the server processes
+    :mod:`app.core.process_metrics`, the doors :mod:`app.core.door_metrics`, the worker :mod:`app.worker.metrics`, the
+    durable jobs :mod:`app.jobs.metrics`, the answers and drift :mod:`app.core.drift_metrics`), gathered in one registry
+    with prometheus_client's standard metrics (``process_*``, ``python_*``): this process's, or with several server
+    processes each live one's, labelled by its ``pid`` (:class:`ServerProcessesCollector`)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -104,120 +83,9 @@ class Metrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             GCCollector(registry=r)
-        self.build_info = Gauge("idg_build_info", "1, labelled with the service's version, Python's and PyTorch's",
-                                ["version", "python", "torch"], registry=r, multiprocess_mode="livemax")
-        self.model_info = Gauge(
-            "idg_model_info", "1 per loaded model, labelled with its source, precision and a digest of its weights (the first "
-            "12 hex digits of a SHA-256 over its parameters and buffers as loaded: a new digest is a new model version)",
-            ["model", "source", "precision", "digest"], registry=r, multiprocess_mode="livemax")
-        self.replicas_expected = Gauge(
-            "idg_replicas_expected", "Replicas of this service that should answer (IDG_REPLICAS_EXPECTED; 0 when unset: no alert): "
-            "fewer up targets than this is IDGReplicasMissing", registry=r, multiprocess_mode="livemax")
-        self.request_timeout = Gauge(
-            "idg_request_timeout_seconds", "Each request's deadline (IDG_REQUEST_TIMEOUT_S): IDGSlowExplanations fires when the "
-            "p99 latency of explanations is over half of it", registry=r, multiprocess_mode="livemax")
-        self.processes_expected = Gauge(
-            "idg_processes_expected", "Server processes this server should run (IDG_PROCESSES; 1 for one process): "
-            "idg_ready_processes below it while above 0 means some are down or still loading", registry=r,
-            multiprocess_mode="livemax")
-        self.requests = Counter("idg_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
-        self.latency = Histogram("idg_http_request_seconds", "HTTP latency by route", ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        # every door's requests (app.core.door): the HTTP ones above are also counted here, with gRPC's and the job images'
-        self.door_requests = Counter(
-            "idg_requests", "Requests by door (http, grpc, job), route (an HTTP route, a gRPC method, 'image' for a job's "
-            "image) and status (the HTTP status, or the gRPC status code's name)", ["door", "route", "status"], registry=r)
-        self.door_latency = Histogram("idg_request_seconds", "Request latency by door and route", ["door", "route"],
-                                      buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_depth = Gauge("idg_queue_depth", "Requests admitted and not finished (queued or running)", registry=r,
-                                 multiprocess_mode="livesum")
-        self.batch_images = Histogram("idg_batch_images", "Images per model call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
-        self.batch_requests = Histogram(
-            "idg_batch_requests", "Requests sharing one worker round", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
-        self.model_calls = Counter("idg_model_calls", "Model calls by model", ["model"], registry=r)
-        self.call_rows = Counter("idg_call_rows", "Rows of model calls by model: real (path points) or padding up to a fixed call "
-                                 "size (IDG_FIXED_CALL_SIZES)", ["model", "kind"], registry=r)
-        self.unwarmed_calls = Gauge("idg_unwarmed_calls", "Model calls since ready at a batch size the warm-up did not run (with "
-                                    "fixed call sizes this stays 0; each such call may cost cuDNN seconds on a GPU)", ["model"],
-                                    registry=r, multiprocess_mode="livesum")
-        self.process_device_busy = Counter(
-            "idg_process_device_busy_seconds", "Seconds the worker spent in model calls (until their results were on the host), "
-            "summed over the server processes: where several share one device their calls overlap there and this passes 1 a "
-            "second (idg_device_busy_seconds_total is the device's own)", registry=r)
-        self.process_device_idle = Counter(
-            "idg_process_device_idle_seconds", "Seconds between a process's own model calls, by what it waited for (see "
-            "idg_device_idle_seconds_total), summed over the server processes: the others' calls may fill them", ["cause"],
-            registry=r)
-        if not self.multiprocess:  # several processes: the device's own, from their shared file (exposition)
-            self.device_busy = Counter("idg_device_busy_seconds", DEVICE_BUSY_HELP, registry=r)
-            self.device_idle = Counter("idg_device_idle_seconds", DEVICE_IDLE_HELP, ["cause"], registry=r)
-        self.rejections = Counter(
-            "idg_rejections", "Requests refused or dropped, by reason: the worker's (queue_full, stalled, stuck, deadline, "
-            "shutting_down, client_disconnected) and the doors' (key_share: an API key past its share of the queue, over "
-            "HTTP or gRPC; message_too_large: a gRPC message over IDG_MAX_UPLOAD_BYTES), each also counted under the route "
-            "or RPC it refused", ["reason"], registry=r)
-        self.job_seconds = Histogram(
-            "idg_job_seconds", "Time in the worker per request, by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
-        self.job_images = Counter(
-            "idg_durable_job_images", "Images of durable jobs (POST /jobs) this process handled, by outcome: answered (a 200 "
-            "answer stored), failed (an error answer stored), retried (given back to the store to try later: busy, deadline, "
-            "shutdown), lost (its claim was lost: the job was deleted or another process took it over)", ["outcome"], registry=r)
-        self.jobs_finished = Counter("idg_durable_jobs_finished", "Durable jobs whose last image this process answered", registry=r)
-        self.job_store_errors = Counter(
-            "idg_durable_job_store_errors", "Job store operations that failed (the store unreachable or refusing), by operation",
-            ["operation"], registry=r)
-        self.jobs_submitted = Counter("idg_durable_jobs_submitted", "Durable jobs submitted, by the name of the API key that "
-                                      "submitted them (empty without keys)", ["tenant"], registry=r)
-        self.job_callbacks = Counter("idg_durable_job_callbacks", "Job callbacks by outcome: delivered (answered 2xx), "
-                                     "refused (4xx), failed (a 3xx, 5xx, 408, 425, 429 or no answer at every try)", ["outcome"], registry=r)
-        self.job_store_up = Gauge("idg_durable_job_store_up", "1 while the job store answers, 0 from a failed operation (unreachable, "
-                                  "or locked past IDG_JOBS_STORE_TIMEOUT_S) until one succeeds again", registry=r,
-                                  multiprocess_mode="livemin")
-        self.job_images_in_flight = Gauge("idg_durable_job_images_in_flight", "Images of durable jobs in the workers now",
-                                          registry=r, multiprocess_mode="livesum")
-        self.device_memory = Gauge("idg_device_memory_bytes", "Device memory: CUDA allocated and peak (summed over the server "
-                                   "processes)", ["device", "kind"], registry=r, multiprocess_mode="livesum")
-        self.ready = _ready_gauge(r)
-        self.ready_processes = Gauge("idg_ready_processes", "Server processes ready now (IDG_PROCESSES; auto's second on a GPU "
-                                     "joins once the first is warm, and idg_ready is 0 until it has)", registry=r,
-                                     multiprocess_mode="livesum")
-        self.faithfulness = Histogram(
-            "idg_faithfulness", "Faithfulness scores of returned maps (insertion / deletion AUC in [0, 1]) by model, method and metric",
-            ["model", "method", "metric"], buckets=tuple(i / 20 for i in range(1, 21)), registry=r)
-        self.predictions = Counter(
-            "idg_predictions", "Predictions answered by /predict, by model and explain_if outcome (held, not_held, none: no condition)",
-            ["model", "condition"], registry=r)
-        self.explanations = Counter("idg_explanations", "Explanations returned by /predict because explain_if held, by model",
-                                    ["model"], registry=r)
-        self.read_timeouts = Counter(
-            "idg_read_timeouts", "Connections closed because the client was too slow sending its request, by phase (headers, body)",
-            ["phase"], registry=r)
-        self.compile_seconds = Gauge("idg_compile_seconds", "Start-up seconds spent compiling a model's graphs (IDG_COMPILE)",
-                                     ["model"], registry=r, multiprocess_mode="livemax")
-        self.compile_late_graphs = Gauge(
-            "idg_compile_late_graphs", "Graphs compiled after warm-up, under traffic (should stay 0: calls are padded to the "
-            "compiled batch sizes)", ["model"], registry=r, multiprocess_mode="livesum")
-        # drift: what the model predicts and how its explanations look, by model, compared with the reference by the rules
-        self.predicted_classes = Counter(
-            "idg_predicted_classes", f"Predictions by model and top-1 class: the class index for a model of at most "
-            f"{DRIFT_CLASS_BINS} classes, else the range of indices (1/{DRIFT_CLASS_BINS} of them) it falls in: a fixed set "
-            "of labels per model, comparable over time", ["model", "classes"], registry=r)
-        self.confidence = Histogram("idg_prediction_confidence", "Top-1 probability of each prediction, by model", ["model"],
-                                    buckets=SHARE_BUCKETS, registry=r)
-        self.concentration = Histogram(
-            "idg_attribution_concentration", "Share of each explanation's attribution mass (|attribution| summed over "
-            "channels) in its top 5% of pixels, by model: 0.05 for a map spread evenly, 1 for one on a few pixels",
-            ["model"], buckets=SHARE_BUCKETS, registry=r)
-        # the drift reference (IDG_DRIFT_REFERENCE, app.core.drift_reference): what the drift alerts compare traffic with
-        self.drift_reference_classes = Gauge(
-            "idg_drift_reference_class_share", "Share of the reference's predictions (IDG_DRIFT_REFERENCE) in each class range "
-            "of idg_predicted_classes_total, by model", ["model", "classes"], registry=r, multiprocess_mode="livemax")
-        self.drift_reference = Gauge(
-            "idg_drift_reference", "The reference's mean (IDG_DRIFT_REFERENCE) by model and quantity: confidence (the top-1 "
-            "probability, idg_prediction_confidence) or concentration (idg_attribution_concentration)", ["model", "quantity"],
-            registry=r, multiprocess_mode="livemax")
-        self.drift_reference_faithfulness = Gauge(
-            "idg_drift_reference_faithfulness", "The reference's mean faithfulness (IDG_DRIFT_REFERENCE) by model, method and "
-            "metric (idg_faithfulness)", ["model", "method", "metric"], registry=r, multiprocess_mode="livemax")
+        for declare in (self._declare_process_metrics, self._declare_door_metrics, self._declare_worker_metrics,
+                        self._declare_job_metrics, self._declare_drift_metrics):
+            declare(r)
         self.executions: dict[str, int] = {}
         """Model calls run per model in this process (:meth:`model_called`): Triton's ``execution_count``."""
         self._num_classes: dict[str, int] = {}
@@ -231,25 +99,9 @@ class Metrics:
 
         self.build_info.labels(service_version(), platform.python_version(), torch.__version__).set(1)
         self.processes_expected.set(int(os.environ.get(EXPECTED_PROCESSES, "1")))
-        for reason in REJECTION_REASONS:
-            self.rejections.labels(reason)
-        for outcome in JOB_OUTCOMES:
-            self.job_images.labels(outcome)
-        for operation in STORE_OPERATIONS:
-            self.job_store_errors.labels(operation)
-        for outcome in CALLBACK_OUTCOMES:
-            self.job_callbacks.labels(outcome)
-        for cause in ("no_work", "host"):
-            self.process_device_idle.labels(cause)
-            if not self.multiprocess:
-                self.device_idle.labels(cause)
-        for phase in ("headers", "body"):
-            self.read_timeouts.labels(phase)
-
-    def init_tenants(self, tenants: Iterable[str]) -> None:
-        """Create each tenant's count of submitted jobs at 0: the API keys' names, or "" (no keys)."""
-        for tenant in tenants:
-            self.jobs_submitted.labels(tenant)
+        self._init_door_labels()
+        self._init_worker_labels()
+        self._init_job_labels()
 
     def init_routes(self, routes: Iterable[str]) -> None:
         """Create each route's request counters at 0 for the statuses the alerts count (:data:`ALERT_STATUSES`)."""
@@ -418,15 +270,10 @@ EXPECTED_PROCESSES = "IDG_PROCESSES_EXPECTED"
 """Set by ``python -m app.server``'s launcher for its processes: how many it runs (``idg_processes_expected``)."""
 
 
-def _ready_gauge(registry: CollectorRegistry | None) -> Gauge:
-    return Gauge("idg_ready", "1 when models are loaded and warm (in every server process)", registry=registry,
-                 multiprocess_mode="livemin")
-
-
 def not_ready_yet() -> None:
     """A server process of several says at once that it is not ready (``idg_ready`` 0 in its file), so the minimum
     over the processes is 0 until it is, not only the minimum over the processes already serving."""
-    _ready_gauge(None).set(0)
+    ready_gauge(None).set(0)
 
 
 class DeviceTimeCollector(Collector):
