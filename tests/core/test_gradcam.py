@@ -272,3 +272,17 @@ def test_the_evaluation_takes_the_cam_methods_as_rows(tmp_path: Path) -> None:
         for row in rows:
             scores = record["methods"][row]
             assert 0 <= scores["insertion"] <= 1 and 0 <= scores["deletion"] <= 1
+
+
+def test_a_models_files_cam_layer_is_the_one_served_and_a_wrong_one_stops_the_load() -> None:
+    pytest.importorskip("timm")
+    from idg_models.models_file import ModelSettings
+    from idg_models.sources import load_source, parse_spec
+
+    spec = parse_spec("r=timm:resnet18:random")
+    model = load_source(spec, ModelSettings(cam_layer="layer3", input_size=64))
+    assert model.cam_layer == "layer3" and model.cam_target()[1] is model.net.get_submodule("layer3")
+    found = load_source(spec, ModelSettings(input_size=64))
+    assert found.cam_target()[1] is found.net.get_submodule("layer4")
+    with pytest.raises(ValueError, match="'layer9' is not a module"):
+        load_source(spec, ModelSettings(cam_layer="layer9", input_size=64))
