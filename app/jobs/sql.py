@@ -1,11 +1,11 @@
 """The job store in SQL, shared by SQLite and PostgreSQL (:class:`SqlStore`); the subclasses give
 the connection, the transaction and the few words that differ.
 
-Tables: ``jobs`` (one row per job: parameters, counts, stored bytes) and ``images`` (one row per
-image: its bytes until answered, its state and claim, then its answer and its place ``seq`` in the
-job's results). ``seq`` comes from the job row's counter, incremented in the transaction that
-stores the answer, so results are numbered 1, 2, ... in the order they were stored, without gaps,
-and a client can resume reading them after any number.
+Tables: ``jobs`` (one row per job: parameters, counts, stored bytes, its callback URL as shown and sealed, when it was
+deleted) and ``images`` (one row per image: its bytes until answered, its state and claim, then its answer, kept once:
+its summary and its body without what the summary holds, and its place ``seq`` in the job's results). ``seq`` comes
+from the job row's counter, incremented in the transaction that stores the answer, so results are numbered 1, 2, ...
+in the order they were stored, without gaps, and a client can resume reading them after any number.
 """
 
 from __future__ import annotations
@@ -127,12 +127,34 @@ ANSWERS_A_STATEMENT = 500
 """Most answers (or jobs) one statement writes (7 bound values each, within SQLite's and PostgreSQL's limits)."""
 
 
+SHARED = ("prediction", "target", "faithfulness")
+"""What an answer's summary and its full body both hold: kept once, in the summary."""
+SHARED_MARK = "+"
+"""Begins a stored body kept without the summary's :data:`SHARED` fields (a JSON text never begins with it); a body
+stored whole (one that disagrees with its summary, or one stored before) begins with ``{``."""
+
+
 def _stored(answer: Answer) -> tuple[str, str | None]:
-    """The answer's summary and result as the store keeps them (compact JSON)."""
-    return (json.dumps(answer.summary, separators=(",", ":")),
-            None if answer.result is None else json.dumps(answer.result, separators=(",", ":")))
+    """The answer's summary and body as the store keeps them (compact JSON), the body without what the summary holds."""
+    summary = json.dumps(answer.summary, separators=(",", ":"))
+    if answer.result is None:
+        return summary, None
+    shared = [k for k in SHARED if k in answer.summary]
+    if shared and all(k in answer.result and answer.result[k] == answer.summary[k] for k in shared):
+        rest = {k: v for k, v in answer.result.items() if k not in shared}
+        return summary, SHARED_MARK + json.dumps(rest, separators=(",", ":"))
+    return summary, json.dumps(answer.result, separators=(",", ":"))
 
 
+def _whole(summary: str, result: str | None) -> str | None:
+    """A stored body with the summary's :data:`SHARED` fields back in it (spliced as text: the body, with its PNGs,
+    is not parsed)."""
+    if result is None or not result.startswith(SHARED_MARK):
+        return result
+    held = json.loads(summary)
+    head = ",".join(f"{json.dumps(k)}:{json.dumps(held[k], separators=(',', ':'))}" for k in SHARED if k in held)
+    rest = result[len(SHARED_MARK):]
+    return "{" + head + ("}" if rest == "{}" else "," + rest[1:])
 
 
 OPEN = "(images.state = ? OR (images.state = ? AND images.lease_until < ? AND images.owner <> ?))"
@@ -585,8 +607,8 @@ class SqlStore:
             cur.execute(f"SELECT seq, idx, filename, status, summary, {body}, finished, replica FROM images "
                         "WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?", (job_id, after, limit))
             rows = cur.fetchall()
-        return [ResultRow(int(r[0]), int(r[1]), r[2], int(r[3]), r[4], r[5], None if r[6] is None else float(r[6]), r[7])
-                for r in rows]
+        return [ResultRow(int(r[0]), int(r[1]), r[2], int(r[3]), r[4], _whole(r[4], r[5]), None if r[6] is None else float(r[6]),
+                          r[7]) for r in rows]
 
     def expire(self, finished_before: float) -> int:
         with self._tx() as cur:
