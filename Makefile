@@ -36,13 +36,17 @@ bench:
 	scripts/setup.sh dev,bench
 	$(PY) -m benchmarks.run
 
-# the 65 ImageNet photos are not in the checkout (samples/README.md): IMAGES= or IDG_IMAGENET_SAMPLES names them
-IMAGES ?= $(or $(IDG_IMAGENET_SAMPLES),../shared/data/imagenet-samples)
+# the evaluation: on the checkout's four photos in samples/ unless IMAGES= or IDG_IMAGENET_SAMPLES names a folder (the
+# 65 ImageNet photos behind results/evaluation are not in the checkout: samples/README.md). samples/' names carry no
+# ImageNet WNID: every method explains the model's own prediction (as with any photos), and Top-1 is not known; their
+# report goes to out/evaluation, so that results/evaluation stays the 65 photos' (EVAL_OUT= chooses)
+IMAGES ?= $(or $(IDG_IMAGENET_SAMPLES),samples)
+EVAL_OUT ?= $(if $(filter samples samples/,$(IMAGES)),out/evaluation,results/evaluation)
 
 eval:
-	@[ -d "$(IMAGES)" ] || { echo "make eval: no photos at $(IMAGES): name a folder of WNID_class.JPEG photos with make eval IMAGES=/path (or IDG_IMAGENET_SAMPLES)" >&2; exit 2; }
+	@[ -d "$(IMAGES)" ] || { echo "make eval: no photos at $(IMAGES): name a folder of photos with make eval IMAGES=/path (or IDG_IMAGENET_SAMPLES); WNID_class.JPEG names give Top-1" >&2; exit 2; }
 	scripts/setup.sh bench
-	$(PY) -m idg_evaluation --images "$(IMAGES)" --out results/evaluation $(EVAL_ARGS)
+	$(PY) -m idg_evaluation --images "$(IMAGES)" --out "$(EVAL_OUT)" $(EVAL_ARGS)
 
 # the documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8001 while you edit it; `make test` builds it --strict
 docs:
