@@ -21,6 +21,7 @@ from app.assembly import running
 from app.core import tracing
 from app.core.config import Settings, SettingsError, load_settings
 from app.core.door import Doors, HttpAdmission, HttpDoor
+from app.core.doors import HTTP, JOB
 from app.core.drain import Drain, DrainMiddleware
 from app.core.drift_reference import DriftReferenceError, load_reference
 from app.core.errors import install_error_handlers
@@ -101,8 +102,8 @@ def add_routes(app: FastAPI, settings: Settings, doors: Doors) -> None:
     for router in routers:
         app.include_router(router)
     # every route's counters at 0, so rate() sees its first failure (the routers', included without a prefix)
-    doors.init_routes("http", [r.path for router in routers for r in router.routes if isinstance(r, APIRoute)])
-    doors.init_routes("job", ["image"])  # each image of a durable job (app.jobs.runner), as its answer's status
+    doors.init_routes(HTTP, [r.path for router in routers for r in router.routes if isinstance(r, APIRoute)])
+    doors.init_routes(JOB, ["image"])  # each image of a durable job (app.jobs.runner), as its answer's status
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     install_docs(app)
     install_openapi(app, settings)  # the schema says what this server accepts

@@ -63,7 +63,8 @@ from app.api.oip_inference import (
     statistics_of,
 )
 from app.core.config import Settings
-from app.core.door import MESSAGE_TOO_LARGE, Doors, grpc_status_name
+from app.core.door import Doors
+from app.core.doors import GRPC, MESSAGE_TOO_LARGE, grpc_status_name
 from app.core.drain import Drain
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.image_threads import in_image_thread
@@ -91,7 +92,7 @@ RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetad
 
 
 def status_code(err: ApiError) -> grpc.StatusCode:
-    """The gRPC status of the service's error (:func:`app.core.door.grpc_status_name`): a busy queue or a key's full share
+    """The gRPC status of the service's error (:func:`app.core.doors.grpc_status_name`): a busy queue or a key's full share
     is RESOURCE_EXHAUSTED (retry later), not ready or shutting down UNAVAILABLE (retry elsewhere), any other 4xx
     INVALID_ARGUMENT."""
     return grpc.StatusCode[grpc_status_name(err)]
@@ -239,7 +240,7 @@ class InferenceService:
             request = await _first(requests)
             metadata = {k.lower(): v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
             given = metadata.get(REQUEST_ID) or getattr(request, "id", None) or None  # the metadata's, else the protocol's id
-            with self.doors.handle("grpc", name, request_id=given, carrier=metadata, name=f"{SERVICE}/{name}", line=f"gRPC {name}",
+            with self.doors.handle(GRPC, name, request_id=given, carrier=metadata, name=f"{SERVICE}/{name}", line=f"gRPC {name}",
                                    quiet=quiet, attributes={"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": name}) as door:
                 door.fields["rpc"] = name
                 # which server process answered (as X-IDG-Replica says over HTTP) and the request's ID, whatever the status
@@ -268,7 +269,7 @@ class InferenceService:
                         if name in WORK_RPCS:  # the key's share of the queue, its HTTP calls' and jobs' with it
                             door.admit(None if given_key is None else match(self.state.keys, given_key))
                     answer = await fn(request, context)
-                    door.status = "OK"
+                    door.status = GRPC.success
                     return answer
                 except ApiError as err:
                     failure = err
@@ -381,7 +382,7 @@ async def start_grpc(app: FastAPI, settings: Settings) -> aio.Server:
     server = aio.server(options=[("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", cap),
                                  ("grpc.max_send_message_length", -1)])
     server.add_generic_rpc_handlers((InferenceService(app).handlers(),))
-    app.state.doors.init_routes("grpc", list(RPCS))
+    app.state.doors.init_routes(GRPC, list(RPCS))
     address = f"[{settings.host}]:{settings.grpc_port}" if ":" in settings.host else f"{settings.host}:{settings.grpc_port}"
     try:
         server.add_insecure_port(address)

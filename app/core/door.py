@@ -1,7 +1,10 @@
 """The doors: the one layer around the service call that every way in passes through. The doors are REST and the Open
 Inference Protocol over HTTP (:class:`HttpDoor`, ASGI middleware), the protocol over gRPC (:mod:`app.api.oip_grpc`'s
-servicer) and the durable jobs' runner (:mod:`app.jobs.runner`, one call per job image). Each adapts its protocol to
-:meth:`Doors.handle`, a context manager around one request, RPC or job image that does, the same way for all of them:
+servicer) and the durable jobs' runner (:mod:`app.jobs.runner`, one call per job image). Each door is an object
+(:mod:`app.core.doors`: :data:`~app.core.doors.HTTP`, :data:`~app.core.doors.GRPC`, :data:`~app.core.doors.JOB`) that
+states its name, its status names, how an error maps to its status and which statuses the alerts read; the layer runs
+any of them without knowing one by name. Each adapts its protocol to :meth:`Doors.handle`, a context manager around one
+request, RPC or job image that does, the same way for all of them:
 
 - the request ID: the one given (``X-Request-ID``, gRPC metadata ``x-request-id``, else the protocol's request ``id``:
   :func:`adopt_request_id`; a job's submitting request's) when it is safe (:data:`app.core.request_id.SAFE`), else a new
@@ -38,53 +41,17 @@ from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import tracing
+from app.core.doors import HTTP, Door
 from app.core.errors import ApiError, error_body
 from app.core.keys import Key, match
-from app.core.prometheus import ALERT_STATUSES, Metrics
+from app.core.prometheus import Metrics
 from app.core.request_id import HEADER, QUIET, SAFE, bind_request_id, request_id_from, unbind_request_id
 
 log = logging.getLogger("app.requests")
 
-DOORS = ("http", "grpc", "job")
-SUCCESS = {"http": "200", "grpc": "OK", "job": "200"}
-"""A call's status when its adapter set none and nothing failed."""
-FAILED = {"http": "500", "grpc": "INTERNAL", "job": "500"}
-"""A call's status when it failed with no status set (a bug: the server's own failure)."""
-CLIENT_GONE = {"http": "499", "grpc": "CANCELLED", "job": "499"}
-"""A call's status when it was cancelled before its answer (the client went away, or the server stopped it)."""
-GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-              408: "DEADLINE_EXCEEDED", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
-"""The gRPC status code (its name, ``grpc.StatusCode[name]``) of each of the service's HTTP statuses."""
-GRPC_SERVER_FAILURES = frozenset({"INTERNAL", "UNKNOWN", "DATA_LOSS", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
-"""The gRPC codes of the server's side (HTTP's 5xx): a span with one is an error."""
-GRPC_ALERT_STATUSES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "INTERNAL", "UNKNOWN", "DATA_LOSS", "UNAVAILABLE",
-                       "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "CANCELLED")
-"""The gRPC statuses each RPC's counter starts at 0 with (so ``rate()`` sees the first of them): every one an alert rule
-reads (tests/test_monitoring.py checks the rules against it), and the answers' and refusals' own."""
-MESSAGE_TOO_LARGE = "message_too_large"
-"""The error code (and ``idg_rejections_total`` reason) of a gRPC message over ``IDG_MAX_UPLOAD_BYTES``."""
 CALL = "idg_door_call"
 """The key in an HTTP request's ``scope["state"]`` of its :class:`Call`."""
 _current: ContextVar[Call | None] = ContextVar("idg_door_call", default=None)
-
-
-def grpc_status_name(err: ApiError) -> str:
-    """The gRPC status code's name of the service's error: a busy queue (or a key's share) is RESOURCE_EXHAUSTED (retry
-    later), as is a message over the size limit (grpc's own code for it), not ready or shutting down UNAVAILABLE (retry
-    elsewhere), any other 4xx INVALID_ARGUMENT."""
-    if (err.status == 503 and err.code in ("busy", "key_share")) or (err.status == 413 and err.code == MESSAGE_TOO_LARGE):
-        return "RESOURCE_EXHAUSTED"
-    return GRPC_CODES.get(err.status, "INVALID_ARGUMENT" if 400 <= err.status < 500 else "INTERNAL")
-
-
-def status_of(door: str, err: ApiError) -> str:
-    """The status label of a call that ended with ``err``, as ``door`` answers it."""
-    return grpc_status_name(err) if door == "grpc" else str(err.status)
-
-
-def server_failure(door: str, status: str) -> bool:
-    """Whether ``status`` is the server's side (5xx, or its gRPC codes): the call's span is an error."""
-    return status in GRPC_SERVER_FAILURES if door == "grpc" else not status.isdigit() or int(status) >= 500
 
 
 @dataclass(eq=False)
@@ -93,7 +60,7 @@ class Call:
     (and may rename :attr:`route` and :attr:`name` once it knows them, add span :attr:`attributes`)."""
 
     doors: Doors
-    door: str
+    door: Door
     route: str
     request_id: str
     name: str
@@ -148,76 +115,77 @@ class Doors:
         self._histograms: dict[tuple[str, str], tuple[Any, ...]] = {}
         """Each series' child, looked up once (prometheus_client's ``labels()`` was a third of a call's time here)."""
 
-    def _count(self, door: str, route: str, status: str, seconds: float) -> None:
+    def _count(self, door: Door, route: str, status: str, seconds: float) -> None:
         """One call in ``idg_requests_total`` and ``idg_request_seconds`` (an HTTP one also under the first names,
         ``idg_http_requests_total`` and ``idg_http_request_seconds``, which dashboards read)."""
-        counters = self._counters.get((door, route, status))
+        counters = self._counters.get((door.name, route, status))
         if counters is None:
-            counters = self._counters[(door, route, status)] = (
-                self.requests.labels(door, route, status), *([self.metrics.requests.labels(route, status)] if door == "http" else []))
-        histograms = self._histograms.get((door, route))
+            counters = self._counters[(door.name, route, status)] = (
+                self.requests.labels(door.name, route, status),
+                *([self.metrics.requests.labels(route, status)] if door.http_families else []))
+        histograms = self._histograms.get((door.name, route))
         if histograms is None:
-            histograms = self._histograms[(door, route)] = (
-                self.latency.labels(door, route), *([self.metrics.latency.labels(route)] if door == "http" else []))
+            histograms = self._histograms[(door.name, route)] = (
+                self.latency.labels(door.name, route), *([self.metrics.latency.labels(route)] if door.http_families else []))
         for counter in counters:
             counter.inc()
         for histogram in histograms:
             histogram.observe(seconds)
 
-    def init_routes(self, door: str, routes: list[str]) -> None:
-        """Create each route's counters at 0 for the statuses the alerts count (so ``rate()`` sees the first failure)."""
-        statuses = GRPC_ALERT_STATUSES if door == "grpc" else ALERT_STATUSES
+    def init_routes(self, door: Door, routes: list[str]) -> None:
+        """Create each route's counters at 0 for the statuses the alerts count (the door's :attr:`Door.alert_statuses`, so
+        ``rate()`` sees the first failure)."""
         for route in routes:
-            for status in statuses:
-                self.requests.labels(door, route, status)
-            if door == "http":
+            for status in door.alert_statuses:
+                self.requests.labels(door.name, route, status)
+            if door.http_families:
                 self.metrics.init_routes([route])
 
     @contextmanager
-    def handle(self, door: str, route: str, *, request_id: str | None = None, carrier: Mapping[str, str] | None = None,
+    def handle(self, door: Door, route: str, *, request_id: str | None = None, carrier: Mapping[str, str] | None = None,
                name: str | None = None, line: str | None = None, quiet: bool = False,
                attributes: Mapping[str, Any] | None = None) -> Iterator[Call]:
         """Around one call through ``door`` to ``route``: its request ID (``request_id`` if safe, else a new one) in the
         log lines meanwhile, a server span (its parent from ``carrier``'s ``traceparent``), and when it ends its slot of the
         key's share freed, its count and latency, and its access log line (none when ``quiet``). The status counted is the
-        one the adapter set; unset, an :class:`ApiError`'s, the door's :data:`CLIENT_GONE` for a cancelled call, its
-        :data:`FAILED` for any other exception, else its :data:`SUCCESS`."""
-        if door not in DOORS:
-            raise ValueError(f"unknown door {door!r}, expected one of {DOORS}")
+        one the adapter set; unset, an :class:`ApiError`'s as the door answers it (:meth:`Door.status_of`), the door's
+        :attr:`Door.client_gone` for a cancelled call, its :attr:`Door.failed` for any other exception, else its
+        :attr:`Door.success`."""
         rid = request_id_from(request_id)
-        call = Call(self, door, route, rid, name=name or f"{door} {route}", line=line or f"{door} {route}", given=rid == request_id)
+        call = Call(self, door, route, rid, name=name or f"{door.name} {route}", line=line or f"{door.name} {route}",
+                    given=rid == request_id)
         token: Token[str | None] = bind_request_id(rid)
         current = _current.set(call)
         started = time.perf_counter()
         try:
-            traced = tracing.server_span(call.name, carrier, {"idg.door": door, "idg.request_id": rid, **(attributes or {})},
-                                         consumer=door == "job") if tracing.enabled() else nullcontext()
+            traced = tracing.server_span(call.name, carrier, {"idg.door": door.name, "idg.request_id": rid, **(attributes or {})},
+                                         consumer=door.consumer) if tracing.enabled() else nullcontext()
             with traced as span:
                 try:
                     yield call
                 except asyncio.CancelledError:
-                    call.status = call.status or CLIENT_GONE[door]
+                    call.status = call.status or door.client_gone
                     raise
                 except ApiError as err:
-                    call.status = call.status or status_of(door, err)
+                    call.status = call.status or door.status_of(err)
                     raise
                 except BaseException:
-                    call.status = call.status or FAILED[door]
+                    call.status = call.status or door.failed
                     raise
                 finally:
-                    call.status = call.status or SUCCESS[door]
+                    call.status = call.status or door.success
                     call._release()  # noqa: SLF001 - the call's own slot
                     if span is not None:
                         tracing.end_server_span(span, call.name, {**call.attributes, "idg.status": call.status,
-                                                                  "idg.request_id": call.request_id}, server_failure(door, call.status))
+                                                                  "idg.request_id": call.request_id}, door.server_failure(call.status))
         finally:
             seconds = time.perf_counter() - started
-            status = call.status or FAILED[door]
+            status = call.status or door.failed
             self._count(door, call.route, status, seconds)
             if not quiet:
                 ms = round(seconds * 1000, 1)
                 log.info("%s %s in %.1f ms", call.line, status, ms, extra={"fields": {
-                    "door": door, "route": call.route, **call.fields, "status": int(status) if status.isdigit() else status,
+                    "door": door.name, "route": call.route, **call.fields, "status": int(status) if status.isdigit() else status,
                     "ms": ms}})
             _current.reset(current)
             unbind_request_id(token)
@@ -269,7 +237,7 @@ class HttpDoor:
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER), None)
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]} if tracing.enabled() else None
         method, path = scope["method"], scope["path"]
-        with self.doors.handle("http", "unmatched", request_id=given, carrier=carrier, name=f"{method} {path}",
+        with self.doors.handle(HTTP, "unmatched", request_id=given, carrier=carrier, name=f"{method} {path}",
                                line=f"{method} {path}", quiet=QUIET.fullmatch(path) is not None,
                                attributes={"http.request.method": method, "url.path": path}) as call:
             call.fields.update(method=method, path=path)

@@ -36,6 +36,7 @@ import httpx
 
 from app.core.config import Settings
 from app.core.door import Call, Doors
+from app.core.doors import JOB
 from app.core.errors import ApiError, error_body
 from app.core.model_loading import ModelLoadError
 from app.core.prometheus import StoreOperation
@@ -374,7 +375,7 @@ class JobRunner:
         request ID; it is counted (``idg_requests_total{door="job", route="image"}``: its answer's status, or the 503 or 504
         it is retried for), logged and traced: its span a child of the submitting request's (``POST /jobs``, whose trace
         context the job keeps with its parameters while tracing is on)."""
-        with self.doors.handle("job", "image", request_id=claim.request_id, carrier=claim.params.get("trace"), name="job image",
+        with self.doors.handle(JOB, "image", request_id=claim.request_id, carrier=claim.params.get("trace"), name="job image",
                                line=f"job {claim.job_id} image {claim.index}") as door:
             door.fields.update(job=claim.job_id, image=claim.index)
             door.attributes.update({"idg.job": claim.job_id, "idg.image": claim.index})

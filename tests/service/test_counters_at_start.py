@@ -19,6 +19,7 @@ from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.door import Doors
+from app.core.doors import GRPC
 from app.core.prometheus import CALLBACK_OUTCOMES, CONDITIONS, JOB_OUTCOMES, REJECTION_REASONS, STORE_OPERATIONS, Metrics, exposition
 from tests.service.conftest import AppFactory, serve
 
@@ -168,7 +169,7 @@ async def test_every_status_a_rule_reads_exists_at_0_for_every_route_and_rpc(tin
     grpc_names, http_codes = {s for s in statuses if not s.isdigit()}, {s for s in statuses if s.isdigit()}
     assert {"UNKNOWN", "DATA_LOSS", "UNAVAILABLE", "RESOURCE_EXHAUSTED"} <= grpc_names and "503" in http_codes, statuses
     metrics = Metrics()
-    Doors(metrics).init_routes("grpc", ["ModelInfer", "ServerMetadata"])
+    Doors(metrics).init_routes(GRPC, ["ModelInfer", "ServerMetadata"])
     grpc_series = {(dict(s)["route"], dict(s)["status"]) for s in
                    (tuple(sorted(sample.labels.items())) for f in text_string_to_metric_families(exposition(metrics.registry).decode())
                     if f.name == "idg_requests" for sample in f.samples if sample.name == "idg_requests_total")}
