@@ -118,7 +118,7 @@ def _require(module: str, extra: str, kind: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         raise MissingExtraError(f"{kind}: sources need the optional extra '{extra}' ({module} is not installed): "
-                                f"pip install 'idg-service[{extra}]'") from err
+                                f".venv/bin/pip install -e '.[{extra}]' torch==2.13.0") from err
 
 
 def _existing(path: str, what: str) -> Path:

@@ -249,7 +249,7 @@ def test_missing_extra_names_it(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # import timm raises ImportError
     monkeypatch.setitem(sys.modules, "transformers", None)
     msg = _start_error(["v=timm:test_vit:/x.safetensors"])
-    assert "need the optional extra 'timm'" in msg and "pip install 'idg-service[timm]'" in msg
+    assert "need the optional extra 'timm'" in msg and ".venv/bin/pip install -e '.[timm]' torch==2.13.0" in msg
     (tiny[0] / "cfg").mkdir(exist_ok=True)
     (tiny[0] / "cfg" / "config.json").write_text("{}")
     assert "need the optional extra 'hf'" in _start_error([f"h=hf:{tiny[0] / 'cfg'}"])
