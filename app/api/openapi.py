@@ -129,6 +129,7 @@ def _method_branch(method: str, props: dict[str, Any], json: bool) -> dict[str, 
                 bounds["exclusiveMinimum" if p.low_open else "minimum"] = p.low
             if p.high is not None:
                 bounds["maximum"] = p.high
+            bounds = _tighter(bounds, _branch(props[name]))
             if bounds:
                 then[name] = bounds if not json else {"anyOf": [bounds, {"type": "null"}]}
     if method not in IDGI_METHODS and "postprocess" in props:  # XRAI applies to any method's map
@@ -141,6 +142,25 @@ def _method_branch(method: str, props: dict[str, Any], json: bool) -> dict[str, 
         branch["allOf"] = [*branch.get("allOf", []), {"anyOf": [
             {"properties": {field: {"enum": [*others, None if json else ""]}}}, {"properties": {needy: needs}}]}]
     return branch
+
+
+def _tighter(bounds: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:
+    """The ``bounds`` a method's branch states beyond those of the property it narrows (``shared``): a bound the property
+    already holds (a ``seed`` from 0, ``probe_steps`` from 3, a ``threshold`` in [0, 1]) says nothing more there, and each
+    one stated again is one more intersection for schemathesis' canonicalizer (jsonschema_rs), which gives up on a form
+    past its budget of them (``OUTGREW_INTERSECTIONS``: POST /jobs' form, 11 methods by files-or-archive, could not be
+    generated at all)."""
+    low, high = shared.get("minimum"), shared.get("maximum")
+    low_open = shared.get("exclusiveMinimum")
+    out = dict(bounds)
+    if "minimum" in out and ((low is not None and low >= out["minimum"]) or (low_open is not None and low_open >= out["minimum"])):
+        del out["minimum"]
+    if "exclusiveMinimum" in out and ((low_open is not None and low_open >= out["exclusiveMinimum"])
+                                      or (low is not None and low > out["exclusiveMinimum"])):
+        del out["exclusiveMinimum"]
+    if "maximum" in out and high is not None and high <= out["maximum"]:
+        del out["maximum"]
+    return out
 
 
 def _branch(prop: dict[str, Any]) -> dict[str, Any]:
