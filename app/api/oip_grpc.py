@@ -249,40 +249,34 @@ class InferenceService:
                 if not (isinstance(request, TooLarge) and request.size is None):  # grpc answered that one already
                     await context.send_initial_metadata(((REQUEST_ID, door.request_id),))
                 drain: Drain = self.state.drain  # counted as in flight: a shutdown's drain waits for the call within its grace
-                task = asyncio.current_task()
-                drain.active += 1
-                drain._tasks.add(task)  # type: ignore[arg-type]  # noqa: SLF001 - cancelled when the grace is over
-                try:
-                    if isinstance(request, TooLarge):
-                        self.doors.metrics.rejections.labels(MESSAGE_TOO_LARGE).inc()
-                        limit = self.state.settings.max_upload_bytes
-                        size = f"more than {GRPC_MESSAGE_CAP * limit}" if request.size is None else str(request.size)
-                        raise ApiError(413, f"the {name}Request message has {size} bytes, over the limit of {limit} bytes "
-                                       "(IDG_MAX_UPLOAD_BYTES): send fewer or smaller images per call", code=MESSAGE_TOO_LARGE)
-                    if isinstance(request, Malformed):
-                        raise bad(f"the request is not a {name}Request message: {request.reason}")
-                    if needs_key:
-                        given_key = api_key_in(metadata)
-                        refusal = api_key_refusal(self.state.keys, given_key)
-                        if refusal is not None:
-                            raise refusal
-                        if name in WORK_RPCS:  # the key's share of the queue, its HTTP calls' and jobs' with it
-                            door.admit(None if given_key is None else match(self.state.keys, given_key))
-                    answer = await fn(request, context)
-                    door.status = GRPC.success
-                    return answer
-                except ApiError as err:
-                    failure = err
-                except asyncio.CancelledError:
-                    if not drain.aborted or task is None:
-                        raise
-                    task.uncancel()
-                    failure = ApiError(503, SHUTTING_DOWN, code="shutting_down")
-                except Exception as err:  # noqa: BLE001 - a bug: logged with its traceback, answered INTERNAL
-                    failure = internal_error(err, f"gRPC {name}")
-                finally:
-                    drain.active -= 1
-                    drain._tasks.discard(task)  # noqa: SLF001
+                with drain.track() as task:  # and cancels it when the grace is over
+                    try:
+                        if isinstance(request, TooLarge):
+                            self.doors.metrics.rejections.labels(MESSAGE_TOO_LARGE).inc()
+                            limit = self.state.settings.max_upload_bytes
+                            size = f"more than {GRPC_MESSAGE_CAP * limit}" if request.size is None else str(request.size)
+                            raise ApiError(413, f"the {name}Request message has {size} bytes, over the limit of {limit} bytes "
+                                           "(IDG_MAX_UPLOAD_BYTES): send fewer or smaller images per call", code=MESSAGE_TOO_LARGE)
+                        if isinstance(request, Malformed):
+                            raise bad(f"the request is not a {name}Request message: {request.reason}")
+                        if needs_key:
+                            given_key = api_key_in(metadata)
+                            refusal = api_key_refusal(self.state.keys, given_key)
+                            if refusal is not None:
+                                raise refusal
+                            if name in WORK_RPCS:  # the key's share of the queue, its HTTP calls' and jobs' with it
+                                door.admit(None if given_key is None else match(self.state.keys, given_key))
+                        answer = await fn(request, context)
+                        door.status = GRPC.success
+                        return answer
+                    except ApiError as err:
+                        failure = err
+                    except asyncio.CancelledError:
+                        if not drain.absorb_abort(task):
+                            raise
+                        failure = ApiError(503, SHUTTING_DOWN, code="shutting_down")
+                    except Exception as err:  # noqa: BLE001 - a bug: logged with its traceback, answered INTERNAL
+                        failure = internal_error(err, f"gRPC {name}")
                 code = status_code(failure)
                 door.status = code.name
                 wait = failure.headers.get("Retry-After")  # a refusal's wait, as HTTP's Retry-After says it

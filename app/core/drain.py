@@ -7,6 +7,11 @@ open) flips the app into draining: readiness answers 503 and new work is refused
 the same message, :data:`app.core.errors.SHUTTING_DOWN`), and after a short settle whatever still runs (a slow
 upload, a request stuck anywhere) is cancelled by :class:`DrainMiddleware`, which answers it with
 a JSON 503 itself. Only then does uvicorn close the sockets.
+
+Every door drains the same way, through :class:`Drain`'s public interface: each call runs inside :meth:`Drain.track`
+(counted in flight, cancelled by :meth:`Drain.abort` once the grace is over), and a cancellation that
+:meth:`Drain.absorb_abort` says was the drain's is answered by the door as its 503 ``shutting_down`` (HTTP:
+:class:`DrainMiddleware`; gRPC: :mod:`app.api.oip_grpc`, UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,17 +36,41 @@ SETTLE_S = 1.0  # after the grace, how long requests whose jobs the worker dropp
 
 
 class Drain:
-    """The HTTP requests in flight (counted and cancellable) and how far the drain has gone."""
+    """The calls in flight over every door (counted and cancellable) and how far the drain has gone."""
 
     def __init__(self) -> None:
         self.active = 0
         self.aborted = False
         self.drained = False
         self.worker_stopper: threading.Thread | None = None
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @contextmanager
+    def track(self) -> Iterator[asyncio.Task[Any] | None]:
+        """Around one call of a door, run by the current task (which it yields): counted in :attr:`active` meanwhile, so
+        the drain waits for it within its grace, and cancelled by :meth:`abort` if it still runs after."""
+        task = asyncio.current_task()
+        self.active += 1
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            yield task
+        finally:
+            self.active -= 1
+            if task is not None:
+                self._tasks.discard(task)
+
+    def absorb_abort(self, task: asyncio.Task[Any] | None) -> bool:
+        """Whether the cancellation ``task`` (a call inside :meth:`track`) got is the drain's (:meth:`abort`): if so it
+        is taken back (``uncancel``) so that the door answers the call itself (503 ``shutting_down``); if not (the
+        client went away, a deadline), the door lets it go on."""
+        if not self.aborted or task is None:
+            return False
+        task.uncancel()
+        return True
 
     def abort(self) -> int:
-        """Cancel every request still in flight; :class:`DrainMiddleware` answers each with 503."""
+        """Cancel every call still in flight; its door answers each with 503 (:meth:`absorb_abort`)."""
         self.aborted = True
         for task in self._tasks:
             task.cancel()
@@ -58,7 +89,6 @@ class DrainMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        task = asyncio.current_task()
         started = False
 
         async def _send(message: Message) -> None:
@@ -66,21 +96,14 @@ class DrainMiddleware:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        self.drain.active += 1
-        if task is not None:
-            self.drain._tasks.add(task)  # noqa: SLF001 - the middleware and the drain are one mechanism
-        try:
-            await self.app(scope, receive, _send)
-        except asyncio.CancelledError:
-            if not self.drain.aborted or task is None:
-                raise
-            task.uncancel()
-            if not started:  # a started answer cannot be replaced: uvicorn closes that connection
-                await _answer_503(send)
-        finally:
-            self.drain.active -= 1
-            if task is not None:
-                self.drain._tasks.discard(task)  # noqa: SLF001
+        with self.drain.track() as task:
+            try:
+                await self.app(scope, receive, _send)
+            except asyncio.CancelledError:
+                if not self.drain.absorb_abort(task):
+                    raise
+                if not started:  # a started answer cannot be replaced: uvicorn closes that connection
+                    await _answer_503(send)
 
 
 async def _answer_503(send: Send) -> None:
