@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from app.core.errors import ApiError, error_body
+from app.core.asgi import HttpMiddleware, send_json_error
+from app.core.errors import ApiError
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ async def alone(work: Awaitable[T], what: str) -> T:
         raise internal_error(err, what) from err
 
 
-class UnhandledErrorMiddleware:
+class UnhandledErrorMiddleware(HttpMiddleware):
     """The last resort: an exception no route turned into an answer becomes the JSON 500 ``internal``,
     logged once with its traceback, with ``Connection: close`` (the server drops the connection after
     it; a client told so opens a new one instead of meeting a reset), and, being inside the other
@@ -42,13 +42,7 @@ class UnhandledErrorMiddleware:
     server logged it twice. An exception after the answer began can only end it: the connection is
     closed without the body's end, so the client sees a cut answer, not a complete one."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def _send(message: Message) -> None:
@@ -63,7 +57,4 @@ class UnhandledErrorMiddleware:
                       " after its answer began (cut)" if started else "", exc_info=err)
             if started:
                 return
-            body = json.dumps(error_body(500, f"internal error: {type(err).__name__}", "internal")).encode()
-            await send({"type": "http.response.start", "status": 500, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
+            await send_json_error(send, 500, f"internal error: {type(err).__name__}", "internal", [(b"connection", b"close")])

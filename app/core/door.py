@@ -27,7 +27,6 @@ request, RPC or job image that does, the same way for all of them:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -41,8 +40,9 @@ from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import tracing
+from app.core.asgi import HttpMiddleware, send_json_error
 from app.core.doors import HTTP, Door
-from app.core.errors import ApiError, error_body
+from app.core.errors import ApiError
 from app.core.keys import Key, match
 from app.core.prometheus import Metrics
 from app.core.request_id import HEADER, QUIET, SAFE, bind_request_id, request_id_from, unbind_request_id
@@ -202,7 +202,7 @@ def adopt_request_id(given: str | None) -> None:
     bind_request_id(given)  # the door's own token restores the ID from before the call when it ends
 
 
-class HttpDoor:
+class HttpDoor(HttpMiddleware):
     """HTTP's adapter (pure ASGI: no body buffering, so disconnect detection keeps working): each request through
     :meth:`Doors.handle` (door ``http``, its route), its ID in ``scope["state"]["request_id"]`` and the ``X-Request-ID``
     of its answer, whatever answers it (a route, an error handler, the drain).
@@ -212,7 +212,7 @@ class HttpDoor:
     500 when the app failed without answering. So 5xx counts only the server's own failures."""
 
     def __init__(self, app: ASGIApp, doors: Doors) -> None:
-        self.app = app
+        super().__init__(app)
         self.doors = doors
         self._plain: dict[int, str] = {}
 
@@ -230,10 +230,7 @@ class HttpDoor:
                     self._plain[id(endpoint)] = f"{r.path}/{{path}}"
         return self._plain.get(id(endpoint))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k == HEADER), None)
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]} if tracing.enabled() else None
         method, path = scope["method"], scope["path"]
@@ -308,16 +305,17 @@ WORK = ("/predict", "/attribute", "/v2/models/", "/jobs")
 """Paths whose POSTs take the worker's queue slots (a share of them per key)."""
 
 
-class HttpAdmission:
+class HttpAdmission(HttpMiddleware):
     """HTTP's adapter of the door's admission (:meth:`Call.admit`), inside the CORS middleware so its 503 carries CORS
     headers: a POST to a work route that sends a configured key takes a slot of that key's share, from its start to the
     end of its answer (a stream's too); past its share, a 503 with ``Retry-After`` (the queue is full, for that key: the
     status every work route documents for a full queue) while the other keys' calls still find room."""
 
     def __init__(self, app: ASGIApp, keys: list[Key]) -> None:
-        self.app, self.keys = app, keys
+        super().__init__(app)
+        self.keys = keys
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         call: Call | None = scope.get("state", {}).get(CALL)
         if call is None or scope["method"] != "POST" or not scope["path"].startswith(WORK):
             await self.app(scope, receive, send)
@@ -332,10 +330,7 @@ class HttpAdmission:
             route = _route_of(scope)  # refused before routing: counted under the route it refused, not "unmatched"
             if route is not None:
                 scope["route"] = route
-            body = json.dumps(error_body(err.status, err.message, err.code)).encode()
-            extra = [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-            await send({"type": "http.response.start", "status": err.status, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
-            await send({"type": "http.response.body", "body": body})
+            await send_json_error(send, err.status, err.message, err.code,
+                                  [(k.lower().encode(), v.encode()) for k, v in err.headers.items()])
             return
         await self.app(scope, receive, send)

@@ -17,7 +17,6 @@ Every door drains the same way, through :class:`Drain`'s public interface: each 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -28,7 +27,8 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import SHUTTING_DOWN, error_body
+from app.core.asgi import HttpMiddleware, send_json_error
+from app.core.errors import SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,15 @@ class Drain:
         return len(self._tasks)
 
 
-class DrainMiddleware:
+class DrainMiddleware(HttpMiddleware):
     """Counts the requests in flight; when the drain aborts one that has not started its answer,
     sends the JSON 503 itself (pure ASGI, so the body and disconnects pass untouched)."""
 
     def __init__(self, app: ASGIApp, drain: Drain) -> None:
-        self.app = app
+        super().__init__(app)
         self.drain = drain
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def _send(message: Message) -> None:
@@ -107,11 +104,7 @@ class DrainMiddleware:
 
 
 async def _answer_503(send: Send) -> None:
-    body = json.dumps(error_body(503, SHUTTING_DOWN, "shutting_down")).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"retry-after", b"5"), (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_json_error(send, 503, SHUTTING_DOWN, "shutting_down", [(b"retry-after", b"5"), (b"connection", b"close")])
 
 
 def start_draining(app: FastAPI) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import socket
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from app.core.asgi import HttpMiddleware
 
 HEADER = b"x-idg-replica"
 NOSNIFF = (b"x-content-type-options", b"nosniff")
@@ -29,17 +31,10 @@ def replica_id() -> str:
     return _replica
 
 
-class ReplicaHeaderMiddleware:
+class ReplicaHeaderMiddleware(HttpMiddleware):
     """Pure ASGI (no body buffering): adds the header to the response start of every HTTP answer."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def _send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [*message.get("headers", []), (HEADER, _replica.encode("latin-1", "replace")), NOSNIFF]

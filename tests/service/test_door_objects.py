@@ -8,9 +8,13 @@ import ast
 import asyncio
 from pathlib import Path
 
+from app.api.failures import UnhandledErrorMiddleware
+from app.core.asgi import HttpMiddleware
+from app.core.door import HttpAdmission, HttpDoor
 from app.core.doors import DOORS, GRPC, HTTP, JOB
-from app.core.drain import Drain
+from app.core.drain import Drain, DrainMiddleware
 from app.core.errors import ApiError
+from app.core.replica import ReplicaHeaderMiddleware
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
@@ -87,3 +91,10 @@ async def test_a_cancellation_that_is_not_the_drains_goes_on() -> None:
     running.cancel()  # the client went away
     await asyncio.gather(running, return_exceptions=True)
     assert running.cancelled() and drain.active == 0
+
+
+def test_the_http_middleware_skeleton_is_written_once() -> None:
+    written = sorted(str(p.relative_to(APP)) for p in APP.rglob("*.py") if "async def __call__(self, scope" in p.read_text())
+    assert written == ["core/asgi.py"], written
+    for middleware in (ReplicaHeaderMiddleware, HttpDoor, DrainMiddleware, HttpAdmission, UnhandledErrorMiddleware):
+        assert issubclass(middleware, HttpMiddleware), middleware
