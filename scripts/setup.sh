@@ -104,7 +104,7 @@ if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/saliency/.installed-$SA
     say "installing PAIR's saliency ($SALIENCY) apart, into .venv/peers/saliency, for the XRAI test"
     rm -rf .venv/peers/saliency
     if .venv/bin/python -m pip install --progress-bar off -q --no-deps --target .venv/peers/saliency "$SALIENCY" >/dev/null 2>&1; then
-        touch ".venv/peers/saliency/.installed-$SALIENCY"
+        mkdir -p .venv/peers/saliency && touch ".venv/peers/saliency/.installed-$SALIENCY"
     else
         rm -rf .venv/peers/saliency
         say "could not install $SALIENCY; tests/core/test_xrai.py's comparison with it will skip"
@@ -124,7 +124,7 @@ if [[ ",$extras," == *",dev,"* ]] && [ ! -f ".venv/peers/gradcam/.installed-$GRA
     rm -rf .venv/peers/gradcam
     if .venv/bin/python -m pip install --progress-bar off -q --no-deps --target .venv/peers/gradcam "$GRADCAM" "${GRADCAM_DEPS[@]}" >/dev/null 2>&1 \
         && PYTHONPATH=.venv/peers/gradcam .venv/bin/python -c "import pytorch_grad_cam" >/dev/null 2>&1; then
-        touch ".venv/peers/gradcam/.installed-$GRADCAM"
+        mkdir -p .venv/peers/gradcam && touch ".venv/peers/gradcam/.installed-$GRADCAM"
     else
         rm -rf .venv/peers/gradcam
         say "could not install $GRADCAM; tests/core/test_gradcam.py's comparisons with it will skip"
