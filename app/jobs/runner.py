@@ -74,7 +74,13 @@ def open_store(settings: Settings) -> Store:
     ``PoolTimeout`` or ``NotADirectoryError`` traceback)."""
     try:
         sealer = load_key(settings.jobs_seal_key, settings.data_dir)
-    except (OSError, ValueError) as err:
+    except OSError as err:
+        if settings.jobs_seal_key:  # the key is the setting's: no file to make
+            raise ModelLoadError(f"IDG_JOBS_SEAL_KEY cannot be used: {err}") from err
+        # the key file lives beside the SQLite store: a folder that cannot hold it cannot hold the store (one sentence)
+        raise ModelLoadError(f"IDG_DATA_DIR={settings.data_dir}: the job store cannot be made there ({err.strerror or err}): "
+                             f"neither its file nor the callback URLs' seal key ({KEY_FILE})") from err
+    except ValueError as err:
         raise ModelLoadError(f"the callback URLs' seal key (IDG_JOBS_SEAL_KEY, else IDG_DATA_DIR/{KEY_FILE}) cannot be used: "
                              f"{err}") from err
     if settings.jobs_db_url:

@@ -26,10 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import ndimage, sparse
-from skimage import segmentation
-from skimage.morphology import disk
-from skimage.transform import resize
 from torch import Tensor
 
 from idg_core.heatmap import saliency
@@ -56,6 +52,12 @@ def segment_masks(image: np.ndarray) -> list[np.ndarray]:
     ``_get_segments_felzenszwalb``: values scaled to [-1, 1], resized to :data:`SEGMENT_SIDE` square for the segmentation
     (cubic, anti-aliased), each scale's labels scaled back (nearest), one mask per label, each dilated by a disk of
     :data:`DILATION` pixels (done on the mask's bounding box: the same pixels, a fraction of the work)."""
+    # scikit-image and SciPy only when XRAI runs: the server starts without importing them (start-up imports test)
+    from scipy import ndimage
+    from skimage import segmentation
+    from skimage.morphology import disk
+    from skimage.transform import resize
+
     lo, hi = float(image.min()), float(image.max())
     im = (image - lo) / (hi - lo) * 2.0 - 1.0 if hi > lo else np.zeros_like(image, dtype=np.float64)
     im = resize(im, (SEGMENT_SIDE, SEGMENT_SIDE), order=3, mode="constant", preserve_range=True, anti_aliasing=True)
@@ -81,6 +83,8 @@ def xrai_regions(attr: np.ndarray, masks: list[np.ndarray]) -> tuple[np.ndarray,
     pixel's region ``(H, W)`` int32 (1 first) and each region's gain ``(R,)``. Each segment's uncovered sum and count are
     kept and lowered as pixels are covered (a sparse product per round over the pixels just covered), not recounted
     over the image each round; near ties are settled as PAIR settles them, on its own arithmetic."""
+    from scipy import sparse
+
     a = attr.astype(np.float64).ravel()
     n = len(masks)
     if n:

@@ -89,7 +89,9 @@ def test_a_purge_takes_the_store_a_few_images_at_a_time(tmp_path: Path) -> None:
     stop.set()
     thread.join()
     assert rows(store) == (1, 1)
-    assert waits and max(waits) < max(0.5, took / 2), (max(waits), took)  # the writer took turns between the purge's parts
+    # the writer took turns between the purge's parts: no wait near the whole purge's time, as one transaction would make
+    # (a margin for a loaded 2-core machine, where one part's commit alone took 0.9 s of a 1.7 s purge)
+    assert waits and max(waits) < max(0.5, took * 0.7), (max(waits), took)
     assert sql.PURGE_ROWS < 64
     store.close()
 

@@ -210,7 +210,8 @@ async def test_an_unexpected_error_fails_only_its_own_image(caplog: pytest.LogCa
             r = await client.post(route, files={"file": ("a.png", doomed)}, data=fields)
             assert r.status_code == 500 and r.json() == {"error": {**internal, "request_id": r.headers["x-request-id"]}}, r.text
         r = await client.post("/attribute/stream", files={"file": ("a.png", doomed)})
-        assert r.status_code == 200 and r.text.strip().split("\n\n")[-1] == f"event: error\ndata: {json.dumps(internal)}"
+        event = {**internal, "request_id": r.headers["x-request-id"]}  # the stream's error event names its request too
+        assert r.status_code == 200 and r.text.strip().split("\n\n")[-1] == f"event: error\ndata: {json.dumps(event)}"
         files = [("files", ("doomed.png", doomed)), ("files", ("good.png", good))]
         r = await client.post("/attribute/batch", files=files, data={"steps": "4", "probe_steps": "4"})
         assert r.status_code == 200, r.text
