@@ -28,6 +28,7 @@ if [ "${1:-}" = check ]; then  # issue #48's check: one call, one table (benchma
     export PYTHONUNBUFFERED=1 IDG_BENCH_READY_S=${IDG_BENCH_READY_S:-300}
     IMAGES=${IMAGES:-shared/data/imagenet-samples}
     [ -d "$IMAGES" ] || IMAGES=../shared/data/imagenet-samples
+    [ -d "$IMAGES" ] || IMAGES=samples  # a clone with nothing beside it: the checkout's own photos
     exec $PY -m benchmarks.gpu_check --out "$OUT" --images "$IMAGES" "$@"
 fi
 OUT=${OUT:-results/gpu-run}
