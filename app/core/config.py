@@ -321,7 +321,9 @@ class JobsSettings(Section):
                                     "several replicas (needs the postgres extra); default: SQLite under IDG_DATA_DIR")
     jobs_store_timeout_s: float = Field(
         5.0, gt=0, le=300, description="How long one job store operation waits for the store (SQLite: another process's write "
-        "lock; PostgreSQL: a working connection) before the store counts as unreachable: the request answers 503 with "
+        "lock; PostgreSQL: a working connection, or any answer: an operation a stalled server answers nothing for this long "
+        "is ended, its connection closed, once a new connection too gets no answer for as long, at least 2 s) before the "
+        "store counts as unreachable: the request answers 503 with "
         "Retry-After, the job runner waits and tries again, idg_durable_job_store_up is 0 (readiness is not touched: "
         "/predict and /attribute still answer)")
     jobs_max_images: int = Field(10_000, ge=1, description="Most images in one job (POST /jobs); beyond, 413")

@@ -8,11 +8,12 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,36 @@ class Server:
     def stop(self, mode: str = "fast") -> None:
         """``fast``: clients are disconnected and the server shuts down cleanly; ``immediate``: as if it died."""
         subprocess.run([*self._prefix, self._pg_ctl, "-D", str(self._data), "-m", mode, "-w", "stop"], capture_output=True, timeout=60)
+
+    def _processes(self) -> list[int]:
+        """The postmaster's PID and its children's (the backends, the background workers), read from /proc."""
+        postmaster = int((self._data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+            except OSError:  # ended meanwhile
+                continue
+            if stat and int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
+                children.append(int(entry.name))
+        return [postmaster, *children]
+
+    @contextmanager
+    def stalled(self) -> Iterator[None]:
+        """Every process of the server stopped by SIGSTOP (not dead: its kernel still acknowledges every packet), the
+        postmaster first so that it forks no more; continued by SIGCONT on leaving, whatever happened."""
+        postmaster = int((self._data / "postmaster.pid").read_text().split()[0])
+        stopped = [postmaster]
+        try:
+            os.kill(postmaster, signal.SIGSTOP)
+            for pid in self._processes()[1:]:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            yield
+        finally:
+            for pid in reversed(stopped):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
 
 @contextmanager

@@ -415,6 +415,33 @@ def test_many_replicas_claiming_and_storing_answers_of_the_same_jobs_never_deadl
     assert len(answered) == 400 * 6 and set(answered.values()) == {1}
 
 
+@pytest.mark.slow
+def test_a_postgres_operation_past_the_timeout_goes_on_while_the_server_answers_and_ends_when_it_is_stalled() -> None:
+    """An operation still running after the store's timeout is cut only if the server answers no new connection either:
+    a long one (a large job written, a lock held by another replica) goes on; one waiting on a server stopped by SIGSTOP
+    ends within the timeout and the probe's (at least libpq's 2 s), as a failure of the store, which answers again once
+    the server is continued."""
+    from app.jobs.postgres import PostgresStore, StoreStalled
+    from app.jobs.store import StoreUnavailable
+    from tests.service.jobs.postgres_server import postgres_cluster
+
+    with postgres_cluster() as server:
+        store = PostgresStore(server.url, timeout_s=0.5)
+        try:
+            with store._tx() as cur:  # noqa: SLF001 - a statement 5 times the timeout, as a long write is
+                cur.execute("SELECT pg_sleep(2.5)")
+            assert store.reachability.up
+            with server.stalled():
+                began = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    store.get_job("j")
+                assert time.monotonic() - began < 0.5 + 2.0 + 2.0
+                assert not store.reachability.up and store.reachability.error.startswith(StoreStalled.__name__)
+            assert store.get_job("j") is None and store.reachability.up  # a new connection, no restart
+        finally:
+            store.close()
+
+
 def test_finish_many_stores_each_answer_once_answers_in_order_and_drops_a_lost_claim(make_store: StoreFactory) -> None:
     a, b = make_store(), make_store()
     _job(a, 3, "j1")

@@ -164,3 +164,42 @@ async def test_postgres_stopped_mid_job_and_started_again_heals_without_a_restar
             await asyncio.sleep(max(0.0, outage_s - (time.monotonic() - stopped)))
             await asyncio.to_thread(server.start)
             await _every_image_once(client, app, job["id"])
+
+
+async def _store_errors(client: AsyncClient) -> float:
+    """idg_durable_job_store_errors_total, every operation's together."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in (await client.get("/metrics")).text.splitlines()
+               if line.startswith("idg_durable_job_store_errors_total{"))
+
+
+@pytest.mark.slow
+async def test_postgres_stalled_by_sigstop_counts_as_down_within_the_store_timeout_and_heals_on_sigcont(tiny_app: AppFactory) -> None:
+    """A server stopped, not dead, never answers and its kernel acknowledges every packet: the operation waiting on it had
+    held the store's connection until SIGCONT (25 s of 503s "busy", the gauge 1, no store error). Now it ends after the
+    store's timeout and a probe's (a new connection, at least libpq's 2 s), its connection closed; the store heals on
+    SIGCONT without a restart."""
+    from app.jobs.postgres import StoreStalled
+
+    timeout_s, probe_s = 1.0, 2.0
+    limit_s = timeout_s + probe_s + 3.0  # a margin for a loaded machine
+    with postgres_cluster() as server:
+        app = tiny_app(delay_s=0.02, jobs_db_url=server.url, jobs_store_timeout_s=timeout_s, jobs_lease_s=3.0)
+        async with serve(app) as client:
+            job = await submit(client, images(N))
+            await _answered(client, job["id"], 5)
+            errors = await _store_errors(client)
+            with server.stalled():  # continued on leaving, a failed assertion included (the requests had waited for it)
+                stalled = time.monotonic()
+                refused = await asyncio.wait_for(asyncio.gather(client.get("/jobs"), client.get(f"/jobs/{job['id']}")), limit_s)
+                for r in refused:
+                    _refused_for_now(r)
+                while await _metric(client, "idg_durable_job_store_up") != 0:
+                    assert time.monotonic() - stalled < limit_s, "the store's gauge stayed 1"
+                    await asyncio.sleep(0.05)
+                assert app.state.jobs.store.reachability.error.startswith(StoreStalled.__name__)
+                while await _store_errors(client) <= errors:  # the runner's claim or upkeep, failed
+                    assert time.monotonic() - stalled < 2 * limit_s, "no store error counted"
+                    await asyncio.sleep(0.05)
+                await _until_unreachable(client)
+                _refused_for_now(await asyncio.wait_for(client.get(f"/jobs/{job['id']}"), limit_s))
+            await _every_image_once(client, app, job["id"])
