@@ -6,15 +6,19 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from idg_core.heatmap import COLORMAPS
 from idg_core.methods import METHODS, Param
 from idg_core.methods.params import SEED_MAX
 from idg_core.presets import DEFAULT_PRESET, Preset
 
 if TYPE_CHECKING:
     MethodName = str
+    ColourMapName = str
 else:
     MethodName = Literal[tuple(METHODS)]
     """The registry's method names (:data:`idg_core.methods.METHODS`): a request for another is a 422."""
+    ColourMapName = Literal[COLORMAPS]
+    """The heatmap's colour maps (:data:`idg_core.heatmap.COLORMAPS`), Vertex AI's among them."""
 
 
 class PredictParams(BaseModel):
@@ -46,6 +50,27 @@ class AttributeCommon(PredictParams):
     outlier_perc: float = Field(
         2.0, ge=0, lt=100, description="Heatmap scaling: share of the attribution mass clipped as outliers (Captum's convention)")
     opacity: float = Field(0.6, ge=0, le=1, description="Overlay: largest blend weight of the heatmap over the photo")
+    visualization: Literal["pixels", "outlines"] = Field(
+        "pixels", description="What the heatmap and overlay show (Vertex AI's type, docs/methods/visualization.md): 'pixels', "
+        "each pixel's attribution in colour; 'outlines', the outlines of the top regions covering outline_share of the image: "
+        "XRAI's regions with postprocess=xrai, else the map's strongest pixels (smoothed) as connected blobs")
+    polarity: Literal["positive", "negative", "both"] | None = Field(
+        None, description="Which attributions to show, of the channel sum Σ_c a_c (Vertex AI's polarity): 'positive' (for the "
+        "class), 'negative' (against it), 'both' (as signed=true); unset: the magnitude Σ_c |a_c| (signed=true: the signed sum)")
+    clip_percent_upperbound: float | None = Field(
+        None, gt=0, le=100, description="Percentile of the shown map's magnitudes from which the colour is full (Vertex AI's; "
+        "it uses 99.9); either clip_percent_* replaces outlier_perc's scaling; unset while the other is given: 100")
+    clip_percent_lowerbound: float | None = Field(
+        None, ge=0, lt=100, description="Percentile of the shown map's magnitudes at and below which nothing is shown (Vertex "
+        "AI's; it uses 62 for IG, 70 for XRAI); unset while the other is given: 0")
+    color_map: ColourMapName | None = Field(
+        None, description="Colour map of the heatmap: inferno, viridis, gray, coolwarm, or Vertex AI's pink_green, red, green, "
+        "red_green, pink_white_green; the two-sided ones (coolwarm, pink_green, red_green, pink_white_green) show negative "
+        "values on their first half, the others the magnitude; unset: inferno, coolwarm for both signs")
+    outline_share: float = Field(
+        0.3, gt=0, le=1, description="With visualization=outlines: the share of the image the outlined regions cover, at most "
+        "(XRAI's first regions; at least the first) or exactly (the strongest pixels); 0.3, the top 30 % Vertex AI's XRAI "
+        "default (clip_percent_lowerbound 70) shows")
     return_heatmap: bool = Field(True, description="Return the heatmap PNG (base64)")
     return_overlay: bool = Field(True, description="Return the heatmap over the input as a PNG (base64)")
     return_attribution: bool = Field(False, description="Return the raw (C, H, W) attribution as a base64 .npy "

@@ -17,12 +17,18 @@ _ANCHORS = {
     "viridis": [(68, 1, 84), (70, 50, 127), (54, 92, 141), (39, 127, 142), (31, 161, 135), (74, 194, 109), (159, 218, 58), (253, 231, 37)],
     "gray": [(0, 0, 0), (255, 255, 255)],
     "coolwarm": [(59, 76, 192), (141, 176, 254), (221, 221, 221), (244, 154, 123), (180, 4, 38)],
+    # Vertex AI's colour maps by name: the signed ones run negative -> zero -> positive
+    "pink_green": [(208, 28, 139), (0, 0, 0), (77, 172, 38)], "red": [(0, 0, 0), (255, 0, 0)], "green": [(0, 0, 0), (0, 255, 0)],
+    "red_green": [(255, 0, 0), (0, 0, 0), (0, 255, 0)], "pink_white_green": [(208, 28, 139), (247, 247, 247), (77, 172, 38)],
 }
 COLORMAPS = tuple(_ANCHORS)
+DIVERGING = ("coolwarm", "pink_green", "red_green", "pink_white_green")
+"""The colour maps whose middle is zero: a signed map's negative values take their first half."""
 
 
 @functools.cache
-def _lut(name: str) -> np.ndarray:
+def colour_lut(name: str) -> np.ndarray:
+    """The colour map ``name`` as a read-only ``(256, 3)`` uint8 table, its anchors interpolated linearly."""
     if name not in _ANCHORS:
         raise ValueError(f"colormap must be one of {', '.join(COLORMAPS)}; got {name!r}")
     anchors = np.asarray(_ANCHORS[name], dtype=np.float64)
@@ -106,7 +112,7 @@ def attribution_npy(attribution: Tensor) -> tuple[bytes, str]:
 
 def _colour(scaled: np.ndarray, signed: bool, colormap: str | None) -> np.ndarray:
     """Scaled ``(H, W)`` values in [-1, 1] -> ``(H, W, 3)`` uint8 through the colormap."""
-    lut = _lut(colormap or ("coolwarm" if signed else "inferno"))
+    lut = colour_lut(colormap or ("coolwarm" if signed else "inferno"))
     unit = (scaled + 1) / 2 if signed else scaled
     return lut[np.rint(unit * 255).astype(np.intp)]
 
@@ -121,7 +127,7 @@ def heatmap_png(attribution: Tensor, *, signed: bool = False, colormap: str | No
     return encode_png(colorize(attribution, signed=signed, colormap=colormap, outlier_perc=outlier_perc), FILTER_NONE)
 
 
-def _blend(image: Tensor, scaled: np.ndarray, heat: np.ndarray, opacity: float) -> np.ndarray:
+def blend(image: Tensor, scaled: np.ndarray, heat: np.ndarray, opacity: float) -> np.ndarray:
     """``heat`` over ``image`` with per-pixel weight ``opacity`` x sqrt(|scaled|), as uint8."""
     weight = np.sqrt(np.abs(scaled))[..., None] * np.float32(opacity)
     photo = _photo(image)
@@ -163,4 +169,4 @@ def heatmap_and_overlay_png(
     scaled = _scaled(saliency(attribution, signed).numpy(), outlier_perc)
     heat = _colour(scaled, signed, colormap)
     heat_png = encode_png(heat, FILTER_NONE) if heatmap else None
-    return heat_png, (encode_png(_blend(image, scaled, heat, opacity), FILTER_UP) if overlay else None)
+    return heat_png, (encode_png(blend(image, scaled, heat, opacity), FILTER_UP) if overlay else None)

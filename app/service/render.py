@@ -14,8 +14,9 @@ from torch import Tensor
 
 from app.schemas import AttributeCommon, AttributeResponse, ClassScore, Cost, Faithfulness, OutputCurve, Region, Timings, XraiRegions
 from app.service.planning import AttributePlan, post_steps
+from app.service.visualization import visual_pngs
 from idg_core.explain import Explanation
-from idg_core.heatmap import attribution_npy, heatmap_and_overlay_png, image_png
+from idg_core.heatmap import attribution_npy, image_png
 from idg_core.types import AttributionResult, Regions
 from idg_models import ImageClassifier
 
@@ -42,8 +43,7 @@ def render(x: Tensor, attr: Tensor, params: AttributeCommon, regions: Regions | 
     image = x.detach().float().cpu()
     heatmap, overlay = None, None
     if params.return_heatmap or params.return_overlay:
-        heatmap, overlay = heatmap_and_overlay_png(image, attr, heatmap=params.return_heatmap, overlay=params.return_overlay,
-                                                   opacity=params.opacity, signed=params.signed, outlier_perc=params.outlier_perc)
+        heatmap, overlay = visual_pngs(image, attr, params, regions)  # as pixels or outlines (visualization)
     return {
         "input_png": b64(image_png(image)) if params.return_input else None,
         "heatmap_png": None if heatmap is None else b64(heatmap),

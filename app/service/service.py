@@ -40,6 +40,7 @@ from app.service.explain_if import Facts, parse_condition
 from app.service.planning import AttributePlan, check_top_k, plan_attribute, plan_explain_if
 from app.service.render import NonFiniteAttribution, attribute_response, method_label, non_finite_message, render, top_classes
 from app.service.stats import ModelStats
+from app.service.visualization import check_visualization
 from app.worker.engine import Worker
 from app.worker.jobs import SHUTDOWN_REASON
 from app.worker.waiting import Busy, Dropped, Failed, Late, Outcome, Refused, Submission, Waiter, submit_and_wait
@@ -107,6 +108,7 @@ class Service:
         or any stream opens. Returns the model and what the request will run."""
         name, model = self.model(params.model)
         check_top_k(self.settings, params.top_k)
+        check_visualization(params)
         return Checked(name, model, plan_attribute(self.settings, params, model))
 
     def explain_request(self, params: AttributeCommon, context: RequestContext) -> ExplainRequest:

@@ -45,6 +45,10 @@ JSON_CASES = [  # (route, body, the schema takes it)
     ("/attribute", {"image": PNG, "steps": 2, "probe_steps": 3, "faithfulness": "deletion, insertion"}, True),
     ("/attribute", {"image": PNG, "steps": 2, "probe_steps": 3, "faithfulness": "both"}, False),
     ("/attribute", {"image": PNG, "top_k": 21}, False),  # IDG_MAX_TOP_K
+    ("/attribute", {"image": PNG, "steps": 2, "probe_steps": 3, "polarity": "negative", "clip_percent_lowerbound": 50,
+                    "color_map": "pink_green", "visualization": "outlines", "outline_share": 0.5}, True),
+    ("/attribute", {"image": PNG, "steps": 2, "probe_steps": 3, "polarity": "sideways"}, False),
+    ("/attribute", {"image": PNG, "steps": 2, "probe_steps": 3, "clip_percent_upperbound": 0}, False),
     ("/attribute", {"image": PNG, "steps": 513}, False),  # IDG_MAX_STEPS
     ("/predict", {"image": "data:image/png;base64," + PNG}, True),
 ]
