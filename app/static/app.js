@@ -94,7 +94,7 @@ function choose(blob, name) {
   chosen = { blob, name };
   $("preview").src = URL.createObjectURL(blob);
   $("preview").hidden = false;
-  $("run").disabled = false;
+  $("run").disabled = $("first-look").disabled = false;
   showError("");
 }
 
@@ -117,7 +117,9 @@ function setupInput() {
     });
     $("samples").appendChild(img);
   }
-  $("run").addEventListener("click", run);
+  $("run").addEventListener("click", () => run([$("method").value, $("compare").value]));
+  // a first look: Grad-CAM's coarse map in about a second, beside the chosen method's
+  $("first-look").addEventListener("click", () => run(["gradcam", $("method").value]));
 }
 
 function newPanel(method) {
@@ -163,6 +165,7 @@ async function explain(method, panel) {
   form.append("faithfulness", "insertion,deletion");
   if ($("steps").value && stepsOf[method]) form.append(stepsOf[method], $("steps").value);
   if ($("target").value) form.append("target", $("target").value);
+  if ($("regions").checked) form.append("postprocess", "xrai");
   const status = panel.querySelector(".status");
   status.textContent = "sending…";
   const r = await api("/attribute/stream", { method: "POST", body: form }, () => { status.textContent = "waiting for the API key"; });
@@ -178,11 +181,11 @@ async function explain(method, panel) {
   throw new Error("the connection closed before the result");
 }
 
-async function run() {
+async function run(asked) {
   showError("");
   $("results").innerHTML = "";
-  $("run").disabled = true;
-  const methods = [$("method").value, $("compare").value].filter((m, i, a) => m && a.indexOf(m) === i);
+  $("run").disabled = $("first-look").disabled = true;
+  const methods = asked.filter((m, i, a) => m && a.indexOf(m) === i);
   const failures = [];  // every method's, not the last one's alone
   await Promise.all(methods.map(async (m) => {
     const panel = newPanel(m);
@@ -192,7 +195,7 @@ async function run() {
       showError(failures.join(" · "));
     }
   }));
-  $("run").disabled = false;
+  $("run").disabled = $("first-look").disabled = false;
 }
 
 function render(panel, d) {
@@ -211,6 +214,7 @@ function render(panel, d) {
   const apply = () => { heat.style.opacity = slider.value / 100; };
   slider.addEventListener("input", apply); apply();
   drawCurve(panel.querySelector(".chart"), d.curve);
+  if (d.regions) showRegions(panel, d).catch((e) => { panel.querySelector(".area-value").textContent = e.message; });
   panel.querySelector(".cost").textContent =
     `${d.cost.forward_passes} forward / ${d.cost.backward_passes} backward passes; queued ${d.timings.queued_ms.toFixed(0)} ms, ` +
     `computed ${d.timings.compute_ms.toFixed(0)} ms, total ${d.timings.total_ms.toFixed(0)} ms`;
@@ -220,6 +224,39 @@ function render(panel, d) {
       `${f.steps} steps. These say how fast the model's confidence rises as the map's most important pixels are put back, ` +
       `and falls as they are removed: a map that points at what the model uses scores high insertion and low deletion.`
     : "";
+}
+
+// XRAI's regions over the model's input: the first regions covering at most the slider's share of the image outlined
+// (regions.js), the rest veiled; redrawn here as the slider moves, with no new request
+async function showRegions(panel, d) {
+  const fig = panel.querySelector(".regions-fig");
+  fig.hidden = false;
+  panel.querySelector(".regions-photo").src = `data:image/png;base64,${d.input_png}`;
+  const decoded = await decodeLabels(d.regions.labels_png);
+  const shares = d.regions.regions.map((r) => r.share);
+  const canvas = panel.querySelector(".regions-canvas");
+  canvas.width = decoded.width; canvas.height = decoded.height;
+  const ctx = canvas.getContext("2d");
+  const slider = panel.querySelector(".area");
+  const thickness = Math.max(1, Math.round(Math.min(decoded.width, decoded.height) / 112));  // as the service's outlines
+  const draw = () => {
+    const count = topCount(shares, slider.value / 100);
+    const edge = outlineMask(decoded, count, thickness);
+    const image = ctx.createImageData(decoded.width, decoded.height);
+    let covered = 0;
+    for (let i = 0; i < edge.length; i++) {
+      const inside = decoded.labels[i] <= count;
+      covered += inside;
+      if (edge[i]) image.data.set([255, 225, 77, 255], 4 * i);
+      else if (!inside) image.data.set([20, 24, 33, 150], 4 * i);
+    }
+    ctx.putImageData(image, 0, 0);
+    fig.dataset.regions = count;
+    panel.querySelector(".area-value").textContent =
+      `${count} of ${shares.length} regions: ${(100 * covered / edge.length).toFixed(0)} % of the image (at most ${slider.value} %)`;
+  };
+  slider.addEventListener("input", draw);
+  draw();
 }
 
 function drawCurve(svg, c) {

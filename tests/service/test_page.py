@@ -160,3 +160,36 @@ def test_with_an_api_key_the_page_asks_for_it_and_says_wrong_key(browser: object
     finally:
         page.close()
 
+
+
+@pytest.fixture(scope="module")
+def tiny_url() -> Iterator[str]:
+    yield from live_server(create_app(Settings(models=["tiny"], warmup=False), models={"tiny": tiny_classifier()}))
+
+
+@pytest.mark.slow  # 6 s (XRAI's segmentation on 2 cores); tests/service/test_page_controls.py checks the same code fast
+def test_a_grad_cam_first_look_beside_idg_and_xrai_regions_outlined_up_to_the_sliders_area(browser: object, tiny_url: str) -> None:
+    page = browser.new_page(bypass_csp=True)
+    try:
+        page.goto(tiny_url)
+        page.wait_for_function("document.querySelectorAll('#method option').length >= 5", timeout=30_000)
+        page.set_input_files("#file", files=[{"name": "tiny.png", "mimeType": "image/png", "buffer": image_bytes()}])
+        page.fill("#steps", "4")
+        page.check("#regions")
+        page.click("#first-look")
+        for method in ("gradcam", "idg"):
+            page.wait_for_selector(f".panel[data-method={method}] .status:text-is('done')", timeout=60_000)
+        assert page.locator(".panel").first.get_attribute("data-method") == "gradcam"  # the first look comes first
+        idg = page.locator(".panel[data-method=idg]")
+        page.wait_for_function("document.querySelector('.panel[data-method=idg] .area-value').textContent.includes('regions')",
+                               timeout=30_000)
+        figure = idg.locator(".regions-fig")
+        assert figure.is_visible() and idg.locator(".regions-canvas").evaluate("c => c.width") == 32
+        total = int(idg.locator(".area-value").inner_text().split(" of ")[1].split()[0])
+        idg.locator(".area").fill("100")
+        assert figure.get_attribute("data-regions") == str(total)  # the whole image: every region
+        idg.locator(".area").fill("1")
+        assert figure.get_attribute("data-regions") == "1"  # at least the first
+        assert page.locator("#error").is_hidden()
+    finally:
+        page.close()
