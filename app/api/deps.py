@@ -3,11 +3,10 @@ never wait: FastAPI runs a plain `def` dependency in its thread pool, a thread h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from fastapi import Request
 from starlette.datastructures import State
 
+from app.core.doors import HTTP, api_key_refusal
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.keys import Key, match
 from app.service import Service
@@ -29,23 +28,9 @@ def ready_service(state: State) -> Service:
     return service
 
 
-def given_api_key(request: Request) -> str | None:
-    """The key the request sends as ``X-API-Key`` or ``Authorization: Bearer``, if any."""
-    return api_key_in(request.headers)
-
-
-def api_key_in(headers: Mapping[str, str]) -> str | None:
-    """The key ``headers`` (lower-case names: HTTP headers, gRPC metadata) send as ``x-api-key`` or ``authorization: Bearer``."""
-    given = headers.get("x-api-key")
-    auth = headers.get("authorization", "")
-    if given is None and auth.lower().startswith("bearer "):
-        given = auth[7:].strip()
-    return given
-
-
 def request_key(request: Request) -> Key | None:
-    """The configured key the request sends (None if none of them)."""
-    given = given_api_key(request)
+    """The configured key the request sends (None if none of them), found by the HTTP door (:meth:`app.core.doors.Door.given_key`)."""
+    given = HTTP.given_key(request.headers)
     return None if given is None else match(request.app.state.keys, given)
 
 
@@ -54,20 +39,12 @@ def has_api_key(request: Request) -> bool:
     return not request.app.state.keys or request_key(request) is not None
 
 
-def api_key_refusal(keys: list[Key], given: str | None) -> ApiError | None:
-    """The 401 of a request (any door) that sends ``given`` where ``keys`` are the configured ones (none: open to all)."""
-    if not keys or (given is not None and match(keys, given) is not None):
-        return None
-    if given is None:
-        return ApiError(401, "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'", code="unauthorized")
-    return ApiError(401, "the API key is wrong", code="unauthorized")
-
-
 async def require_api_key(request: Request) -> None:
-    """401 unless a configured key comes as ``X-API-Key`` or ``Authorization: Bearer``; the key (its
-    name and rights) is then ``request.state.key`` (None where no key is configured: open to all)."""
+    """401 unless a configured key comes as ``X-API-Key`` or ``Authorization: Bearer`` (the HTTP door's refusal,
+    :func:`app.core.doors.api_key_refusal`); the key (its name and rights) is then ``request.state.key`` (None where no
+    key is configured: open to all)."""
     request.state.key = request_key(request)
-    if request.state.key is None and (refusal := api_key_refusal(request.app.state.keys, given_api_key(request))) is not None:
+    if request.state.key is None and (refusal := api_key_refusal(HTTP, request.app.state.keys, request.headers)) is not None:
         raise refusal
 
 

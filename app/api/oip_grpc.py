@@ -36,7 +36,7 @@ from grpc import aio
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 
-from app.api.deps import api_key_in, api_key_refusal, ready_service
+from app.api.deps import ready_service
 from app.api.failures import internal_error
 from app.api.oip import (
     DTYPES,
@@ -64,7 +64,7 @@ from app.api.oip_inference import (
 )
 from app.core.config import Settings
 from app.core.door import Doors
-from app.core.doors import GRPC, MESSAGE_TOO_LARGE, grpc_status_name
+from app.core.doors import GRPC, MESSAGE_TOO_LARGE, api_key_refusal, grpc_status_name
 from app.core.drain import Drain
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.image_threads import in_image_thread
@@ -260,11 +260,11 @@ class InferenceService:
                         if isinstance(request, Malformed):
                             raise bad(f"the request is not a {name}Request message: {request.reason}")
                         if needs_key:
-                            given_key = api_key_in(metadata)
-                            refusal = api_key_refusal(self.state.keys, given_key)
+                            refusal = api_key_refusal(GRPC, self.state.keys, metadata)
                             if refusal is not None:
                                 raise refusal
                             if name in WORK_RPCS:  # the key's share of the queue, its HTTP calls' and jobs' with it
+                                given_key = GRPC.given_key(metadata)
                                 door.admit(None if given_key is None else match(self.state.keys, given_key))
                         answer = await fn(request, context)
                         door.status = GRPC.success

@@ -2,9 +2,10 @@
 Inference Protocol over HTTP (:class:`HttpDoor`, ASGI middleware), the protocol over gRPC (:mod:`app.api.oip_grpc`'s
 servicer) and the durable jobs' runner (:mod:`app.jobs.runner`, one call per job image). Each door is an object
 (:mod:`app.core.doors`: :data:`~app.core.doors.HTTP`, :data:`~app.core.doors.GRPC`, :data:`~app.core.doors.JOB`) that
-states its name, its status names, how an error maps to its status and which statuses the alerts read; the layer runs
-any of them without knowing one by name. Each adapts its protocol to :meth:`Doors.handle`, a context manager around one
-request, RPC or job image that does, the same way for all of them:
+states its name, its status names, how an error maps to its status, which statuses the alerts read and where the
+caller's API key is (:meth:`~app.core.doors.Door.given_key`); the layer runs any of them without knowing one by name.
+Each adapts its protocol to :meth:`Doors.handle`, a context manager around one request, RPC or job image that does,
+the same way for all of them:
 
 - the request ID: the one given (``X-Request-ID``, gRPC metadata ``x-request-id``, else the protocol's request ``id``:
   :func:`adopt_request_id`; a job's submitting request's) when it is safe (:data:`app.core.request_id.SAFE`), else a new
@@ -320,10 +321,7 @@ class HttpAdmission(HttpMiddleware):
         if call is None or scope["method"] != "POST" or not scope["path"].startswith(WORK):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        given = headers.get("x-api-key")
-        if given is None and headers.get("authorization", "").lower().startswith("bearer "):
-            given = headers["authorization"][7:].strip()
+        given = call.door.given_key({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]})
         try:
             call.admit(None if given is None else match(self.keys, given))  # no key or a wrong one: the route answers 401
         except ApiError as err:

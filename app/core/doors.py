@@ -13,15 +13,21 @@ A door states:
 - the statuses the alert rules read, created at 0 for each of its routes at start-up (:attr:`Door.alert_statuses`);
 - whether it also feeds the first, HTTP-only families ``idg_http_requests_total`` and ``idg_http_request_seconds``
   (:attr:`Door.http_families`), and whether its span is a consumer's (:attr:`Door.consumer`: a job's image, a child of
-  the ``POST /jobs`` that submitted it).
+  the ``POST /jobs`` that submitted it);
+- how it finds the caller's API key (:meth:`Door.given_key`: HTTP's ``X-API-Key`` or ``Authorization: Bearer`` header,
+  the same names in gRPC's invocation metadata), or that its calls bring none, let in before they came
+  (:attr:`Door.brings_key`: a job's image runs under the key its job was submitted with, checked by that ``POST /jobs``).
+  One function decides every door's refusal from it (:func:`api_key_refusal`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.core.door_metrics import ALERT_STATUSES
 from app.core.errors import ApiError
+from app.core.keys import Key, api_key_in, match
 
 MESSAGE_TOO_LARGE = "message_too_large"
 """The error code (and ``idg_rejections_total`` reason) of a gRPC message over ``IDG_MAX_UPLOAD_BYTES``."""
@@ -54,6 +60,14 @@ class Door:
     """Whether its calls are also counted in ``idg_http_requests_total`` and ``idg_http_request_seconds``."""
     consumer: bool = False
     """Whether its span is a consumer's (work another request submitted) rather than a server's."""
+    brings_key: bool = True
+    """Whether each call brings the caller's API key (:meth:`given_key`), refused without a configured one
+    (:func:`api_key_refusal`); False: its calls were let in before they came, under a key checked then."""
+
+    def given_key(self, carrier: Mapping[str, str]) -> str | None:
+        """The API key a call sends in ``carrier`` (its HTTP headers or its gRPC invocation metadata, names lower-case):
+        ``x-api-key``, else ``authorization: Bearer <key>``; None where it sends none, or the door's calls bring none."""
+        return api_key_in(carrier) if self.brings_key else None
 
     def status_of(self, err: ApiError) -> str:
         """The status of a call that ended with ``err``, as this door answers it."""
@@ -91,11 +105,26 @@ def grpc_status_name(err: ApiError) -> str:
     return GRPC_CODES.get(err.status, "INVALID_ARGUMENT" if 400 <= err.status < 500 else "INTERNAL")
 
 
+def api_key_refusal(door: Door, keys: list[Key], carrier: Mapping[str, str]) -> ApiError | None:
+    """The 401 of a call through ``door`` (any door) that brings ``carrier`` (:meth:`Door.given_key`) where ``keys`` are
+    the configured ones; None where none is configured (open to all), the call sends one of them, or the door's calls
+    bring none (:attr:`Door.brings_key`: let in before they came)."""
+    if not door.brings_key or not keys:
+        return None
+    given = door.given_key(carrier)
+    if given is not None and match(keys, given) is not None:
+        return None
+    if given is None:
+        return ApiError(401, "this service needs an API key: send it as X-API-Key or 'Authorization: Bearer <key>'", code="unauthorized")
+    return ApiError(401, "the API key is wrong", code="unauthorized")
+
+
 HTTP = Door("http", http_families=True)
 """REST and the Open Inference Protocol over HTTP (:class:`app.core.door.HttpDoor`), Ray Serve's replicas too."""
 GRPC = GrpcDoor("grpc")
 """The Open Inference Protocol over gRPC (:mod:`app.api.oip_grpc`)."""
-JOB = Door("job", consumer=True)
-"""One image of a durable job (:mod:`app.jobs.runner`), its status its answer's."""
+JOB = Door("job", consumer=True, brings_key=False)
+"""One image of a durable job (:mod:`app.jobs.runner`), its status its answer's; it runs under the key its job was
+submitted with, checked by the ``POST /jobs`` that submitted it."""
 DOORS = (HTTP, GRPC, JOB)
 """Every door, each once."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.core.config import Settings
@@ -49,6 +50,15 @@ def load_keys(settings: Settings) -> list[Key]:
     if len(set(names)) != len(names) or len(secrets_seen) != len(keys):
         raise ValueError("API keys: each name and each key must be given once (IDG_API_KEY is named 'default')")
     return keys
+
+
+def api_key_in(carrier: Mapping[str, str]) -> str | None:
+    """The key ``carrier`` (lower-case names: HTTP headers, gRPC metadata) sends as ``x-api-key`` or ``authorization: Bearer``."""
+    given = carrier.get("x-api-key")
+    auth = carrier.get("authorization", "")
+    if given is None and auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    return given
 
 
 def match(keys: list[Key], given: str) -> Key | None:

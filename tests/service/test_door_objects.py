@@ -8,12 +8,15 @@ import ast
 import asyncio
 from pathlib import Path
 
+from starlette.datastructures import Headers
+
 from app.api.failures import UnhandledErrorMiddleware
 from app.core.asgi import HttpMiddleware
 from app.core.door import HttpAdmission, HttpDoor
-from app.core.doors import DOORS, GRPC, HTTP, JOB
+from app.core.doors import DOORS, GRPC, HTTP, JOB, api_key_refusal
 from app.core.drain import Drain, DrainMiddleware
 from app.core.errors import ApiError
+from app.core.keys import Key
 from app.core.replica import ReplicaHeaderMiddleware
 
 APP = Path(__file__).resolve().parents[2] / "app"
@@ -34,6 +37,28 @@ def test_each_door_maps_the_services_errors_to_its_own_statuses() -> None:
     assert [GRPC.status_of(e) for e in (busy, missing, late)] == ["RESOURCE_EXHAUSTED", "NOT_FOUND", "DEADLINE_EXCEEDED"]
     assert HTTP.server_failure("503") and not HTTP.server_failure("404")
     assert GRPC.server_failure("UNAVAILABLE") and not GRPC.server_failure("NOT_FOUND")
+
+
+def test_each_door_states_where_the_callers_key_is_and_one_function_refuses_for_every_door() -> None:
+    keys = [Key("a", "s3cret", admin=False)]
+    sent, bearer, wrong = {"x-api-key": "s3cret"}, {"authorization": "Bearer s3cret"}, {"x-api-key": "guess"}
+    for door in (HTTP, GRPC):  # HTTP's headers, gRPC's invocation metadata: the same names
+        assert door.brings_key
+        assert door.given_key(sent) == door.given_key(bearer) == "s3cret" and door.given_key({}) is None
+        assert api_key_refusal(door, keys, sent) is None and api_key_refusal(door, [], {}) is None  # no keys: open to all
+        missing, refused = api_key_refusal(door, keys, {}), api_key_refusal(door, keys, wrong)
+        assert missing is not None and refused is not None and missing.status == refused.status == 401
+        assert missing.message.startswith("this service needs an API key") and refused.message == "the API key is wrong"
+    assert HTTP.given_key(Headers({"X-API-Key": "s3cret"})) == "s3cret"  # a request's headers, as the routes read them
+    # a job's image runs under the key its job was submitted with, checked by that POST /jobs: it brings none, refused never
+    assert not JOB.brings_key and JOB.given_key(sent) is None and api_key_refusal(JOB, keys, {}) is None
+
+
+def test_only_the_keys_module_reads_the_keys_header_names() -> None:
+    """Every door finds the caller's key through its door object (Door.given_key), none by reading the names itself."""
+    reading = sorted(str(p.relative_to(APP)) for p in APP.rglob("*.py")
+                     for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value == "x-api-key")
+    assert reading == ["core/keys.py"], reading
 
 
 def test_the_layer_names_no_door() -> None:
