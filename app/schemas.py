@@ -80,11 +80,13 @@ class AttributeCommon(PredictParams):
                                      "(RISE AUCs in [0, 1]); costs steps + 1 forward passes per metric (2 x 29 at the default 28 steps)")
     faithfulness_steps: int | None = Field(
         None, ge=1, le=224, description="Steps of the faithfulness games; default IDG_FAITHFULNESS_STEPS (28)")
-    postprocess: Literal["none", "idgi", "rankmix", "xrai"] = Field(
+    postprocess: Literal["none", "idgi", "rankmix", "xrai", "cam_regions", "cam_product"] = Field(
         "none", description="'idgi': IDGI (Yang et al. 2023) on the path of idg, ig or left_ig, from the same outputs and "
         "gradients; 'rankmix': the method's map and its IDGI map rank-averaged (a rank score per pixel, not additive), "
         "IDGI's gains without its deletion loss; 'xrai': XRAI (Kapishnikov et al. 2019) over any method's map, its ranked "
-        "regions in the answer's `regions` (see xrai_order); none costs an extra model pass")
+        "regions in the answer's `regions` (see xrai_order); these cost no extra model pass. 'cam_regions': any method's "
+        "pixels ranked within Grad-CAM's blobs (a rank score); 'cam_product': the map times Grad-CAM's, scaled to [0, 1] "
+        "(as Guided Grad-CAM); each costs Grad-CAM's 1 forward + 1 backward pass more and a model with a CAM layer")
     xrai_order: Literal["regions_then_pixels", "regions"] = Field(
         "regions_then_pixels", description="With postprocess=xrai, how the map ranks pixels: 'regions_then_pixels', by region "
         "and inside each region in the method's own order (keeps deletion); 'regions', by region alone (plain XRAI)")
@@ -358,6 +360,14 @@ class PresetInfo(BaseModel):
                                   "prediction's pass, counted as an answer's `cost` counts it")
 
 
+class RowInfo(BaseModel):
+    name: str = Field(..., description="The evaluation's row name (python -m idg_evaluation --methods NAME)")
+    request: dict[str, str] = Field(..., description="The /attribute fields that ask for it")
+    cost: Cost = Field(..., description="The most one answer costs, with the prediction's pass")
+    standing: str = Field(..., description="Where it stands in the faithfulness measurements there are ('a hint' where "
+                          "they are a few photos; 'not measured' where there are none)")
+
+
 class ModelsResponse(BaseModel):
     models: list[ModelInfo] = Field(..., description="Loaded models, the default first")
     methods: dict[str, str] = Field(..., description="Method name -> description")
@@ -365,6 +375,8 @@ class ModelsResponse(BaseModel):
         default_factory=dict, description="Method name -> the parameters a request for it may give (others are a 422)")
     presets: list[PresetInfo] = Field(default_factory=list, description="The cost presets, the default first: what each "
                                       "sets, costs and where it stands")
+    rows: list[RowInfo] = Field(default_factory=list, description="Region rows beside the presets (Grad-CAM, XRAI and "
+                                "Grad-CAM's post-steps over IDG): what to ask, what it costs and where it stands")
     device: str = Field(..., description="Device the models run on (cpu, cuda, cuda:1, ...)")
 
 

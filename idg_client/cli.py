@@ -92,7 +92,7 @@ def _main(argv: list[str] | None = None) -> int:
     at.add_argument("--probe-steps", type=int)
     at.add_argument("--baseline", choices=["mean", "black"])
     at.add_argument("--faithfulness", help="score the map: insertion, deletion or insertion,deletion")
-    at.add_argument("--postprocess", choices=["none", "idgi", "rankmix", "xrai"])
+    at.add_argument("--postprocess", choices=["none", "idgi", "rankmix", "xrai", "cam_regions", "cam_product"])
     at.add_argument("--smooth-samples", type=int, help="SmoothGrad over this many noisy copies")
     at.add_argument("--xrai-order", choices=["regions_then_pixels", "regions"], help="with --postprocess xrai: how the map ranks pixels")
     at.add_argument("--out", type=Path, default=Path("heatmap.png"), help="heatmap PNG to write")

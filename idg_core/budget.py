@@ -70,11 +70,20 @@ class WorkBound:
         return work_units(self.forward, self.backward)
 
 
+CAM_POSTPROCESS = ("cam_regions", "cam_product")
+"""The post-steps that run Grad-CAM on the photo (:mod:`idg_core.postprocess.cam`): :data:`CAM_PASS` more, once."""
+CAM_PASS = WorkBound(1, 1)
+"""Grad-CAM's passes: one forward and one backward."""
+
+
 def postprocess_bound(bound: WorkBound, post: Mapping[str, Any]) -> WorkBound:
     """The method's bound with its post-steps: times the noisy copies (``smooth_samples``), their probe once where they
-    share it (``smooth_probe="shared"``); IDGI costs nothing."""
+    share it (``smooth_probe="shared"``), plus Grad-CAM's pass once for a CAM post-step; IDGI costs nothing."""
     copies = max(1, int(post.get("smooth_samples") or 0))
-    return bound.shared_probe_times(copies) if post.get("smooth_probe") == "shared" else bound.times(copies)
+    out = bound.shared_probe_times(copies) if post.get("smooth_probe") == "shared" else bound.times(copies)
+    if post.get("postprocess") in CAM_POSTPROCESS:
+        out = WorkBound(out.forward + CAM_PASS.forward, out.backward + CAM_PASS.backward, out.host_steps, out.probe)
+    return out
 
 
 def pixels_per_step(h: int, w: int, steps: int) -> int:

@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                         "step counts, insertion and deletion only (the table the presets come from)")
     p.add_argument("--methods", nargs="+", default=None,
                    help=f"paper suite: rows by name ({', '.join([*MAIN_METHODS, *ABLATION, *VARIANTS, *RIVALS])}) or composed, "
-                        "BASE[+IDGI][+SmoothGrad][+XRAI][+Blur][:key=value,...] with BASE a row, a method or method@preset "
-                        "(e.g. IDG+IDGI+SmoothGrad EG LA idg@fast+SmoothGrad:smooth_samples=8 idg@fast+XRAI); cost suite: rows of its grid "
+                        "BASE[+IDGI][+SmoothGrad][+XRAI|+cam_regions|+cam_product][+Blur][:key=value,...] with BASE a row, a method "
+                        "or method@preset (e.g. IDG+IDGI+SmoothGrad EG LA idg@fast+SmoothGrad:smooth_samples=8 idg@fast+XRAI "
+                        "idg@fast+cam_regions); cost suite: rows of its grid "
                         f"({', '.join(REFERENCES.get(n, n) for n in COST_GRID)}; IG-50 and IDG-50/50 are always kept)")
     p.add_argument("--no-ablation", action="store_true", help="main comparison only")
     p.add_argument("--no-road", action="store_true", help="skip ROAD (2 x 9 sparse solves and forward passes per row and image)")

@@ -90,10 +90,14 @@ POST_STEPS: dict[str, dict[str, Any]] = {
     "blur": {"blur_sigma": BLUR_SIGMA},
     "rankmix": {"idgi_mix": 0.5},
     "xrai": {"postprocess": "xrai"},
+    "cam_regions": {"postprocess": "cam_regions"},
+    "cam_product": {"postprocess": "cam_product"},
 }
 """The post-steps a composed row name may add (lower case), with their evaluation settings. ``RankMix``: the
 method's map and its IDGI map from the same passes, rank-averaged (:mod:`idg_evaluation.idgi_mix`). ``XRAI``: XRAI's
 regions over the row's map, its pixels ranked within each (``BASE+XRAI:xrai_order=regions``: the regions alone).
+``cam_regions`` / ``cam_product``: the row's pixels ranked within Grad-CAM's blobs / its map times Grad-CAM's
+(:mod:`idg_core.postprocess.cam`; Grad-CAM's pass more).
 A row's ``baseline`` key (``mean`` or ``black``) overrides the run's ``--baseline`` for that row."""
 
 ALL_METRICS = tuple(dict.fromkeys(m.run_name for m in METRICS.values() if m.default and not m.derived_from))
@@ -132,7 +136,8 @@ def parse_row(name: str) -> tuple[str, dict[str, Any]]:
         kw = {**METHODS[method].preset(preset or "paper"), **METHODS[method].preset_post(preset or "paper")}
     for post in posts:
         if post.lower() not in POST_STEPS:
-            raise ValueError(f"unknown post-step {post!r} in {name!r}: one of IDGI, SmoothGrad, Blur, RankMix, XRAI")
+            raise ValueError(f"unknown post-step {post!r} in {name!r}: one of IDGI, SmoothGrad, Blur, RankMix, XRAI, "
+                             "cam_regions, cam_product")
         kw |= POST_STEPS[post.lower()]
     for pair in filter(None, overrides.split(",")):
         key, eq, value = pair.partition("=")

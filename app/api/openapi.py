@@ -132,8 +132,9 @@ def _method_branch(method: str, props: dict[str, Any], json: bool) -> dict[str, 
             bounds = _tighter(bounds, _branch(props[name]))
             if bounds:
                 then[name] = bounds if not json else {"anyOf": [bounds, {"type": "null"}]}
-    if method not in IDGI_METHODS and "postprocess" in props:  # XRAI applies to any method's map
-        then["postprocess"] = {"enum": ["none", "xrai"] if json else ["none", "xrai", ""]}
+    if method not in IDGI_METHODS and "postprocess" in props:  # XRAI and Grad-CAM's post-steps apply to any method's map
+        anyone = ["none", "xrai", "cam_regions", "cam_product"]
+        then["postprocess"] = {"enum": anyone if json else [*anyone, ""]}
     branch: dict[str, Any] = {"properties": {"method": {"const": method}, **then}}
     if method != DEFAULT_METHOD:  # without "required", an absent method matches the default's branch only
         branch["required"] = ["method"]

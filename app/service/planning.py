@@ -14,7 +14,7 @@ from app.core.config import Settings
 from app.core.errors import ApiError
 from app.schemas import AttributeCommon, AttributeParams, PredictExplainParams
 from app.service.explain_if import Condition, parse_condition
-from idg_core.budget import WorkBound, explanation_bound, postprocess_bound, score_passes
+from idg_core.budget import CAM_PASS, CAM_POSTPROCESS, WorkBound, explanation_bound, postprocess_bound, score_passes
 from idg_core.explain import ExplainOptions, Explanation, explain_plan
 from idg_core.faithfulness import parse_metrics
 from idg_core.methods import METHODS, POST_STEPS, InvalidParameter
@@ -91,6 +91,8 @@ def over_limit(method: str, alone: WorkBound, options: ExplainOptions, size: int
         parts = [f"{alone.forward - alone.probe} for each of {copies} noisy copies", f"{alone.probe} for their shared probe"]
     else:
         parts = [f"{alone.forward} for each of {copies} noisy copies"]
+    if options.post.get("postprocess") in CAM_POSTPROCESS:
+        parts.append(f"{CAM_PASS.forward} for {options.post['postprocess']}'s Grad-CAM")
     parts.append("1 for the prediction")
     if options.metrics:
         parts.append(f"{score_passes(options.metrics, size, size, options.steps)} for faithfulness="
@@ -112,7 +114,7 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
     parameters, :func:`method_params`)."""
     chosen = post_steps(params)
     post: dict[str, Any] = {}
-    if chosen["postprocess"] not in (None, "none"):  # idgi, rankmix or xrai, checked below
+    if chosen["postprocess"] not in (None, "none"):  # idgi, rankmix, xrai, cam_regions or cam_product, checked below
         post["postprocess"] = chosen["postprocess"]
     if chosen["postprocess"] == "xrai":
         post["xrai_order"] = chosen["xrai_order"]
@@ -177,6 +179,12 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
             raise _invalid(f"{params.method} cannot explain model {model.name!r}: {err}") from err
     kwargs = method_params(settings, params, model.num_classes)
     options = explain_options(settings, params, model, kwargs)
+    cam_check = METHODS["gradcam"].check_model
+    if options.post.get("postprocess") in CAM_POSTPROCESS and cam_check is not None:  # Grad-CAM's layer, as method=gradcam's
+        try:
+            cam_check(model)
+        except ValueError as err:
+            raise _invalid(f"postprocess={options.post['postprocess']} cannot explain model {model.name!r}: {err}") from err
     bound = work_bound(settings, params, kwargs, options, model.preprocessing.crop_size)
     # None: not used (AGI's explicit classes); nor a parameter the others make inert (IDG's probe with uniform=true)
     used = {k: v for k, v in METHODS[params.method].params.in_effect(kwargs).items() if v is not None}

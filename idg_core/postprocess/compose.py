@@ -1,5 +1,6 @@
 """One entry point for a method with its post-steps, composable on any method: IDGI inside (on a
-straight-path method), SmoothGrad / VarGrad around it, XRAI's regions over the result, and the evaluation's blur control last."""
+straight-path method), SmoothGrad / VarGrad around it, XRAI's regions or Grad-CAM's blobs or product over the result, and the
+evaluation's blur control last."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 from torch import Tensor
 
-from idg_core.budget import postprocess_bound
+from idg_core.budget import CAM_POSTPROCESS, postprocess_bound
 from idg_core.methods import METHODS
 from idg_core.postprocess.blur import blur_plan
+from idg_core.postprocess.cam import cam_plan
 from idg_core.postprocess.idgi import IDGI_METHODS, idgi_plan
 from idg_core.postprocess.rankmix import rankmix_plan, with_idgi
 from idg_core.postprocess.smoothgrad import SMOOTH_KINDS, noisy_copies, shared_probe_plan, smooth_plan
@@ -20,10 +22,12 @@ from idg_core.types import Plan
 # postprocess_bound: from idg_core.budget
 __all__ = ["POSTPROCESS", "SMOOTH_PROBES", "build_plan", "check_postprocess", "postprocess_bound"]
 
-POSTPROCESS = ("none", "idgi", "rankmix", "xrai")
+POSTPROCESS = ("none", "idgi", "rankmix", "xrai", *CAM_POSTPROCESS)
 """The ``postprocess`` values: none; ``idgi`` (:mod:`idg_core.postprocess.idgi`); ``rankmix``, the method's map and its
 IDGI map rank-averaged (:mod:`idg_core.postprocess.rankmix`). Both need a straight-path method and no extra pass.
-``xrai``: XRAI's ranked regions over any method's map (:mod:`idg_core.postprocess.xrai`; ``xrai_order``), host work only."""
+``xrai``: XRAI's ranked regions over any method's map (:mod:`idg_core.postprocess.xrai`; ``xrai_order``), host work only.
+``cam_regions`` / ``cam_product``: any method's map ranked within Grad-CAM's blobs / times the CAM
+(:mod:`idg_core.postprocess.cam`), Grad-CAM's pass more."""
 
 
 SMOOTH_PROBES = ("own", "shared")
@@ -64,8 +68,8 @@ def build_plan(
     """The plan of ``method`` on ``x (C, H, W)`` with IDGI (``postprocess="idgi"``) or RankMix (``"rankmix"``: the map
     and its IDGI map rank-averaged, after SmoothGrad when there is one) and/or SmoothGrad /
     VarGrad over ``smooth_samples`` noisy copies (0: none; ``smooth_probe``: :data:`SMOOTH_PROBES`), then XRAI's regions
-    (``"xrai"``, over the photo ``x``, in ``xrai_order``), then the map blurred by ``blur_sigma`` pixels (0: not; the
-    evaluation's control). ``kwargs`` go to the method's plan."""
+    (``"xrai"``, over the photo ``x``, in ``xrai_order``) or Grad-CAM's (``"cam_regions"``, ``"cam_product"``), then the
+    map blurred by ``blur_sigma`` pixels (0: not; the evaluation's control). ``kwargs`` go to the method's plan."""
     used = METHODS[method].validate(**kwargs) if smooth_probe == "shared" and smooth_samples > 0 else None
     check_postprocess(method, postprocess, smooth_samples, smooth_std, smooth_kind, smooth_probe, used, xrai_order)
     spec = METHODS[method]
@@ -89,4 +93,6 @@ def build_plan(
                                      lambda sampling: [one(xi, sampling=sampling) for xi in copies], smooth_kind)
         else:
             plan = smooth_plan([one(xi) for xi in copies], smooth_kind)
+    if postprocess in CAM_POSTPROCESS:
+        return cam_plan(plan, x, target, postprocess)
     return rankmix_plan(plan) if postprocess == "rankmix" else xrai_plan(plan, x, xrai_order) if postprocess == "xrai" else plan

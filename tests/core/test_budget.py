@@ -1,7 +1,7 @@
 """One budget (idg_core.budget): what an explanation may cost, known before it runs, bounds what it
 then takes, counted the same way by the plan's result and by the model calls themselves: every method with every
-post-step combination (noisy copies with their own or a shared probe, IDGI, RankMix, the blur) and faithfulness
-scores, its passes counted by a real model."""
+post-step combination (noisy copies with their own or a shared probe, IDGI, RankMix, XRAI, Grad-CAM's blobs and
+product, the blur) and faithfulness scores, its passes counted by a real model."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from idg_core.budget import GRAD_UNITS, WorkBound, explanation_bound, postprocess_bound, row_units, work_units
+from idg_core.budget import CAM_POSTPROCESS, GRAD_UNITS, WorkBound, explanation_bound, postprocess_bound, row_units, work_units
 from idg_core.explain import ExplainOptions, explain_plan
 from idg_core.methods import METHODS
 from idg_core.model_calls import CallStats, run_plans
@@ -84,7 +84,8 @@ def small(method: str) -> dict[str, Any]:
 
 def combinations() -> list[Any]:
     """Each method alone, with noisy copies (their own probes, and a shared one where the method has a probe), with each
-    of the post-steps that apply to it, alone and with copies, and blurred."""
+    of the post-steps that apply to it, alone and with copies, and blurred (Grad-CAM's, on every method: alone; on a path
+    method also with copies; on IDG with a shared probe and blurred too)."""
     cases: list[tuple[str, dict[str, Any]]] = []
     for method, spec in METHODS.items():
         cases += [(method, {}), (method, dict(SMOOTH)), (method, {"blur_sigma": 1.0, **SMOOTH})]
@@ -94,6 +95,9 @@ def combinations() -> list[Any]:
             for post in POSTPROCESS:
                 if post != "none":
                     cases += [(method, {"postprocess": post}), (method, {"postprocess": post, **SMOOTH})]
+        else:
+            cases += [(method, {"postprocess": post}) for post in CAM_POSTPROCESS]
+    cases += [("idg", {"postprocess": post, "blur_sigma": 1.0, **SMOOTH, "smooth_probe": "shared"}) for post in CAM_POSTPROCESS]
     return [pytest.param(method, post, id="-".join([method, *(f"{k}={v}" for k, v in post.items() if k not in ("smooth_std", "smooth_kind",
                                                                                                              "smooth_seed"))]))
             for method, post in cases]
