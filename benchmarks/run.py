@@ -3,6 +3,7 @@
     python -m benchmarks.run [--label cpu-efficientnet_lite0] [--batch-sizes 1 8 32] [--load-levels 1 8 32]
     python -m benchmarks.run --model resnet101 --weights random --device cuda --batch-sizes 1 8 32 --load-levels 1 8 32
     python -m benchmarks.run --model cnn=torchscript:/models/cnn.ts --models-file /models/models.toml --images /my/photos
+    python -m benchmarks.run --rows-only --batch-sizes 1 8    # the region rows' attributions/s alone
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.service_load import run_load
-from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_speed, sample_batch
+from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_rows, run_speed, sample_batch
 from idg_core import default_batch_size
-from idg_core.presets import preset_params, preset_post
+from idg_core.presets import ROWS, preset_params, preset_post
 from idg_models import PRECISIONS, default_channels_last, default_precision, image_files, keep_freed_memory, load_entry, tune
 from idg_models.compiled import default_compile_sizes, warm_up_compiled
 from idg_models.sources import entry_with_weights
@@ -49,7 +50,7 @@ def _compiled_text(meta: dict) -> str:
             f"(compiling them took {meta['compile_seconds']:.0f} s before the first measurement)")
 
 
-def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
+def render(meta: dict, speed: list[dict], load: list[dict], rows: list[dict] | None = None) -> str:
     """The Markdown report of one run (also: ``python -m benchmarks.run --render results/benchmarks/X.json``)."""
     ceiling = meta.get("ceiling_tflops")
     peak = meta.get("peak_tflops")
@@ -70,6 +71,18 @@ def render(meta: dict, speed: list[dict], load: list[dict]) -> str:
                         else "no measured ceiling")
         lines += [f"Compute limit: {peak_text}; {ceiling_text}. "
                   "FLOPs from PyTorch's counter: (probe forward + 3 x main-pass forward) x points.", ""]
+    rows = rows or []
+    if rows:
+        sizes = sorted({int(k.rsplit("_", 1)[1]) for r in rows for k in r if k.startswith("attr_per_s_")})
+        lines += ["## Region rows (attributions/s; each as the service answers it, without the prediction's pass)", "",
+                  "| row | " + " | ".join(f"{b} image{'s' if b > 1 else ''}" for b in sizes) + " |",
+                  "|---|" + "---|" * len(sizes)]
+        for r in rows:
+            cells = [f"{r[f'attr_per_s_{b}']:.2f}" if f"attr_per_s_{b}" in r else "n/a" for b in sizes]
+            lines.append(f"| `{r['row']}` | " + " | ".join(cells) + " |" + (f" {r['error']}" if "error" in r else ""))
+        lines.append("")
+    if rows and not speed:  # --rows-only
+        return "\n".join(lines)
     lines += ["## Attribution speed (seconds per attribution; ratios > 1 mean ours is faster)", "",
               f"| images | ours default (IDG {meta.get('default_steps', 'fast')}) | ours IDG-50/50 | ours IG-50 | Captum IG-50 "
               "| Captum IG-50 at PyTorch's defaults | authors' way IDG "
@@ -127,9 +140,9 @@ def default_label() -> str:
     return f"{steps['probe_steps']}/{steps['steps']}" + (f" x {copies} copies{shared}" if copies else "")
 
 
-def _write(out: Path, label: str, meta: dict, speed: list[dict], load: list[dict]) -> None:
-    (out / f"{label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load}, indent=1))
-    (out / f"{label}.md").write_text(render(meta, speed, load))
+def _write(out: Path, label: str, meta: dict, speed: list[dict], load: list[dict], rows: list[dict] | None = None) -> None:
+    (out / f"{label}.json").write_text(json.dumps({"meta": meta, "speed": speed, "load": load, "rows": rows or []}, indent=1))
+    (out / f"{label}.md").write_text(render(meta, speed, load, rows))
     log.info("wrote %s/%s.{json,md}", out, label)
 
 
@@ -167,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-keep-freed-memory", action="store_true",
                    help="leave glibc's malloc at its defaults, here and in the service (IDG_KEEP_FREED_MEMORY=false)")
     p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
+    p.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS),
+                   help="region rows whose attributions/s to measure (default: all; none: skip)")
+    p.add_argument("--rows-only", action="store_true", help="measure the region rows alone (no Captum table, no load)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.render:
         data = json.loads(args.render.read_text())
-        args.render.with_suffix(".md").write_text(render(data["meta"], data["speed"], data["load"]))
+        args.render.with_suffix(".md").write_text(render(data["meta"], data["speed"], data["load"], data.get("rows")))
         return 0
 
     kept = False if args.no_keep_freed_memory else keep_freed_memory()  # as the service does by default
@@ -190,10 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     ceiling_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     ceiling = matmul_tflops(device, ceiling_dtype)
     log.info("measured %s matrix-product ceiling: %.2f TFLOP/s", args.precision, ceiling)
-    plain_model = load_entry(args.model, args.weights, args.models_file).to(device).eval()
-    speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,
-                      repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling,
-                      captum_batch=args.captum_batch or (512 if device.type == "cuda" else None), plain_model=plain_model)
+    rows = run_rows(model, images, targets, args.batch_sizes, args.rows, device=device, batch_size=args.batch_size,
+                    repeats=args.repeats)
+    speed: list[dict] = []
+    plain_model = None
+    if not args.rows_only:
+        plain_model = load_entry(args.model, args.weights, args.models_file).to(device).eval()
+        speed = run_speed(model, images, targets, args.batch_sizes, device=device, batch_size=args.batch_size,
+                          repeats=args.repeats, peak_tflops=args.peak_tflops, ceiling_tflops=ceiling,
+                          captum_batch=args.captum_batch or (512 if device.type == "cuda" else None), plain_model=plain_model)
     fields = {"method": "idg", "preset": args.load_preset, "return_overlay": "false"}
     env = {"IDG_MODELS": entry_with_weights(args.model, args.weights), "IDG_DEVICE": args.device,
            "IDG_MAX_QUEUE": "256", "IDG_REQUEST_TIMEOUT_S": "3600", "IDG_MAX_BATCH_IMAGES": str(args.batch_size),
@@ -210,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size, "load_fields": fields, "default_steps": default_label(),
             "peak_tflops": args.peak_tflops, "ceiling_tflops": ceiling}
     args.out.mkdir(parents=True, exist_ok=True)
-    _write(args.out, args.label, meta, speed, [])  # the speed table is kept even if the service then fails to start
+    _write(args.out, args.label, meta, speed, [], rows)  # the speed table is kept even if the service then fails to start
     load = []
-    if args.load_levels:
+    if args.load_levels and not args.rows_only:
         # the server shares this device: give back what the measurements here hold (on CUDA, Captum's
         # 512-image batches on the untuned model leave most of the GPU in this process's cache)
         del model, plain_model, loaded, images
@@ -220,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         load = run_load(image_files(args.images), args.load_levels, args.per_client, fields, env)
-        _write(args.out, args.label, meta, speed, load)
+        _write(args.out, args.label, meta, speed, load, rows)
     return 0
 
 

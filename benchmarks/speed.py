@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from benchmarks.samples import bench_photos
 from idg_core import idg, ig, resolve_baseline
-from idg_core.presets import attribute, preset_cost
+from idg_core.presets import ROWS, attribute, preset_cost
 from idg_models import ImageClassifier, decode_image, image_files, imagenet_label
 from idg_models.compiled import compiled_part
 from idg_models.fuse import fusion_available
@@ -240,6 +240,31 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
             row["idg_share_of_ceiling"] = row["ours_idg_tflops"] / ceiling_tflops
         rows.append(row)
     return rows
+
+
+def run_rows(model: ImageClassifier, images: Tensor, targets: list[int], batch_sizes: list[int], rows: list[str], *,
+             device: torch.device, batch_size: int = 32, repeats: int = 1) -> list[dict[str, Any]]:
+    """Attributions per second of the region rows (:data:`idg_core.presets.ROWS`: Grad-CAM, XRAI and Grad-CAM's
+    post-steps over IDG), each as the service answers it (:func:`idg_core.presets.attribute`), on the same images at each
+    batch size, the first size after a warm-up run (the CAM layer found, SciPy loaded); a row the model cannot run (no
+    CAM layer) keeps its reason instead of figures."""
+    found = []
+    for name in rows:
+        fields = ROWS[name][0]
+        post: dict[str, Any] = {"postprocess": fields["postprocess"]} if "postprocess" in fields else {}
+        row: dict[str, Any] = {"row": name}
+        for b in batch_sizes:
+            run = partial(attribute, model, images[:b].to(device), "mean", targets[:b], method=fields["method"],
+                          preset=fields.get("preset", "fast"), batch_size=batch_size, **post)
+            try:
+                seconds = _timed(run, device, repeats, warm=b == batch_sizes[0])
+            except ValueError as err:  # e.g. a model without a CAM layer: Grad-CAM's rows cannot run on it
+                row["error"] = str(err)
+                break
+            row[f"attr_per_s_{b}"] = b / seconds
+            log.info("batch %d %s: %.2f attributions/s", b, name, b / seconds)
+        found.append(row)
+    return found
 
 
 @contextlib.contextmanager

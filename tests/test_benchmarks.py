@@ -48,6 +48,16 @@ def test_the_report_shows_host_cpu_per_attribution() -> None:
     assert "| 50% | n/a | n/a |" in render(meta, [], [older])
 
 
+def test_the_report_lists_the_region_rows_attributions_per_second() -> None:
+    meta = {"label": "x", "date": "today", "machine": {"cpu": "c"}, "model": "m", "device": "cpu", "batch_size": 8}
+    rows = [{"row": "gradcam", "attr_per_s_1": 1.714, "attr_per_s_4": 5.88},
+            {"row": "idg@fast+cam_product", "error": "the model has no CAM layer"}]
+    text = render(meta, [], [], rows)
+    assert "| row | 1 image | 4 images |" in text and "| `gradcam` | 1.71 | 5.88 |" in text
+    assert "| `idg@fast+cam_product` | n/a | n/a | the model has no CAM layer" in text
+    assert "Attribution speed" not in text  # --rows-only: no Captum table
+
+
 def test_the_host_cost_benchmark_runs_the_services_own_stages(tmp_path: Path) -> None:
     """One photo, one repeat: the script still drives the service's decode, render and answer (an
     API change there breaks this, not a GPU run months later), and its report adds up."""

@@ -10,10 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import get_service, has_api_key, require_api_key, require_api_key_for_metrics
 from app.core.prometheus import exposition
-from app.schemas import ERROR_RESPONSES, Cost, ModelInfo, ModelsResponse, PresetInfo, method_parameters
+from app.schemas import ERROR_RESPONSES, Cost, ModelInfo, ModelsResponse, PresetInfo, RowInfo, method_parameters
 from app.service import Service
 from idg_core import METHODS
-from idg_core.presets import DEFAULT_PRESET, PRESET_NAMES, PRESET_STANDING, PRESET_SUMMARY, PRESETS, preset_cost
+from idg_core.presets import DEFAULT_PRESET, PRESET_NAMES, PRESET_STANDING, PRESET_SUMMARY, PRESETS, ROWS, preset_cost
 from idg_models.compiled import compiled_part
 from idg_models.speed import model_precision
 
@@ -38,7 +38,7 @@ async def models(service: Annotated[Service, Depends(get_service)]) -> ModelsRes
     ]
     return ModelsResponse(models=infos, methods={k: v.summary for k, v in METHODS.items()},
                           method_parameters=method_parameters(service.settings.max_steps), presets=preset_infos(),
-                          device=str(service.device))
+                          rows=row_infos(), device=str(service.device))
 
 
 def preset_infos() -> list[PresetInfo]:
@@ -51,6 +51,15 @@ def preset_infos() -> list[PresetInfo]:
     return [PresetInfo(name=p, default=p == DEFAULT_PRESET, summary=PRESET_SUMMARY[p], standing=PRESET_STANDING[p],
                        parameters={m: PRESETS[m][p] for m in METHODS}, cost={m: cost(m, p) for m in METHODS})
             for p in order]
+
+
+def row_infos() -> list[RowInfo]:
+    """The region rows beside the presets: the fields that ask for each, its cost (with the prediction) and standing."""
+    def cost(f: dict[str, str]) -> Cost:
+        bound = preset_cost(f["method"], f.get("preset", DEFAULT_PRESET), f.get("postprocess")).plus_forward(1)
+        return Cost(forward_passes=bound.forward, backward_passes=bound.backward)
+
+    return [RowInfo(name=name, request=fields, cost=cost(fields), standing=standing) for name, (fields, standing) in ROWS.items()]
 
 
 @router.get("/health/live")

@@ -1,0 +1,84 @@
+"""The service answers postprocess=cam_regions and cam_product on any method at the method's cost plus Grad-CAM's one
+forward and one backward pass, scores the returned map (faithfulness) with method=gradcam and with XRAI's and
+Grad-CAM's post-steps, refuses a model without a CAM layer with the same 422 as gradcam, and lists the region rows
+with their cost and standing in GET /models."""
+
+from __future__ import annotations
+
+from httpx import AsyncClient
+
+from app.core.config import Settings
+from app.main import create_app
+from idg_core.presets import ROWS
+from idg_models.zoo import ImageClassifier, Preprocessing
+from tests.models import tiny_classifier
+from tests.service.conftest import AppFactory, image_bytes, serve
+from tests.service.test_gradcam_service import _Pixels
+
+IDG = {"method": "idg", "steps": "4", "probe_steps": "4"}
+
+
+async def _attribute(client: AsyncClient, **fields: str) -> dict:  # type: ignore[type-arg]
+    r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"return_heatmap": "false",
+                                                                                        "return_overlay": "false", **fields})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+async def test_cam_post_steps_cost_gradcams_pass_more_and_the_answer_scores_their_map(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        plain = (await _attribute(client, **IDG))["cost"]
+        for kind in ("cam_regions", "cam_product"):
+            body = await _attribute(client, **IDG, postprocess=kind)
+            assert body["parameters"]["postprocess"] == kind and body["regions"] is None
+            assert body["cost"] == {"forward_passes": plain["forward_passes"] + 1, "backward_passes": plain["backward_passes"] + 1}
+        # the faithfulness scores read the returned map, whatever made it: 2 x (4 + 1) more forward passes
+        for fields in ({"method": "gradcam"}, {**IDG, "postprocess": "xrai"}, {**IDG, "postprocess": "cam_regions"},
+                       {**IDG, "postprocess": "cam_product"}):
+            bare = (await _attribute(client, **fields))["cost"]
+            body = await _attribute(client, **fields, faithfulness="insertion,deletion", faithfulness_steps="4")
+            f = body["faithfulness"]
+            assert f["steps"] == 4 and 0 <= f["insertion"] <= 1 and 0 <= f["deletion"] <= 1, (fields, f)
+            assert body["cost"]["forward_passes"] == bare["forward_passes"] + 2 * 5
+
+
+async def test_a_model_without_a_cam_layer_is_refused_the_cam_post_steps_with_why() -> None:
+    pixels = ImageClassifier("pixels", _Pixels().eval(), Preprocessing(36, 32), [f"c{i}" for i in range(4)])
+    app = create_app(Settings(models=["tiny", "pixels"], warmup=False), models={"tiny": tiny_classifier(), "pixels": pixels})
+    async with serve(app) as client:
+        for kind in ("cam_regions", "cam_product"):
+            r = await client.post("/attribute", files={"file": ("a.png", image_bytes())},
+                                  data={**IDG, "model": "pixels", "postprocess": kind})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter", r.text
+            message = r.json()["error"]["message"]
+            assert f"postprocess={kind} cannot explain model 'pixels'" in message and "no spatial feature map" in message
+        ok = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={**IDG, "model": "pixels",
+                                                                                            "postprocess": "xrai"})
+        assert ok.status_code == 200, ok.text
+
+
+async def test_models_lists_the_region_rows_with_their_cost_and_standing(tiny_app: AppFactory) -> None:
+    async with serve(tiny_app()) as client:
+        listed = (await client.get("/models")).json()
+    rows = {r["name"]: r for r in listed["rows"]}
+    assert list(rows) == list(ROWS) and {"gradcam", "gradcam_pp", "idg@fast+XRAI", "idg@fast+cam_regions",
+                                         "idg@fast+cam_product"} <= set(rows)
+    fast = next(p for p in listed["presets"] if p["name"] == "fast")["cost"]["idg"]
+    assert rows["gradcam"]["cost"] == {"forward_passes": 2, "backward_passes": 1}
+    assert rows["idg@fast+XRAI"]["cost"] == fast
+    for kind in ("cam_regions", "cam_product"):
+        row = rows[f"idg@fast+{kind}"]
+        assert row["request"] == {"method": "idg", "preset": "fast", "postprocess": kind}
+        assert row["cost"] == {"forward_passes": fast["forward_passes"] + 1, "backward_passes": fast["backward_passes"] + 1}
+    assert all(r["standing"] for r in rows.values())
+    assert "hint" in rows["idg@fast+cam_product"]["standing"] and "not measured" in rows["gradcam_pp"]["standing"]
+
+
+async def test_a_refusal_over_the_pass_limit_counts_gradcams_pass(tiny_app: AppFactory) -> None:
+    fields = {**IDG, "postprocess": "cam_regions", "smooth_samples": "3", "return_heatmap": "false"}
+    async with serve(tiny_app(max_passes=25, warmup=False)) as client:
+        r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data=fields)
+    assert r.status_code == 422, r.text
+    message = r.json()["error"]["message"]
+    assert "may cost up to 26 model passes" in message
+    assert "(8 for each of 3 noisy copies, 1 for cam_regions's Grad-CAM and 1 for the prediction)" in message, message
