@@ -26,7 +26,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 missing=()  # the parts to install
 new=()  # the extras among them
-if ! fresh_base; then missing+=(base); fi
+if ! fresh_base; then missing+=(base)
+elif here=$(pwd) && ! (cd / && "$here/.venv/bin/python" -c 'import os, sys, app
+sys.exit(os.path.dirname(os.path.dirname(os.path.realpath(app.__file__))) != os.path.realpath(sys.argv[1]))' "$here") 2>/dev/null; then
+    say "the project in .venv is not this checkout (moved or copied here?): installing it again"
+    missing+=(base)
+fi
 IFS=, read -r -a wanted <<< "$extras"
 for part in "${wanted[@]}"; do
     if [ -n "$part" ] && ! fresh "$part"; then missing+=("$part"); new+=("$part"); fi

@@ -141,3 +141,13 @@ def test_make_run_listens_where_idg_host_and_idg_port_say_and_its_own_arguments_
     assert planned().endswith("scripts/serve.sh --host 127.0.0.1 --port 8000")
     assert planned(IDG_HOST="0.0.0.0", IDG_PORT="8713").endswith("scripts/serve.sh --host 0.0.0.0 --port 8713")
     assert planned("PORT=9", IDG_PORT="8713").endswith("--port 9")
+
+
+def test_setup_installs_again_where_the_venvs_project_is_another_checkout(repo: Path) -> None:
+    """A .venv whose editable install points at another folder (the checkout moved, or a copy shares it) imports none
+    of this checkout's code: setup says so and installs the project again, even with every stamp fresh."""
+    _setup(repo, "dev")
+    python = repo / ".venv" / "bin" / "python"  # `import app` from elsewhere finds another checkout: the check fails
+    _executable(python, '#!/bin/sh\n[ "$1" = "-c" ] && exit 1\necho "$@" >> "$(dirname "$0")/../../pip.log"\n')
+    installs, said = _setup(repo)
+    assert [i.split(" -e ")[1].split()[0] for i in installs] == ["."] and "not this checkout" in said, said
