@@ -21,13 +21,13 @@ import torch
 from fastapi import FastAPI
 
 from app.core.config import ServerSettings, Settings, SimulatedSettings, WorkerSettings
-from app.core.drain import Drain, wait_thread
 from app.core.errors import ApiError
 from app.core.image_threads import image_thread_pool, image_threads, processes_on_host
 from app.core.model_loading import ModelLoadError, apply_calibrations, load_models, pick_device, warm_up
-from app.core.processes import host_cores
-from app.core.prometheus import Metrics, weights_digest
+from app.doors.drain import Drain, wait_thread
 from app.jobs.runner import start_jobs
+from app.monitoring.prometheus import Metrics, weights_digest
+from app.processes.launch import host_cores
 from app.schemas import AttributeParams
 from app.service import Service
 from app.service.planning import plan_attribute

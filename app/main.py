@@ -18,17 +18,17 @@ from app.api.failures import UnhandledErrorMiddleware
 from app.api.openapi import install_openapi
 from app.api.routes import attribute, info, jobs, predict, v2
 from app.assembly import running
-from app.core import tracing
 from app.core.config import Settings, SettingsError, load_settings
-from app.core.door import Doors, HttpAdmission, HttpDoor
-from app.core.doors import HTTP, JOB
-from app.core.drain import Drain, DrainMiddleware
-from app.core.drift_reference import DriftReferenceError, load_reference
 from app.core.errors import install_error_handlers
-from app.core.keys import load_keys, share_limit
-from app.core.prometheus import Metrics
-from app.core.replica import ReplicaHeaderMiddleware
-from app.core.request_id import configure_logging
+from app.doors import tracing
+from app.doors.door import HTTP, JOB
+from app.doors.drain import Drain, DrainMiddleware
+from app.doors.keys import load_keys, share_limit
+from app.doors.layer import Doors, HttpAdmission, HttpDoor
+from app.doors.replica import ReplicaHeaderMiddleware
+from app.doors.request_id import configure_logging
+from app.monitoring.drift_reference import DriftReferenceError, load_reference
+from app.monitoring.prometheus import Metrics
 from idg_models import ImageClassifier
 
 STATIC = Path(__file__).with_name("static")
@@ -90,7 +90,7 @@ def add_middleware(app: FastAPI, settings: Settings, doors: Doors, drain: Drain)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"], allow_headers=["*"])
     app.add_middleware(DrainMiddleware, drain=drain)
-    # the door every HTTP request passes through (app.core.door): X-Request-ID on every answer and the ID in every log
+    # the door every HTTP request passes through (app.doors.layer): X-Request-ID on every answer and the ID in every log
     # line meanwhile, the count (the drain's 503s too), the access log line, the server span (IDG_TRACING)
     app.add_middleware(HttpDoor, doors=doors)
     app.add_middleware(ReplicaHeaderMiddleware)  # outermost: X-IDG-Replica, which process (Ray Serve replica) answered

@@ -38,7 +38,7 @@ from ray.serve import Application
 from starlette.requests import Request
 
 from app.api.routes.info import ready
-from app.core.replica import set_replica_id
+from app.doors.replica import set_replica_id
 
 log = logging.getLogger("app.ray_serve")
 DEFAULT_FACTORY = "app.main:create_app"

@@ -4,7 +4,7 @@ Docker image and the smoke test start it, so every setting below is honoured eve
 uvicorn, configured from the ``IDG_*`` settings, with two additions:
 
 - **A shutdown that keeps its promise.** On SIGTERM (or Ctrl+C) the listening socket stays open
-  while the app drains (:func:`app.core.drain.drain`): readiness 503 and new work refused with a
+  while the app drains (:func:`app.doors.drain.drain`): readiness 503 and new work refused with a
   JSON 503 at once, in-flight work may finish for ``IDG_SHUTDOWN_GRACE_S``, what remains is
   answered with a JSON 503. Then uvicorn closes the connections (a client that does not read its
   answer is given :data:`CLOSE_S`), and a watchdog ends the process if anything still holds it at
@@ -16,7 +16,7 @@ uvicorn, configured from the ``IDG_*`` settings, with two additions:
   closes the connection :data:`BODY_BACKSTOP_S` later when nobody reads it.
 
 With ``IDG_PROCESSES`` > 1 (or ``--processes``) it runs that many of these servers on the port, each its own
-process with its own listening socket there, models and worker (:mod:`app.core.processes`).
+process with its own listening socket there, models and worker (:mod:`app.processes.launch`).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.core.config import SettingsError, load_settings
-from app.core.drain import drain
 from app.core.errors import error_body
 from app.core.model_loading import ModelLoadError, pick_device
-from app.core.processes import SERVE_EARLY, auto_processes, host_cores, serve_processes, write_memory_report
-from app.core.request_id import configure_logging
+from app.doors.drain import drain
+from app.doors.request_id import configure_logging
+from app.processes.launch import SERVE_EARLY, auto_processes, host_cores, serve_processes, write_memory_report
 
 log = logging.getLogger("app.server")
 
@@ -319,7 +319,7 @@ def build(app: FastAPI, host: str | None = None, port: int | None = None, log_le
         lifespan="on", log_level=log_level, timeout_graceful_shutdown=CLOSE_S,
         # idle kept-alive connections outlast the clients' pools (uvicorn's 5 s raced httpx's 5 s: a request lost)
         timeout_keep_alive=settings.keep_alive_timeout_s,
-        # the access line is app.requests' (app.core.door: request ID, status, milliseconds; probes and scrapes left out);
+        # the access line is app.requests' (app.doors.layer: request ID, status, milliseconds; probes and scrapes left out);
         # uvicorn's own wrote a second line for every request and one for every probe, on the event loop
         access_log=False,
         # JSON logs: uvicorn's own lines go to the root logger's JSON handler too, rather than its text ones
@@ -335,7 +335,7 @@ def _configure_logging(fmt: str = "text") -> None:
 
 def serve_child(spec: str, host: str | None, port: int | None, log_level: str, sock: socket.socket, ready: Event,
                 opened: Event) -> None:
-    """One of several server processes (:mod:`app.core.processes`): the app on this process's socket of the port."""
+    """One of several server processes (:mod:`app.processes.launch`): the app on this process's socket of the port."""
     _configure_logging(load_settings().log_format)  # the launcher has read them already: valid
     app = _app_or_exit(spec)
     server = build(app, host, port, log_level)
@@ -414,7 +414,7 @@ def _processes(text: str) -> int | str:
 
 def _auto(device: str) -> tuple[int, bool]:
     """``IDG_PROCESSES=auto``: the processes to aim at on ``device`` (``IDG_DEVICE``), and whether more than one are
-    started in stages (the others once the first is warm, as many as the GPU holds: :mod:`app.core.processes`)."""
+    started in stages (the others once the first is warm, as many as the GPU holds: :mod:`app.processes.launch`)."""
     try:
         cuda = pick_device(device).type == "cuda"
     except (ModelLoadError, RuntimeError):  # IDG_DEVICE=cuda without CUDA: the one process says so as it loads

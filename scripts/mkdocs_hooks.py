@@ -2,7 +2,7 @@
 
 A page asks for a table with a marker line, ``<!-- generated:NAME -->`` (``<!-- generated:method idg -->`` for
 one method's parameters), and the build puts the table in its place, so the settings reference cannot drift from
-``app.core.config`` (a table per section), the metrics from ``app.core.prometheus.Metrics``, the alerts from
+``app.core.config`` (a table per section), the metrics from ``app.monitoring.prometheus.Metrics``, the alerts from
 ``deploy/monitoring/rules/idg.rules.yml``, the routes from the app's OpenAPI schema, or a method's parameters from
 its ``Param`` declarations. The site also gets ``openapi.json`` and the result plots under ``results/``.
 ``tests/test_docs.py`` calls these functions directly."""
@@ -136,7 +136,7 @@ def metric_rows() -> list[dict[str, str]]:
     """Every metric the service exports: name as scraped, type, labels, help."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    from app.core.prometheus import Metrics
+    from app.monitoring.prometheus import Metrics
 
     metrics, rows = Metrics(), []
     for m in vars(metrics).values():

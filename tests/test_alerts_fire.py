@@ -38,8 +38,8 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core import drift_reference
-from app.core.prometheus import STORE_OPERATIONS
+from app.monitoring import drift_reference
+from app.monitoring.prometheus import STORE_OPERATIONS
 from tests.service.conftest import image_bytes
 from tests.service.reliability.server_app import APP, ROOT, Served, serve_process
 from tests.test_monitoring import PROMTOOL, RULES

@@ -107,7 +107,7 @@ def test_the_deployments_set_only_settings_that_exist() -> None:
 def test_the_metrics_reference_lists_every_metric_the_service_exports(hooks: ModuleType) -> None:
     from prometheus_client import generate_latest
 
-    from app.core.prometheus import Metrics
+    from app.monitoring.prometheus import Metrics
 
     helps = re.findall(r"^# HELP (\S+)", generate_latest(Metrics().registry).decode(), re.MULTILINE)
     exported = {name for name in helps if not name.endswith("_created")}  # prometheus_client's creation times

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITORING = ROOT / "deploy" / "monitoring"

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.datastructures import State
 
-from app.core.doors import HTTP, api_key_refusal
 from app.core.errors import SHUTTING_DOWN, ApiError
-from app.core.keys import Key, match
+from app.doors.door import HTTP, api_key_refusal
+from app.doors.keys import Key, match
 from app.service import Service
 
 
@@ -29,7 +29,7 @@ def ready_service(state: State) -> Service:
 
 
 def request_key(request: Request) -> Key | None:
-    """The configured key the request sends (None if none of them), found by the HTTP door (:meth:`app.core.doors.Door.given_key`)."""
+    """The configured key the request sends (None if none of them), found by the HTTP door (:meth:`app.doors.door.Door.given_key`)."""
     given = HTTP.given_key(request.headers)
     return None if given is None else match(request.app.state.keys, given)
 
@@ -41,7 +41,7 @@ def has_api_key(request: Request) -> bool:
 
 async def require_api_key(request: Request) -> None:
     """401 unless a configured key comes as ``X-API-Key`` or ``Authorization: Bearer`` (the HTTP door's refusal,
-    :func:`app.core.doors.api_key_refusal`); the key (its name and rights) is then ``request.state.key`` (None where no
+    :func:`app.doors.door.api_key_refusal`); the key (its name and rights) is then ``request.state.key`` (None where no
     key is configured: open to all)."""
     request.state.key = request_key(request)
     if request.state.key is None and (refusal := api_key_refusal(HTTP, request.app.state.keys, request.headers)) is not None:

@@ -8,8 +8,8 @@ from typing import TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
 
-from app.core.asgi import HttpMiddleware, send_json_error
 from app.core.errors import ApiError
+from app.doors.asgi import HttpMiddleware, send_json_error
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 
 from app.core.errors import ApiError
-from app.core.request_id import current_request_id
+from app.doors.request_id import current_request_id
 
 Scalar = str | int | float | bool
 HEADER_LENGTH = "inference-header-content-length"

@@ -63,14 +63,14 @@ from app.api.oip_inference import (
     statistics_of,
 )
 from app.core.config import Settings
-from app.core.door import Doors
-from app.core.doors import GRPC, MESSAGE_TOO_LARGE, api_key_refusal, grpc_status_name
-from app.core.drain import Drain
 from app.core.errors import SHUTTING_DOWN, ApiError
 from app.core.image_threads import in_image_thread
-from app.core.keys import match
-from app.core.replica import replica_id
-from app.core.request_id import current_request_id
+from app.doors.door import GRPC, MESSAGE_TOO_LARGE, api_key_refusal, grpc_status_name
+from app.doors.drain import Drain
+from app.doors.keys import match
+from app.doors.layer import Doors
+from app.doors.replica import replica_id
+from app.doors.request_id import current_request_id
 from app.service import Service
 from idg_models import ImageClassifier
 
@@ -92,7 +92,7 @@ RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetad
 
 
 def status_code(err: ApiError) -> grpc.StatusCode:
-    """The gRPC status of the service's error (:func:`app.core.doors.grpc_status_name`): a busy queue or a key's full share
+    """The gRPC status of the service's error (:func:`app.doors.door.grpc_status_name`): a busy queue or a key's full share
     is RESOURCE_EXHAUSTED (retry later), not ready or shutting down UNAVAILABLE (retry elsewhere), any other 4xx
     INVALID_ARGUMENT."""
     return grpc.StatusCode[grpc_status_name(err)]
@@ -231,7 +231,7 @@ class InferenceService:
             for name, (fn, kind, key) in methods.items()})
 
     def _guarded(self, name: str, fn: Handler, needs_key: bool) -> Handler:
-        """``fn`` through the door (:meth:`app.core.door.Doors.handle`: the request ID, its share of the queue for the API
+        """``fn`` through the door (:meth:`app.doors.layer.Doors.handle`: the request ID, its share of the queue for the API
         key of a ``ModelInfer``, the count, the access log line, the span), behind the API key (``needs_key``), with the
         service's errors as status codes and any other failure a logged INTERNAL (never UNKNOWN)."""
         quiet = name in QUIET_RPCS

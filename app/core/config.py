@@ -73,7 +73,7 @@ class ServerSettings(Section):
         "models on the same device and its own worker: more host (HTTP, decode, render, the worker's Python) per device, whose "
         "one process is bound by the GIL; /metrics sums them all (prometheus_client's multiprocess mode). auto: one on the CPU; "
         "on CUDA up to four, as many as the host has 4 cores for, the others started once the first is warm and only as many as "
-        "the GPU's memory holds (app.core.processes)")
+        "the GPU's memory holds (app.processes.launch)")
     image_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         "auto", description="Threads per server process that decode uploads and render answers (off the event loop and the "
         "worker). auto: one per host core the process has (its CPU affinity and cgroup quota, shared among IDG_PROCESSES): "

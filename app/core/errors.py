@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from app.core.request_id import current_request_id
+from app.doors.request_id import current_request_id
 
 log = logging.getLogger(__name__)
 

@@ -35,12 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Literal, ParamSpec, TypeVar
 
-from app.core import tracing
+from app.doors import tracing
 
 log = logging.getLogger("app.image_threads")
 
 PROCESSES_ON_HOST = "IDG_PROCESSES_ON_HOST"
-"""Set by the launcher (:func:`app.core.processes.serve_processes`) for its server processes: how many of them share
+"""Set by the launcher (:func:`app.processes.launch.serve_processes`) for its server processes: how many of them share
 the host's cores. Unset: this process is alone."""
 
 P = ParamSpec("P")

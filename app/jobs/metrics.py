@@ -1,6 +1,6 @@
 """The durable jobs' metrics (:mod:`app.jobs`): their images by outcome, jobs finished and submitted, the job store's
 failed operations and whether it answers, callbacks by outcome. Declared here, gathered in the app's one registry by
-:class:`app.core.prometheus.Metrics`."""
+:class:`app.monitoring.prometheus.Metrics`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CALLBACK_OUTCOMES = ("delivered", "refused", "failed")
 
 
 class JobMetrics:
-    """The durable jobs' metric families (a part of :class:`app.core.prometheus.Metrics`)."""
+    """The durable jobs' metric families (a part of :class:`app.monitoring.prometheus.Metrics`)."""
 
     def _declare_job_metrics(self, r: CollectorRegistry) -> None:
         self.job_images = Counter(

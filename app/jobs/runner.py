@@ -35,15 +35,15 @@ from urllib.parse import urlsplit
 import httpx
 
 from app.core.config import Settings
-from app.core.door import Call, Doors
-from app.core.doors import JOB
 from app.core.errors import ApiError, error_body
 from app.core.model_loading import ModelLoadError
-from app.core.prometheus import StoreOperation
-from app.core.replica import replica_id
+from app.doors.door import JOB
+from app.doors.layer import Call, Doors
+from app.doors.replica import replica_id
 from app.jobs.callbacks import deliver, redacted
 from app.jobs.sealing import KEY_FILE, load_key
 from app.jobs.store import Answer, Claimed, Finished, JobInfo, Store, StoreBusy, StoreUnavailable
+from app.monitoring.prometheus import StoreOperation
 from app.schemas import AttributeParams, AttributeResponse
 from app.service import BACKGROUND_PRIORITY, Service
 
@@ -377,7 +377,7 @@ class JobRunner:
 
     # -- one image -------------------------------------------------------------------------
     async def _run(self, claim: Claimed) -> None:
-        """One image through the ``job`` door (:mod:`app.core.door`): its log lines, and the worker's for it, name the job's
+        """One image through the ``job`` door (:mod:`app.doors.layer`): its log lines, and the worker's for it, name the job's
         request ID; it is counted (``idg_requests_total{door="job", route="image"}``: its answer's status, or the 503 or 504
         it is retried for), logged and traced: its span a child of the submitting request's (``POST /jobs``, whose trace
         context the job keeps with its parameters while tracing is on)."""

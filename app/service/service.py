@@ -23,8 +23,8 @@ from app.core.deadline import past_deadline
 from app.core.errors import SHUTTING_DOWN, ApiError, model_failure
 from app.core.image_threads import in_image_thread
 from app.core.images import load_input
-from app.core.prometheus import Metrics
-from app.core.request_id import current_request_id
+from app.doors.request_id import current_request_id
+from app.monitoring.prometheus import Metrics
 from app.schemas import AttributeCommon, AttributeParams, AttributeResponse, PredictExplainParams, PredictParams, PredictResponse, Timings
 from app.service.calls import (
     ATTRIBUTE_PRIORITY,

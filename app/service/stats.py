@@ -2,7 +2,7 @@
 (``GET /v2/models/stats``): how many submissions succeeded and failed, and the nanoseconds they spent from the
 request's arrival, waiting in the queue and computing. A submission is one image's prediction or explanation (a
 prediction then its explanation counts twice): Triton's ``inference_count``. Its ``execution_count`` is the model's
-executions, the worker's model calls (:attr:`app.core.prometheus.Metrics.executions`): one call runs the rows of many
+executions, the worker's model calls (:attr:`app.monitoring.prometheus.Metrics.executions`): one call runs the rows of many
 images and requests together (a batch), and an explanation's steps take several. Updated on the event loop only: no lock."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 from app.worker.jobs import SHUTDOWN_REASON, Job
 
 PRIOR_SECONDS_PER_UNIT = 0.01

@@ -152,7 +152,7 @@ class DeviceStage:
         """Called with the (no_work, host) seconds of each idle gap as it ends, at the next call's launch."""
         self.on_busy = on_busy
         """Called with True when a call is launched while none is on the device, False when the last one there ends
-        (:mod:`app.core.device_time`: the device's busy time when several processes share it)."""
+        (:mod:`app.worker.device_time`: the device's busy time when several processes share it)."""
         self._last_end: float | None = None  # a call run here: when the last one ended (time.monotonic)
         self._last_cuda_end: Any = None  # on CUDA: the last launched call's end event
         self._skip_gap = False

@@ -28,10 +28,10 @@ from typing import TypeVar
 
 import torch
 
-from app.core import tracing
 from app.core.errors import SHUTTING_DOWN
-from app.core.prometheus import Metrics
-from app.core.request_id import current_request_id
+from app.doors import tracing
+from app.doors.request_id import current_request_id
+from app.monitoring.prometheus import Metrics
 from app.worker.admission import Admission, QueueFull, RateEstimate
 from app.worker.device import Call, DeviceStage, name_os_thread
 from app.worker.jobs import SHUTDOWN_REASON, Job, JobCancelled, JobStuck

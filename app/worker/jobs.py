@@ -72,7 +72,7 @@ class Job(PlanState):
     request_id: str | None = None
     """The X-Request-ID of the request that submitted it (for its log lines)."""
     trace: Any = None
-    """The trace context of the request that submitted it (app.core.tracing; None with tracing off)."""
+    """The trace context of the request that submitted it (app.doors.tracing; None with tracing off)."""
     trace_calls: list[tuple[float, float, int]] = field(default_factory=list)
     """With tracing: each model call that held its rows (began, ended, images)."""
     in_flight: int = 0

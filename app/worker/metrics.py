@@ -1,6 +1,6 @@
 """The worker's metrics (:mod:`app.worker`): its queue, its model calls and their rows, the device's busy and idle time
 (this process's, and with one process the device's own), the time requests spend in it, device memory and compiled
-graphs. Declared here, gathered in the app's one registry by :class:`app.core.prometheus.Metrics`."""
+graphs. Declared here, gathered in the app's one registry by :class:`app.monitoring.prometheus.Metrics`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from app.core.door_metrics import LATENCY_BUCKETS
+from app.doors.metrics import LATENCY_BUCKETS
 
 DEVICE_BUSY_HELP = (
     "Seconds the device was busy with model calls (until their results were on the host): rate() of it is its busy "
@@ -23,7 +23,7 @@ IDLE_CAUSES = ("no_work", "host")
 
 
 class WorkerMetrics:
-    """The worker's metric families (a part of :class:`app.core.prometheus.Metrics`)."""
+    """The worker's metric families (a part of :class:`app.monitoring.prometheus.Metrics`)."""
 
     multiprocess: Path | None
     """Several server processes share this folder of metrics: the device's own time comes from their shared files."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from app.core.errors import model_failure
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 from app.worker.admission import QueueFull
 from app.worker.engine import Worker
 from app.worker.jobs import Job, JobCancelled

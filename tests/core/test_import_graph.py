@@ -195,6 +195,18 @@ def test_no_import_cycle_even_through_imports_inside_functions() -> None:
                        + " | ".join(_why(c, both) for c in found))
 
 
+def test_the_service_folders_import_one_another_without_a_cycle() -> None:
+    """The app's folders (app/doors, app/api, app/jobs, app/worker, app/service, app/processes, app/monitoring,
+    app/core) split by what each holds; a cycle between their modules, lazy imports included, would tie them back
+    into one."""
+    app = module_names(ROOT, "app")
+    assert {"app.doors.layer", "app.doors.door", "app.processes.launch", "app.monitoring.prometheus", "app.core.config"} <= set(app)
+    top, inner = import_graph(app)
+    both = {m: top[m] | inner[m] for m in top}
+    found = cycles(both)
+    assert not found, "import cycles in the app: " + " | ".join(_why(c, both) for c in found)
+
+
 def test_the_library_imports_nothing_of_the_serving_machinery() -> None:
     wrong = {}
     for name, path in PACKAGES.items():

@@ -22,7 +22,8 @@ def test_names_renamed_before_the_first_release_are_gone() -> None:
 
 
 def test_one_shutdown_message() -> None:
-    from app.core import drain, errors
+    from app.core import errors
+    from app.doors import drain
     from app.worker import engine
 
     assert drain.SHUTTING_DOWN is engine.SHUTTING_DOWN is errors.SHUTTING_DOWN  # the worker's drops say what the edge says

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fastapi import FastAPI
 
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 from app.worker.engine import Worker
 from app.worker.jobs import Job
 from idg_core import CallStats, evaluate_queries

@@ -151,8 +151,8 @@ def test_the_server_refuses_to_start_in_one_line_naming_the_setting(tmp_path: Pa
 
 
 def test_start_up_failures_name_their_setting_in_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core.keys import load_keys
     from app.core.model_loading import ModelLoadError, pick_device
+    from app.doors.keys import load_keys
     from app.jobs.runner import open_store
 
     with pytest.raises(ModelLoadError, match=r"IDG_DEVICE='gpu' is not a device: auto, cpu, cuda or cuda:N"):

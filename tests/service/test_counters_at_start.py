@@ -18,9 +18,9 @@ from pathlib import Path
 from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.door import Doors
-from app.core.doors import GRPC
-from app.core.prometheus import CALLBACK_OUTCOMES, CONDITIONS, JOB_OUTCOMES, REJECTION_REASONS, STORE_OPERATIONS, Metrics, exposition
+from app.doors.door import GRPC
+from app.doors.layer import Doors
+from app.monitoring.prometheus import CALLBACK_OUTCOMES, CONDITIONS, JOB_OUTCOMES, REJECTION_REASONS, STORE_OPERATIONS, Metrics, exposition
 from tests.service.conftest import AppFactory, serve
 
 APP = Path(__file__).resolve().parents[2] / "app"
@@ -98,8 +98,8 @@ def _literal(node: ast.AST) -> str | None:
 async def test_every_label_the_code_passes_is_in_a_domain_created_at_start(tiny_app: AppFactory) -> None:
     series, labelled = await fresh_series(tiny_app)
     attribute_of = {}  # Metrics' attribute -> counter name, read from the modules where each part declares its metrics
-    declared = [APP / "core" / "door_metrics.py", APP / "core" / "drift_metrics.py", APP / "core" / "process_metrics.py",
-                APP / "worker" / "metrics.py", APP / "jobs" / "metrics.py", APP / "core" / "prometheus.py"]
+    declared = [APP / "doors" / "metrics.py", APP / "monitoring" / "drift_metrics.py", APP / "processes" / "metrics.py",
+                APP / "worker" / "metrics.py", APP / "jobs" / "metrics.py", APP / "monitoring" / "prometheus.py"]
     for node in (n for path in declared for n in ast.walk(ast.parse(path.read_text()))):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _name(node.value) == "Counter"
                 and isinstance(node.targets[0], ast.Attribute) and node.value.args and _literal(node.value.args[0])):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 from app.worker.device import split_gap
 from app.worker.engine import Worker
 from app.worker.jobs import Job

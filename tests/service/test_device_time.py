@@ -1,4 +1,4 @@
-"""The device's own busy and idle time when several server processes share it (:mod:`app.core.device_time`): real
+"""The device's own busy and idle time when several server processes share it (:mod:`app.worker.device_time`): real
 processes mark their calls in one file, and the device reads busy for the union of their calls, not the sum."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.device_time import SharedDeviceTime, read_all
+from app.worker.device_time import SharedDeviceTime, read_all
 
 
 def _busy_between(folder: Path, spans: list[tuple[float, float]], ready: Event, t0: Synchronized[float],
@@ -117,7 +117,7 @@ def test_the_state_running_now_is_read_and_a_dead_process_stops_counting(tmp_pat
 def test_one_process_marks_nothing_and_reads_its_own_counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from prometheus_client import generate_latest
 
-    from app.core.prometheus import Metrics
+    from app.monitoring.prometheus import Metrics
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     metrics = Metrics()

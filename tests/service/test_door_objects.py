@@ -1,5 +1,5 @@
-"""Each door is an object that states what is its own (app.core.doors), and the layer every door passes through
-(app.core.door) runs any of them without knowing one by name; every door drains through the drain's public interface
+"""Each door is an object that states what is its own (app.doors.door), and the layer every door passes through
+(app.doors.layer) runs any of them without knowing one by name; every door drains through the drain's public interface
 (issue #74)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 from starlette.datastructures import Headers
 
 from app.api.failures import UnhandledErrorMiddleware
-from app.core.asgi import HttpMiddleware
-from app.core.door import HttpAdmission, HttpDoor
-from app.core.doors import DOORS, GRPC, HTTP, JOB, api_key_refusal
-from app.core.drain import Drain, DrainMiddleware
 from app.core.errors import ApiError
-from app.core.keys import Key
-from app.core.replica import ReplicaHeaderMiddleware
+from app.doors.asgi import HttpMiddleware
+from app.doors.door import DOORS, GRPC, HTTP, JOB, api_key_refusal
+from app.doors.drain import Drain, DrainMiddleware
+from app.doors.keys import Key
+from app.doors.layer import HttpAdmission, HttpDoor
+from app.doors.replica import ReplicaHeaderMiddleware
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
@@ -58,16 +58,16 @@ def test_only_the_keys_module_reads_the_keys_header_names() -> None:
     """Every door finds the caller's key through its door object (Door.given_key), none by reading the names itself."""
     reading = sorted(str(p.relative_to(APP)) for p in APP.rglob("*.py")
                      for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value == "x-api-key")
-    assert reading == ["core/keys.py"], reading
+    assert reading == ["doors/keys.py"], reading
 
 
 def test_the_layer_names_no_door() -> None:
-    tree = ast.parse((APP / "core" / "door.py").read_text())
+    tree = ast.parse((APP / "doors" / "layer.py").read_text())
     names = {d.name for d in DOORS}
     compared = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
                 for c in (n.left, *n.comparators) if isinstance(c, ast.Constant) and c.value in names
                 and not (isinstance(n.left, ast.Subscript) and ast.unparse(n.left) == "scope['type']")]
-    assert not compared, f"app/core/door.py compares a door's name on lines {compared}"
+    assert not compared, f"app/doors/layer.py compares a door's name on lines {compared}"
 
 
 def test_no_door_edits_the_drains_private_fields() -> None:
@@ -120,6 +120,6 @@ async def test_a_cancellation_that_is_not_the_drains_goes_on() -> None:
 
 def test_the_http_middleware_skeleton_is_written_once() -> None:
     written = sorted(str(p.relative_to(APP)) for p in APP.rglob("*.py") if "async def __call__(self, scope" in p.read_text())
-    assert written == ["core/asgi.py"], written
+    assert written == ["doors/asgi.py"], written
     for middleware in (ReplicaHeaderMiddleware, HttpDoor, DrainMiddleware, HttpAdmission, UnhandledErrorMiddleware):
         assert issubclass(middleware, HttpMiddleware), middleware

@@ -1,4 +1,4 @@
-"""Every door passes through one layer (app.core.door): the Open Inference Protocol over gRPC, driven here by Triton's own
+"""Every door passes through one layer (app.doors.layer): the Open Inference Protocol over gRPC, driven here by Triton's own
 clients (``tritonclient.grpc``, sync and asyncio) against the real app's gRPC server, is counted by door, RPC and status
 code in /metrics as HTTP is, its log lines name the request ID its metadata gave (which comes back in its metadata and as
 the answer's ``id``), and an API key's share of the queue holds over gRPC and HTTP together. Each image of a durable job
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.request_id import RequestIdFilter
+from app.doors.request_id import RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, wait_done
 from tests.service.jobs.helpers import images as job_images

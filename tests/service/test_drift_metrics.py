@@ -11,7 +11,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.prometheus import DRIFT_CLASS_BINS, class_range, concentration
+from app.monitoring.prometheus import DRIFT_CLASS_BINS, class_range, concentration
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.test_oip import INFER, image_input
 

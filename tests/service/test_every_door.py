@@ -145,7 +145,7 @@ DOORS: dict[str, tuple[Door, int]] = {
 COUNTED = {"/attribute": ("http", "/attribute", "504"), "/attribute/batch": ("http", "/attribute/batch", "200"),
            "/attribute/stream": ("http", "/attribute/stream", "200"), "/v2 HTTP": ("http", "/v2/models/{name}/infer", "504"),
            "/v2 gRPC": ("grpc", "ModelInfer", "DEADLINE_EXCEEDED"), "a job's image": ("job", "image", "504")}
-"""How the layer every door passes through (app.core.door) counts a late answer of each: its door, its route, and the
+"""How the layer every door passes through (app.doors.layer) counts a late answer of each: its door, its route, and the
 status its protocol answered (a batch's and a stream's late images are in a 200's body)."""
 
 

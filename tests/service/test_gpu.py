@@ -178,7 +178,7 @@ def test_two_server_processes_share_one_gpu_and_both_answer(tmp_path: Path) -> N
 def test_auto_processes_on_cuda_start_a_second_once_the_first_is_warm_when_the_gpu_holds_it(tmp_path: Path) -> None:
     """IDG_PROCESSES=auto (the default) on CUDA with the tiny model, which fits a GPU many times: the launcher starts one
     process, reads what it holds once warm, starts the second, and both answer."""
-    from app.core.processes import auto_processes, host_cores
+    from app.processes.launch import auto_processes, host_cores
     from tests.service.reliability.server_app import serve_process
 
     want = auto_processes(True, host_cores())[0]
@@ -222,7 +222,7 @@ def _thread_cpu_s(name: str) -> float:
 async def test_the_end_thread_sleeps_while_a_call_runs_on_the_gpu() -> None:
     """The thread that waits for each call's end waits on a blocking CUDA event: a default event's synchronize spins a
     host core for as long as the kernels run, taken from decode and render (a core per server process)."""
-    from app.core.prometheus import Metrics
+    from app.monitoring.prometheus import Metrics
     from app.worker.engine import Worker
     from app.worker.jobs import Job
     from idg_core.types import AttributionResult, Plan, Query

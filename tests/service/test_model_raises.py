@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from app.core.config import Settings
 from app.core.errors import MODEL_MESSAGE_CHARS, model_failure
-from app.core.request_id import RequestIdFilter
+from app.doors.request_id import RequestIdFilter
 from app.main import create_app
 from tests.service.conftest import image_bytes, serve
 

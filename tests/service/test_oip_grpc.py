@@ -17,9 +17,9 @@ import httpx
 import numpy as np
 import pytest
 
-from app.core.drain import drain
 from app.core.errors import SHUTTING_DOWN
 from app.core.model_loading import ModelLoadError
+from app.doors.drain import drain
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.reliability.server_app import Served, serve_process
 from tests.service.test_oip import pixels

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from app.core.config import Settings
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from httpx import ASGITransport, AsyncClient
 
-from app.core.drain import start_draining
+from app.doors.drain import start_draining
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, images
 from tests.service.jobs.postgres_server import postgres_cluster

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.request_id import MAX_LENGTH, JsonFormatter, RequestIdFilter
+from app.doors.request_id import MAX_LENGTH, JsonFormatter, RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.reliability.server_app import serve_process
 from tests.service.test_oip import INFER, image_input

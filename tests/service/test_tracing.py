@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.core import tracing
+from app.doors import tracing
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, images, wait_done
 from tests.service.test_oip_grpc import free_port

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 from app.worker.engine import QueueFull, Worker
 from app.worker.jobs import Job, JobCancelled
 from idg_core.explain import explain_plan

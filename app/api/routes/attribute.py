@@ -17,7 +17,7 @@ from app.api.deps import get_service, require_api_key
 from app.api.failures import alone, internal_error
 from app.api.requests import body_docs, read_batch_request, read_image_request, until_disconnected
 from app.core.errors import ApiError, error_detail
-from app.core.request_id import current_request_id
+from app.doors.request_id import current_request_id
 from app.schemas import ERROR_RESPONSES, AttributeJSON, AttributeParams, AttributeResponse, BatchItem, BatchResponse, ErrorDetail
 from app.service import Service
 

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api.deps import get_service, has_api_key, require_api_key, require_api_key_for_metrics
-from app.core.prometheus import exposition
+from app.monitoring.prometheus import exposition
 from app.schemas import ERROR_RESPONSES, Cost, ModelInfo, ModelsResponse, PresetInfo, RowInfo, method_parameters
 from app.service import Service
 from idg_core import METHODS

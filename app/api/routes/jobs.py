@@ -24,11 +24,11 @@ from starlette.requests import ClientDisconnect
 
 from app.api.deps import get_service, require_api_key
 from app.api.requests import closing_delimiter, first_error, spool_body, unclosed_form
-from app.core import tracing
 from app.core.config import Settings
 from app.core.errors import ApiError
-from app.core.keys import Key
-from app.core.request_id import current_request_id
+from app.doors import tracing
+from app.doors.keys import Key
+from app.doors.request_id import current_request_id
 from app.jobs.archive import Bounds, is_archive, read_archive
 from app.jobs.callbacks import MAX_HOST, redacted, url_problem
 from app.jobs.runner import JobRunner, job_status

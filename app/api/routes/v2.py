@@ -78,9 +78,9 @@ from app.api.oip_inference import (
     statistics_of,
 )
 from app.api.requests import read_body, until_disconnected
-from app.core.door import adopt_request_id
 from app.core.errors import ApiError, allow_header, documented_methods, oip_error
 from app.core.image_threads import in_image_thread
+from app.doors.layer import adopt_request_id
 from app.schemas import ERROR_DESCRIPTIONS
 from app.service import Service
 

@@ -4,7 +4,7 @@ import time
 import numpy as np
 import torch
 
-from app.core.prometheus import concentration
+from app.monitoring.prometheus import concentration
 
 torch.set_num_threads(1)
 a = torch.randn(3, 224, 224, generator=torch.Generator().manual_seed(0))

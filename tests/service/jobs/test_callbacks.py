@@ -191,7 +191,7 @@ async def test_the_credentials_and_token_of_a_callback_url_reach_the_receiver_an
                 answers.append(r.text)
     finally:
         if exporter is not None:
-            from app.core import tracing
+            from app.doors import tracing
 
             tracing.disable()
     assert status["callback_outcome"] == "delivered: HTTP 204 after 1 attempt(s)" and status["callback_url"] == shown
@@ -248,7 +248,7 @@ def _spans() -> Any:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     except ImportError:
         return None
-    from app.core import tracing
+    from app.doors import tracing
 
     exporter = InMemorySpanExporter()
     tracing.enable(exporter)

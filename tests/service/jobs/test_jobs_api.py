@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.core.request_id import RequestIdFilter
+from app.doors.request_id import RequestIdFilter
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import FAST, images, results, submit, wait_done
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.core.config import Settings
-from app.core.keys import Key, load_keys, match
+from app.doors.keys import Key, load_keys, match
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.jobs.helpers import images, submit, wait_done
 

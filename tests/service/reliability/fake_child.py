@@ -1,4 +1,4 @@
-"""A stand-in server process for the launcher's tests (:mod:`app.core.processes`): it reports the GPU memory it is
+"""A stand-in server process for the launcher's tests (:mod:`app.processes.launch`): it reports the GPU memory it is
 given as its own (as a CUDA server process reports what it holds once warm), says it is ready, and waits for the
 launcher's signal. No app, no model: the launcher's decisions alone, in a second instead of a model's start-up."""
 
@@ -13,7 +13,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from app.core.image_threads import PROCESSES_ON_HOST
-from app.core.processes import DeviceMemory, save_memory_report
+from app.processes.launch import DeviceMemory, save_memory_report
 
 
 def serve(report: tuple[int, int, int] | None, fail: tuple[int, ...], die_once: tuple[int, ...], marks: str,

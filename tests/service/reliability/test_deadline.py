@@ -12,7 +12,7 @@ import torch
 from fastapi import FastAPI
 from httpx import AsyncClient, Response
 
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 from app.worker.engine import Worker
 from app.worker.jobs import Job, JobCancelled
 from idg_core.explain import explain_plan

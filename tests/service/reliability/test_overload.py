@@ -13,7 +13,7 @@ import torch
 from fastapi import FastAPI
 from httpx import AsyncClient, Response
 
-from app.core.prometheus import Metrics
+from app.monitoring.prometheus import Metrics
 from app.worker.engine import QueueFull, Worker
 from app.worker.jobs import Job
 from tests.service.conftest import AppFactory, image_bytes, serve, tiny_classifier

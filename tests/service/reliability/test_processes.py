@@ -239,11 +239,11 @@ def test_idg_ready_is_0_while_one_process_has_started_and_is_not_ready(tmp_path:
     """What a scrape reads during a start or a restart: the process still loading has said it is not ready. Each
     process here is a Python of its own (the values are kept per pid), writing into one metrics directory."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    serving = "from app.core.prometheus import Metrics; Metrics().ready.set(1)"
-    loading = "from app.core.prometheus import not_ready_yet; not_ready_yet()"
+    serving = "from app.monitoring.prometheus import Metrics; Metrics().ready.set(1)"
+    loading = "from app.monitoring.prometheus import not_ready_yet; not_ready_yet()"
 
     def scrape() -> str:
-        text = subprocess.run([sys.executable, "-c", "from prometheus_client import CollectorRegistry; from app.core.prometheus "
+        text = subprocess.run([sys.executable, "-c", "from prometheus_client import CollectorRegistry; from app.monitoring.prometheus "
                                "import exposition; print(exposition(CollectorRegistry()).decode())"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120, check=True).stdout
         return next(line for line in text.splitlines() if line.startswith("idg_ready "))

@@ -1,5 +1,5 @@
 """``IDG_PROCESSES=auto`` (the default): one server process on the CPU; on CUDA a second, started once the first is
-warm and only if the GPU's memory holds it (:mod:`app.core.processes`). The rules, and the launcher starting in stages
+warm and only if the GPU's memory holds it (:mod:`app.processes.launch`). The rules, and the launcher starting in stages
 with stand-in processes that report a GPU's memory (:mod:`tests.service.reliability.fake_child`)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.core.processes import (
+from app.processes.launch import (
     CONTEXT_BYTES,
     MEMORY_REPORT_DIR,
     Child,
@@ -73,7 +73,7 @@ def test_the_gpu_holds_as_many_processes_as_its_free_memory_after_the_first_allo
 
 
 async def test_a_ready_process_counts_itself_in_idg_ready_processes_until_it_drains_or_stops(tiny_app: AppFactory) -> None:
-    from app.core.drain import start_draining
+    from app.doors.drain import start_draining
 
     app = tiny_app()
     async with serve(app) as client:
@@ -178,7 +178,7 @@ class Launcher:
         self.marks = marks
         args = (report, fail, die_once, str(marks))
         code = ("import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
-                "from app.core.processes import serve_processes; "
+                "from app.processes.launch import serve_processes; "
                 f"sys.exit(serve_processes(('tests.service.reliability.fake_child:serve', {args!r}), {count}, "
                 f"'127.0.0.1', 0, 1.0, False, staged={staged!r}))")
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

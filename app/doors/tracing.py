@@ -1,5 +1,5 @@
 """OpenTelemetry traces, off by default: ``IDG_TRACING=true`` turns them on (the ``tracing`` extra: opentelemetry-sdk and
-its OTLP/HTTP exporter). Each call through a door (an HTTP request, a gRPC call, a job's image: :mod:`app.core.door`) is
+its OTLP/HTTP exporter). Each call through a door (an HTTP request, a gRPC call, a job's image: :mod:`app.doors.layer`) is
 a server span (its door, route, status and request ID; a caller's W3C ``traceparent`` continues its trace), and under
 it each worker job the request ran: ``idg.queue_wait`` (admitted until the worker took it), ``idg.worker`` (taken until
 answered) and, under that, one ``idg.model_call`` per model call that held its rows; beside them ``idg.decode`` and
@@ -111,7 +111,7 @@ def record_job(parent: Any, kind: str, model: str, enqueued: float, started: flo
 
 @contextlib.contextmanager
 def server_span(name: str, carrier: Mapping[str, str] | None, attributes: Mapping[str, Any], consumer: bool = False) -> Iterator[Any]:
-    """The server span of one call through a door (:meth:`app.core.door.Doors.handle`), current while it runs, its parent
+    """The server span of one call through a door (:meth:`app.doors.layer.Doors.handle`), current while it runs, its parent
     the caller's ``traceparent`` in ``carrier`` (HTTP headers, gRPC metadata, a job's submitting request's): the span, or
     None with tracing off. ``consumer``: a job's image, taken up after its request was answered (a consumer span). Its
     status is :func:`end_server_span`'s, never an exception's."""

@@ -1,16 +1,16 @@
 """The doors: the one layer around the service call that every way in passes through. The doors are REST and the Open
 Inference Protocol over HTTP (:class:`HttpDoor`, ASGI middleware), the protocol over gRPC (:mod:`app.api.oip_grpc`'s
 servicer) and the durable jobs' runner (:mod:`app.jobs.runner`, one call per job image). Each door is an object
-(:mod:`app.core.doors`: :data:`~app.core.doors.HTTP`, :data:`~app.core.doors.GRPC`, :data:`~app.core.doors.JOB`) that
+(:mod:`app.doors.door`: :data:`~app.doors.door.HTTP`, :data:`~app.doors.door.GRPC`, :data:`~app.doors.door.JOB`) that
 states its name, its status names, how an error maps to its status, which statuses the alerts read and where the
-caller's API key is (:meth:`~app.core.doors.Door.given_key`); the layer runs any of them without knowing one by name.
+caller's API key is (:meth:`~app.doors.door.Door.given_key`); the layer runs any of them without knowing one by name.
 Each adapts its protocol to :meth:`Doors.handle`, a context manager around one request, RPC or job image that does,
 the same way for all of them:
 
 - the request ID: the one given (``X-Request-ID``, gRPC metadata ``x-request-id``, else the protocol's request ``id``:
-  :func:`adopt_request_id`; a job's submitting request's) when it is safe (:data:`app.core.request_id.SAFE`), else a new
+  :func:`adopt_request_id`; a job's submitting request's) when it is safe (:data:`app.doors.request_id.SAFE`), else a new
   one; bound into the logging context while the call runs, so every log line and result line names it
-  (:class:`app.core.request_id.RequestIdFilter`); the adapter returns it (``X-Request-ID``, metadata ``x-request-id``);
+  (:class:`app.doors.request_id.RequestIdFilter`); the adapter returns it (``X-Request-ID``, metadata ``x-request-id``);
 - admission: :meth:`Call.admit` takes one of the API key's share of the queue (``IDG_KEY_SHARE`` of ``IDG_MAX_QUEUE``,
   with several keys) for the work of HTTP and gRPC calls together, so one tenant's flood over gRPC is held to its share
   while another's HTTP calls find room (a job's images take none: ``IDG_JOBS_IN_FLIGHT`` bounds them, and the
@@ -20,7 +20,7 @@ the same way for all of them:
   under their first names, ``idg_http_requests_total{route, status}`` and ``idg_http_request_seconds{route}``;
 - one access log line (logger ``app.requests``): ``POST /predict 200 in 3.2 ms``, ``gRPC ModelInfer OK in 3.2 ms``,
   ``job 0f3... image 2 200 in 3.2 ms``; none for the probes and scrapes (``quiet``);
-- one server span (``IDG_TRACING``, :mod:`app.core.tracing`): a caller's W3C ``traceparent`` (header or metadata)
+- one server span (``IDG_TRACING``, :mod:`app.doors.tracing`): a caller's W3C ``traceparent`` (header or metadata)
   continues its trace, and the call's stages (decoding, the queue wait, the worker and its model calls, rendering)
   are its children; a job image's span (a consumer's) is a child of its ``POST /jobs``.
 """
@@ -40,13 +40,13 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core import tracing
-from app.core.asgi import HttpMiddleware, send_json_error
-from app.core.doors import HTTP, Door
 from app.core.errors import ApiError
-from app.core.keys import Key, match
-from app.core.prometheus import Metrics
-from app.core.request_id import HEADER, QUIET, SAFE, bind_request_id, request_id_from, unbind_request_id
+from app.doors import tracing
+from app.doors.asgi import HttpMiddleware, send_json_error
+from app.doors.door import HTTP, Door
+from app.doors.keys import Key, match
+from app.doors.request_id import HEADER, QUIET, SAFE, bind_request_id, request_id_from, unbind_request_id
+from app.monitoring.prometheus import Metrics
 
 log = logging.getLogger("app.requests")
 

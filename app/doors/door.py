@@ -1,7 +1,7 @@
 """Every door the service has, each an object that states what is its own: :data:`HTTP` (REST, the Open Inference
 Protocol over HTTP, and Ray Serve, which serves the REST app), :data:`GRPC` (the Open Inference Protocol over gRPC) and
-:data:`JOB` (one image of a durable job). The layer every door passes through (:mod:`app.core.door`,
-:meth:`app.core.door.Doors.handle`) runs any of them without knowing one by name: it asks the door object.
+:data:`JOB` (one image of a durable job). The layer every door passes through (:mod:`app.doors.layer`,
+:meth:`app.doors.layer.Doors.handle`) runs any of them without knowing one by name: it asks the door object.
 
 A door states:
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.core.door_metrics import ALERT_STATUSES
 from app.core.errors import ApiError
-from app.core.keys import Key, api_key_in, match
+from app.doors.keys import Key, api_key_in, match
+from app.doors.metrics import ALERT_STATUSES
 
 MESSAGE_TOO_LARGE = "message_too_large"
 """The error code (and ``idg_rejections_total`` reason) of a gRPC message over ``IDG_MAX_UPLOAD_BYTES``."""
@@ -120,7 +120,7 @@ def api_key_refusal(door: Door, keys: list[Key], carrier: Mapping[str, str]) -> 
 
 
 HTTP = Door("http", http_families=True)
-"""REST and the Open Inference Protocol over HTTP (:class:`app.core.door.HttpDoor`), Ray Serve's replicas too."""
+"""REST and the Open Inference Protocol over HTTP (:class:`app.doors.layer.HttpDoor`), Ray Serve's replicas too."""
 GRPC = GrpcDoor("grpc")
 """The Open Inference Protocol over gRPC (:mod:`app.api.oip_grpc`)."""
 JOB = Door("job", consumer=True, brings_key=False)

@@ -9,7 +9,7 @@ import socket
 
 from starlette.types import Message, Receive, Scope, Send
 
-from app.core.asgi import HttpMiddleware
+from app.doors.asgi import HttpMiddleware
 
 HEADER = b"x-idg-replica"
 NOSNIFF = (b"x-content-type-options", b"nosniff")

@@ -1,6 +1,6 @@
-"""The doors' metrics (:mod:`app.core.door`): every door's requests by route and status and their latency, HTTP's also
+"""The doors' metrics (:mod:`app.doors.layer`): every door's requests by route and status and their latency, HTTP's also
 under their first names, the refusals by reason (the worker's and the doors' own) and the slow clients' closed
-connections. Declared here, gathered in the app's one registry by :class:`app.core.prometheus.Metrics`."""
+connections. Declared here, gathered in the app's one registry by :class:`app.monitoring.prometheus.Metrics`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ which a histogram ending at 160 s could not reach past a deadline of 320 s."""
 
 
 class DoorMetrics:
-    """The doors' metric families (a part of :class:`app.core.prometheus.Metrics`)."""
+    """The doors' metric families (a part of :class:`app.monitoring.prometheus.Metrics`)."""
 
     def _declare_door_metrics(self, r: CollectorRegistry) -> None:
         self.requests = Counter("idg_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r)

@@ -2,9 +2,9 @@
 client's disconnect pass untouched), acts on HTTP requests only (the lifespan's messages pass through) and, where it
 answers a request itself, answers with the service's JSON error body (:func:`send_json_error`).
 
-The middlewares, outermost first: :class:`app.core.replica.ReplicaHeaderMiddleware`, the HTTP door
-(:class:`app.core.door.HttpDoor`), :class:`app.core.drain.DrainMiddleware`, the key's share
-(:class:`app.core.door.HttpAdmission`), :class:`app.api.failures.UnhandledErrorMiddleware`."""
+The middlewares, outermost first: :class:`app.doors.replica.ReplicaHeaderMiddleware`, the HTTP door
+(:class:`app.doors.layer.HttpDoor`), :class:`app.doors.drain.DrainMiddleware`, the key's share
+(:class:`app.doors.layer.HttpAdmission`), :class:`app.api.failures.UnhandledErrorMiddleware`."""
 
 from __future__ import annotations
 

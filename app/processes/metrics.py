@@ -1,6 +1,6 @@
-"""The server processes' metrics (:mod:`app.core.processes`): what runs (build, models), how many processes and
+"""The server processes' metrics (:mod:`app.processes.launch`): what runs (build, models), how many processes and
 replicas should answer, readiness, the request deadline the alerts compare latency with. Declared here, gathered in
-the app's one registry by :class:`app.core.prometheus.Metrics`."""
+the app's one registry by :class:`app.monitoring.prometheus.Metrics`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def ready_gauge(registry: CollectorRegistry | None) -> Gauge:
 
 
 class ProcessMetrics:
-    """The server processes' metric families (a part of :class:`app.core.prometheus.Metrics`)."""
+    """The server processes' metric families (a part of :class:`app.monitoring.prometheus.Metrics`)."""
 
     def _declare_process_metrics(self, r: CollectorRegistry) -> None:
         self.build_info = Gauge("idg_build_info", "1, labelled with the service's version, Python's and PyTorch's",

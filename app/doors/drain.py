@@ -27,8 +27,8 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.asgi import HttpMiddleware, send_json_error
 from app.core.errors import SHUTTING_DOWN
+from app.doors.asgi import HttpMiddleware, send_json_error
 
 log = logging.getLogger(__name__)
 

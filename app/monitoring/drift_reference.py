@@ -5,13 +5,13 @@ NannyML and Evidently compare with a reference window: a comparison with the ser
 against the last day) reads the same on a server with under an hour of history, so it cannot fire on the first day,
 and fires again when traffic returns to normal after a shift.
 
-Record one with ``idg-drift-reference`` (``python -m app.core.drift_reference``): it sends each photo of a folder to
+Record one with ``idg-drift-reference`` (``python -m app.monitoring.drift_reference``): it sends each photo of a folder to
 a running server that takes no other traffic (a staging server, or one not yet behind the load balancer) as a
 prediction and as an explanation scored for faithfulness, reads that server's ``/metrics`` before and after, and writes
 what those requests moved (the share of each predicted class range, the mean top-1 probability, the mean attribution
 concentration, the mean faithfulness per method and metric) as JSON: the very computations the live metrics make.
 ``IDG_DRIFT_REFERENCE=/path/reference.json`` has every server export it at start-up (:meth:`Metrics.set_drift_reference
-<app.core.prometheus.Metrics.set_drift_reference>`), as ``idg_drift_reference_class_share{model, classes}``,
+<app.monitoring.prometheus.Metrics.set_drift_reference>`), as ``idg_drift_reference_class_share{model, classes}``,
 ``idg_drift_reference{model, quantity}`` (``confidence``, ``concentration``) and
 ``idg_drift_reference_faithfulness{model, method, metric}``.
 """

@@ -71,7 +71,7 @@ def match(keys: list[Key], given: str) -> Key | None:
 
 
 def share_limit(settings: Settings, keys: list[Key]) -> int | None:
-    """Requests one key may have in flight, over every door together (:meth:`app.core.door.Call.admit`), None where one
+    """Requests one key may have in flight, over every door together (:meth:`app.doors.layer.Call.admit`), None where one
     key or none is configured (nobody to starve)."""
     if len(keys) < 2:
         return None

@@ -16,7 +16,7 @@ work, since they answer only what a ready process can.
 The launcher (this module, in the parent process):
 
 - gives the processes one metrics directory (``PROMETHEUS_MULTIPROC_DIR``), so ``/metrics`` answers the sum
-  over all of them whichever process the scrape reaches (:func:`app.core.prometheus.exposition`), and one
+  over all of them whichever process the scrape reaches (:func:`app.monitoring.prometheus.exposition`), and one
   simulated device's timeline (``IDG_SIMULATED_TIMELINE``, for benchmarks without a GPU);
 - stops them on SIGTERM or Ctrl+C: each drains as one process does (``IDG_SHUTDOWN_GRACE_S``), and one still
   running at grace + :data:`STOP_MARGIN_S` is killed;
@@ -50,7 +50,7 @@ from types import FrameType
 from prometheus_client.multiprocess import mark_process_dead
 
 from app.core.image_threads import PROCESSES_ON_HOST
-from app.core.prometheus import EXPECTED_PROCESSES, not_ready_yet
+from app.monitoring.prometheus import EXPECTED_PROCESSES, not_ready_yet
 
 log = logging.getLogger("app.processes")
 

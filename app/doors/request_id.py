@@ -1,6 +1,6 @@
 """Request IDs: taken from the request (``X-Request-ID``, gRPC metadata ``x-request-id``, else the Open Inference
 Protocol request's ``id``, when it is 1-128 safe characters) or made (32 hex digits) by the door it came through
-(:mod:`app.core.door`), echoed on every answer, in the log lines written while the request runs
+(:mod:`app.doors.layer`), echoed on every answer, in the log lines written while the request runs
 (:class:`RequestIdFilter`), and the Open Inference Protocol answer's ``id`` when the request gave none
 (:func:`app.api.oip.write_infer_response`)."""
 
@@ -32,7 +32,7 @@ def current_request_id() -> str | None:
 
 
 def bind_request_id(rid: str | None) -> Token[str | None]:
-    """Name the request this code runs for until :func:`unbind_request_id` (:meth:`app.core.door.Doors.handle`)."""
+    """Name the request this code runs for until :func:`unbind_request_id` (:meth:`app.doors.layer.Doors.handle`)."""
     return _current.set(rid)
 
 

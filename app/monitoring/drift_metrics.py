@@ -1,7 +1,7 @@
 """The answers' and drift metrics: what each model predicts and how its explanations look (top-1 class ranges,
 confidence, attribution concentration, faithfulness), /predict's explain_if outcomes, and the drift reference the
-alerts compare them with (``IDG_DRIFT_REFERENCE``, :mod:`app.core.drift_reference`). Declared here, gathered in the
-app's one registry by :class:`app.core.prometheus.Metrics`."""
+alerts compare them with (``IDG_DRIFT_REFERENCE``, :mod:`app.monitoring.drift_reference`). Declared here, gathered in the
+app's one registry by :class:`app.monitoring.prometheus.Metrics`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ SHARE_BUCKETS = tuple(i / 20 for i in range(1, 21))
 
 
 class DriftMetrics:
-    """The answers' and drift metric families (a part of :class:`app.core.prometheus.Metrics`)."""
+    """The answers' and drift metric families (a part of :class:`app.monitoring.prometheus.Metrics`)."""
 
     def _declare_drift_metrics(self, r: CollectorRegistry) -> None:
         self.faithfulness = Histogram(

@@ -1,6 +1,6 @@
 """Prometheus metrics, one registry per app (so several apps can live in one process, as in tests): each part declares
-its own families (:mod:`app.core.process_metrics`, :mod:`app.core.door_metrics`, :mod:`app.worker.metrics`,
-:mod:`app.jobs.metrics`, :mod:`app.core.drift_metrics`) and :class:`Metrics` gathers them, with what they share (the
+its own families (:mod:`app.processes.metrics`, :mod:`app.doors.metrics`, :mod:`app.worker.metrics`,
+:mod:`app.jobs.metrics`, :mod:`app.monitoring.drift_metrics`) and :class:`Metrics` gathers them, with what they share (the
 registry, readiness, the device's marks, the drift observations).
 
 With several server processes (``IDG_PROCESSES``), ``python -m app.server`` sets ``PROMETHEUS_MULTIPROC_DIR``
@@ -36,11 +36,11 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from app.core.device_time import SharedDeviceTime, read_all
-from app.core.door_metrics import ALERT_STATUSES, LATENCY_BUCKETS, REJECTION_REASONS, DoorMetrics
-from app.core.drift_metrics import CONDITIONS, DRIFT_CLASS_BINS, SHARE_BUCKETS, DriftMetrics
-from app.core.process_metrics import ProcessMetrics, ready_gauge
+from app.doors.metrics import ALERT_STATUSES, LATENCY_BUCKETS, REJECTION_REASONS, DoorMetrics
 from app.jobs.metrics import CALLBACK_OUTCOMES, JOB_OUTCOMES, STORE_OPERATIONS, JobMetrics, StoreOperation
+from app.monitoring.drift_metrics import CONDITIONS, DRIFT_CLASS_BINS, SHARE_BUCKETS, DriftMetrics
+from app.processes.metrics import ProcessMetrics, ready_gauge
+from app.worker.device_time import SharedDeviceTime, read_all
 from app.worker.metrics import DEVICE_BUSY_HELP, DEVICE_IDLE_HELP, WorkerMetrics
 
 if TYPE_CHECKING:  # the module itself stays light: a server process of several imports it first (not_ready_yet)
@@ -68,8 +68,8 @@ def service_version() -> str:
 
 class Metrics(ProcessMetrics, DoorMetrics, WorkerMetrics, JobMetrics, DriftMetrics):
     """Every part's metric families, each declared by the part that owns it (the server processes
-    :mod:`app.core.process_metrics`, the doors :mod:`app.core.door_metrics`, the worker :mod:`app.worker.metrics`, the
-    durable jobs :mod:`app.jobs.metrics`, the answers and drift :mod:`app.core.drift_metrics`), gathered in one registry
+    :mod:`app.processes.metrics`, the doors :mod:`app.doors.metrics`, the worker :mod:`app.worker.metrics`, the
+    durable jobs :mod:`app.jobs.metrics`, the answers and drift :mod:`app.monitoring.drift_metrics`), gathered in one registry
     with prometheus_client's standard metrics (``process_*``, ``python_*``): this process's, or with several server
     processes each live one's, labelled by its ``pid`` (:class:`ServerProcessesCollector`)."""
 
@@ -151,7 +151,7 @@ class Metrics(ProcessMetrics, DoorMetrics, WorkerMetrics, JobMetrics, DriftMetri
                 **{f"faithfulness_{k}": round(v, 4) for k, v in scores.items()}}
 
     def set_drift_reference(self, reference: Mapping[str, Any]) -> None:
-        """Export a drift reference (:func:`app.core.drift_reference.load_reference`'s) for the drift alerts."""
+        """Export a drift reference (:func:`app.monitoring.drift_reference.load_reference`'s) for the drift alerts."""
         for model, ref in reference["models"].items():
             for classes, share in ref["classes"].items():
                 self.drift_reference_classes.labels(model, classes).set(share)
@@ -217,7 +217,7 @@ class Metrics(ProcessMetrics, DoorMetrics, WorkerMetrics, JobMetrics, DriftMetri
 
     def device_marks(self, device: object) -> SharedDeviceTime | None:
         """With several server processes: the file where this process marks its calls on ``device`` and whether it holds
-        requests, whence the device's own busy and idle time (:mod:`app.core.device_time`); None with one process."""
+        requests, whence the device's own busy and idle time (:mod:`app.worker.device_time`); None with one process."""
         if self.multiprocess is None:
             return None
         return SharedDeviceTime.of(self.multiprocess, str(device))
@@ -278,7 +278,7 @@ def not_ready_yet() -> None:
 
 class DeviceTimeCollector(Collector):
     """With several server processes: ``idg_device_busy_seconds_total`` and ``idg_device_idle_seconds_total{cause}``,
-    the device's own time from the processes' shared files (:mod:`app.core.device_time`), summed over the devices
+    the device's own time from the processes' shared files (:mod:`app.worker.device_time`), summed over the devices
     there are files for (one: the processes of a server share its device)."""
 
     def __init__(self, folder: Path) -> None:
