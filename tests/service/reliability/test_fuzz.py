@@ -333,9 +333,10 @@ def _schema(phases: dict[str, Any]) -> Any:
 
 
 # generated requests, EXAMPLES per operation (CI); the coverage phase (each field at its boundaries and past
-# them, one at a time: a few hundred requests per operation) runs in its own slow test
+# them, one at a time: a few hundred requests per operation) runs over every operation in test_fuzz_coverage.py (slow)
 schema = _schema({"coverage": {"enabled": False}})
 coverage = _schema({"examples": {"enabled": False}, "fuzzing": {"enabled": False}})
+"""The coverage phase alone (:func:`_schema`'s phases)."""
 
 
 def validate_with_every_check(case: Any, response: Any) -> None:
@@ -361,14 +362,6 @@ def _excluded(failure: Exception, case: Any, response: Any) -> bool:
 @FUZZ_SETTINGS
 @_seeded
 def test_generated_requests_get_no_5xx_and_the_documented_answer(case: Any, fuzz_url: str) -> None:
-    response = case.call(base_url=fuzz_url, headers=GOOD, timeout=120)
-    validate_with_every_check(case, response)
-
-
-@pytest.mark.slow
-@coverage.parametrize()
-@settings(FUZZ_SETTINGS, max_examples=10_000)
-def test_every_field_at_its_boundaries_gets_the_documented_answer(case: Any, fuzz_url: str) -> None:
     response = case.call(base_url=fuzz_url, headers=GOOD, timeout=120)
     validate_with_every_check(case, response)
 
