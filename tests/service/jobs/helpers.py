@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from httpx import AsyncClient
 
+from app.jobs.store import Store
 from tests.service.conftest import image_bytes
 
 
@@ -46,3 +51,25 @@ async def results(client: AsyncClient, job_id: str, **params: Any) -> list[dict[
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("application/x-ndjson")
     return [json.loads(line) for line in r.text.splitlines()]
+
+
+@contextmanager
+def writes_meanwhile(store: Store, job_id: str) -> Iterator[list[float]]:
+    """Another writer in a thread of its own for as long as the block runs (``callback_sent`` on ``job_id``, again and
+    again): the seconds each of its writes waited, to hold a long operation to taking turns."""
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            store.callback_sent(job_id, "delivered")
+            waits.append(time.monotonic() - began)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        yield waits
+    finally:
+        stop.set()
+        thread.join()

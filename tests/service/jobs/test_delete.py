@@ -12,7 +12,7 @@ from app.jobs.sqlite import SqliteStore
 from app.jobs.store import Answer, Store
 from tests.service.conftest import AppFactory, serve
 from tests.service.jobs.conftest import StoreFactory
-from tests.service.jobs.helpers import images, submit
+from tests.service.jobs.helpers import images, submit, writes_meanwhile
 
 BIG = "x" * 1_000_000
 """An answer's JSON of 1 MB (a photo's answer is about 230 kB: two PNGs as base64)."""
@@ -64,7 +64,6 @@ def test_a_deleted_job_is_gone_at_once_for_every_read_claim_answer_and_bound_and
 
 def test_a_purge_takes_the_store_a_few_images_at_a_time(tmp_path: Path) -> None:
     """Another write waits one purge transaction at most, never the whole job's."""
-    import threading
 
     from app.jobs import sql
 
@@ -72,22 +71,10 @@ def test_a_purge_takes_the_store_a_few_images_at_a_time(tmp_path: Path) -> None:
     answered_job(store, "big", 64)  # 64 MB of answers: 4 transactions of 16
     store.create_job("live", {}, None, [("a.png", b"img")], 10**12)
     assert store.delete_job("big")
-    waits: list[float] = []
-    stop = threading.Event()
-
-    def writer() -> None:
-        while not stop.is_set():
-            began = time.monotonic()
-            store.callback_sent("live", "delivered")
-            waits.append(time.monotonic() - began)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    began = time.monotonic()
-    assert store.purge() == 1
-    took = time.monotonic() - began
-    stop.set()
-    thread.join()
+    with writes_meanwhile(store, "live") as waits:
+        began = time.monotonic()
+        assert store.purge() == 1
+        took = time.monotonic() - began
     assert rows(store) == (1, 1)
     # the writer took turns between the purge's parts: no wait near the whole purge's time, as one transaction would make
     # (a margin for a loaded 2-core machine, where one part's commit alone took 0.9 s of a 1.7 s purge)

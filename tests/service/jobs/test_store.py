@@ -13,6 +13,7 @@ import pytest
 
 from app.jobs.store import Answer, Claimed, StoreFull
 from tests.service.jobs.conftest import StoreFactory
+from tests.service.jobs.helpers import writes_meanwhile
 
 OK = Answer(200, {"prediction": []}, {"model": "tiny"})
 
@@ -145,22 +146,10 @@ def test_a_sqlite_sweep_gives_pages_back_a_few_at_a_time_and_holds_no_operation_
     free = lambda: int(store._conn.execute("PRAGMA freelist_count").fetchone()[0])  # noqa: E731, SLF001
     before = free()
     assert before > 9000
-    waits: list[float] = []
-    stop = threading.Event()
-
-    def writer() -> None:  # another write meanwhile: it waits a turn at most, never the whole vacuum
-        while not stop.is_set():
-            began = time.monotonic()
-            store.callback_sent("no such job", "delivered")
-            waits.append(time.monotonic() - began)
-
-    other = threading.Thread(target=writer)
-    other.start()
-    began = time.monotonic()
-    store.sweep(time.time() - 3600)
-    took = time.monotonic() - began
-    stop.set()
-    other.join()
+    with writes_meanwhile(store, "no such job") as waits:  # another write meanwhile: a turn at most, never the whole vacuum
+        began = time.monotonic()
+        store.sweep(time.time() - 3600)
+        took = time.monotonic() - began
     assert took < 1.0 and 0 < free() < before  # a bounded share given back, the rest left for the next sweeps
     deadline = time.monotonic() + 120  # the rest, sweep after sweep: bounded by time, not by a count a busy machine misses
     while free() > 0 and time.monotonic() < deadline:
