@@ -6,10 +6,10 @@ import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from app.core.errors import ApiError
-from app.doors.asgi import HttpMiddleware, send_json_error
+from app.doors.asgi import HttpMiddleware, StartWatch, send_json_error
 
 T = TypeVar("T")
 
@@ -43,18 +43,12 @@ class UnhandledErrorMiddleware(HttpMiddleware):
     closed without the body's end, so the client sees a cut answer, not a complete one."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def _send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        watch = StartWatch(send)
         try:
-            await self.app(scope, receive, _send)
+            await self.app(scope, receive, watch)
         except Exception as err:  # noqa: BLE001 - the one place every unexpected failure ends
             log.error("%s %s failed unexpectedly%s", scope.get("method"), scope.get("path"),
-                      " after its answer began (cut)" if started else "", exc_info=err)
-            if started:
+                      " after its answer began (cut)" if watch.started else "", exc_info=err)
+            if watch.started:
                 return
             await send_json_error(send, 500, f"internal error: {type(err).__name__}", "internal", [(b"connection", b"close")])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import error_body
 
@@ -32,6 +32,19 @@ class HttpMiddleware:
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """One HTTP request, passed on to :attr:`app` (or answered here)."""
         raise NotImplementedError
+
+
+class StartWatch:
+    """An ASGI ``send`` that notes whether the answer has begun (``http.response.start`` sent): a middleware that would
+    answer a failed request itself can only do so before then."""
+
+    def __init__(self, send: Send) -> None:
+        self.started = False
+        self._send = send
+
+    async def __call__(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
 
 
 async def send_json_error(send: Send, status: int, message: str, code: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:

@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.core.errors import SHUTTING_DOWN
-from app.doors.asgi import HttpMiddleware, send_json_error
+from app.doors.asgi import HttpMiddleware, StartWatch, send_json_error
 
 log = logging.getLogger(__name__)
 
@@ -86,20 +86,14 @@ class DrainMiddleware(HttpMiddleware):
         self.drain = drain
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def _send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        watch = StartWatch(send)
         with self.drain.track() as task:
             try:
-                await self.app(scope, receive, _send)
+                await self.app(scope, receive, watch)
             except asyncio.CancelledError:
                 if not self.drain.absorb_abort(task):
                     raise
-                if not started:  # a started answer cannot be replaced: uvicorn closes that connection
+                if not watch.started:  # a started answer cannot be replaced: uvicorn closes that connection
                     await _answer_503(send)
 
 
