@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import uvicorn
@@ -52,6 +55,15 @@ def tiny_app() -> AppFactory:
         return create_app(Settings(**(base | settings)), models={"tiny": tiny_classifier(delay_s)})
 
     return make
+
+
+def script_module(name: str) -> ModuleType:
+    """The checkout's ``scripts/<name>.py`` loaded as a module (scripts/ is no package), for a test to call its functions."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def live_server(app: FastAPI) -> Iterator[str]:

@@ -3,31 +3,21 @@ the page's own sample photo, compares two methods, and writes the whole page; th
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from PIL import Image
 
 from app.core.config import Settings
 from app.main import create_app
-from tests.service.conftest import live_server, tiny_classifier
+from tests.service.conftest import live_server, script_module, tiny_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/setup.sh dev installs it)")
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("page_screenshot", ROOT / "scripts" / "page_screenshot.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +28,7 @@ def url() -> Iterator[str]:
 @pytest.mark.slow  # ~20 s: a browser and a server
 def test_the_script_writes_the_whole_page_with_both_panels_done(url: str, tmp_path: Path) -> None:
     out = tmp_path / "shots" / "page.png"
-    assert _script().main(["--url", url, "--out", str(out), "--sample", "cat.jpg"]) == 0
+    assert script_module("page_screenshot").main(["--url", url, "--out", str(out), "--sample", "cat.jpg"]) == 0
     with Image.open(out) as shot:
         assert shot.width == 1280 and shot.height > 980  # the whole page, longer than the window, panels included
 

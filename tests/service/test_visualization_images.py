@@ -3,31 +3,21 @@ small PNG per row and view, the same names as the committed pictures, which the 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from PIL import Image
 
 from app.core.config import Settings
 from app.main import create_app
-from tests.service.conftest import image_bytes, live_server, tiny_classifier
+from tests.service.conftest import image_bytes, live_server, script_module, tiny_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
 PICTURES = ROOT / "docs" / "methods" / "visualization"
 LIMIT = 60_000
 """Bytes a committed picture may take."""
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("visualization_images", ROOT / "scripts" / "visualization_images.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +29,7 @@ def url() -> Iterator[str]:
 def test_the_script_makes_every_rows_pictures_small(url: str, tmp_path: Path) -> None:
     photo = tmp_path / "photo.png"
     photo.write_bytes(image_bytes(size=(64, 48)))
-    written = _script().make(url, photo, tmp_path / "out")
+    written = script_module("visualization_images").make(url, photo, tmp_path / "out")
     assert sorted(p.name for p in written) == sorted(p.name for p in PICTURES.glob("*.png"))
     for path in written:
         with Image.open(path) as image:
