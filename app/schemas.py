@@ -67,6 +67,10 @@ class AttributeCommon(PredictParams):
         None, description="Colour map of the heatmap: inferno, viridis, gray, coolwarm, or Vertex AI's pink_green, red, green, "
         "red_green, pink_white_green; the two-sided ones (coolwarm, pink_green, red_green, pink_white_green) show negative "
         "values on their first half, the others the magnitude; unset: inferno, coolwarm for both signs")
+    overlay_type: Literal["original", "grayscale", "mask_black", "none"] = Field(
+        "original", description="What overlay_png draws over (Vertex AI's overlay_type): 'original', the photo; 'grayscale', "
+        "the photo in grey so the colours stand out; 'mask_black', the photo itself kept where the map is strong and black "
+        "where it is not (no colours); 'none', the heatmap alone")
     outline_share: float = Field(
         0.3, gt=0, le=1, description="With visualization=outlines: the share of the image the outlined regions cover, at most "
         "(XRAI's first regions; at least the first) or exactly (the strongest pixels); 0.3, the top 30 % Vertex AI's XRAI "
@@ -89,7 +93,8 @@ class AttributeCommon(PredictParams):
         "(as Guided Grad-CAM); each costs Grad-CAM's 1 forward + 1 backward pass more and a model with a CAM layer")
     xrai_order: Literal["regions_then_pixels", "regions"] = Field(
         "regions_then_pixels", description="With postprocess=xrai, how the map ranks pixels: 'regions_then_pixels', by region "
-        "and inside each region in the method's own order (keeps deletion); 'regions', by region alone (plain XRAI)")
+        "and inside each region in the method's own order (keeps deletion); 'regions', by region alone (plain XRAI); "
+        "given without postprocess=xrai: a 422")
     smooth_samples: int = Field(0, ge=0, le=64, description="SmoothGrad / VarGrad over this many noisy copies (0: off); costs "
                                 "this many times the method's passes, pooled into the same model calls")
     smooth_std: float = Field(0.15, ge=0, le=1, description="Standard deviation of the SmoothGrad noise in pixel units (images in [0, 1])")

@@ -61,7 +61,7 @@ INLINE_ELEMENTS = 200_000
 
 RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
                "return_input", "visualization", "polarity", "clip_percent_upperbound", "clip_percent_lowerbound", "color_map",
-               "outline_share")
+               "outline_share", "overlay_type")
 """/attribute fields that shape its PNGs and JSON, not the explanation: not request parameters here."""
 
 

@@ -118,6 +118,8 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
         post["postprocess"] = chosen["postprocess"]
     if chosen["postprocess"] == "xrai":
         post["xrai_order"] = chosen["xrai_order"]
+    elif "xrai_order" in params.model_fields_set:  # silently ignored, it would read as taken
+        raise _invalid(f"xrai_order orders XRAI's regions: it needs postprocess=xrai, got postprocess={chosen['postprocess'] or 'none'}")
     if chosen["smooth_samples"]:
         post |= {k: chosen[k] for k in ("smooth_samples", "smooth_std", "smooth_kind", "smooth_probe")} | {"smooth_seed": params.seed}
     try:

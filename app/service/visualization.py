@@ -21,7 +21,7 @@ CLIP_FIELDS = ("clip_percent_lowerbound", "clip_percent_upperbound")
 def restyled(params: AttributeCommon) -> bool:
     """Whether the request asks for anything but the heatmap as it always was."""
     return (params.visualization != "pixels" or params.polarity is not None or params.color_map is not None
-            or any(getattr(params, f) is not None for f in CLIP_FIELDS))
+            or params.overlay_type != "original" or any(getattr(params, f) is not None for f in CLIP_FIELDS))
 
 
 def check_visualization(params: AttributeCommon) -> None:
@@ -119,6 +119,25 @@ def edges(labels: np.ndarray, width: int) -> np.ndarray:
     return (labels > 0) & ~inner
 
 
+def backdrop(image: Tensor, overlay_type: str) -> np.ndarray:
+    """``image (C, H, W)`` in [0, 1] as the ``(H, W, 3)`` uint8 picture the overlay draws over: the photo itself, or its
+    luma (ITU-R BT.601 weights) in grey with ``grayscale``."""
+    photo = np.rint(image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).astype(np.uint8)
+    if photo.shape[2] == 1:
+        return np.repeat(photo, 3, axis=2)
+    if overlay_type == "grayscale":
+        luma = np.rint(photo.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)).clip(0, 255).astype(np.uint8)
+        return np.repeat(luma[..., None], 3, axis=2)
+    return photo.copy()
+
+
+def masked(photo: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``photo (H, W, 3)`` uint8 times ``weight (H, W)`` in [0, 1]: black where the map says nothing (Vertex AI's
+    ``mask_black``)."""
+    out: np.ndarray = np.rint(photo * weight[..., None].astype(np.float32)).clip(0, 255).astype(np.uint8)
+    return out
+
+
 def visual_pngs(image: Tensor, attr: Tensor, params: AttributeCommon, regions: Regions | None = None) -> tuple[bytes | None, bytes | None]:
     """The heatmap and overlay PNGs the request asked for (``return_heatmap``, ``return_overlay``), from the photo
     ``image (C, H, W)`` in [0, 1] and its finite map ``attr (C, H, W)``, XRAI's ``regions`` where the map has them.
@@ -126,7 +145,10 @@ def visual_pngs(image: Tensor, attr: Tensor, params: AttributeCommon, regions: R
     ``pixels``: each pixel's scaled value through the colour map; the overlay blends it over the photo as always
     (``opacity`` x sqrt|scaled|). ``outlines``: the heatmap keeps the colours inside the outlined regions (the colour
     of zero elsewhere) and the overlay is the photo; both draw the outline of the regions together (not of each
-    region, whose inner borders would clutter the picture) in the colour map's full colour, about 1/112 of the side wide."""
+    region, whose inner borders would clutter the picture) in the colour map's full colour, about 1/112 of the side wide.
+    ``overlay_type`` (Vertex AI's) changes what the overlay is drawn on: the photo in grey (``grayscale``); the photo
+    kept by the map's weight, sqrt|scaled| (inside the outlined regions with outlines), black elsewhere and no colours
+    (``mask_black``); or nothing, the overlay being the heatmap (``none``)."""
     heatmap, overlay = params.return_heatmap, params.return_overlay
     if not restyled(params):
         return heatmap_and_overlay_png(image, attr, heatmap=heatmap, overlay=overlay, opacity=params.opacity, signed=params.signed,
@@ -138,16 +160,29 @@ def visual_pngs(image: Tensor, attr: Tensor, params: AttributeCommon, regions: R
         scaled = scale(torch.from_numpy(values), params.outlier_perc).numpy()
     two_signs = params.polarity == "both" or (params.polarity is None and params.signed)
     color_map = params.color_map or ("coolwarm" if two_signs else "inferno")
+    kind = params.overlay_type
     if params.visualization == "pixels":
         heat = colours(scaled, color_map)
-        return (encode_png(heat, FILTER_NONE) if heatmap else None,
-                encode_png(blend(image, scaled, heat, params.opacity), FILTER_UP) if overlay else None)
+        if not overlay:
+            over = None
+        elif kind == "none":
+            over = heat
+        elif kind == "mask_black":
+            over = masked(backdrop(image, kind), np.sqrt(np.abs(scaled)))
+        else:  # the photo, or its grey, under the colours with blend's weights
+            grey = torch.from_numpy(backdrop(image, kind)).permute(2, 0, 1).float() / 255 if kind == "grayscale" else image
+            over = blend(grey, scaled, heat, params.opacity)
+        return encode_png(heat, FILTER_NONE) if heatmap else None, encode_png(over, FILTER_UP) if over is not None else None
     labels = outline_labels(values, params.outline_share, regions)
     line = edges((labels > 0).astype(np.int64), max(1, round(min(labels.shape) / 112)))  # their union's outline
     full = colours(np.array([[-1.0 if params.polarity == "negative" else 1.0]]), color_map)[0, 0]
     heat = colours(np.where(labels > 0, scaled, 0).astype(np.float32), color_map)
     heat[line] = full
-    photo = np.rint(image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy() * 255).astype(np.uint8)
-    photo = np.repeat(photo, 3, axis=2) if photo.shape[2] == 1 else photo.copy()
+    if kind == "none":
+        photo = heat.copy()
+    elif kind == "mask_black":
+        photo = masked(backdrop(image, kind), (labels > 0).astype(np.float32))
+    else:
+        photo = backdrop(image, kind)
     photo[line] = full
     return encode_png(heat, FILTER_NONE) if heatmap else None, encode_png(photo, FILTER_UP) if overlay else None

@@ -163,6 +163,27 @@ async def test_outlines_of_xrai_regions_through_the_service(tiny_app: AppFactory
         assert plain.status_code == 200 and plain.json()["regions"] is None  # without XRAI: the map's strongest pixels
 
 
+def test_overlay_type_draws_over_the_photo_its_grey_a_black_mask_or_nothing() -> None:
+    values = np.zeros((10, 10))
+    values[2:5, 3:7] = 1.0  # one strong block, nothing elsewhere
+    attr, photo = _map(values), np.rint(PHOTO.permute(1, 2, 0).numpy() * 255)
+    heat, original = _pngs(PHOTO, attr, color_map="red", outlier_perc=0)
+    strong = values > 0
+    assert (original[~strong] == photo[~strong]).all() and (original[strong] != photo[strong]).any()  # as always
+    _, grey = _pngs(PHOTO, attr, color_map="red", outlier_perc=0, overlay_type="grayscale")
+    luma = np.rint(photo @ np.array([0.299, 0.587, 0.114]))
+    assert (np.abs(grey[~strong] - luma[~strong][:, None]) <= 1).all()  # grey where the map says nothing
+    assert (grey[strong][:, 0] > grey[strong][:, 1]).all()  # red over it where it speaks
+    _, mask = _pngs(PHOTO, attr, color_map="red", outlier_perc=0, overlay_type="mask_black")
+    assert (mask[~strong] == 0).all() and (np.abs(mask[strong] - photo[strong]) <= 1).all()  # the photo, black elsewhere
+    _, alone = _pngs(PHOTO, attr, color_map="red", outlier_perc=0, overlay_type="none")
+    assert (alone == heat).all()  # the heatmap alone
+    _, outlined = _pngs(PHOTO, attr, color_map="red", visualization="outlines", outline_share=0.12, overlay_type="mask_black")
+    inside = outline_labels(values, 0.12, None) > 0
+    assert inside.any() and (outlined[~inside] == 0).all()  # outlines: black outside the outlined blobs
+    assert visual_pngs(PHOTO, attr, _params(overlay_type="original")) == visual_pngs(PHOTO, attr, _params())  # the default
+
+
 BAD = [  # (fields, what the 422 says)
     ({"visualization": "contours"}, "visualization: Input should be 'pixels' or 'outlines'"),
     ({"polarity": "sideways"}, "polarity: Input should be 'positive', 'negative' or 'both'"),
@@ -174,6 +195,7 @@ BAD = [  # (fields, what the 422 says)
     ({"signed": "true", "polarity": "positive"}, "signed=true shows both signs"),
     ({"outline_share": "0.2"}, "outline_share is the share of the image outlined: it needs visualization=outlines"),
     ({"visualization": "outlines", "outline_share": "1.5"}, "outline_share: Input should be less than or equal to 1"),
+    ({"overlay_type": "sepia"}, "overlay_type: Input should be 'original', 'grayscale', 'mask_black' or 'none'"),
 ]
 
 

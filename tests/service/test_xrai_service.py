@@ -54,3 +54,7 @@ async def test_plain_xrai_order_and_a_bad_one(tiny_app: AppFactory) -> None:
         bad = await client.post("/attribute", files={"file": ("a.png", image_bytes())},
                                 data={"postprocess": "xrai", "xrai_order": "pixels"})
         assert bad.status_code == 422 and "xrai_order" in bad.json()["error"]["message"]
+        for fields in ({"xrai_order": "regions"}, {"postprocess": "cam_regions", "xrai_order": "regions"}):  # no XRAI to order
+            alone = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data={"steps": "2", **fields})
+            assert alone.status_code == 422, alone.text
+            assert alone.json()["error"]["message"].startswith("xrai_order orders XRAI's regions: it needs postprocess=xrai, got ")

@@ -255,6 +255,9 @@ POSITIVE_REFUSED = (
               "outline_share without outlines): the schema states the fields as one anyOf branch per method, and stating "
               "these pairs would multiply those branches, as POST /jobs' files-or-archive did past schemathesis' budget "
               "of intersections; the server's 422 names both fields"),
+    Exclusion("xrai_order_needs_xrai", IMAGE_POSTS, 422, r"^xrai_order orders XRAI's regions: it needs postprocess=xrai",
+              "an optional field that applies only beside another field's value (postprocess=xrai); stating it would "
+              "split every method's anyOf branch in two, as the rendering fields would"),
     Exclusion("job_archive_whole", r"^POST /jobs", 422, r"archive could not be read|^the (tar|zip) archive",
               "a file that starts as an archive must be a whole one: bytes no schema describes"),
     Exclusion("oip_tensor_contents", r"^POST /v2/models/", 400,
