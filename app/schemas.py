@@ -53,7 +53,8 @@ class AttributeCommon(PredictParams):
     visualization: Literal["pixels", "outlines"] = Field(
         "pixels", description="What the heatmap and overlay show (Vertex AI's type, docs/methods/visualization.md): 'pixels', "
         "each pixel's attribution in colour; 'outlines', the outlines of the top regions covering outline_share of the image: "
-        "XRAI's regions with postprocess=xrai, else the map's strongest pixels (smoothed) as connected blobs")
+        "XRAI's regions with postprocess=xrai, Grad-CAM's blobs with cam_regions, else the map's strongest pixels (smoothed) "
+        "as connected blobs")
     polarity: Literal["positive", "negative", "both"] | None = Field(
         None, description="Which attributions to show, of the channel sum Σ_c a_c (Vertex AI's polarity): 'positive' (for the "
         "class), 'negative' (against it), 'both' (as signed=true); unset: the magnitude Σ_c |a_c| (signed=true: the signed sum)")
@@ -273,15 +274,19 @@ class Faithfulness(BaseModel):
 
 class Region(BaseModel):
     rank: int = Field(..., description="The region's rank, 1 first: its pixels' value in `labels_png`")
-    gain: float = Field(..., description="Its mean saliency (Σ over channels of |attribution| of the method's map) over its "
-                        "pixels when XRAI added it, the order's key; the last region (pixels no segment reached) its own mean")
+    gain: float = Field(..., description="The order's key. XRAI: its mean saliency (Σ over channels of |attribution| of the "
+                        "method's map) over its pixels when XRAI added it; the last region (pixels no segment reached) its own "
+                        "mean. Grad-CAM's blobs (cam_regions): its mean Grad-CAM value")
     area: int = Field(..., description="Its pixels, at the model's input size")
     share: float = Field(..., description="Its share of the image, area / pixels")
 
 
 class XraiRegions(BaseModel):
-    """XRAI's ranked regions (postprocess=xrai), for a front end to outline or fill the top ones."""
+    """The map's ranked regions (postprocess=xrai: XRAI's; cam_regions: Grad-CAM's blobs), for a front end to outline or
+    fill the top ones."""
 
+    source: Literal["xrai", "cam_blobs"] = Field(..., description="Whose regions: XRAI's segments (postprocess=xrai) or "
+                                                 "Grad-CAM's blobs, its map's bands cut into connected parts (cam_regions)")
     order: Literal["regions_then_pixels", "regions"] = Field(..., description="How the returned map ranks pixels (xrai_order)")
     labels_png: str = Field(..., description="base64 16-bit greyscale PNG at the model's input size: each pixel's region rank")
     regions: list[Region] = Field(..., description="Every region, first (highest gain) to last")
@@ -302,7 +307,8 @@ class AttributeResponse(BaseModel):
     curve: OutputCurve = Field(..., description="The target output along the path, where the method sampled it")
     cost: Cost = Field(..., description="Model passes this request took")
     faithfulness: Faithfulness | None = Field(None, description="Insertion / deletion AUCs of this map, if faithfulness was asked")
-    regions: XraiRegions | None = Field(None, description="XRAI's ranked regions, with postprocess=xrai")
+    regions: XraiRegions | None = Field(None, description="The map's ranked regions, with postprocess=xrai (XRAI's) or "
+                                        "cam_regions (Grad-CAM's blobs)")
     timings: Timings = Field(..., description="Where the time of this request went, in milliseconds")
 
 

@@ -153,7 +153,7 @@ def _main(argv: list[str] | None = None) -> int:
                   + f" ({a.faithfulness['steps']} steps)\n")
     if a.regions is not None:
         r = a.regions
-        out.write(f"xrai regions ({r.order}): {len(r.areas)}; the first: gain {r.gains[0]:.4g}, "
+        out.write(f"{r.source} regions ({r.order}): {len(r.areas)}; the first: gain {r.gains[0]:.4g}, "
                   f"{r.areas[0] / r.labels.size:.1%} of the image\n")
     c = a.curve
     out.write(f"alpha\t{c.output}\timportance\tweight\n")

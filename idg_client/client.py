@@ -103,13 +103,15 @@ class OutputCurve:
 
 @dataclass(frozen=True)
 class Regions:
-    """XRAI's ranked regions (``postprocess="xrai"``): ``labels (H, W)`` the rank of each pixel's region (1 first) at the
-    model's input size; per region, first to last, its ``gains`` (mean saliency when added) and ``areas`` (pixels)."""
+    """The map's ranked regions (``postprocess="xrai"``: XRAI's; ``"cam_regions"``: Grad-CAM's blobs, ``source``):
+    ``labels (H, W)`` the rank of each pixel's region (1 first) at the model's input size; per region, first to last, its
+    ``gains`` (XRAI: mean saliency when added; blobs: mean Grad-CAM) and ``areas`` (pixels)."""
 
     order: str
     labels: np.ndarray
     gains: np.ndarray
     areas: np.ndarray
+    source: str = "xrai"
 
     def top(self, share: float) -> np.ndarray:
         """``(H, W)`` bool: the first regions whose pixels together cover at most ``share`` of the image (at least the first)."""
@@ -125,7 +127,7 @@ def parse_regions(body: dict[str, Any] | None) -> Regions | None:
     labels = np.asarray(Image.open(io.BytesIO(base64.b64decode(body["labels_png"]))), dtype=np.int32)
     rows = body["regions"]
     return Regions(body["order"], labels, np.asarray([r["gain"] for r in rows], dtype=np.float64),
-                   np.asarray([r["area"] for r in rows], dtype=np.int64))
+                   np.asarray([r["area"] for r in rows], dtype=np.int64), body.get("source", "xrai"))
 
 
 @dataclass(frozen=True)

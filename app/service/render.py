@@ -49,19 +49,21 @@ def render(x: Tensor, attr: Tensor, params: AttributeCommon, regions: Regions | 
         "heatmap_png": None if heatmap is None else b64(heatmap),
         "overlay_png": None if overlay is None else b64(overlay),
         "attribution": _npy(attr) if params.return_attribution else None,
-        "regions": None if regions is None else regions_answer(regions, post_steps(params)["xrai_order"]),
+        "regions": None if regions is None else regions_answer(regions, post_steps(params)),
     }
 
 
-def regions_answer(regions: Regions, order: str) -> XraiRegions:
-    """The answer's ``regions``: the rank of each pixel's region as a 16-bit PNG and each region's rank, gain and area."""
+def regions_answer(regions: Regions, post: dict[str, Any]) -> XraiRegions:
+    """The answer's ``regions`` (``post``: the post-steps as they took effect, :func:`post_steps`): the rank of each pixel's
+    region as a 16-bit PNG and each region's rank, gain and area."""
+    source, order = ("xrai", post["xrai_order"]) if post["postprocess"] == "xrai" else ("cam_blobs", "regions_then_pixels")
     labels = regions.labels.numpy().astype(np.uint16)
     out = io.BytesIO()
     Image.fromarray(labels).save(out, format="PNG", compress_level=1)
     pixels = labels.size
     rows = [Region(rank=i + 1, gain=float(g), area=int(a), share=int(a) / pixels)
             for i, (g, a) in enumerate(zip(regions.gains.tolist(), regions.areas.tolist(), strict=True))]
-    return XraiRegions(order=order, labels_png=b64(out.getvalue()), regions=rows)
+    return XraiRegions(source=source, order=order, labels_png=b64(out.getvalue()), regions=rows)
 
 
 def _npy(attr: Tensor) -> dict[str, Any]:

@@ -4,6 +4,7 @@ method's pixel order kept inside them (what insertion and deletion reward).
 - ``cam_regions``: Grad-CAM's map (upsampled to the input) cut into :data:`LEVELS` bands of its largest value, each band's
   8-connected blobs ranked by CAM per pixel (mass over area), the pixels inside each blob by the method's saliency: XRAI's
   two-level order (:func:`idg_core.postprocess.xrai.ranked_map`). Values are ranks in (0, 1], spread over the channels.
+  The blobs are the result's ``regions`` (each one's gain its mean CAM), as XRAI's are.
 - ``cam_product``: the method's map times the CAM scaled to [0, 1] (Guided Grad-CAM's product); zero where the CAM is.
 
 Cost: Grad-CAM's one forward and one backward pass on the photo (``target``'s logit), once whatever the noisy copies,
@@ -23,7 +24,7 @@ from idg_core.heatmap import saliency
 from idg_core.lockstep import lockstep
 from idg_core.methods.gradcam import gradcam_plan
 from idg_core.postprocess.xrai import ranked_map
-from idg_core.types import AttributionResult, Plan
+from idg_core.types import AttributionResult, Plan, Regions
 
 LEVELS = 4
 """Bands of the CAM cut at 1/4, 1/2 and 3/4 of its largest value; each band's connected parts are the blobs."""
@@ -47,16 +48,21 @@ def cam_blobs(cam: np.ndarray, levels: int = LEVELS) -> tuple[np.ndarray, int]:
     return rank[labels], count
 
 
-def cam_combine(kind: str, cam: Tensor, attributions: Tensor) -> Tensor:
+def cam_combine(kind: str, cam: Tensor, attributions: Tensor) -> tuple[Tensor, Regions | None]:
     """``attributions (C, H, W)`` combined with the upsampled ``cam (H, W)`` (>= 0) by ``kind`` (:data:`CAM_POSTPROCESS`
-    of :mod:`idg_core.budget`), in ``attributions``' dtype and device."""
+    of :mod:`idg_core.budget`), in ``attributions``' dtype and device; with ``cam_regions``, the blobs as ranked regions
+    too (each one's gain its mean CAM), as XRAI answers its own."""
     top = float(cam.max())
     if kind == "cam_product":
-        return attributions * (cam / top if top > 0 else torch.zeros_like(cam)).to(attributions.dtype)
-    labels, count = cam_blobs(cam.detach().double().cpu().numpy())
+        return attributions * (cam / top if top > 0 else torch.zeros_like(cam)).to(attributions.dtype), None
+    heat = cam.detach().double().cpu().numpy()
+    labels, count = cam_blobs(heat)
     value = ranked_map(labels, count, saliency(attributions).detach().double().cpu().numpy(), "regions_then_pixels")
     c = attributions.shape[0]
-    return torch.from_numpy(value / c).to(attributions.device, attributions.dtype).expand_as(attributions).contiguous()
+    areas = np.bincount(labels.ravel(), minlength=count + 1)[1:]
+    gains = np.bincount(labels.ravel(), heat.ravel(), count + 1)[1:] / np.maximum(areas, 1)
+    regions = Regions(torch.from_numpy(labels.astype(np.int32)), torch.from_numpy(gains), torch.from_numpy(areas.astype(np.int64)))
+    return torch.from_numpy(value / c).to(attributions.device, attributions.dtype).expand_as(attributions).contiguous(), regions
 
 
 def cam_plan(inner: Plan, x: Tensor, target: int, kind: str) -> Generator[Any, Any, AttributionResult]:
@@ -64,7 +70,9 @@ def cam_plan(inner: Plan, x: Tensor, target: int, kind: str) -> Generator[Any, A
     query joins the method's first call), the map combined by :func:`cam_combine`, the CAM's passes counted."""
     done: list[AttributionResult] = yield from lockstep([inner, gradcam_plan(x, x, target)])
     result, cam = done
-    result.attributions = cam_combine(kind, cam.attributions[0].sum(0), result.attributions[0]).unsqueeze(0)
+    combined, regions = cam_combine(kind, cam.attributions[0].sum(0), result.attributions[0])
+    result.attributions = combined.unsqueeze(0)
+    result.regions = [] if regions is None else [regions]
     result.forward_passes += cam.forward_passes
     result.backward_passes += cam.backward_passes
     return result

@@ -39,7 +39,7 @@ def test_blobs_are_bands_of_the_cam_cut_into_connected_parts_ranked_by_cam_per_p
 def test_cam_regions_ranks_blobs_first_and_the_base_maps_pixels_inside_each() -> None:
     cam = torch.from_numpy(_two_squares())
     base = torch.randn(3, 12, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    out = cam_combine("cam_regions", cam, base)
+    out, regions = cam_combine("cam_regions", cam, base)
     assert out.shape == base.shape and torch.allclose(out[0], out[1]) and torch.allclose(out[0], out[2])
     value, sal = out.sum(0).numpy(), saliency(base).numpy()
     labels, count = cam_blobs(cam.numpy())
@@ -49,16 +49,19 @@ def test_cam_regions_ranks_blobs_first_and_the_base_maps_pixels_inside_each() ->
         if rank < count:
             assert value[inside].min() > value[labels == rank + 1].max()  # every pixel of a blob above the next one's
     assert value.max() == pytest.approx(1.0) and value.min() > 0
+    assert regions is not None and (regions.labels.numpy() == labels).all()  # the blobs are the answer's regions
+    assert regions.areas.tolist() == [9, 9, 6, 144 - 24] and regions.gains.tolist() == pytest.approx([1.0, 0.6, 0.55, 0.0])
 
 
 def test_cam_product_is_the_map_times_the_cam_scaled_to_one_and_zero_where_the_cam_is() -> None:
     cam = torch.from_numpy(_two_squares())
     base = torch.randn(3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    out = cam_combine("cam_product", cam, base)
+    out, regions = cam_combine("cam_product", cam, base)
+    assert regions is None  # a product of maps: no regions
     torch.testing.assert_close(out, base * cam)  # the CAM's largest value is 1 already
-    torch.testing.assert_close(cam_combine("cam_product", 2 * cam, base), base * cam)
+    torch.testing.assert_close(cam_combine("cam_product", 2 * cam, base)[0], base * cam)
     assert (out[:, cam == 0] == 0).all()
-    assert (cam_combine("cam_product", torch.zeros(12, 12, dtype=torch.float64), base) == 0).all()
+    assert (cam_combine("cam_product", torch.zeros(12, 12, dtype=torch.float64), base)[0] == 0).all()
 
 
 class _HalfDark(nn.Module):
@@ -109,6 +112,7 @@ def test_on_a_model_the_cam_post_steps_combine_the_methods_map_with_gradcams_at_
             assert (sal[:, :5] == 0).all() and (sal[:, 7:] > 0).any()
         else:
             labels, count = cam_blobs(up.double().numpy())
+            assert len(found.regions) == 1 and (found.regions[0].labels.numpy() == labels).all()
             mine, theirs = sal.numpy(), saliency(own.attributions[0]).numpy()
             for rank in range(1, count + 1):
                 inside = labels == rank

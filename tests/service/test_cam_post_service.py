@@ -5,10 +5,12 @@ with their cost and standing in GET /models."""
 
 from __future__ import annotations
 
+import numpy as np
 from httpx import AsyncClient
 
 from app.core.config import Settings
 from app.main import create_app
+from idg_client import parse_attribution
 from idg_core.presets import ROWS
 from idg_models.zoo import ImageClassifier, Preprocessing
 from tests.models import tiny_classifier
@@ -29,8 +31,19 @@ async def test_cam_post_steps_cost_gradcams_pass_more_and_the_answer_scores_thei
     async with serve(tiny_app()) as client:
         plain = (await _attribute(client, **IDG))["cost"]
         for kind in ("cam_regions", "cam_product"):
-            body = await _attribute(client, **IDG, postprocess=kind)
-            assert body["parameters"]["postprocess"] == kind and body["regions"] is None
+            body = await _attribute(client, **IDG, postprocess=kind, return_attribution="true")
+            assert body["parameters"]["postprocess"] == kind
+            if kind == "cam_product":
+                assert body["regions"] is None  # a product of two maps: no regions
+            else:  # Grad-CAM's blobs, ranked: the map's values fall from one blob to the next, as XRAI's regions
+                answer = parse_attribution(body)
+                regions = answer.regions
+                assert regions is not None and regions.source == "cam_blobs" and regions.order == "regions_then_pixels"
+                assert answer.attribution is not None and regions.areas.sum() == regions.labels.size
+                value = answer.attribution.astype(np.float64).sum(0)
+                for rank in range(1, len(regions.areas)):
+                    assert value[regions.labels == rank].min() >= value[regions.labels == rank + 1].max()
+                assert (np.diff(regions.gains) <= 0).all()  # each blob's mean CAM, highest first
             assert body["cost"] == {"forward_passes": plain["forward_passes"] + 1, "backward_passes": plain["backward_passes"] + 1}
         # the faithfulness scores read the returned map, whatever made it: 2 x (4 + 1) more forward passes
         for fields in ({"method": "gradcam"}, {**IDG, "postprocess": "xrai"}, {**IDG, "postprocess": "cam_regions"},
