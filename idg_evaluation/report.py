@@ -229,9 +229,14 @@ def row_bound(name: str) -> WorkBound | None:
 
 RULE_METRICS = (*METRICS, *DERIVED)
 """What :func:`first_or_tied` reads: the four metrics and DiffID."""
+RULE_REFS = ("AGI", "IDG", "SIG")
+"""The references every candidate is held against: AGI, IDG 50/50 and Spectral IG (issue #47)."""
+CHEAP_PEERS = ("gradcam",)
+"""References too where the run has them (issue #72): Grad-CAM, one forward and one backward pass, which users pick for
+its region maps."""
 
 
-def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tuple[str, ...] = ("AGI", "IDG", "SIG"),
+def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tuple[str, ...] = RULE_REFS,
                   budget: float = 10.0) -> tuple[str | None, list[str]]:
     """The rule that chooses the ``quality`` preset. A candidate within ``budget`` × AGI's bound of model passes on an
     image (:func:`row_bound`) passes a metric (insertion, deletion, SIC, AIC, DiffID) when, paired by image against each
@@ -319,9 +324,12 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
                   *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]
     if "AGI" in main and len(main) > 2:
         lines += ["### Choosing the `quality` preset", "", *preset_choice(records, main, ranks)[1], ""]
-    candidates = [n for n in variants if n not in ("AGI", "IDG", "SIG")]
+    refs = RULE_REFS + tuple(r for r in CHEAP_PEERS if r in names)  # issue #72: the cheap peer a user picks instead too
+    candidates = [n for n in variants if n not in refs]
     if candidates and {"AGI", "IDG"} <= set(names):
-        lines += ["### First or tied on all five (issue #47's rule)", "", *first_or_tied(records, candidates)[1], ""]
+        peers = refs[len(RULE_REFS):]
+        title = "issue #47's rule" + (f", with {', '.join(peers)} as references (issue #72)" if peers else "")
+        lines += [f"### First or tied on all five ({title})", "", *first_or_tied(records, candidates, refs)[1], ""]
     paired = _paired(records, [n for n in main if n not in variants])
     if paired:
         lines += ["### IDG against each method, paired by image", "",

@@ -119,7 +119,7 @@ def test_equal_saliencies_share_their_rank_and_a_map_without_order_ranks_every_p
 
 
 def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_closest_when_none_is() -> None:
-    from idg_evaluation.report import first_or_tied
+    from idg_evaluation.report import CHEAP_PEERS, RULE_REFS, first_or_tied
 
     gen = torch.Generator().manual_seed(3)
     noise = torch.randn(40, 5, generator=gen) * 0.02
@@ -139,6 +139,13 @@ def test_the_quality_rule_takes_a_row_first_or_tied_on_all_five_and_names_the_cl
     assert any(line.startswith("| worse |") and "no (" in line for line in lines)
     chosen, lines = first_or_tied(records, ["worse"])
     assert chosen == "worse" and lines[-1].startswith("No candidate qualifies")
+    # issue #72: Grad-CAM, where the run has it, is a reference too; far ahead on SIC, it fails the row that tied the rest
+    for r in records:
+        r["methods"]["gradcam"] = {**r["methods"]["AGI"], "sic": r["methods"]["AGI"]["sic"] + 0.2}
+    refs = RULE_REFS + CHEAP_PEERS
+    chosen, lines = first_or_tied(records, ["tied"], refs)
+    assert lines[0].startswith("Each cell: the candidate minus AGI, IDG, SIG, gradcam") and lines[-1].startswith("No candidate")
+    assert first_or_tied(records, ["tied"])[1][-1].startswith("By the rule: **tied**")  # without it, as before
 
 
 def test_a_rows_bound_comes_from_its_name_so_rows_read_from_a_csv_are_budgeted_too() -> None:
