@@ -324,12 +324,12 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
                   *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]
     if "AGI" in main and len(main) > 2:
         lines += ["### Choosing the `quality` preset", "", *preset_choice(records, main, ranks)[1], ""]
-    refs = RULE_REFS + tuple(r for r in CHEAP_PEERS if r in names)  # issue #72: the cheap peer a user picks instead too
-    candidates = [n for n in variants if n not in refs]
+    rule_refs = RULE_REFS + tuple(r for r in CHEAP_PEERS if r in names)  # issue #72: the cheap peer a user picks instead too
+    candidates = [n for n in variants if n not in rule_refs]
     if candidates and {"AGI", "IDG"} <= set(names):
-        peers = refs[len(RULE_REFS):]
+        peers = rule_refs[len(RULE_REFS):]
         title = "issue #47's rule" + (f", with {', '.join(peers)} as references (issue #72)" if peers else "")
-        lines += [f"### First or tied on all five ({title})", "", *first_or_tied(records, candidates, refs)[1], ""]
+        lines += [f"### First or tied on all five ({title})", "", *first_or_tied(records, candidates, rule_refs)[1], ""]
     paired = _paired(records, [n for n in main if n not in variants])
     if paired:
         lines += ["### IDG against each method, paired by image", "",
