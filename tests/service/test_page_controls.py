@@ -50,7 +50,7 @@ def _regions(side: int, seed: int) -> Regions:
 @pytest.mark.parametrize(("side", "seed"), [(32, 0), (224, 1), (300, 2)])
 def test_the_pages_outlines_are_the_services(tmp_path: Path, side: int, seed: int) -> None:
     regions = _regions(side, seed)
-    answer = regions_answer(regions, "regions_then_pixels").model_dump()  # the served labels_png, 16 bits
+    answer = regions_answer(regions, {"postprocess": "xrai", "xrai_order": "regions_then_pixels"}).model_dump()  # served, 16 bits
     shares = [0.01, 0.1, 0.3, 0.55, 1.0]
     runner = tmp_path / "run.js"
     runner.write_text(
