@@ -117,6 +117,12 @@ function setupInput() {
     });
     $("samples").appendChild(img);
   }
+  const outlinesHere = () => { // the service's outlines of the strongest pixels; with Regions on, the panels' own slider
+    $("outline-share").disabled = $("visualization").value !== "outlines" || $("regions").checked;
+  };
+  $("visualization").addEventListener("change", outlinesHere);
+  $("regions").addEventListener("change", outlinesHere);
+  outlinesHere();
   $("run").addEventListener("click", () => run([$("method").value, $("compare").value]));
   // a first look: Grad-CAM's coarse map in about a second, beside the chosen method's
   $("first-look").addEventListener("click", () => run(["gradcam", $("method").value]));
@@ -154,18 +160,57 @@ const STATUS = {
   progress: (d) => `${d.done || "round " + d.round} done; next: ${d.next || "more"} (${d.points} points)`,
 };
 
-async function explain(method, panel) {
+// What a person sees of the map (docs/methods/visualization.md): the Display controls' fields, each only where it was
+// changed from its default (a request that changes none is the one the page always sent), or the reason the service
+// would refuse them, said here instead of sent. The page never sends outlier_perc, the clip bounds' alternative.
+function displayFields() {
+  const fields = [];
+  if ($("polarity").value) fields.push(["polarity", $("polarity").value]);
+  if ($("color-map").value) fields.push(["color_map", $("color-map").value]);
+  const lower = $("clip-lower").value.trim(), upper = $("clip-upper").value.trim();
+  if (lower || upper) {
+    if (lower && !(Number(lower) >= 0 && Number(lower) < 100)) {
+      return { error: `Clip from % is a percentile from 0 to below 100, not ${lower}.` };
+    }
+    if (upper && !(Number(upper) > 0 && Number(upper) <= 100)) {
+      return { error: `Clip to % is a percentile above 0 up to 100, not ${upper}.` };
+    }
+    const lo = lower ? Number(lower) : 0, hi = upper ? Number(upper) : 100;  // the service's values for an empty one
+    if (lo >= hi) {
+      return { error: `Clip from % (${lo}) must be below Clip to % (${hi}): nothing is shown at and below the first ` +
+        "percentile and the colour is full from the second. Nothing was sent." };
+    }
+    if (lower) fields.push(["clip_percent_lowerbound", lower]);
+    if (upper) fields.push(["clip_percent_upperbound", upper]);
+  }
+  // outlines of XRAI's regions are drawn here from the answer (Regions, its area slider); of a plain map, by the service
+  const outlines = $("visualization").value === "outlines" && !$("regions").checked;
+  if (outlines) {
+    const share = Number($("outline-share").value);
+    if (!(share >= 1 && share <= 100)) {
+      return { error: `Outlined % is a share of the image from 1 to 100, not ${$("outline-share").value || "empty"}.` };
+    }
+    fields.push(["visualization", "outlines"], ["outline_share", String(share / 100)]);
+  }
+  const overlayType = $("overlay-type").value;
+  if (overlayType !== "original") fields.push(["overlay_type", overlayType]);
+  // the service's overlay where the page cannot compose it from the input and the heatmap: outlines, another backdrop
+  return { fields, overlay: outlines || overlayType !== "original" };
+}
+
+async function explain(method, panel, display) {
   const form = new FormData();
   form.append("file", chosen.blob, chosen.name);
   form.append("model", $("model").value);
   form.append("method", method);
   form.append("return_input", "true");
-  form.append("return_overlay", "false");
+  form.append("return_overlay", display.overlay ? "true" : "false");
   form.append("preset", $("preset").value);
   form.append("faithfulness", "insertion,deletion");
   if ($("steps").value && stepsOf[method]) form.append(stepsOf[method], $("steps").value);
   if ($("target").value) form.append("target", $("target").value);
   if ($("regions").checked) form.append("postprocess", "xrai");
+  for (const [name, value] of display.fields) form.append(name, value);
   const status = panel.querySelector(".status");
   status.textContent = "sending…";
   const r = await api("/attribute/stream", { method: "POST", body: form }, () => { status.textContent = "waiting for the API key"; });
@@ -182,6 +227,8 @@ async function explain(method, panel) {
 }
 
 async function run(asked) {
+  const display = displayFields();
+  if (display.error) { showError(display.error); return; }  // what the service would refuse (422) is not sent
   showError("");
   $("results").innerHTML = "";
   $("run").disabled = $("first-look").disabled = true;
@@ -189,7 +236,7 @@ async function run(asked) {
   const failures = [];  // every method's, not the last one's alone
   await Promise.all(methods.map(async (m) => {
     const panel = newPanel(m);
-    try { await explain(m, panel); } catch (e) {
+    try { await explain(m, panel, display); } catch (e) {
       panel.querySelector(".status").textContent = "failed";
       failures.push(`${m}: ${e.message}`);
       showError(failures.join(" · "));
@@ -211,6 +258,10 @@ function render(panel, d) {
   const heat = panel.querySelector(".heat-img");
   heat.src = panel.querySelector(".raw-img").src = `data:image/png;base64,${d.heatmap_png}`;
   const slider = panel.querySelector(".opacity");
+  if (d.overlay_png) {  // the service's own overlay (outlines, another backdrop): shown whole, the slider fades it out
+    heat.src = `data:image/png;base64,${d.overlay_png}`;
+    slider.value = 100;
+  }
   const apply = () => { heat.style.opacity = slider.value / 100; };
   slider.addEventListener("input", apply); apply();
   drawCurve(panel.querySelector(".chart"), d.curve);
