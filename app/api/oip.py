@@ -123,7 +123,7 @@ class ModelMetadata(BaseModel):
 
 class ConfigTensor(BaseModel):
     name: str = Field(..., description="The tensor's name")
-    data_type: str = Field(..., description="Triton's type name: TYPE_STRING, TYPE_FP32, TYPE_INT64")
+    data_type: str = Field(..., description="Triton's type name: TYPE_STRING, TYPE_FP32, TYPE_INT64, TYPE_INT32")
     dims: list[int] = Field(..., description="The shape without the batch dimension; -1 for any size")
     format: str | None = Field(None, description="FORMAT_NONE (encoded files) or FORMAT_NCHW (pixels), on inputs")
     reshape: dict[str, list[int]] | None = Field(None, description="{'shape': []} where a request's shape is the batch's only")

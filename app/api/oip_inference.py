@@ -49,7 +49,7 @@ MODEL_VERSION = "1"
 CLASSIFY_OUTPUTS = ("probabilities", "predicted_class")
 
 
-EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "insertion", "deletion")
+EXPLAIN_OUTPUTS = ("attribution", "target", "curve_alpha", "curve_value", "insertion", "deletion", "regions")
 
 
 IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "headers")
@@ -58,6 +58,9 @@ IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id"
 INLINE_ELEMENTS = 200_000
 """Answers of more numbers than this are written a piece at a time, the event loop serving other requests between pieces."""
 
+
+REGION_POSTPROCESS = ("xrai", "cam_regions")
+"""The post-steps whose maps come with ranked regions (the ``regions`` output)."""
 
 RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
                "return_input", "visualization", "polarity", "clip_percent_upperbound", "clip_percent_lowerbound", "color_map",
@@ -82,7 +85,8 @@ def metadata_of(name: str, model: ImageClassifier) -> ModelMetadata:
                  MetadataTensor(name="curve_alpha", datatype="FP32", shape=[-1, -1]),
                  MetadataTensor(name="curve_value", datatype="FP32", shape=[-1, -1]),
                  MetadataTensor(name="insertion", datatype="FP32", shape=[-1]),
-                 MetadataTensor(name="deletion", datatype="FP32", shape=[-1])],
+                 MetadataTensor(name="deletion", datatype="FP32", shape=[-1]),
+                 MetadataTensor(name="regions", datatype="INT32", shape=[-1, s, s])],
     )
 
 
@@ -150,11 +154,12 @@ def check_body_names(req: InferRequest, name: str, key: str) -> None:
 
 
 def _elements(results: list[tuple[torch.Tensor, Explanation | None]]) -> int:
-    """How many numbers the answer may carry (every probability, and every attribution value)."""
-    return sum(p.numel() + (0 if e is None else e.result.attributions.numel()) for p, e in results)
+    """How many numbers the answer may carry (every probability, attribution value and region label)."""
+    return sum(p.numel() + (0 if e is None else e.result.attributions.numel() + sum(r.labels.numel() for r in e.result.regions))
+               for p, e in results)
 
 
-TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64"}
+TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64", "INT32": "TYPE_INT32"}
 
 
 def statistics_of(service: Service, name: str) -> dict[str, Any]:
@@ -227,6 +232,9 @@ def _attribute_params(req: InferRequest, wanted: list[tuple[str, dict[str, Scala
     for n, _ in wanted:
         if n in ("insertion", "deletion") and n not in metrics:
             raise ApiError(422, f"output {n!r} needs the parameter faithfulness={n} (or insertion,deletion)", code="invalid_parameter")
+        if n == "regions" and params.postprocess not in REGION_POSTPROCESS:
+            raise ApiError(422, f"output 'regions' needs the parameter postprocess={' or '.join(REGION_POSTPROCESS)} (the map's "
+                           f"ranked regions), got postprocess={params.postprocess}", code="invalid_parameter")
     return params, bool(flag) or asked or bool(given)
 
 
@@ -304,6 +312,8 @@ def _outputs(model: ImageClassifier, results: list[tuple[torch.Tensor, Explanati
             "curve_alpha": lambda: _rows([e.result.alphas[0] if e.result.alphas.dim() == 2 else e.result.alphas for e in found]),
             "curve_value": lambda: _rows([e.result.values[0] if e.result.values.dim() == 2 else e.result.values for e in found]),
         }
+        if all(e.result.regions for e in found):  # postprocess=xrai or cam_regions: each pixel's region rank, 1 first
+            made["regions"] = lambda: np.stack([e.result.regions[0].labels.numpy().astype(np.int32) for e in found])
         for metric in ("insertion", "deletion"):
             if all(metric in e.scores for e in found):
                 made[metric] = lambda m=metric: np.asarray([e.scores[m] for e in found], dtype=np.float32)  # type: ignore[misc]

@@ -18,6 +18,7 @@ from PIL import Image
 
 from app.api import oip, oip_inference
 from app.api.routes import v2
+from idg_client import parse_attribution
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 INFER = "/v2/models/tiny/infer"
@@ -122,6 +123,26 @@ async def test_the_explanation_outputs_are_the_attribute_answer(tiny_app: AppFac
     assert curve["parameters"] == {"output": "logit", "input": "photo"}
     for metric in ("insertion", "deletion"):
         assert out[metric][0] == pytest.approx(expected["faithfulness"][metric], abs=1e-6)
+
+
+async def test_the_regions_output_is_the_attribute_answers_region_labels(tiny_app: AppFactory) -> None:
+    data = image_bytes(color=(30, 160, 90))
+    fields = {"method": "ig", "steps": 4, "postprocess": "xrai"}
+    async with serve(tiny_app()) as client:
+        r = await client.post("/attribute", files={"file": ("a.png", data)}, data={k: str(v) for k, v in fields.items()})
+        v2 = await client.post(INFER, json={"inputs": [image_input(data)], "parameters": fields,
+                                            "outputs": [{"name": "regions"}, {"name": "target"}]})
+        plain = await client.post(INFER, json={"inputs": [image_input(data)], "parameters": {"steps": 4},
+                                               "outputs": [{"name": "regions"}]})
+        listed = await client.get("/v2/models/tiny")
+    assert r.status_code == 200 and v2.status_code == 200, v2.text
+    labels = parse_attribution(r.json()).regions
+    assert labels is not None
+    tensor = next(o for o in v2.json()["outputs"] if o["name"] == "regions")
+    assert tensor["datatype"] == "INT32" and tensor["shape"] == [1, 32, 32]
+    np.testing.assert_array_equal(outputs(v2.json())["regions"][0], labels.labels)  # the same ranks as /attribute's PNG
+    assert plain.status_code == 422 and "output 'regions' needs the parameter postprocess=xrai or cam_regions" in plain.text
+    assert {"name": "regions", "datatype": "INT32", "shape": [-1, 32, 32]} in listed.json()["outputs"]
 
 
 async def test_asking_for_an_explanation_output_runs_the_default_explanation(tiny_app: AppFactory) -> None:

@@ -85,6 +85,11 @@ def test_pixels_and_an_explanation(client: httpclient.InferenceServerClient, ser
                       data={"method": "idg", "steps": "8", "probe_steps": "6", "target": "5", "faithfulness": "insertion"}).json()
     np.testing.assert_allclose(values[0], same["curve"]["values"], rtol=1e-5, atol=1e-6)
     assert float(result.as_numpy("insertion")[0]) == pytest.approx(same["faithfulness"]["insertion"], abs=1e-6)
+    # XRAI's regions as an INT32 tensor, in binary as tritonclient asks by default
+    regions = client.infer("tiny", [tensor], outputs=[httpclient.InferRequestedOutput("regions")], headers=auth(),
+                           parameters={"method": "ig", "steps": 4, "postprocess": "xrai"}).as_numpy("regions")
+    assert regions.dtype == np.int32 and regions.shape == (1, 32, 32) and regions.min() == 1
+    assert set(np.unique(regions).tolist()) == set(range(1, int(regions.max()) + 1))  # every rank from 1 on
 
 
 def test_model_version_one_the_config_the_repository_index_and_statistics(client: httpclient.InferenceServerClient) -> None:

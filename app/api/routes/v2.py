@@ -19,7 +19,8 @@ explanation set: ``attribution`` ``FP32 [N, 3, S, S]``, ``target`` ``INT64 [N]``
 as ``curve_alpha`` and ``curve_value`` ``FP32 [N, K]`` (the target's logit, or its probability for
 guided_ig and agi: the output's ``output`` parameter says which, and its ``input`` whether the path is the
 photo's or, with SmoothGrad, the first noisy copy's; NaN-padded if the images' K
-differ), and ``insertion`` / ``deletion`` ``FP32 [N]`` when ``faithfulness`` asks for them.
+differ), ``insertion`` / ``deletion`` ``FP32 [N]`` when ``faithfulness`` asks for them, and ``regions`` ``INT32
+[N, S, S]`` (each pixel's region rank, 1 first) with ``postprocess`` xrai or cam_regions.
 
 An explanation runs when the request asks for an explanation output, sets the parameter
 ``explain: true``, or gives any /attribute parameter (``method``, ``preset``, ``target``, ``steps``,
