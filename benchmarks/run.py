@@ -3,7 +3,8 @@
     python -m benchmarks.run [--label cpu-efficientnet_lite0] [--batch-sizes 1 8 32] [--load-levels 1 8 32]
     python -m benchmarks.run --model resnet101 --weights random --device cuda --batch-sizes 1 8 32 --load-levels 1 8 32
     python -m benchmarks.run --model cnn=torchscript:/models/cnn.ts --models-file /models/models.toml --images /my/photos
-    python -m benchmarks.run --rows-only --batch-sizes 1 8    # the region rows' attributions/s alone
+    python -m benchmarks.run --rows-only --batch-sizes 1 8   # writes cpu-efficientnet_lite0-rows.{json,md}
+        # the region rows' attributions/s alone, with the default answer's and pytorch-grad-cam's measured in the same run
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.service_load import run_load
-from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, run_rows, run_speed, sample_batch
+from benchmarks.speed import CPU_MEMORY, SAMPLES, machine, matmul_tflops, row_ratios, run_rows, run_speed, sample_batch
 from idg_core import default_batch_size
 from idg_core.presets import ROWS, preset_params, preset_post
 from idg_models import PRECISIONS, default_channels_last, default_precision, image_files, keep_freed_memory, load_entry, tune
@@ -50,6 +51,63 @@ def _compiled_text(meta: dict) -> str:
             f"(compiling them took {meta['compile_seconds']:.0f} s before the first measurement)")
 
 
+def _ratio_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _rows_table(rows: list[dict]) -> list[str]:
+    """The region rows' section: attributions/s at each batch size and, where the run measured them (earlier runs did
+    not), each row's ratio to the default answer's and Grad-CAM's to pytorch-grad-cam's, computed from the figures."""
+    sizes = sorted({int(k.rsplit("_", 1)[1]) for r in rows for k in r if k.startswith("attr_per_s_")})
+    reference = next((r for r in rows if r.get("reference")), None)
+    peers = [r for r in rows if "peer" in r]
+    notes = any("error" in r or "peer_error" in r for r in rows)
+    per_size = [f"{b} image{'s' if b > 1 else ''}" for b in sizes]
+    header = ["row", *per_size]
+    if reference is not None:
+        header += [f"vs default, {s}" for s in per_size]
+    if peers:
+        header += [f"vs pytorch-grad-cam, {s}" for s in per_size]
+    if notes:
+        header.append("note")
+    lines = ["## Region rows (attributions/s; each as the service answers it, without the prediction's pass)", "",
+             "| " + " | ".join(header) + " |", "|---|" + "---|" * (len(header) - 1)]
+
+    def line(label: str, figures: list[str], versus: list[str], peer: list[str], note: str) -> str:
+        cells = [label, *figures, *(versus if reference is not None else []), *(peer if peers else []), *([note] if notes else [])]
+        return "| " + " | ".join(cells) + " |"
+
+    for r in rows:
+        figures = [f"{r[f'attr_per_s_{b}']:.2f}" if f"attr_per_s_{b}" in r else "n/a" for b in sizes]
+        ratios = [row_ratios(r, reference or {}, b) for b in sizes]
+        versus = ["reference"] * len(sizes) if r.get("reference") else [_ratio_text(q.get("vs_default")) for q in ratios]
+        if "peer" not in r:
+            peer = [""] * len(sizes)
+        elif not r.get("peer_installed", True):
+            peer = ["peer not installed"] * len(sizes)
+        else:
+            peer = [_ratio_text(q.get("vs_peer")) for q in ratios]
+        note = "; ".join(filter(None, [r.get("error"), f"peer: {r['peer_error']}" if "peer_error" in r else None]))
+        label = f"`{r['row']}`" + (" (the default answer: IDG, no post-step)" if r.get("reference") else "")
+        lines.append(line(label, figures, versus, peer, note))
+        if "peer" in r and any(f"peer_attr_per_s_{b}" in r for b in sizes):
+            lines.append(line(f"{r['peer']} (peer of `{r['row']}`)",
+                              [f"{r[f'peer_attr_per_s_{b}']:.2f}" if f"peer_attr_per_s_{b}" in r else "n/a" for b in sizes],
+                              [_ratio_text(q.get("peer_vs_default")) for q in ratios], [""] * len(sizes), ""))
+    lines.append("")
+    if reference is not None:
+        lines += ["vs default: the row's attributions/s over the default answer's at the same batch size, in this run on the "
+                  "same images (20.00x: twenty times as many attributions per second)."
+                  + (" vs pytorch-grad-cam: ours over the peer library's on the same model and the same CAM layer (> 1: ours is "
+                     "faster); the peer is called as it is used, all images in one call: a forward pass, `loss.backward()` "
+                     "(which also computes the gradients of the weights that have them), its maps resized to the input by "
+                     "OpenCV and scaled to [0, 1]." if peers else ""), ""]
+    if any(not r.get("peer_installed", True) for r in peers):
+        lines += ["pytorch-grad-cam was not installed for this run (`scripts/setup.sh dev` puts grad-cam 1.5.7 in "
+                  "`.venv/peers/gradcam`): peer not installed, no peer figures.", ""]
+    return lines
+
+
 def render(meta: dict, speed: list[dict], load: list[dict], rows: list[dict] | None = None) -> str:
     """The Markdown report of one run (also: ``python -m benchmarks.run --render results/benchmarks/X.json``)."""
     ceiling = meta.get("ceiling_tflops")
@@ -73,14 +131,7 @@ def render(meta: dict, speed: list[dict], load: list[dict], rows: list[dict] | N
                   "FLOPs from PyTorch's counter: (probe forward + 3 x main-pass forward) x points.", ""]
     rows = rows or []
     if rows:
-        sizes = sorted({int(k.rsplit("_", 1)[1]) for r in rows for k in r if k.startswith("attr_per_s_")})
-        lines += ["## Region rows (attributions/s; each as the service answers it, without the prediction's pass)", "",
-                  "| row | " + " | ".join(f"{b} image{'s' if b > 1 else ''}" for b in sizes) + " |",
-                  "|---|" + "---|" * len(sizes)]
-        for r in rows:
-            cells = [f"{r[f'attr_per_s_{b}']:.2f}" if f"attr_per_s_{b}" in r else "n/a" for b in sizes]
-            lines.append(f"| `{r['row']}` | " + " | ".join(cells) + " |" + (f" {r['error']}" if "error" in r else ""))
-        lines.append("")
+        lines += _rows_table(rows)
     if rows and not speed:  # --rows-only
         return "\n".join(lines)
     lines += ["## Attribution speed (seconds per attribution; ratios > 1 mean ours is faster)", "",
@@ -148,7 +199,9 @@ def _write(out: Path, label: str, meta: dict, speed: list[dict], load: list[dict
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--label", default="cpu-efficientnet_lite0")
+    p.add_argument("--label", default=None,
+                   help="the results' file name (default: cpu-efficientnet_lite0; with --rows-only cpu-efficientnet_lite0-rows, "
+                        "so a rows-only run does not overwrite the full run's files)")
     p.add_argument("--model", default="efficientnet_lite0")
     p.add_argument("--weights", default=None,
                    help="a torchvision ARCH's weights file or 'random'; --model also takes any IDG_MODELS entry (NAME=SOURCE)")
@@ -181,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave glibc's malloc at its defaults, here and in the service (IDG_KEEP_FREED_MEMORY=false)")
     p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
     p.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS),
-                   help="region rows whose attributions/s to measure (default: all; none: skip)")
+                   help="region rows whose attributions/s to measure, with the default answer's (IDG fast, no post-step) and, "
+                        "for gradcam and gradcam_pp, pytorch-grad-cam's in the same run (default: all; none: skip)")
     p.add_argument("--rows-only", action="store_true", help="measure the region rows alone (no Captum table, no load)")
     args = p.parse_args(argv)
+    args.label = args.label or ("cpu-efficientnet_lite0-rows" if args.rows_only else "cpu-efficientnet_lite0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.render:
         data = json.loads(args.render.read_text())

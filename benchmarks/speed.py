@@ -3,6 +3,10 @@
 The authors' way is their computation pattern: one image at a time, path points in batches of 25
 (probe, then main pass). Captum's IntegratedGradients (n_steps=50, internal batch) is the peer
 library; it computes IG, which needs no probe pass, so IDG costs ~1.33x its passes by design.
+
+The region rows (:func:`run_rows`: Grad-CAM, XRAI, the CAM post-steps) are measured against the service's default
+answer and, for Grad-CAM and Grad-CAM++, against the peer library pytorch-grad-cam (:mod:`benchmarks.gradcam_peer`),
+in the same run on the same images.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from benchmarks.gradcam_peer import PEER_CLASSES, PEER_FOLDER, PEER_VERSION, load_peer, peer_cam, peer_target
 from benchmarks.samples import bench_photos
 from idg_core import idg, ig, resolve_baseline
-from idg_core.presets import ROWS, attribute, preset_cost
+from idg_core.presets import DEFAULT_PRESET, ROWS, attribute, preset_cost
 from idg_models import ImageClassifier, decode_image, image_files, imagenet_label
 from idg_models.compiled import compiled_part
 from idg_models.fuse import fusion_available
@@ -242,20 +247,50 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
     return rows
 
 
+DEFAULT_ROW = f"idg@{DEFAULT_PRESET}"
+"""The reference of the region rows: IDG at the default preset without a post-step, the service's default answer."""
+
+
+def row_ratios(row: dict[str, Any], reference: dict[str, Any], b: int) -> dict[str, float]:
+    """At batch size ``b``, from the figures of a region row and of the default's (``reference``): the row's
+    attributions/s over the default's (``vs_default``), its peer's over the default's (``peer_vs_default``) and the
+    row's over its peer's (``vs_peer``); each only where both figures are there."""
+    ours, peer, default = row.get(f"attr_per_s_{b}"), row.get(f"peer_attr_per_s_{b}"), reference.get(f"attr_per_s_{b}")
+    pairs = {"vs_default": (ours, default), "peer_vs_default": (peer, default), "vs_peer": (ours, peer)}
+    return {name: top / bottom for name, (top, bottom) in pairs.items() if top and bottom}
+
+
 def run_rows(model: ImageClassifier, images: Tensor, targets: list[int], batch_sizes: list[int], rows: list[str], *,
-             device: torch.device, batch_size: int = 32, repeats: int = 1) -> list[dict[str, Any]]:
+             device: torch.device, batch_size: int = 32, repeats: int = 1,
+             peer_folder: Path = PEER_FOLDER) -> list[dict[str, Any]]:
     """Attributions per second of the region rows (:data:`idg_core.presets.ROWS`: Grad-CAM, XRAI and Grad-CAM's
-    post-steps over IDG), each as the service answers it (:func:`idg_core.presets.attribute`), on the same images at each
-    batch size, the first size after a warm-up run (the CAM layer found, SciPy loaded); a row the model cannot run (no
-    CAM layer) keeps its reason instead of figures."""
+    post-steps over IDG), each as the service answers it (:func:`idg_core.presets.attribute`), with their references
+    measured in the same run on the same images at each batch size, the first size after a warm-up run (the CAM layer
+    found, SciPy loaded):
+
+    - the default answer first (:data:`DEFAULT_ROW`, ``reference: True``); each row's ``vs_default_{b}`` is its
+      attributions/s over the default's;
+    - for ``gradcam`` and ``gradcam_pp``, the peer library pytorch-grad-cam's GradCAM and GradCAMPlusPlus on the same
+      model and layer (:func:`benchmarks.gradcam_peer.peer_target`), all images in one call as it is used:
+      ``peer_attr_per_s_{b}``, ``peer_vs_default_{b}`` and ours over it, ``vs_peer_{b}``; ``peer_installed: False``
+      where ``peer_folder`` has none, ``peer_error`` where it cannot run on the model.
+
+    A row the model cannot run (no CAM layer) keeps its reason (``error``) instead of figures. No rows: nothing
+    measured, not even the default."""
+    if not rows:
+        return []
+    peer = load_peer(peer_folder) if set(rows) & set(PEER_CLASSES) else None  # its import takes seconds
+    hooked: tuple[torch.nn.Module, torch.nn.Module] | ValueError | None = None
     found = []
-    for name in rows:
-        fields = ROWS[name][0]
+    for name, fields in [(DEFAULT_ROW, {"method": "idg", "preset": DEFAULT_PRESET}), *((n, ROWS[n][0]) for n in rows)]:
         post: dict[str, Any] = {"postprocess": fields["postprocess"]} if "postprocess" in fields else {}
-        row: dict[str, Any] = {"row": name}
+        row: dict[str, Any] = {"row": name, **({"reference": True} if name == DEFAULT_ROW else {})}
+        if name in PEER_CLASSES:
+            row |= {"peer": f"pytorch-grad-cam {PEER_VERSION} {PEER_CLASSES[name]}", "peer_installed": peer is not None}
         for b in batch_sizes:
-            run = partial(attribute, model, images[:b].to(device), "mean", targets[:b], method=fields["method"],
-                          preset=fields.get("preset", "fast"), batch_size=batch_size, **post)
+            x, t = images[:b].to(device), targets[:b]
+            run = partial(attribute, model, x, "mean", t, method=fields["method"],
+                          preset=fields.get("preset", DEFAULT_PRESET), batch_size=batch_size, **post)
             try:
                 seconds = _timed(run, device, repeats, warm=b == batch_sizes[0])
             except ValueError as err:  # e.g. a model without a CAM layer: Grad-CAM's rows cannot run on it
@@ -263,7 +298,25 @@ def run_rows(model: ImageClassifier, images: Tensor, targets: list[int], batch_s
                 break
             row[f"attr_per_s_{b}"] = b / seconds
             log.info("batch %d %s: %.2f attributions/s", b, name, b / seconds)
+            if peer is None or name not in PEER_CLASSES or "peer_error" in row:
+                continue
+            if hooked is None:
+                try:
+                    hooked = peer_target(model)
+                except ValueError as err:
+                    hooked = err
+            if isinstance(hooked, ValueError):
+                row["peer_error"] = str(hooked)
+                continue
+            with peer_cam(peer, name, *hooked) as cam:
+                seconds = _timed(partial(cam, x, t), device, repeats, warm=b == batch_sizes[0])
+            hooked[0].zero_grad(set_to_none=True)  # the peer's backward leaves the weights' gradients
+            row[f"peer_attr_per_s_{b}"] = b / seconds
+            log.info("batch %d %s: %.2f attributions/s", b, row["peer"], b / seconds)
         found.append(row)
+    for row in found[1:]:
+        for b in batch_sizes:
+            row |= {f"{name}_{b}": value for name, value in row_ratios(row, found[0], b).items()}
     return found
 
 

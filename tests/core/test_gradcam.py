@@ -2,13 +2,12 @@
 one forward and one backward pass, the layer found (or named) the same on a plain module, an ImageClassifier, a tuned
 (folded and fused) network, torchvision's, timm's and the zoo's models, a clear error where there is none, and each map
 held against ``pytorch-grad-cam`` 1.5.7 itself on the same layer (installed apart by ``scripts/setup.sh dev`` into
-``.venv/peers/gradcam``; those comparisons skip where it is absent)."""
+``.venv/peers/gradcam``, loaded and hooked as the benchmark does it: :mod:`benchmarks.gradcam_peer`; those comparisons
+skip where it is absent)."""
 
 from __future__ import annotations
 
 import copy
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +15,23 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from benchmarks.gradcam_peer import load_peer, peer_cam, peer_target
 from idg_core.budget import WorkBound
 from idg_core.methods import METHODS, gradcam, gradcam_plan, gradcam_pp, ig_plan
 from idg_core.model_calls import CallStats, run_plans
 from idg_models.models_file import parse_table
 from idg_models.zoo import ImageClassifier, Preprocessing
 
-PEER = Path(__file__).resolve().parents[2] / ".venv" / "peers" / "gradcam"
 IDENTITY = Preprocessing(8, 6, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
 
 
 def _peer() -> Any:
-    """``pytorch_grad_cam`` from its folder apart (appended to ``sys.path``: .venv's torch and numpy stay first)."""
-    if not (PEER / ".installed-grad-cam==1.5.7").is_file():
+    """``pytorch_grad_cam`` from its folder apart (:func:`benchmarks.gradcam_peer.load_peer`: .venv's torch and numpy
+    stay first); the test skips where it is absent."""
+    peer = load_peer()
+    if peer is None:
         pytest.skip("pytorch-grad-cam is not installed apart (scripts/setup.sh dev puts it in .venv/peers/gradcam)")
-    if str(PEER) not in sys.path:
-        sys.path.append(str(PEER))
-    import pytorch_grad_cam  # type: ignore[import-not-found]
-
-    return pytorch_grad_cam
+    return peer
 
 
 def _gap_net(seed: int = 0) -> nn.Sequential:
@@ -196,29 +193,11 @@ def test_the_maps_are_pytorch_grad_cams_on_the_same_layer(name: str) -> None:
     _assert_peer(ours, theirs, 2e-6)
 
 
-def _head_apart(model: ImageClassifier) -> ImageClassifier:
-    """A copy of an EfficientNet-Lite whose head's ReLU6 is a module of its own (``_head_act``): the same function, but
-    a layer pytorch-grad-cam can hook (its shared ``_swish`` is called by the stem first, which the peer would read)."""
-    peer = copy.deepcopy(model)
-    net = peer.net
-
-    def extract_features(self: Any, inputs: Tensor) -> Tensor:
-        x = self._swish(self._bn0(self._conv_stem(inputs)))
-        for idx, block in enumerate(self._blocks):
-            rate = self._global_params.drop_connect_rate
-            x = block(x, drop_connect_rate=rate * float(idx) / len(self._blocks) if rate else rate)
-        out: Tensor = self._head_act(self._bn1(self._conv_head(x)))
-        return out
-
-    net._head_act = nn.ReLU6()
-    setattr(net, "extract_features", types.MethodType(extract_features, net))  # noqa: B010 - an instance's own method
-    return peer
-
-
 @pytest.mark.slow
 def test_efficientnet_lite0s_maps_are_pytorch_grad_cams_on_the_heads_bn_and_relu6_served_or_not() -> None:
     from idg_models import efficientnet_lite
-    from idg_models.speed import tuned
+    from idg_models.fuse import FusedConvActivation
+    from idg_models.speed import fold_batchnorm, tuned
 
     model = efficientnet_lite("efficientnet_lite0")
     assert model.cam_target()[1] is model.net._swish  # its last call: the head's, after the BN
@@ -229,13 +208,21 @@ def test_efficientnet_lite0s_maps_are_pytorch_grad_cams_on_the_heads_bn_and_relu
     for n, maps in ours.items():
         torch.testing.assert_close(_scaled(METHODS[n](served, x, None, targets).attributions.sum(1)), _scaled(maps), rtol=0, atol=2e-3)
     gc = _peer()
-    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
-
-    peer = _head_apart(model)
-    for n, cls in (("gradcam", gc.GradCAM), ("gradcam_pp", gc.GradCAMPlusPlus)):
-        with cls(model=peer, target_layers=[peer.net._head_act]) as cam:
-            theirs = torch.from_numpy(cam(input_tensor=x, targets=[ClassifierOutputTarget(t) for t in targets]))
-        _assert_peer(ours[n], theirs, 1e-5)  # measured: 1e-6
+    # hooked as the benchmark hooks it (benchmarks/gradcam_peer.py peer_target): as loaded, head_apart's copy, whose
+    # head's ReLU6 is a module of its own; with batch norm folded (a torch.fx graph), the same; as served on the CPU,
+    # the head's fused convolution itself, called once
+    peer, layer = peer_target(model)
+    assert peer is not model and layer is peer.net.get_submodule("_head_act")
+    for n in ("gradcam", "gradcam_pp"):
+        with peer_cam(gc, n, peer, layer) as cam:
+            _assert_peer(ours[n], torch.from_numpy(cam(x, targets)), 1e-5)  # measured: 1e-6
+    folded = copy.deepcopy(model)
+    folded.net = fold_batchnorm(folded.net)
+    for net, kind in ((folded, nn.ReLU6), (served, FusedConvActivation)):
+        peer, layer = peer_target(net)
+        assert type(layer) is kind and (peer is net) == (kind is FusedConvActivation)
+        with peer_cam(gc, "gradcam", peer, layer) as cam:
+            _assert_peer(ours["gradcam"], torch.from_numpy(cam(x, targets)), 2e-3)  # the served map's rounding, as above
 
 
 def test_a_compiled_network_gives_its_cam_uncompiled_and_compiles_nothing_for_it() -> None:
