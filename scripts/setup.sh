@@ -118,7 +118,8 @@ fi
 # pytorch-grad-cam (PyPI grad-cam 1.5.7) for tests/core/test_gradcam.py, which holds the gradcam and gradcam_pp maps
 # against its GradCAM and GradCAMPlusPlus on the same layer: installed without its dependencies (torch, torchvision,
 # numpy, scipy, matplotlib and tqdm are in .venv; its own pins would pull CUDA wheels) into a folder of its own
-# (.venv/peers/gradcam, put on sys.path by that test only), with what `import pytorch_grad_cam` truly needs beside them:
+# (.venv/peers/gradcam, put on sys.path by that test and by the rows benchmark,
+# benchmarks/gradcam_peer.py), with what `import pytorch_grad_cam` truly needs beside them:
 # OpenCV (headless), ttach and scikit-learn with its pure-Python dependencies. About 210 MB, once (its stamp); where it
 # cannot be had, that test's comparisons skip.
 GRADCAM=grad-cam==1.5.7
