@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 from benchmarks.gradcam_peer import PEER_CLASSES, PEER_FOLDER, PEER_VERSION, load_peer, peer_cam, peer_target
 from benchmarks.samples import bench_photos
 from idg_core import idg, ig, resolve_baseline
-from idg_core.presets import DEFAULT_PRESET, ROWS, attribute, preset_cost
+from idg_core.presets import DEFAULT_PRESET, ROWS, attribute, preset_cost, row_post
 from idg_models import ImageClassifier, decode_image, image_files, imagenet_label
 from idg_models.compiled import compiled_part
 from idg_models.fuse import fusion_available
@@ -283,7 +283,7 @@ def run_rows(model: ImageClassifier, images: Tensor, targets: list[int], batch_s
     hooked: tuple[torch.nn.Module, torch.nn.Module] | ValueError | None = None
     found = []
     for name, fields in [(DEFAULT_ROW, {"method": "idg", "preset": DEFAULT_PRESET}), *((n, ROWS[n][0]) for n in rows)]:
-        post: dict[str, Any] = {"postprocess": fields["postprocess"]} if "postprocess" in fields else {}
+        post = row_post(fields)
         row: dict[str, Any] = {"row": name, **({"reference": True} if name == DEFAULT_ROW else {})}
         if name in PEER_CLASSES:
             row |= {"peer": f"pytorch-grad-cam {PEER_VERSION} {PEER_CLASSES[name]}", "peer_installed": peer is not None}

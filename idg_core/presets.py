@@ -20,7 +20,7 @@ Explicit ``steps``/``probe_steps`` and a request's own ``postprocess`` / ``smoot
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torch import Tensor
@@ -31,8 +31,8 @@ from idg_core.model_calls import CallStats
 from idg_core.postprocess import build_plan
 from idg_core.types import AttributionResult, BaselineLike, Model, Plan
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_NAMES", "PRESET_STANDING", "PRESET_SUMMARY", "ROWS", "Preset", "attribute",
-           "preset_cost", "preset_params", "preset_post"]
+__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_NAMES", "PRESET_STANDING", "PRESET_SUMMARY", "ROWS", "SMOOTH_PRODUCT", "Preset",
+           "attribute", "preset_cost", "preset_params", "preset_post", "row_post"]
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     name: {preset: dict(m.presets.get(preset, {})) for preset in PRESET_NAMES} for name, m in METHODS.items()
@@ -75,28 +75,45 @@ PRESET_STANDING: dict[str, str] = {
 """Where each preset stands in the measurements that chose it, in a line (the tables: docs/methods/presets.md)."""
 
 
-_HINT = "a hint, 3 sample photos on Lite0 (insertion / deletion / SIC / AIC; fast: 0.729 / 0.254 / 0.314 / 0.400): "
+SMOOTH_PRODUCT = "idg@fast+SmoothGrad+cam_product:smooth_samples=2,smooth_probe=shared,smooth_std=0.1"
+"""IDG fast over two noisy copies sharing its probe (noise 0.1), times Grad-CAM's map (41 forward passes): the row of the
+region search (results/region-search-2026-12-02/) first or tied on all five metrics against AGI, IDG 50/50, Spectral IG
+and Grad-CAM on Lite0's 65 sample photos."""
+_LITE0 = ("65 sample photos, Lite0, results/region-search-2026-12-02 (insertion / deletion / SIC / AIC; fast: 0.567 / 0.121 / "
+          "0.478 / 0.610): ")
 ROWS: dict[str, tuple[dict[str, str], str]] = {
-    "gradcam": ({"method": "gradcam"}, "against fast on 100 photos outside the samples (Lite0): ahead on SIC (+0.167 +- 0.051) "
-                "and AIC (+0.167 +- 0.062), tied on insertion, behind on deletion (0.200 against 0.103); " + _HINT
-                + "0.784 / 0.279 / 0.593 / 0.617"),
+    "gradcam": ({"method": "gradcam"}, _LITE0 + "0.591 / 0.208 / 0.632 / 0.730, ahead of AGI, IDG 50/50 and Spectral IG on SIC "
+                "and AIC, behind them on deletion; on 100 photos outside the samples against fast: ahead on SIC (+0.167 +- "
+                "0.051) and AIC (+0.167 +- 0.062), tied on insertion, behind on deletion (0.200 against 0.103)"),
     "gradcam_pp": ({"method": "gradcam_pp"}, "not measured: no faithfulness run of it yet"),
-    "idg@fast+XRAI": ({"method": "idg", "preset": "fast", "postprocess": "xrai"}, _HINT + "0.697 / 0.386 / 0.432 / 0.534"),
-    "idg@fast+cam_regions": ({"method": "idg", "preset": "fast", "postprocess": "cam_regions"}, _HINT
-                             + "0.773 / 0.301 / 0.577 / 0.629, ahead of fast on SIC and AIC on all 3, behind on deletion on 2"),
-    "idg@fast+cam_product": ({"method": "idg", "preset": "fast", "postprocess": "cam_product"}, _HINT
-                             + "0.758 / 0.274 / 0.487 / 0.534, ahead of fast on SIC on all 3 and AIC on 2, behind on deletion on 2"),
+    "idg@fast+XRAI": ({"method": "idg", "preset": "fast", "postprocess": "xrai"}, _LITE0 + "0.570 / 0.248 / 0.592 / 0.710, "
+                      "ahead of AGI, IDG 50/50 and Spectral IG on SIC and AIC, behind every reference on deletion and DiffID"),
+    "idg@fast+cam_regions": ({"method": "idg", "preset": "fast", "postprocess": "cam_regions"}, _LITE0 + "0.597 / 0.172 / "
+                             "0.625 / 0.708, tied with Grad-CAM on SIC and AIC, behind IDG 50/50 and Spectral IG on deletion"),
+    "idg@fast+cam_product": ({"method": "idg", "preset": "fast", "postprocess": "cam_product"}, _LITE0 + "0.603 / 0.120 / "
+                             "0.573 / 0.657, first or tied against AGI, IDG 50/50 and Spectral IG on all five, behind Grad-CAM "
+                             "on SIC (-0.059 +- 0.046) and AIC (-0.073 +- 0.072)"),
+    SMOOTH_PRODUCT: ({"method": "idg", "preset": "fast", "smooth_samples": "2", "smooth_probe": "shared", "smooth_std": "0.1",
+                      "postprocess": "cam_product"}, _LITE0 + "0.600 / 0.115 / 0.593 / 0.685, first or tied against AGI, IDG "
+                     "50/50, Spectral IG and Grad-CAM on insertion, deletion, SIC, AIC and DiffID: the issue #72 rule, met on "
+                     "Lite0 (Lite1 and Lite2: results/region-search-2026-12-02/README.md)"),
 }
 """Rows beside the presets, by the evaluation's row name: the request fields that ask for each, and where it stands
 (docs/methods/xrai.md has the table)."""
 
 
-def preset_cost(method: str, preset: str = DEFAULT_PRESET, postprocess: str | None = None) -> WorkBound:
-    """The most model passes one image's ``method`` costs at ``preset``, its post-steps included (``postprocess``: over
-    the preset's), without the prediction the service makes first."""
+def preset_cost(method: str, preset: str = DEFAULT_PRESET, postprocess: str | None = None, **post: Any) -> WorkBound:
+    """The most model passes one image's ``method`` costs at ``preset``, its post-steps included (``postprocess`` and
+    ``post``'s ``smooth_*``: over the preset's), without the prediction the service makes first."""
     spec = _method(method)
-    post = spec.preset_post(preset) | ({"postprocess": postprocess} if postprocess else {})
-    return postprocess_bound(spec.bound(spec.validate(**spec.preset(preset))), post)
+    steps = spec.preset_post(preset) | ({"postprocess": postprocess} if postprocess else {}) | post
+    return postprocess_bound(spec.bound(spec.validate(**spec.preset(preset))), steps)
+
+
+def row_post(fields: Mapping[str, str]) -> dict[str, Any]:
+    """The post-steps a row's request fields (:data:`ROWS`, form text) ask for, typed as :func:`attribute` takes them."""
+    types: dict[str, Callable[[str], Any]] = {"smooth_samples": int, "smooth_std": float}
+    return {k: types.get(k, str)(v) for k, v in fields.items() if k in POST_STEPS}
 
 
 def attribute(model: Model, x: Tensor, baseline: BaselineLike, target: int | Tensor | Iterable[int], *, method: str = "idg",

@@ -11,7 +11,7 @@ from httpx import AsyncClient
 from app.core.config import Settings
 from app.main import create_app
 from idg_client import parse_attribution
-from idg_core.presets import ROWS
+from idg_core.presets import ROWS, SMOOTH_PRODUCT
 from idg_models.zoo import ImageClassifier, Preprocessing
 from tests.models import tiny_classifier
 from tests.service.conftest import AppFactory, image_bytes, serve
@@ -83,8 +83,14 @@ async def test_models_lists_the_region_rows_with_their_cost_and_standing(tiny_ap
         row = rows[f"idg@fast+{kind}"]
         assert row["request"] == {"method": "idg", "preset": "fast", "postprocess": kind}
         assert row["cost"] == {"forward_passes": fast["forward_passes"] + 1, "backward_passes": fast["backward_passes"] + 1}
+    smooth = rows[SMOOTH_PRODUCT]  # fast's probe once, its 16 main steps on each of 2 copies, Grad-CAM's pass
+    assert smooth["cost"] == {"forward_passes": 8 + 2 * 16 + 1 + 1, "backward_passes": 2 * 16 + 1}  # within issue #72's 50
     assert all(r["standing"] for r in rows.values())
-    assert "hint" in rows["idg@fast+cam_product"]["standing"] and "not measured" in rows["gradcam_pp"]["standing"]
+    assert "65 sample photos" in rows["idg@fast+cam_product"]["standing"] and "not measured" in rows["gradcam_pp"]["standing"]
+    async with serve(tiny_app()) as client:  # each row's request costs what /models says
+        for name, row in rows.items():
+            body = await _attribute(client, **row["request"])
+            assert body["cost"] == row["cost"], name  # both with the prediction's pass
 
 
 async def test_a_refusal_over_the_pass_limit_counts_gradcams_pass(tiny_app: AppFactory) -> None:

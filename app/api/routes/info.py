@@ -13,7 +13,7 @@ from app.monitoring.prometheus import exposition
 from app.schemas import ERROR_RESPONSES, Cost, ModelInfo, ModelsResponse, PresetInfo, RowInfo, method_parameters
 from app.service import Service
 from idg_core import METHODS
-from idg_core.presets import DEFAULT_PRESET, PRESET_NAMES, PRESET_STANDING, PRESET_SUMMARY, PRESETS, ROWS, preset_cost
+from idg_core.presets import DEFAULT_PRESET, PRESET_NAMES, PRESET_STANDING, PRESET_SUMMARY, PRESETS, ROWS, preset_cost, row_post
 from idg_models.compiled import compiled_part
 from idg_models.speed import model_precision
 
@@ -56,7 +56,7 @@ def preset_infos() -> list[PresetInfo]:
 def row_infos() -> list[RowInfo]:
     """The region rows beside the presets: the fields that ask for each, its cost (with the prediction) and standing."""
     def cost(f: dict[str, str]) -> Cost:
-        bound = preset_cost(f["method"], f.get("preset", DEFAULT_PRESET), f.get("postprocess")).plus_forward(1)
+        bound = preset_cost(f["method"], f.get("preset", DEFAULT_PRESET), **row_post(f)).plus_forward(1)
         return Cost(forward_passes=bound.forward, backward_passes=bound.backward)
 
     return [RowInfo(name=name, request=fields, cost=cost(fields), standing=standing) for name, (fields, standing) in ROWS.items()]
