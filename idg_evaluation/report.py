@@ -230,10 +230,10 @@ def row_bound(name: str) -> WorkBound | None:
 RULE_METRICS = (*METRICS, *DERIVED)
 """What :func:`first_or_tied` reads: the four metrics and DiffID."""
 RULE_REFS = ("AGI", "IDG", "SIG")
-"""The references every candidate is held against: AGI, IDG 50/50 and Spectral IG (issue #47)."""
+"""The references every candidate is held against: AGI, IDG 50/50 and Spectral IG."""
 CHEAP_PEERS = ("gradcam",)
-"""References too where the run has them (issue #72): Grad-CAM, one forward and one backward pass, which users pick for
-its region maps."""
+"""References too where the run has them: Grad-CAM, one forward and one backward pass, which users pick for its region
+maps, so a row that trails it on SIC or AIC does not pass for first."""
 
 
 def first_or_tied(records: list[dict[str, Any]], candidates: list[str], refs: tuple[str, ...] = RULE_REFS,
@@ -324,7 +324,7 @@ def write_report(records: list[dict[str, Any]], out: Path, *, machine: str, date
                   *_paired_pairs(records, [(v, r) for v in variants for r in refs]), ""]
     if "AGI" in main and len(main) > 2:
         lines += ["### Choosing the `quality` preset", "", *preset_choice(records, main, ranks)[1], ""]
-    rule_refs = RULE_REFS + tuple(r for r in CHEAP_PEERS if r in names)  # issue #72: the cheap peer a user picks instead too
+    rule_refs = RULE_REFS + tuple(r for r in CHEAP_PEERS if r in names)  # the cheap peer a user picks instead, too
     candidates = [n for n in variants if n not in rule_refs]
     if candidates and {"AGI", "IDG"} <= set(names):
         peers = rule_refs[len(RULE_REFS):]
