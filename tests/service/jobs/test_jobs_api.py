@@ -87,7 +87,9 @@ async def test_answers_of_one_model_batch_are_stored_together_and_each_once(tiny
         status = await wait_done(client, job["id"])
         assert (status["done"], status["failed"]) == (32, 0)
         assert sorted(line["index"] for line in await results(client, job["id"], summary="true")) == list(range(32))
-        assert sum(writes) == 32 and len(writes) < 16 and max(writes) > 1, writes
+        # one write per answer would be 32; how many a write carries depends on how the images' decoding spread them over
+        # model batches (fewer under a loaded CPU: 17 writes were seen beside another job), so the count is not held
+        assert sum(writes) == 32 and len(writes) < 32 and max(writes) > 1, writes
         assert app.state.jobs.answered == 32
 
 
