@@ -96,7 +96,7 @@ ROWS: dict[str, tuple[dict[str, str], str]] = {
     SMOOTH_PRODUCT: ({"method": "idg", "preset": "fast", "smooth_samples": "2", "smooth_probe": "shared", "smooth_std": "0.1",
                       "postprocess": "cam_product"}, _LITE0 + "0.600 / 0.115 / 0.593 / 0.685, first or tied against AGI, IDG "
                      "50/50, Spectral IG and Grad-CAM on insertion, deletion, SIC, AIC and DiffID: the issue #72 rule, met on "
-                     "Lite0 (Lite1 and Lite2: results/region-search-2026-12-02/README.md)"),
+                     "Lite0 and on Lite1 (65 photos each); Lite2 not yet measured in full (results/region-search-2026-12-02/README.md)"),
 }
 """Rows beside the presets, by the evaluation's row name: the request fields that ask for each, and where it stands
 (docs/methods/xrai.md has the table)."""
