@@ -35,12 +35,14 @@ class AttributeCommon(PredictParams):
 
     method: MethodName = Field("idg", description="Attribution method: " + ", ".join(f"{n} ({m.summary})" for n, m in METHODS.items()))
     target: int | None = Field(None, ge=0, description="Class index to explain; default: the predicted class")
-    preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'fast' (the default; for IDG the fewest steps whose insertion "
-                           "and deletion stay within noise of IDG-50/50 on sample photos, 8 probe / 16 main, 25 passes with the "
-                           "prediction), 'paper' (the paper's 50 steps) or 'quality' (IDG fast + RankMix + SmoothGrad over "
-                           f"{METHODS['idg'].presets['quality']['smooth_samples']} noisy copies, chosen by faithfulness against "
-                           "AGI on sample photos); GET /models lists what each sets, costs and where it stands. Explicit steps / "
-                           "probe_steps / max_iter / postprocess / smooth_* override it. The other methods run their own presets")
+    preset: Preset = Field(DEFAULT_PRESET, description="Cost preset: 'balanced' (the default; for IDG 8 probe / 16 main steps "
+                           "over 2 noisy copies sharing the probe, times Grad-CAM's map, 42 passes with the prediction: first or "
+                           "tied on all five faithfulness metrics against AGI, IDG-50/50, Spectral IG and Grad-CAM on sample "
+                           "photos; 'fast' where the model has no layer Grad-CAM can read), 'fast' (IDG 8 probe / 16 main alone, "
+                           "25 passes), 'paper' (the paper's 50 steps) or 'quality' (IDG fast + RankMix + SmoothGrad over "
+                           f"{METHODS['idg'].presets['quality']['smooth_samples']} noisy copies); GET /models lists what each "
+                           "sets, costs and where it stands. Explicit steps / probe_steps / max_iter / postprocess / smooth_* "
+                           "override it. The other methods run their own presets ('balanced': their 'fast')")
     baseline: Literal["mean", "black"] = Field(
         "mean", description="Path start: 'mean' (the model's normalisation mean, zero in its normalised space as in the authors' "
         "code and the evaluation: the ImageNet mean colour for ImageNet-normalised models, grey for EfficientNet-Lite) or 'black'")

@@ -30,7 +30,7 @@ log = logging.getLogger("idg")
 
 
 # Not a list of choices: the presets are the server's (its 422 names them), so a preset it adds works here at once.
-PRESET_HELP = "cost preset: fast (the service's default), paper, quality, or any other the service takes"
+PRESET_HELP = "cost preset: balanced (the service's default), fast, paper, quality, or any other the service takes"
 MIN_POLL_S = 0.05
 """The shortest ``job wait --poll``: twenty status requests a second at most (0 had made about fifty, as fast as they came back)."""
 

@@ -2,19 +2,21 @@
 measuring faithfulness against cost. This module reads them back from the registry, with what each
 costs (:func:`preset_cost`) and where it stands (:data:`PRESET_STANDING`); docs/methods/presets.md has the tables.
 
-``fast`` is the service's default answer. For IDG it is 8 probe / 16 main steps, 24 forward + 16 gradient
-passes (25 with the prediction): the cheapest IDG whose insertion and deletion stay within noise of IDG-50/50
-and are not worse than IG-50, paired per image on the 65 sample photos (``python -m idg_evaluation --suite
-cost``) for EfficientNet-Lite0, Lite1 and Lite2. It does not meet the stricter rule ``quality`` was chosen by
-(first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG-50/50 and Spectral IG,
-:func:`idg_evaluation.report.first_or_tied`): no setting measured meets that rule on all three models, none
-within 50 passes and not ``quality`` (the search and its table: docs/methods/presets.md).
+``balanced`` is the service's default answer. For IDG it is ``fast``'s 8 probe / 16 main steps over two noisy copies
+(noise 0.1) sharing one probe, times Grad-CAM's map: 41 forward + 33 gradient passes (42 with the prediction). It is the
+only setting within 50 passes that is first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG-50/50,
+Spectral IG and Grad-CAM, paired per image on the 65 sample photos (:func:`idg_evaluation.report.first_or_tied`), on
+EfficientNet-Lite0, Lite1 and Lite2 (results/region-search-2026-12-02/). Grad-CAM's map gives the answer its regions (what
+SIC and AIC reward); IDG's pixels keep their order inside them (what deletion rewards). A method that does not declare
+``balanced`` runs its ``fast``, and so does IDG on a model without a layer Grad-CAM can read (:func:`preset_for`).
+``fast`` is IDG 8/16 alone, 24 forward + 16 gradient passes: the cheapest IDG whose insertion and deletion stay within
+noise of IDG-50/50 and are not worse than IG-50 (``python -m idg_evaluation --suite cost``), behind Grad-CAM on SIC and AIC.
 ``paper`` is the paper's setting for every method (IDG N = M = 50, 50 steps elsewhere). ``quality`` is ``fast``'s
 steps with RankMix (the map and its IDGI map rank-averaged) inside and SmoothGrad over 16 noisy copies (σ 0.15)
-around it, 16 × (8 + 16) = 384 forward and 256 gradient passes, within ten times AGI's 40, chosen by that rule on
-Lite0; it meets it on Lite1 too, and on Lite2 is behind IDG-50/50 on insertion. Only IDG's presets were chosen by
-measurement here; the other methods declare theirs in their files (fewer steps under ``fast`` for EG, IDG-EG, LA
-and Spectral IG).
+around it, 16 × (8 + 16) = 384 forward and 256 gradient passes, within ten times AGI's 40, first or tied against AGI,
+IDG-50/50 and Spectral IG on Lite0 and Lite1; on Lite2 behind IDG-50/50 on insertion, and behind Grad-CAM on SIC. Only
+IDG's presets were chosen by measurement here; the other methods declare theirs in their files (fewer steps under
+``fast`` for EG, IDG-EG, LA and Spectral IG).
 Explicit ``steps``/``probe_steps`` and a request's own ``postprocess`` / ``smooth_*`` override a preset's.
 """
 
@@ -25,19 +27,21 @@ from typing import Any
 
 from torch import Tensor
 
-from idg_core.budget import WorkBound, postprocess_bound
-from idg_core.methods import DEFAULT_PRESET, METHODS, POST_STEPS, PRESET_NAMES, Method, Preset, run_method
+from idg_core.budget import CAM_POSTPROCESS, WorkBound, postprocess_bound
+from idg_core.methods import DEFAULT_PRESET, METHODS, POST_STEPS, PRESET_BASE, PRESET_NAMES, Method, Preset, run_method
+from idg_core.methods._cam import check_cam_model
 from idg_core.model_calls import CallStats
 from idg_core.postprocess import build_plan
 from idg_core.types import AttributionResult, BaselineLike, Model, Plan
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_NAMES", "PRESET_STANDING", "PRESET_SUMMARY", "ROWS", "SMOOTH_PRODUCT", "Preset",
-           "attribute", "preset_cost", "preset_params", "preset_post", "row_post"]
+__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_BASE", "PRESET_NAMES", "PRESET_STANDING", "PRESET_SUMMARY", "ROWS",
+           "SMOOTH_PRODUCT", "Preset", "attribute", "preset_cost", "preset_for", "preset_params", "preset_post", "row_post"]
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    name: {preset: dict(m.presets.get(preset, {})) for preset in PRESET_NAMES} for name, m in METHODS.items()
+    name: {preset: m.preset_values(preset) for preset in PRESET_NAMES} for name, m in METHODS.items()
 }
-"""method -> preset -> what it sets (read from each method's file; a preset a method does not declare is empty)."""
+"""method -> preset -> what it sets (read from each method's file; a preset a method does not declare: its
+:data:`PRESET_BASE`'s, else empty)."""
 
 
 def _method(method: str) -> Method:
@@ -57,14 +61,32 @@ def preset_post(method: str, preset: str = DEFAULT_PRESET) -> dict[str, Any]:
     return _method(method).preset_post(preset)
 
 
+def preset_for(method: str, preset: str, cam_layer: Callable[[], object]) -> str:
+    """The preset ``method`` runs for ``preset`` on a model: ``preset`` itself, or its :data:`PRESET_BASE` where the
+    preset's post-step is Grad-CAM's and ``cam_layer()`` (the model's check, :func:`idg_core.methods._cam.check_cam_model`)
+    raises the ``ValueError`` saying the model has no layer Grad-CAM can read (a vision transformer)."""
+    if preset_post(method, preset).get("postprocess") not in CAM_POSTPROCESS or preset not in PRESET_BASE:
+        return preset
+    try:
+        cam_layer()
+    except ValueError:
+        return PRESET_BASE[preset]
+    return preset
+
+
 PRESET_SUMMARY: dict[str, str] = {
-    "fast": "the default: IDG 8 probe / 16 main steps",
+    "balanced": "the default: IDG 8 probe / 16 main steps over 2 noisy copies sharing the probe (noise 0.1), times "
+                "Grad-CAM's map; fast where the model has no layer Grad-CAM can read, and for the other methods",
+    "fast": "IDG 8 probe / 16 main steps",
     "paper": "the paper's settings: IDG 50 probe / 50 main steps, 50 steps for the other methods",
     "quality": "IDG 8 probe / 16 main steps with RankMix, SmoothGrad over 16 noisy copies (noise 0.15)",
 }
 """What each preset sets for IDG, in a line (the other methods' presets are in their files and :data:`PRESETS`)."""
 
 PRESET_STANDING: dict[str, str] = {
+    "balanced": "first or tied on insertion, deletion, SIC, AIC and DiffID against AGI, IDG-50/50, Spectral IG and Grad-CAM "
+                "on the 65 sample photos (EfficientNet-Lite0, Lite1, Lite2; results/region-search-2026-12-02); ahead of "
+                "Grad-CAM on deletion and DiffID, tied on SIC and AIC; not yet measured on photos outside the samples",
     "fast": "insertion and deletion within noise of IDG-50/50 and ahead of IG-50 on the 65 sample photos (EfficientNet-Lite0, "
             "Lite1, Lite2); behind AGI on SIC and AIC on Lite1 and on photos outside the samples (docs/methods/presets.md)",
     "paper": "the paper's IDG-50/50, one of the references the other presets are measured against (docs/methods/presets.md)",
@@ -122,8 +144,11 @@ def attribute(model: Model, x: Tensor, baseline: BaselineLike, target: int | Ten
     """``method`` at ``preset`` with the preset's post-steps, as the service answers it: at the default preset, the
     service's default answer (``idg()`` alone runs the method's own defaults, without post-steps). ``given``: method
     parameters and post-steps (``postprocess``, ``smooth_*``) over the preset's; ``seed``: the noisy copies' draw (the
-    service's ``seed``). Batched like the methods' functions (one plan per image, their points pooled)."""
+    service's ``seed``). Batched like the methods' functions (one plan per image, their points pooled). A preset whose
+    Grad-CAM step the model cannot take runs its base (:func:`preset_for`; a plain ``nn.Module``'s layer is only found
+    in its call: without one, the call's ``ValueError`` says so)."""
     spec = _method(method)
+    preset = preset_for(method, preset, lambda: check_cam_model(model))
     post = {**spec.preset_post(preset), **{k: v for k, v in given.items() if k in POST_STEPS}}
     params = preset_params(method, preset, **{k: v for k, v in given.items() if k not in POST_STEPS})
 

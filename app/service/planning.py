@@ -6,6 +6,7 @@ the service's bounds on cost, the post-steps and the faithfulness score. Every r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from torch import Tensor
@@ -20,7 +21,7 @@ from idg_core.faithfulness import parse_metrics
 from idg_core.methods import METHODS, POST_STEPS, InvalidParameter
 from idg_core.paths import resolve_baseline
 from idg_core.postprocess.compose import check_postprocess
-from idg_core.presets import preset_params, preset_post
+from idg_core.presets import preset_for, preset_params, preset_post
 from idg_core.types import PlanOf
 from idg_models import ImageClassifier
 
@@ -113,6 +114,9 @@ def explain_options(settings: Settings, params: AttributeCommon, model: ImageCla
     """The post-steps and faithfulness score a request asks for (422 when they do not apply; ``used``: the method's
     parameters, :func:`method_params`)."""
     chosen = post_steps(params)
+    if (chosen["smooth_probe"] == "shared" and "smooth_probe" not in params.model_fields_set
+            and METHODS[params.method].bound(used).probe == 0):  # a preset's shared probe, and the request runs none
+        chosen["smooth_probe"] = "own"  # (uniform=true): each copy runs as asked; the answer's parameters say so
     post: dict[str, Any] = {}
     if chosen["postprocess"] not in (None, "none"):  # idgi, rankmix, xrai, cam_regions or cam_product, checked below
         post["postprocess"] = chosen["postprocess"]
@@ -165,7 +169,7 @@ def answered_preset(params: AttributeCommon) -> str | None:
     if "preset" in params.model_fields_set:
         return params.preset
     given = set(params.method_values()) | {k for k in POST_STEPS if k in params.model_fields_set}
-    overridden = given & set(METHODS[params.method].presets.get(params.preset, {}))
+    overridden = given & set(METHODS[params.method].preset_values(params.preset))
     return None if overridden else params.preset
 
 
@@ -179,9 +183,13 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
             check(model)
         except ValueError as err:
             raise _invalid(f"{params.method} cannot explain model {model.name!r}: {err}") from err
+    cam_check = METHODS["gradcam"].check_model
+    if cam_check is not None and "postprocess" not in params.model_fields_set:
+        # a preset's Grad-CAM step on a model without its layer: the preset's base runs, and the answer names it
+        ran = preset_for(params.method, params.preset, partial(cam_check, model))
+        params = params.model_copy(update={"preset": ran}) if ran != params.preset else params
     kwargs = method_params(settings, params, model.num_classes)
     options = explain_options(settings, params, model, kwargs)
-    cam_check = METHODS["gradcam"].check_model
     if options.post.get("postprocess") in CAM_POSTPROCESS and cam_check is not None:  # Grad-CAM's layer, as method=gradcam's
         try:
             cam_check(model)

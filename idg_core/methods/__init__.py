@@ -20,7 +20,7 @@ from idg_core.methods import ig as _ig
 from idg_core.methods import la as _la
 from idg_core.methods import left_ig as _left_ig
 from idg_core.methods import spectral_ig as _spectral_ig
-from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_NAMES, Method, Preset, run_method
+from idg_core.methods._common import DEFAULT_PRESET, POST_STEPS, PRESET_BASE, PRESET_NAMES, Method, Preset, run_method
 from idg_core.methods.agi import agi, agi_plan
 from idg_core.methods.eg import eg, eg_plan
 from idg_core.methods.gradcam import gradcam, gradcam_plan
@@ -35,7 +35,7 @@ from idg_core.methods.params import InvalidParameter, Param, Params
 from idg_core.methods.spectral_ig import spectral_ig, spectral_ig_plan
 
 __all__ = [
-    "DEFAULT_PRESET", "METHODS", "POST_STEPS", "PRESET_NAMES", "InvalidParameter", "Method", "Param", "Params", "Preset",
+    "DEFAULT_PRESET", "METHODS", "POST_STEPS", "PRESET_BASE", "PRESET_NAMES", "InvalidParameter", "Method", "Param", "Params", "Preset",
     "WorkBound", "agi", "agi_plan", "eg", "eg_plan", "gradcam", "gradcam_plan", "gradcam_pp", "gradcam_pp_plan", "guided_ig",
     "guided_ig_plan", "idg", "idg_eg", "idg_eg_plan", "idg_plan",
     "ig", "ig_plan", "la", "la_plan", "left_ig", "left_ig_plan", "run_method", "spectral_ig", "spectral_ig_plan",

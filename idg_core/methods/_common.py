@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from idg_core._validation import check_int, prepare_batch
-from idg_core.budget import WorkBound
+from idg_core.budget import CAM_POSTPROCESS, WorkBound
 from idg_core.call_shapes import CallShapes
 from idg_core.methods.params import Params
 from idg_core.model_calls import CallStats, default_batch_size, run_plans
@@ -21,10 +21,14 @@ from idg_core.types import Answer, AttributionResult, BaselineLike, Model, Outpu
 
 PlanFactory = Callable[..., Plan]
 
-Preset = Literal["fast", "paper", "quality"]
+Preset = Literal["balanced", "fast", "paper", "quality"]
 """Named settings every method declares (:attr:`Method.presets`); :mod:`idg_core.presets` says how they were chosen."""
 PRESET_NAMES: tuple[str, ...] = get_args(Preset)
-DEFAULT_PRESET: Preset = "fast"
+DEFAULT_PRESET: Preset = "balanced"
+PRESET_BASE: dict[str, str] = {"balanced": "fast"}
+"""The preset a method runs in place of one it does not declare (``balanced`` is IDG's: the other methods run their
+``fast``), and in place of one whose Grad-CAM post-step the model cannot take (no spatial feature layer: a vision
+transformer); a preset not here falls to the method's defaults."""
 POST_STEPS = ("postprocess", "smooth_samples", "smooth_std", "smooth_kind", "smooth_probe", "xrai_order")
 """Keywords of :func:`idg_core.postprocess.build_plan` a preset may set beside the method's parameters."""
 
@@ -66,7 +70,7 @@ class Method:
             own = {k: v for k, v in values.items() if k not in POST_STEPS}
             self.params.validate(own)  # a preset that sets an unknown or bad value fails at import, not per request
             post = values.get("postprocess", "none")
-            if post not in ("none", "idgi", "rankmix") or (post != "none" and not self.straight_path):
+            if post not in ("none", "idgi", "rankmix", *CAM_POSTPROCESS) or (post in ("idgi", "rankmix") and not self.straight_path):
                 raise TypeError(f"{self.name}: preset {preset!r} sets postprocess={values['postprocess']!r}, which does not apply")
             if not isinstance(values.get("smooth_samples", 0), int) or values.get("smooth_samples", 0) < 0:
                 raise TypeError(f"{self.name}: preset {preset!r} sets smooth_samples={values['smooth_samples']!r}")
@@ -88,15 +92,22 @@ class Method:
         (a ``ValueError``) names an unknown or bad one. Builds nothing, calls no model."""
         return self.params.validate(kwargs)
 
-    def preset(self, name: str) -> dict[str, Any]:
-        """The method parameters preset ``name`` sets (empty: the method's defaults)."""
+    def preset_values(self, name: str) -> dict[str, Any]:
+        """Everything preset ``name`` sets: the method's declaration, else its :data:`PRESET_BASE`'s, else nothing (the
+        method's defaults)."""
         if name not in PRESET_NAMES:
             raise ValueError(f"preset must be one of {', '.join(PRESET_NAMES)}; got {name!r}")
-        return {k: v for k, v in self.presets.get(name, {}).items() if k not in POST_STEPS}
+        if name not in self.presets and name in PRESET_BASE:
+            return self.preset_values(PRESET_BASE[name])
+        return dict(self.presets.get(name, {}))
+
+    def preset(self, name: str) -> dict[str, Any]:
+        """The method parameters preset ``name`` sets (empty: the method's defaults)."""
+        return {k: v for k, v in self.preset_values(name).items() if k not in POST_STEPS}
 
     def preset_post(self, name: str) -> dict[str, Any]:
         """The post-steps preset ``name`` adds (keywords of :func:`idg_core.postprocess.build_plan`)."""
-        return {k: v for k, v in self.presets.get(name, {}).items() if k in POST_STEPS}
+        return {k: v for k, v in self.preset_values(name).items() if k in POST_STEPS}
 
 
 def run_method(

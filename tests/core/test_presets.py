@@ -7,12 +7,18 @@ import pytest
 
 from benchmarks.samples import imagenet_photos, missing_imagenet_samples
 from idg_core.methods import METHODS
-from idg_core.presets import DEFAULT_PRESET, PRESETS, attribute, preset_cost, preset_params, preset_post
+from idg_core.model_calls import CallStats
+from idg_core.presets import DEFAULT_PRESET, PRESETS, attribute, preset_cost, preset_for, preset_params, preset_post
 from idg_evaluation.runner import EvalConfig, evaluate_image
 
 
 def test_presets_name_steps_for_every_method_and_paper_is_the_papers() -> None:
-    assert DEFAULT_PRESET == "fast"
+    assert DEFAULT_PRESET == "balanced"
+    # the default is fast's steps over two copies sharing the probe, times Grad-CAM's map; the others run their fast
+    assert preset_params("idg") == preset_params("idg", "fast")
+    assert preset_post("idg") == {"smooth_samples": 2, "smooth_probe": "shared", "smooth_std": 0.1, "postprocess": "cam_product"}
+    assert all(PRESETS[m]["balanced"] == PRESETS[m]["fast"] for m in METHODS if m != "idg")
+    assert preset_cost("idg").forward == 8 + 2 * 16 + 1 and preset_cost("idg").backward == 2 * 16 + 1
     assert preset_params("idg", "paper") == {"probe_steps": 50, "steps": 50}
     fast = preset_params("idg")
     assert fast["steps"] < 50 and fast["probe_steps"] < 50  # fast is cheaper than the paper
@@ -24,6 +30,34 @@ def test_explicit_steps_override_the_preset_and_none_does_not() -> None:
     assert preset_params("ig", "paper", steps=7) == {"steps": 7}
 
 
+def test_a_preset_whose_grad_cam_step_the_model_cannot_take_runs_its_base() -> None:
+    def none() -> None:
+        raise ValueError("no spatial feature map")
+
+    def found() -> None:
+        return None
+
+    assert preset_for("idg", "balanced", none) == "fast" and preset_for("idg", "balanced", found) == "balanced"
+    assert preset_for("idg", "quality", none) == "quality"  # no Grad-CAM step: the model is not asked
+    assert preset_for("ig", "balanced", none) == "balanced"  # ig's balanced is its fast, without Grad-CAM
+
+    import torch
+
+    class Pooled(torch.nn.Module):  # no module of its own: no map a CAM could read
+        def forward(self, z: torch.Tensor) -> torch.Tensor:
+            return z.mean(dim=(2, 3))
+
+    class Known(Pooled):
+        def cam_target(self) -> None:
+            none()
+
+    stats = CallStats()
+    attribute(Known().eval(), torch.rand(1, 3, 8, 8), "black", 1, stats=stats)  # the default on it: fast, counted
+    assert (stats.forward_images, stats.backward_images) == (preset_cost("idg", "fast").forward, preset_cost("idg", "fast").backward)
+    with pytest.raises(ValueError, match="spatial feature map"):  # a plain module's layer is only found in its call
+        attribute(Pooled().eval(), torch.rand(1, 3, 8, 8), "black", 1)
+
+
 def test_unknown_preset_or_method_is_a_value_error_that_names_the_choices() -> None:
     with pytest.raises(ValueError, match="fast, paper"):
         preset_params("idg", "quick")
@@ -31,7 +65,7 @@ def test_unknown_preset_or_method_is_a_value_error_that_names_the_choices() -> N
         preset_params("shap")
 
 
-@pytest.mark.parametrize("preset", ["fast", "quality"])
+@pytest.mark.parametrize("preset", ["balanced", "fast", "quality"])
 def test_a_preset_in_the_library_runs_its_steps_and_post_steps_at_the_cost_it_states(preset: str) -> None:
     """``attribute`` runs a preset as the service answers it (its post-steps included) at the cost :func:`preset_cost`
     states, counted in model passes; given smoothing shares the probe as asked, reproducible from its seed; ``idg()``
@@ -52,10 +86,11 @@ def test_a_preset_in_the_library_runs_its_steps_and_post_steps_at_the_cost_it_st
     assert (stats.forward_images, stats.backward_images) == (3 * bound.forward, 3 * bound.backward) == (
         res.forward_passes, res.backward_passes)
     steps, post = preset_params("idg", preset), preset_post("idg", preset)
-    copies = post.get("smooth_samples", 0)
-    assert bound.forward == max(copies, 1) * (steps["probe_steps"] + steps["steps"])  # each copy its own probe
+    copies, cam = post.get("smooth_samples", 0), int(post.get("postprocess") == "cam_product")
+    probes = 1 if post.get("smooth_probe") == "shared" else max(copies, 1)  # copies sharing one probe, or each its own
+    assert bound.forward == probes * steps["probe_steps"] + max(copies, 1) * steps["steps"] + cam  # and Grad-CAM's pass
     # copies sharing one probe of the image: the probe once, the same maps as the plans the service runs
-    shared = {"smooth_samples": 2, "smooth_probe": "shared", "postprocess": None}
+    shared = {"smooth_samples": 2, "smooth_probe": "shared", "smooth_std": 0.15, "postprocess": None}
     stats = CallStats()
     mine = attribute(model, x, "black", targets, preset=preset, seed=7, stats=stats, **shared)
     assert stats.forward_images == 3 * (steps["probe_steps"] + 2 * steps["steps"])

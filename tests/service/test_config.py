@@ -13,6 +13,7 @@ import torch
 from pydantic import ValidationError
 
 from app.core.config import Settings
+from idg_core.presets import preset_cost
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -172,7 +173,8 @@ def test_start_up_failures_name_their_setting_in_one_sentence(tmp_path: Path, mo
     assert "cannot start: IDG_API_KEYS_FILE=" in done.stderr
 
 
-@pytest.mark.parametrize(("limits", "words"), [({"max_passes": 1}, "may cost up to 25 model passes, more than the limit of 1"),
+@pytest.mark.parametrize(("limits", "words"), [({"max_passes": 1}, f"may cost up to {preset_cost('idg').forward + 1} model "
+                                                                   "passes, more than the limit of 1"),
                                                ({"max_steps": 2}, "probe_steps must be >= 3, got 2")])
 def test_limits_under_which_a_default_attribution_cannot_run_stop_the_start(limits: dict, words: str) -> None:
     from app.assembly import check_defaults_fit

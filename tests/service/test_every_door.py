@@ -38,7 +38,7 @@ TIMEOUT_S = 1.0
 DECODE_S = 0.6
 """Each decode sleeps this long first: a deadline counted from the queue would answer after DECODE_S + TIMEOUT_S."""
 SLACK_S = 0.5  # what an answer may take beyond its deadline (the event loop, a busy CI core)
-SLOW = {"method": "idg", "steps": 400, "probe_steps": 8}
+SLOW = {"method": "idg", "preset": "fast", "steps": 400, "probe_steps": 8}
 """400 gradient points in calls of 8 at 0.1 s a call: 5 s of work against a 1 s deadline."""
 
 
@@ -208,6 +208,7 @@ async def test_a_deadline_that_passes_while_decoding_is_answered_and_counted(tin
     send, _ = DOORS[name]
     app = tiny_app(request_timeout_s=0.3, warmup=False)
     async with serve(app) as client:
+        app.state.service.models["tiny"].net.calls.clear()  # the start's own pass (it finds the default's Grad-CAM layer)
         before = await _deadline_rejections(client)
         began = time.monotonic()
         refusal = await send(client, {"method": "idg", "steps": 4, "probe_steps": 4})
@@ -249,6 +250,7 @@ async def test_a_bad_request_is_refused_before_any_work_in_the_doors_form(
     send, _ = DOORS[name]
     app = tiny_app(warmup=False)
     async with serve(app) as client:
+        app.state.service.models["tiny"].net.calls.clear()  # the start's own pass (it finds the default's Grad-CAM layer)
         refusal = await send(client, params)
         assert refusal.status == status and says in refusal.message, refusal
         assert app.state.service.models["tiny"].net.calls == []  # refused before any model call

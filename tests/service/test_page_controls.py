@@ -35,6 +35,7 @@ from app.service.render import regions_answer
 from app.service.visualization import edges, outline_labels
 from idg_client import parse_regions
 from idg_core.heatmap import COLORMAPS
+from idg_core.methods import DEFAULT_PRESET, PRESET_NAMES
 from idg_core.types import Regions
 from tests.service.conftest import live_server, tiny_classifier
 
@@ -133,6 +134,16 @@ def test_the_display_group_offers_what_the_service_takes_with_the_servers_defaul
     assert re.search(r'<input id="outline-share" type="number" min="1" max="100" value="30"', html)
 
 
+def test_the_cost_list_the_page_starts_with_offers_the_services_presets_with_its_default_first() -> None:
+    html = (STATIC / "index.html").read_text()
+    presets = _options(html, "preset")  # replaced from GET /models once it answers; this is what shows until then
+    assert presets[0] == DEFAULT_PRESET and sorted(presets) == sorted(PRESET_NAMES)
+    block = re.search(r'<select id="preset"[^>]*>(.*?)</select>', html, re.S)
+    assert block is not None
+    assert re.search(rf'<option value="{DEFAULT_PRESET}">{DEFAULT_PRESET} \(default\)</option>', block.group(1))
+    assert block.group(1).count("(default)") == 1  # no other option still called the default
+
+
 def _form(content_type: bytes, body: bytes) -> list[tuple[str, str]]:
     """A multipart/form-data body's fields in order, the file by its file name."""
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(b"Content-Type: " + content_type + b"\r\n\r\n" + body)
@@ -200,9 +211,10 @@ def page(browser: Any, served: tuple[str, list[list[tuple[str, str]]]]) -> Itera
     page.close()
 
 
-# what the page sent before the Display group, field by field in its order (tiny's defaults)
+# what the page sends with no control changed, field by field in its order (tiny's defaults): the Cost list's preset is
+# the one GET /models marks as the default, the service's own (balanced: its Grad-CAM product and noisy copies included)
 DEFAULT_FORM = [("file", "cat.jpg"), ("model", "tiny"), ("method", "idg"), ("return_input", "true"), ("return_overlay", "false"),
-                ("preset", "fast"), ("faithfulness", "insertion,deletion")]
+                ("preset", DEFAULT_PRESET), ("faithfulness", "insertion,deletion")]
 
 
 def _explain(page: Any) -> Any:
@@ -226,6 +238,9 @@ def test_the_default_request_sends_none_of_the_display_fields(page: Any, served:
     panel = _explain(page)
     assert panel.locator(".status").inner_text() == "done"
     assert served[1] == [DEFAULT_FORM]  # the same fields, values and order as before the Display group
+    assert page.locator("#preset").input_value() == DEFAULT_PRESET  # the option GET /models marks as the default
+    # the default's noisy copies share the photo's probe: the curve says which line and dots are whose
+    assert "the photo's probe" in panel.locator(".chart .curve-input").text_content()
     assert page.locator("#outline-share").is_disabled()  # pixels: no share to outline
     assert panel.locator(".opacity").input_value() == "60"
 

@@ -13,6 +13,7 @@ from app.schemas import AttributeParams
 from app.service.planning import explain_options, method_params
 from idg_core.budget import explanation_bound, postprocess_bound
 from idg_core.methods import METHODS
+from idg_core.presets import preset_cost
 from tests.service.conftest import AppFactory, image_bytes, serve, tiny_classifier
 
 CROP = 32
@@ -45,7 +46,7 @@ def stated(r: Response) -> int:
 
 async def test_the_refusal_of_many_noisy_copies_states_all_their_passes(tiny_app: AppFactory) -> None:
     # the request: refused with "may cost up to 520 passes" (the method alone) where it would take 32,777
-    fields = {"method": "idg", "steps": "512", "smooth_samples": "64", "smooth_probe": "shared"}
+    fields = {"method": "idg", "preset": "fast", "steps": "512", "smooth_samples": "64", "smooth_probe": "shared"}
     async with serve(tiny_app(max_passes=500, warmup=False)) as client:
         r = await attribute(client, **fields)
         assert stated(r) == library_bound(fields) == 512 * 64 + 8 + 1
@@ -56,20 +57,20 @@ async def test_the_refusal_of_many_noisy_copies_states_all_their_passes(tiny_app
         assert stated(await attribute(client, **own)) == library_bound(own) == 520 * 64 + 1
 
 
-@pytest.mark.parametrize("fields", [
-    {"method": "idg", "steps": "4", "probe_steps": "3", "smooth_samples": "3", "smooth_probe": "shared",
+@pytest.mark.parametrize("fields", [  # each over the default's bound (a server whose limit it passes does not start)
+    {"method": "idg", "steps": "10", "probe_steps": "3", "smooth_samples": "3", "smooth_probe": "shared",
      "faithfulness": "insertion,deletion", "faithfulness_steps": "4"},
-    {"method": "idg", "steps": "10", "probe_steps": "3", "smooth_samples": "2", "postprocess": "rankmix"},
-    {"method": "ig", "steps": "12", "smooth_samples": "2", "faithfulness": "deletion", "faithfulness_steps": "3"},
-    {"method": "eg", "samples": "30"},
-    {"method": "idg", "steps": "4", "probe_steps": "3", "smooth_samples": "2", "postprocess": "cam_product",
+    {"method": "idg", "steps": "20", "probe_steps": "3", "smooth_samples": "2", "smooth_probe": "own", "postprocess": "rankmix"},
+    {"method": "ig", "steps": "20", "smooth_samples": "2", "faithfulness": "deletion", "faithfulness_steps": "3"},
+    {"method": "eg", "samples": "50"},
+    {"method": "idg", "steps": "12", "probe_steps": "3", "smooth_samples": "2", "smooth_probe": "own", "postprocess": "cam_product",
      "faithfulness": "deletion", "faithfulness_steps": "12"},
 ], ids=["idg-shared-scored", "idg-rankmix", "ig-smooth-scored", "eg", "idg-cam-product-scored"])
 async def test_a_request_at_its_stated_bound_is_served_within_it_and_one_pass_less_is_refused(
     tiny_app: AppFactory, fields: dict[str, str],
 ) -> None:
     whole = library_bound(fields)
-    assert whole - 1 >= 25  # a server whose limit the default attribution (25 passes on tiny) passes does not start
+    assert whole - 1 >= preset_cost("idg").forward + 1  # a server whose limit the default attribution passes does not start
     async with serve(tiny_app(max_passes=whole - 1, warmup=False)) as client:
         assert stated(await attribute(client, **fields)) == whole
     app = tiny_app(max_passes=whole, warmup=False)
