@@ -88,7 +88,7 @@ def _rows_table(rows: list[dict]) -> list[str]:
         else:
             peer = [_ratio_text(q.get("vs_peer")) for q in ratios]
         note = "; ".join(filter(None, [r.get("error"), f"peer: {r['peer_error']}" if "peer_error" in r else None]))
-        label = f"`{r['row']}`" + (" (the default answer: IDG, no post-step)" if r.get("reference") else "")
+        label = f"`{r['row']}`" + (" (the reference: the default answer when it ran)" if r.get("reference") else "")
         lines.append(line(label, figures, versus, peer, note))
         if "peer" in r and any(f"peer_attr_per_s_{b}" in r for b in sizes):
             lines.append(line(f"{r['peer']} (peer of `{r['row']}`)",
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave glibc's malloc at its defaults, here and in the service (IDG_KEEP_FREED_MEMORY=false)")
     p.add_argument("--render", type=Path, default=None, help="only rewrite the Markdown of an earlier run's JSON")
     p.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS),
-                   help="region rows whose attributions/s to measure, with the default answer's (IDG fast, no post-step) and, "
+                   help="region rows whose attributions/s to measure, with the default answer's (idg at the default preset) and, "
                         "for gradcam and gradcam_pp, pytorch-grad-cam's in the same run (default: all; none: skip)")
     p.add_argument("--rows-only", action="store_true", help="measure the region rows alone (no Captum table, no load)")
     args = p.parse_args(argv)

@@ -248,7 +248,7 @@ def run_speed(model: ImageClassifier, images: Tensor, targets: list[int], batch_
 
 
 DEFAULT_ROW = f"idg@{DEFAULT_PRESET}"
-"""The reference of the region rows: IDG at the default preset without a post-step, the service's default answer."""
+"""The reference of the region rows: IDG at the default preset with its post-steps, the service's default answer."""
 
 
 def row_ratios(row: dict[str, Any], reference: dict[str, Any], b: int) -> dict[str, float]:

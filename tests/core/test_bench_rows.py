@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from benchmarks.gradcam_peer import PEER_VERSION, head_apart, load_peer, peer_cam, peer_target
 from benchmarks.run import render
 from benchmarks.speed import DEFAULT_ROW, run_rows
+from idg_core.presets import DEFAULT_PRESET
 from idg_models import ImageClassifier, Preprocessing
 from tests.models import Linear, small_classifier
 
@@ -29,7 +30,7 @@ def test_the_table_has_the_default_row_and_each_rows_ratios_to_it_and_to_the_pee
     text = render(META, [], [], rows)
     assert ("| row | 1 image | 8 images | vs default, 1 image | vs default, 8 images | vs pytorch-grad-cam, 1 image "
             "| vs pytorch-grad-cam, 8 images | note |") in text
-    assert "| `idg@fast` (the default answer: IDG, no post-step) | 2.00 | 3.00 | reference | reference |  |  |  |" in text
+    assert "| `idg@fast` (the reference: the default answer when it ran) | 2.00 | 3.00 | reference | reference |  |  |  |" in text
     assert "| `gradcam` | 40.00 | 66.00 | 20.00x | 22.00x | 1.60x | 1.50x |  |" in text  # 40 / 2, 66 / 3; 40 / 25, 66 / 44
     assert f"| {PEER} GradCAM (peer of `gradcam`) | 25.00 | 44.00 | 12.50x | 14.67x |  |  |  |" in text
     assert "| `idg@fast+XRAI` | 0.50 | 1.50 | 0.25x | 0.50x |  |  |  |" in text
@@ -50,7 +51,7 @@ def test_run_rows_measures_the_default_first_and_each_rows_ratio_to_it(tmp_path:
     images, targets = torch.rand(2, 3, 16, 16), [1, 7]
     rows = run_rows(model, images, targets, [1, 2], ["gradcam", "gradcam_pp"], device=torch.device("cpu"), batch_size=8,
                     peer_folder=tmp_path)  # no peer there
-    assert [r["row"] for r in rows] == [DEFAULT_ROW, "gradcam", "gradcam_pp"] and DEFAULT_ROW == "idg@fast"
+    assert [r["row"] for r in rows] == [DEFAULT_ROW, "gradcam", "gradcam_pp"] and f"idg@{DEFAULT_PRESET}" == DEFAULT_ROW
     default = rows[0]
     assert default["reference"] and default["attr_per_s_1"] > 0 and default["attr_per_s_2"] > 0
     for r in rows[1:]:

@@ -11,13 +11,14 @@ from httpx import AsyncClient
 from app.core.config import Settings
 from app.main import create_app
 from idg_client import parse_attribution
-from idg_core.presets import ROWS, SMOOTH_PRODUCT
+from idg_core.presets import DEFAULT_PRESET, ROWS, SMOOTH_PRODUCT, preset_cost
 from idg_models.zoo import ImageClassifier, Preprocessing
 from tests.models import tiny_classifier
 from tests.service.conftest import AppFactory, image_bytes, serve
 from tests.service.test_gradcam_service import _Pixels
 
-IDG = {"method": "idg", "steps": "4", "probe_steps": "4"}
+IDG = {"method": "idg", "preset": "fast", "steps": "4", "probe_steps": "4"}
+"""IDG alone (preset=fast: no noisy copies, no post-step of its own), so each request's post-step is the only one."""
 
 
 async def _attribute(client: AsyncClient, **fields: str) -> dict:  # type: ignore[type-arg]
@@ -94,10 +95,15 @@ async def test_models_lists_the_region_rows_with_their_cost_and_standing(tiny_ap
 
 
 async def test_a_refusal_over_the_pass_limit_counts_gradcams_pass(tiny_app: AppFactory) -> None:
-    fields = {**IDG, "postprocess": "cam_regions", "smooth_samples": "3", "return_heatmap": "false"}
-    async with serve(tiny_app(max_passes=25, warmup=False)) as client:
+    # a server starts only under a limit the default answer fits (its passes and the prediction's); noisy copies of IDG
+    # 4/4 (8 passes each, their own probes) with the prediction fill the limit exactly: Grad-CAM's one pass goes past it
+    copies = -(-preset_cost("idg", DEFAULT_PRESET).forward // 8)
+    limit = 8 * copies + 1
+    assert limit >= preset_cost("idg", DEFAULT_PRESET).forward + 1
+    fields = {**IDG, "postprocess": "cam_regions", "smooth_samples": str(copies), "return_heatmap": "false"}
+    async with serve(tiny_app(max_passes=limit, warmup=False)) as client:
         r = await client.post("/attribute", files={"file": ("a.png", image_bytes())}, data=fields)
     assert r.status_code == 422, r.text
     message = r.json()["error"]["message"]
-    assert "may cost up to 26 model passes" in message
-    assert "(8 for each of 3 noisy copies, 1 for cam_regions's Grad-CAM and 1 for the prediction)" in message, message
+    assert f"may cost up to {limit + 1} model passes, more than the limit of {limit}" in message, message
+    assert f"(8 for each of {copies} noisy copies, 1 for cam_regions's Grad-CAM and 1 for the prediction)" in message, message

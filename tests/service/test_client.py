@@ -30,7 +30,8 @@ def test_sync_client_predict_and_attribute(url: str, tmp_path: Path) -> None:
     with Client(url) as c:
         pred = c.predict(path, top_k=3)
         assert pred.model == "tiny" and len(pred.top_k) == 3 and pred.top_k[0].probability >= pred.top_k[1].probability
-        a = c.attribute(path, method="idg", steps=6, probe_steps=5, return_attribution=True, target=pred.top_k[0].index)
+        a = c.attribute(path, method="idg", preset="fast", steps=6, probe_steps=5, return_attribution=True,
+                        target=pred.top_k[0].index)  # fast: IDG alone, no noisy copies, so the curve is the photo's
         assert isinstance(a.heatmap, Image.Image) and a.heatmap.size == (32, 32)
         assert a.curve.alphas.shape == (6,) and a.curve.probe_values.shape == (5,)
         assert a.curve.output == "logit" and a.curve.input == "photo"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from app.service.explain_if import ConditionError, Facts, parse_condition
-from idg_core.presets import PRESETS
+from idg_core.presets import DEFAULT_PRESET, preset_cost
 from tests.service.conftest import AppFactory, image_bytes, serve
 
 FACTS = Facts.of(torch.tensor([0.5, 0.3, 0.2]))  # confidence 0.5, margin 0.2, class 0
@@ -45,7 +45,7 @@ def test_errors_point_at_the_problem(text: str, column: int, words: str) -> None
 
 async def test_predict_explains_only_when_the_condition_holds(tiny_app: AppFactory) -> None:
     app = tiny_app()
-    fast = PRESETS["idg"]["fast"]
+    default = preset_cost("idg", DEFAULT_PRESET)  # the explanation is the default answer: its passes, without the prediction
     async with serve(app) as client:
         net = app.state.service.models["tiny"].net
         net.calls.clear()
@@ -58,10 +58,12 @@ async def test_predict_explains_only_when_the_condition_holds(tiny_app: AppFacto
         body = r.json()
         assert r.status_code == 200 and body["explained"] is True, r.text
         ex = body["explanation"]
-        assert ex["target"]["index"] == body["top_k"][0]["index"] and ex["method"] == "idg" and ex["parameters"]["preset"] == "fast"
+        assert ex["target"]["index"] == body["top_k"][0]["index"] and ex["method"] == "idg" and ex["parameters"]["preset"] == DEFAULT_PRESET
         assert ex["faithfulness"]["insertion"] is not None
-        # the prediction pass is not repeated: 1 + probe + main + the score's steps + 1
-        assert sum(net.calls) == 1 + fast["probe_steps"] + fast["steps"] + ex["faithfulness"]["steps"] + 1
+        # the prediction pass is not repeated: 1 + the default's passes + the score's steps + 1; the explanation's cost is
+        # its own passes, without the prediction /predict made
+        own = default.forward + ex["faithfulness"]["steps"] + 1
+        assert ex["cost"] == {"forward_passes": own, "backward_passes": default.backward} and sum(net.calls) == 1 + own
         r = await client.post("/predict", files={"file": ("a.png", image_bytes())}, data={"explain_if": "margin >= 0", "method": "ig",
                                                                                             "preset": "paper"})
         assert r.json()["explanation"]["parameters"]["steps"] == 50

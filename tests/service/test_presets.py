@@ -75,6 +75,8 @@ async def test_a_model_without_a_layer_grad_cam_can_read_runs_the_presets_base_a
             assert body["parameters"]["preset"] == "fast" and "postprocess" not in body["parameters"], body["parameters"]
             assert "smooth_samples" not in body["parameters"]
             assert body["cost"] == {"forward_passes": 1 + fast.forward, "backward_passes": fast.backward}
+        body = await _attribute(client, model="steer", steps="6")  # the default's steps replaced: no preset, as elsewhere
+        assert body["parameters"]["preset"] is None and body["parameters"]["steps"] == 6
         r = await client.post("/attribute", files={"file": ("a.png", image_bytes())},
                               data={"model": "steer", "postprocess": "cam_product"})
         assert r.status_code == 422 and "cannot explain model 'steer'" in r.json()["error"]["message"], r.text
