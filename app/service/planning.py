@@ -184,10 +184,14 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
         except ValueError as err:
             raise _invalid(f"{params.method} cannot explain model {model.name!r}: {err}") from err
     cam_check = METHODS["gradcam"].check_model
+    named = answered_preset(params)
     if cam_check is not None and "postprocess" not in params.model_fields_set:
-        # a preset's Grad-CAM step on a model without its layer: the preset's base runs, and the answer names it
+        # a preset's Grad-CAM step on a model without its layer: the preset's base runs, and the answer names it (or no
+        # preset, as it would have, where the request's own values replaced one the preset sets)
         ran = preset_for(params.method, params.preset, partial(cam_check, model))
-        params = params.model_copy(update={"preset": ran}) if ran != params.preset else params
+        if ran != params.preset:
+            params = params.model_copy(update={"preset": ran})
+            named = ran if named is not None else None
     kwargs = method_params(settings, params, model.num_classes)
     options = explain_options(settings, params, model, kwargs)
     if options.post.get("postprocess") in CAM_POSTPROCESS and cam_check is not None:  # Grad-CAM's layer, as method=gradcam's
@@ -198,7 +202,7 @@ def plan_attribute(settings: Settings, params: AttributeCommon, model: ImageClas
     bound = work_bound(settings, params, kwargs, options, model.preprocessing.crop_size)
     # None: not used (AGI's explicit classes); nor a parameter the others make inert (IDG's probe with uniform=true)
     used = {k: v for k, v in METHODS[params.method].params.in_effect(kwargs).items() if v is not None}
-    used |= {"baseline": params.baseline, "preset": answered_preset(params), **options.post}
+    used |= {"baseline": params.baseline, "preset": named, **options.post}
     if options.metrics:
         used |= {"faithfulness": ",".join(options.metrics), "faithfulness_steps": options.steps}
     return AttributePlan(kwargs, used, options, bound, tuple(model.preprocessing.mean), not METHODS[params.method].batch_invariant)

@@ -45,7 +45,7 @@ PAPER = {"steps": 200, "overlap": 0.4}
 """The authors' settings (``configs/spectral_ig.yaml``: ``num_steps`` 200, ``overlap`` 0.4, SVD per channel,
 linear gating, the softmax probability; their baseline ``zero`` is the black image, ``baseline="black"``)."""
 FAST = {"steps": 50, "overlap": 0.4}
-"""``fast`` (the default): about IG-50's cost (49 gradient passes), the authors' overlap."""
+"""``fast`` (and ``balanced``, the default): about IG-50's cost (49 gradient passes), the authors' overlap."""
 
 PARAMS = Params("spectral_ig", (
     Param("steps", int, FAST["steps"], "S, path points α_k = k/(S-1), endpoints included (the authors' num_steps, 200); "

@@ -6,6 +6,9 @@ method's pixel order kept inside them (what insertion and deletion reward).
   two-level order (:func:`idg_core.postprocess.xrai.ranked_map`). Values are ranks in (0, 1], spread over the channels.
   The blobs are the result's ``regions`` (each one's gain its mean CAM), as XRAI's are.
 - ``cam_product``: the method's map times the CAM scaled to [0, 1] (Guided Grad-CAM's product); zero where the CAM is.
+  A CAM with no positive value (a class the layer's features do not support: often a ``target`` other than the
+  prediction) says nothing about where: the method's map stands alone, not a map of zeros, as ``cam_regions`` then
+  makes one blob.
 
 Cost: Grad-CAM's one forward and one backward pass on the photo (``target``'s logit), once whatever the noisy copies,
 run beside the method's first model call (:data:`idg_core.budget.CAM_PASS`); a model needs a CAM layer, as for ``gradcam``.
@@ -54,7 +57,7 @@ def cam_combine(kind: str, cam: Tensor, attributions: Tensor) -> tuple[Tensor, R
     too (each one's gain its mean CAM), as XRAI answers its own."""
     top = float(cam.max())
     if kind == "cam_product":
-        return attributions * (cam / top if top > 0 else torch.zeros_like(cam)).to(attributions.dtype), None
+        return (attributions * (cam / top).to(attributions.dtype) if top > 0 else attributions.clone()), None
     heat = cam.detach().double().cpu().numpy()
     labels, count = cam_blobs(heat)
     value = ranked_map(labels, count, saliency(attributions).detach().double().cpu().numpy(), "regions_then_pixels")
