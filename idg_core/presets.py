@@ -117,8 +117,8 @@ ROWS: dict[str, tuple[dict[str, str], str]] = {
                              "on SIC (-0.059 +- 0.046) and AIC (-0.073 +- 0.072)"),
     SMOOTH_PRODUCT: ({"method": "idg", "preset": "fast", "smooth_samples": "2", "smooth_probe": "shared", "smooth_std": "0.1",
                       "postprocess": "cam_product"}, _LITE0 + "0.600 / 0.115 / 0.593 / 0.685, first or tied against AGI, IDG "
-                     "50/50, Spectral IG and Grad-CAM on insertion, deletion, SIC, AIC and DiffID: the issue #72 rule, met on "
-                     "Lite0 and on Lite1 (65 photos each); Lite2 not yet measured in full (results/region-search-2026-12-02/README.md)"),
+                     "50/50, Spectral IG and Grad-CAM on insertion, deletion, SIC, AIC and DiffID: the rule, met on Lite0, Lite1 "
+                     "and Lite2 (65 photos each; results/region-search-2026-12-02/README.md); the balanced preset, the default"),
 }
 """Rows beside the presets, by the evaluation's row name: the request fields that ask for each, and where it stands
 (docs/methods/xrai.md has the table)."""
