@@ -45,10 +45,10 @@ curl -sf -F "file=@$IMG" -F method=idg -F steps=4 -F probe_steps=4 -F return_att
     "(lambda r: set(d['attribution']) == set(r) and d['attribution']['format'] == r['format'] and d['attribution']['shape'] == r['shape'] \
      and d['attribution']['dtype'] in ('float16', 'float32'))(json.loads(__import__('re').search(r'attribution: (\{.*?\})\`', \
      open('docs/using.md').read()).group(1)))"
-# ... and the cost of a default attribution (the fast preset), as the methods' page counts it
+# ... and the cost of a default attribution (the preset the answer names), as the methods' page counts it
 curl -sf -F "file=@$IMG" "$URL/attribute" | check readme-cost \
-    "(lambda m: [d['cost']['forward_passes'], d['cost']['backward_passes']] == [int(m.group(1)), int(m.group(2)) ])(__import__('re').search( \
-     r'[|] .fast. [(]default[)] [|][^|]*[|] (\d+) / (\d+) [|]', open('docs/methods/index.md').read()))"
+    "(lambda m: [d['parameters']['preset'], d['cost']['forward_passes'], d['cost']['backward_passes']] == [m.group(1), int(m.group(2)), \
+     int(m.group(3))])(__import__('re').search(r'[|] .(\w+). [(]default[)] [|][^|]*[|] (\d+) / (\d+) [|]', open('docs/methods/index.md').read()))"
 BIG="${SMOKE_BIG_IMAGE:-}"  # over 500 KB: inlined in argv it would fail
 if [ -z "$BIG" ]; then  # made from the cat photo, four times its size (no large file in the checkout)
     BIG="$DATA/smoke-big.jpg"  # 1804x1200, about 430 KB: over 500 KB in base64
