@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -94,9 +95,11 @@ def top_classes(model: ImageClassifier, probs: Tensor, k: int) -> list[ClassScor
     return [ClassScore(index=i, name=model.class_names[i], probability=v) for v, i in zip(values.tolist(), idx.tolist(), strict=True)]
 
 
-def method_label(params: AttributeCommon) -> str:
-    """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label)."""
-    post = post_steps(params)  # a preset's post-steps count (quality)
+def method_label(params: AttributeCommon, ran: Mapping[str, Any] | None = None) -> str:
+    """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label); ``ran``: the post-steps the plan
+    runs (:attr:`ExplainOptions.post`: a preset's base where the model cannot take its Grad-CAM step), else the request's."""
+    post = post_steps(params) if ran is None else {"postprocess": ran.get("postprocess"), "smooth_samples": ran.get("smooth_samples", 0),
+                                                   "smooth_kind": ran.get("smooth_kind", "smoothgrad")}
     smooth = f"+{post['smooth_kind']}" if post["smooth_samples"] else ""
     return params.method + ("" if post["postprocess"] in (None, "none") else f"+{post['postprocess']}") + smooth
 
