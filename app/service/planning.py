@@ -157,6 +157,14 @@ class AttributePlan:
         baseline = resolve_baseline(params.baseline, x.unsqueeze(0), self.mean)[0]
         return explain_plan(x, baseline, params.target, params.method, self.params, self.options, probs)
 
+    @property
+    def steps_run(self) -> dict[str, Any]:
+        """The post-steps as they run (``options.post``), every keyword :func:`post_steps` has, its defaults where none
+        runs: what the answer and its metrics describe, which may differ from the request's (a preset's base on a model
+        without Grad-CAM's layer; each copy's own probe where the request runs none)."""
+        defaults = {k: AttributeCommon.model_fields[k].default for k in POST_STEPS}
+        return defaults | {k: v for k, v in self.options.post.items() if k in POST_STEPS}
+
     def cost(self, x: Tensor, probs: Tensor | None = None) -> float:
         """The plan's work units at most (its queue cost): :func:`idg_core.budget.explanation_bound`."""
         o = self.options

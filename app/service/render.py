@@ -97,9 +97,8 @@ def top_classes(model: ImageClassifier, probs: Tensor, k: int) -> list[ClassScor
 
 def method_label(params: AttributeCommon, ran: Mapping[str, Any] | None = None) -> str:
     """The method with its post-steps, e.g. ``idg+idgi+smoothgrad`` (a metrics label); ``ran``: the post-steps the plan
-    runs (:attr:`ExplainOptions.post`: a preset's base where the model cannot take its Grad-CAM step), else the request's."""
-    post = post_steps(params) if ran is None else {"postprocess": ran.get("postprocess"), "smooth_samples": ran.get("smooth_samples", 0),
-                                                   "smooth_kind": ran.get("smooth_kind", "smoothgrad")}
+    runs (:attr:`AttributePlan.steps_run`), else the request's."""
+    post = post_steps(params) if ran is None else ran
     smooth = f"+{post['smooth_kind']}" if post["smooth_samples"] else ""
     return params.method + ("" if post["postprocess"] in (None, "none") else f"+{post['postprocess']}") + smooth
 
@@ -110,7 +109,7 @@ def attribute_response(
 ) -> AttributeResponse:
     """The /attribute answer: what was found, with the parameters it ran with and what it cost."""
     target = ClassScore(index=found.target, name=model.class_names[found.target], probability=float(found.probs[found.target]))
-    post = post_steps(params)
+    post = planned.steps_run  # as they ran: the curve's input and probe are the plan's, not the request's
     faithfulness = None
     if found.scores:
         faithfulness = Faithfulness(insertion=found.scores.get("insertion"), deletion=found.scores.get("deletion"), steps=found.score_steps)

@@ -202,7 +202,7 @@ class Service:
         priority = context.priority_of(ATTRIBUTE_PRIORITY)
         outcome = await self.run(Submission(request.name, plan, "attribute", priority, planned.cost(x, probs), planned.alone), context)
         found = outcome.value
-        label = method_label(request.params, planned.options.post)
+        label = method_label(request.params, planned.steps_run)
         for metric, value in found.scores.items():
             self.metrics.faithfulness.labels(request.name, label, metric).observe(value)
         return Explained(x, found, outcome.queued_ms, outcome.compute_ms)

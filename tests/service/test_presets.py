@@ -74,6 +74,7 @@ async def test_a_model_without_a_layer_grad_cam_can_read_runs_the_presets_base_a
             body = await _attribute(client, model="steer", **fields)
             assert body["parameters"]["preset"] == "fast" and "postprocess" not in body["parameters"], body["parameters"]
             assert "smooth_samples" not in body["parameters"]
+            assert body["curve"]["input"] == "photo" and body["curve"]["probe_input"] == "photo"  # no noisy copy ran
             assert body["cost"] == {"forward_passes": 1 + fast.forward, "backward_passes": fast.backward}
         body = await _attribute(client, model="steer", steps="6")  # the default's steps replaced: no preset, as elsewhere
         assert body["parameters"]["preset"] is None and body["parameters"]["steps"] == 6
@@ -91,6 +92,7 @@ async def test_uniform_under_the_default_runs_each_copy_without_a_probe(tiny_app
     assert used["uniform"] is True and used.get("smooth_samples", 0) == COPIES
     if COPIES:
         assert used["smooth_probe"] == "own"
+        assert body["curve"]["input"] == "noisy_copy" and body["curve"]["probe_input"] == "noisy_copy"  # no shared probe ran
     assert body["cost"] == {"forward_passes": 1 + max(COPIES, 1) * 6 + CAM, "backward_passes": max(COPIES, 1) * 6 + CAM}
 
 
