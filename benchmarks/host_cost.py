@@ -128,7 +128,7 @@ def measure(model: ImageClassifier, photos: list[Path], repeats: int, threads: i
     once in the GIL test."""
     rows = []
     for photo in photos:
-        rows.append(_photo(model, Settings(), AttributeParams(), photo, repeats, threads))  # defaults: IDG, fast, heatmap + overlay
+        rows.append(_photo(model, Settings(), AttributeParams(), photo, repeats, threads))  # defaults: IDG, its default preset
         log.info("%s", rows[-1])
     return rows
 

@@ -3,10 +3,10 @@ file names (``cam_layer``), or the last spatial feature map before its pooling (
 head's BN + ReLU6 of EfficientNet-Lite, ``layer4`` of a torchvision ResNet, ``features`` of the other torchvision CNNs,
 the last stage of timm's and Hugging Face's CNNs; none for a vision transformer, a ``ValueError``: the service's 422).
 
-Found on the network as it is served, by one forward pass of a random image at the model's input size, once, and again
-if the network is replaced: batch-norm folding and fusion keep that map (a fused convolution outputs what its
-activation did), though a named BN layer is folded away. A compiled network runs uncompiled for a CAM (its graphs
-would not call the hook).
+Found on the network as it is served, by one forward pass of a random image at the model's input size (a simulated
+device's own network: the pass takes no device time), once, and again if the network is replaced: batch-norm folding
+and fusion keep that map (a fused convolution outputs what its activation did), though a named BN layer is folded
+away. A compiled network runs uncompiled for a CAM (its graphs would not call the hook).
 """
 
 from __future__ import annotations
@@ -64,15 +64,18 @@ def _find(model: Served) -> Target:
     part = model.net if isinstance(model.net, FixedBatchCompiled) else None
     eager = part.net if part is not None else model.net
     forward: Callable[[Tensor], Tensor] = model if part is None else (lambda x: model.forward_with(eager, x))
+    # the probe runs a simulated device's own network (idg_serving.simulated): it is no served call, and booked on the
+    # device's timeline outside the worker it held the first request's call behind it
+    bare = getattr(eager, "probe_net", eager)
     size = model.preprocessing.crop_size
     probe = torch.rand(1, 3, size, size, device=model.mean.device)
     if not model.cam_layer:
-        with torch.no_grad(), module_calls(eager) as seen:
-            forward(probe)
+        with torch.no_grad(), module_calls(bare) as seen:
+            model.forward_with(bare, probe)
         return forward, seen.cam_layer()[1]
     name = model.cam_layer
-    inner = getattr(eager, "inner", None)  # a transformers or scripted net's wrapper (idg_models.sources)
-    root = inner if isinstance(inner, nn.Module) else eager
+    inner = getattr(bare, "inner", None)  # a transformers or scripted net's wrapper (idg_models.sources)
+    root = inner if isinstance(inner, nn.Module) else bare
     try:
         layer = root.get_submodule(name)
     except AttributeError as err:
@@ -80,7 +83,7 @@ def _find(model: Served) -> Target:
                          "removes BN layers into their convolutions: name a block or an activation, or set fold_bn = "
                          "false)") from err
     with torch.no_grad(), module_calls(layer, itself=True) as seen:
-        forward(probe)
+        model.forward_with(bare, probe)
     shapes = [shape for _, _, shape in seen.calls]
     if not any(spatial(s) for s in shapes):
         raise ValueError(f"the models file's cam_layer {name!r} gives no (batch, channels, height, width) map in the served "

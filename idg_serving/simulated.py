@@ -120,6 +120,12 @@ class SimulatedAccelerator(nn.Module):
         self._log = threading.Lock()
 
     @property
+    def probe_net(self) -> nn.Module:
+        """The network a probe that is no served call runs (:mod:`idg_models.cam_layer`'s search for Grad-CAM's layer):
+        ``net`` itself, taking no time on the simulated device, as the probe takes next to none on a real one."""
+        return self.net
+
+    @property
     def free_at(self) -> float | None:
         """With ``stream``: when (``time.perf_counter``) the last call this thread launched here ends on the device.
         Per thread, as a CUDA event recorded after a launch is that launch's: a call another thread launches meanwhile

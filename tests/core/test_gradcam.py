@@ -237,6 +237,26 @@ def test_a_compiled_network_gives_its_cam_uncompiled_and_compiles_nothing_for_it
     assert compiled.cam_target()[1] is net[3] and compiled.net.graphs == 0  # the hook's forward pass ran the network itself
 
 
+@pytest.mark.parametrize("named", [None, "1"])
+def test_on_the_simulated_device_the_layers_search_books_no_call_and_the_cam_call_does(named: str | None) -> None:
+    """The search's probe runs the simulated device's own network (a probe the service's start makes outside the worker
+    was booked on the device's timeline, and the first request's call waited behind it); a models file's name is the
+    network's own, as on the device; the CAM itself is a served call, booked."""
+    from idg_serving.simulated import SimulatedAccelerator
+
+    net = _gap_net()
+    x = torch.rand(1, 3, 6, 6)
+    plain = ImageClassifier("gap", net, IDENTITY, ["a", "b", "c"]).eval()
+    plain.cam_layer = named
+    expected = gradcam(plain, x, None, 1).attributions
+    device = SimulatedAccelerator(net, call_ms=0.0, stream=True)
+    served = ImageClassifier("gap", device, IDENTITY, ["a", "b", "c"]).eval()
+    served.cam_layer = named
+    assert served.cam_target()[1] is net[1] and device.calls == 0
+    torch.testing.assert_close(gradcam(served, x, None, 1).attributions, expected, rtol=0, atol=0)
+    assert device.calls == 1
+
+
 def test_the_evaluation_takes_the_cam_methods_as_rows(tmp_path: Path) -> None:
     from PIL import Image
 
