@@ -33,6 +33,7 @@ from app.core.errors import ApiError
 from app.schemas import AttributeCommon, AttributeParams, PredictParams
 from app.service import ExplainRequest, Image, PredictRequest, RequestContext, Service
 from idg_core.explain import Explanation
+from idg_core.postprocess.compose import REGION_POSTPROCESS
 from idg_models import ImageClassifier
 
 SERVER_NAME = "idg-service"
@@ -58,9 +59,6 @@ IGNORED_PARAMETERS = ("binary_data_output", "priority", "timeout", "sequence_id"
 INLINE_ELEMENTS = 200_000
 """Answers of more numbers than this are written a piece at a time, the event loop serving other requests between pieces."""
 
-
-REGION_POSTPROCESS = ("xrai", "cam_regions")
-"""The post-steps whose maps come with ranked regions (the ``regions`` output)."""
 
 RENDER_ONLY = ("model", "top_k", "signed", "outlier_perc", "opacity", "return_heatmap", "return_overlay", "return_attribution",
                "return_input", "visualization", "polarity", "clip_percent_upperbound", "clip_percent_lowerbound", "color_map",

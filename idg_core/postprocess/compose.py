@@ -20,7 +20,7 @@ from idg_core.postprocess.xrai import XRAI_ORDERS, xrai_plan
 from idg_core.types import Plan
 
 # postprocess_bound: from idg_core.budget
-__all__ = ["POSTPROCESS", "SMOOTH_PROBES", "build_plan", "check_postprocess", "postprocess_bound"]
+__all__ = ["POSTPROCESS", "REGION_POSTPROCESS", "SMOOTH_PROBES", "build_plan", "check_postprocess", "postprocess_bound"]
 
 POSTPROCESS = ("none", "idgi", "rankmix", "xrai", *CAM_POSTPROCESS)
 """The ``postprocess`` values: none; ``idgi`` (:mod:`idg_core.postprocess.idgi`); ``rankmix``, the method's map and its
@@ -28,6 +28,9 @@ IDGI map rank-averaged (:mod:`idg_core.postprocess.rankmix`). Both need a straig
 ``xrai``: XRAI's ranked regions over any method's map (:mod:`idg_core.postprocess.xrai`; ``xrai_order``), host work only.
 ``cam_regions`` / ``cam_product``: any method's map ranked within Grad-CAM's blobs / times the CAM
 (:mod:`idg_core.postprocess.cam`), Grad-CAM's pass more."""
+
+REGION_POSTPROCESS = ("xrai", "cam_regions")
+"""The post-steps whose maps come with ranked regions (:class:`idg_core.types.Regions`: the answers' ``regions``)."""
 
 
 SMOOTH_PROBES = ("own", "shared")
