@@ -112,7 +112,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, i
 
 def test_kserves_own_rest_and_grpc_clients_get_their_answers(served: tuple[Served, int]) -> None:
     """The ``kserve`` package's ``InferenceRESTClient`` (JSON and binary bodies) and ``InferenceGRPCClient``, unmodified,
-    in a process of their own, against a real server; a body naming another model is refused with a 400 saying so."""
+    in a process of their own, against a real server; a body naming another model is refused with a 400 saying so; each
+    reads XRAI's ranked regions where asked."""
     server, grpc_port = served
     env = {**os.environ, "PYTHONPATH": str(KSERVE_SITE)}
     done = subprocess.run([sys.executable, str(Path(__file__).parent / "peers" / "kserve_client.py"), server.url,
@@ -125,3 +126,7 @@ def test_kserves_own_rest_and_grpc_clients_get_their_answers(served: tuple[Serve
         assert answer["model_name"] == "tiny" and answer["shape"] == [len(FILES), 1000], (way, answer)
         assert answer["predicted"] == answer["argmax"], (way, answer)
     assert found["rest_other_model"].startswith("400") and "disagrees with the path's model 'tiny'" in found["rest_other_model"]
+    for way in ("rest_regions", "grpc_regions"):  # the regions output alone, a rank per pixel: every rank from 1 on
+        regions = found[way]
+        assert regions["outputs"] == ["regions"] and regions["dtype"] == "int32" and regions["shape"] == [1, 32, 32], regions
+        assert regions["ranks"] == list(range(1, len(regions["ranks"]) + 1)) and len(regions["ranks"]) > 1, regions
