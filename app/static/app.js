@@ -118,7 +118,7 @@ function setupInput() {
     $("samples").appendChild(img);
   }
   const outlinesHere = () => { // the service's outlines of the strongest pixels; with Regions on, the panels' own slider
-    $("outline-share").disabled = $("visualization").value !== "outlines" || $("regions").checked;
+    $("outline-share").disabled = $("visualization").value !== "outlines" || $("regions").value !== "";
   };
   $("visualization").addEventListener("change", outlinesHere);
   $("regions").addEventListener("change", outlinesHere);
@@ -183,8 +183,9 @@ function displayFields() {
     if (lower) fields.push(["clip_percent_lowerbound", lower]);
     if (upper) fields.push(["clip_percent_upperbound", upper]);
   }
-  // outlines of XRAI's regions are drawn here from the answer (Regions, its area slider); of a plain map, by the service
-  const outlines = $("visualization").value === "outlines" && !$("regions").checked;
+  // outlines of ranked regions (XRAI's, Grad-CAM's blobs) are drawn here from the answer (Regions, its area slider); of a
+  // plain map, by the service
+  const outlines = $("visualization").value === "outlines" && $("regions").value === "";
   if (outlines) {
     const share = Number($("outline-share").value);
     if (!(share >= 1 && share <= 100)) {
@@ -209,7 +210,7 @@ async function explain(method, panel, display) {
   form.append("faithfulness", "insertion,deletion");
   if ($("steps").value && stepsOf[method]) form.append(stepsOf[method], $("steps").value);
   if ($("target").value) form.append("target", $("target").value);
-  if ($("regions").checked) form.append("postprocess", "xrai");
+  if ($("regions").value) form.append("postprocess", $("regions").value);
   for (const [name, value] of display.fields) form.append(name, value);
   const status = panel.querySelector(".status");
   status.textContent = "sending…";
@@ -277,7 +278,7 @@ function render(panel, d) {
     : "";
 }
 
-// XRAI's regions over the model's input: the first regions covering at most the slider's share of the image outlined
+// the ranked regions (XRAI's or Grad-CAM's blobs) over the model's input: the first regions covering at most the slider's share of the image outlined
 // (regions.js), the rest veiled; redrawn here as the slider moves, with no new request
 async function showRegions(panel, d) {
   const fig = panel.querySelector(".regions-fig");

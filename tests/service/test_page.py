@@ -175,7 +175,7 @@ def test_a_grad_cam_first_look_beside_idg_and_xrai_regions_outlined_up_to_the_sl
         page.wait_for_function("document.querySelectorAll('#method option').length >= 5", timeout=30_000)
         page.set_input_files("#file", files=[{"name": "tiny.png", "mimeType": "image/png", "buffer": image_bytes()}])
         page.fill("#steps", "4")
-        page.check("#regions")
+        page.select_option("#regions", "xrai")
         page.click("#first-look")
         for method in ("gradcam", "idg"):
             page.wait_for_selector(f".panel[data-method={method}] .status:text-is('done')", timeout=60_000)

@@ -36,6 +36,7 @@ from app.service.visualization import edges, outline_labels
 from idg_client import parse_regions
 from idg_core.heatmap import COLORMAPS
 from idg_core.methods import DEFAULT_PRESET, PRESET_NAMES
+from idg_core.postprocess.compose import REGION_POSTPROCESS
 from idg_core.types import Regions
 from tests.service.conftest import live_server, tiny_classifier
 
@@ -49,11 +50,11 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chr
 def test_the_page_offers_region_outlines_with_an_area_slider_and_a_grad_cam_first_look() -> None:
     html = (STATIC / "index.html").read_text()
     script = (STATIC / "app.js").read_text()
-    assert re.search(r'<input id="regions" type="checkbox"', html)
+    assert _options(html, "regions") == ["", *REGION_POSTPROCESS]  # none first, then each post-step that answers regions
     assert re.search(r'<input class="area" type="range" min="1" max="100" value="30"', html)
     assert '<canvas class="regions-canvas' in html and html.index("/static/regions.js") < html.index("/static/app.js")
     assert re.search(r'<button id="first-look"[^>]*>\s*First look: Grad-CAM', html)
-    assert 'form.append("postprocess", "xrai")' in script and 'run(["gradcam", $("method").value])' in script
+    assert 'form.append("postprocess", $("regions").value)' in script and 'run(["gradcam", $("method").value])' in script
     assert "decodeLabels(d.regions.labels_png)" in script and 'slider.addEventListener("input", draw)' in script
 
 
@@ -301,13 +302,14 @@ def test_outlines_without_regions_send_the_share_and_show_the_services_outlined_
 
 
 @needs_chromium
-def test_outlines_with_regions_stay_the_pages_xrai_outlines_and_area_slider(page: Any, served: tuple[str, list[Any]]) -> None:
-    page.check("#regions")
+@pytest.mark.parametrize("regions", ["xrai", "cam_regions"])
+def test_outlines_with_regions_stay_the_pages_outlines_and_area_slider(page: Any, served: tuple[str, list[Any]], regions: str) -> None:
+    page.select_option("#regions", regions)
     page.select_option("#visualization", "outlines")
     assert page.locator("#outline-share").is_disabled()  # each panel's area slider sets the share
     panel = _explain(page)
     assert panel.locator(".status").inner_text() == "done"
-    assert served[1] == [DEFAULT_FORM + [("postprocess", "xrai")]]
+    assert served[1] == [DEFAULT_FORM + [("postprocess", regions)]]
     page.wait_for_selector(".panel[data-method=idg] .regions-fig:not([hidden])")
     assert "regions" in panel.locator(".area-value").inner_text()
 
