@@ -19,7 +19,6 @@ from typing import Any
 
 _tracer: Any = None  # an opentelemetry Tracer while enabled
 _provider: Any = None
-_EPOCH_NS = time.time_ns() - time.monotonic_ns()  # time.monotonic() -> Unix time, as spans want it
 
 
 def enable(exporter: Any = None) -> None:
@@ -84,8 +83,12 @@ def stage(fn: Callable[..., Any]) -> str:
     return STAGES.get(name, "idg." + name.strip("_"))
 
 
-def _ns(monotonic_s: float) -> int:
-    return int(monotonic_s * 1e9) + _EPOCH_NS
+def _to_unix_ns() -> Callable[[float], int]:
+    """``time.monotonic()`` -> Unix time in ns, as spans want it, by the wall clock now: the spans the SDK times itself
+    (decoding, rendering) read the wall clock when they happen, so an offset taken once at start-up would put a job's
+    spans apart from them by however far the wall clock has since been stepped or slewed (NTP on a VM: most of a second)."""
+    offset = time.time_ns() - time.monotonic_ns()
+    return lambda monotonic_s: int(monotonic_s * 1e9) + offset
 
 
 def record_job(parent: Any, kind: str, model: str, enqueued: float, started: float | None, finished: float,
@@ -98,6 +101,7 @@ def record_job(parent: Any, kind: str, model: str, enqueued: float, started: flo
     from opentelemetry.trace import Status, StatusCode
 
     taken = started if started is not None else finished
+    _ns = _to_unix_ns()
     attrs = {"idg.kind": kind, "idg.model": model}
     _tracer.start_span("idg.queue_wait", context=parent, start_time=_ns(enqueued), attributes=attrs).end(_ns(taken))
     work = _tracer.start_span("idg.worker", context=parent, start_time=_ns(taken), attributes={**attrs, "idg.model_calls": len(calls)})

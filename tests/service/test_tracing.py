@@ -7,6 +7,7 @@ its request ID. Off unless IDG_TRACING says so."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.service.jobs.helpers import FAST, images, wait_done
 from tests.service.test_oip_grpc import free_port
 
 pytest.importorskip("opentelemetry.sdk", reason="OpenTelemetry's SDK is not installed (the tracing extra)")
+import opentelemetry.sdk.trace as sdk_trace  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
@@ -65,6 +67,25 @@ async def test_one_attribute_is_a_trace_of_its_stages(tiny_app: AppFactory, span
     assert calls and all(c.name == "idg.model_call" for c in calls)
     assert worker.attributes is not None and worker.attributes["idg.model_calls"] == len(calls) >= 2  # probe and path
     assert all(worker.start_time <= (c.start_time or 0) and (c.end_time or 0) <= (worker.end_time or 0) for c in calls)
+
+
+async def test_a_wall_clock_stepped_since_start_up_keeps_the_stages_in_order(tiny_app: AppFactory, spans: InMemorySpanExporter,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # NTP steps a VM's wall clock after the process started (CI saw 0.8 s): the SDK times decoding and rendering by the
+    # wall clock, the worker's stages by time.monotonic(); both must read the same, stepped, wall clock
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + 2_000_000_000)
+    monkeypatch.setattr(sdk_trace, "time_ns", time.time_ns)
+    async with serve(tiny_app(warmup=False)) as client:
+        spans.clear()
+        r = await client.post("/attribute", files=_files(), data={"steps": "8", "probe_steps": "4", "return_overlay": "false"})
+        assert r.status_code == 200
+    every = spans.get_finished_spans()
+    (server,) = [s for s in every if s.name == "POST /attribute"]
+    decode, queue_wait, render, worker = sorted(_children(server, every), key=lambda s: s.name)
+    assert [decode.name, queue_wait.name, render.name, worker.name] == ["idg.decode", "idg.queue_wait", "idg.render", "idg.worker"]
+    assert (decode.end_time or 0) <= (queue_wait.start_time or 0) and (worker.end_time or 0) <= (render.start_time or 0)
+    assert (server.start_time or 0) <= (queue_wait.start_time or 0) and (worker.end_time or 0) <= (server.end_time or 0)
 
 
 def test_tracing_is_off_by_default(tiny_app: AppFactory) -> None:
