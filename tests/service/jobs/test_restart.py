@@ -4,6 +4,7 @@ again, and every image is answered exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
@@ -13,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.jobs.sqlite import FILE_NAME
+from app.jobs.store import RUNNING
 from tests.service.jobs.helpers import FAST, images
 from tests.service.reliability.server_app import Served, serve_process
 
@@ -38,8 +41,8 @@ def _kill_holding_claims(served: Served, db: Path, limit_s: float = 60) -> int:
     deadline = time.monotonic() + limit_s
     while True:
         served.proc.send_signal(signal.SIGSTOP)
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            held = conn.execute("SELECT count(*) FROM images WHERE state = 'running'").fetchone()[0]
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+            held = conn.execute("SELECT count(*) FROM images WHERE state = ?", (RUNNING,)).fetchone()[0]
         if held or time.monotonic() > deadline:
             served.proc.send_signal(signal.SIGKILL)
             served.proc.wait(timeout=30)
@@ -56,7 +59,7 @@ def test_kill_9_and_sigterm_mid_job_lose_nothing_and_answer_every_image_once(tmp
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
         _wait_answered(served, job_id, 5)
-        assert _kill_holding_claims(served, tmp_path / "data" / "jobs.sqlite3") > 0
+        assert _kill_holding_claims(served, tmp_path / "data" / FILE_NAME) > 0
     with serve_process(tmp_path / "second.log", **settings) as served:
         assert "took back" in served.log()  # the images the killed process held, at once
         before = _status(served, job_id)
